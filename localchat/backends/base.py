@@ -1,0 +1,147 @@
+"""The one interface every inference backend implements.
+
+A backend owns a loaded model and a context of `n_ctx` token positions shared by up to
+`n_seq` independent sequences (a chat, or a server slot). Everything above it speaks token
+ids and KV ranges; text only appears in `tokenize` and `token_bytes`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from localchat.errors import InvalidSettingError
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the engine needs to know about a loaded model."""
+
+    path: Path
+    name: str
+    architecture: str
+    n_vocab: int
+    n_ctx_train: int
+    n_layers: int
+    bos_id: int | None
+    eos_id: int | None
+    add_bos: bool
+    eog_ids: frozenset[int]
+    chat_template: str | None
+    size_bytes: int
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SamplerSettings:
+    """Sampling parameters; `temperature == 0` means greedy."""
+
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    penalty_last_n: int = 64
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.temperature >= 0, "temperature must be >= 0 (0 means greedy)"),
+            (self.top_k >= 0, "top_k must be >= 0 (0 disables it)"),
+            (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
+            (0 <= self.min_p < 1, "min_p must be in [0, 1)"),
+            (self.repeat_penalty > 0, "repeat_penalty must be > 0 (1 disables it)"),
+            (-2 <= self.presence_penalty <= 2, "presence_penalty must be in [-2, 2]"),
+            (-2 <= self.frequency_penalty <= 2, "frequency_penalty must be in [-2, 2]"),
+            (self.penalty_last_n >= -1, "penalty_last_n must be >= -1 (-1 means the whole context)"),
+            (self.seed is None or 0 <= self.seed < 2**32, "seed must be in [0, 2**32)"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise InvalidSettingError(f"invalid sampler setting: {message}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class TokenScores:
+    """Per position i of a scored text: log p(tokens[i+1] | tokens[:i+1]) and the top-1 token."""
+
+    logprobs: np.ndarray
+    top1: np.ndarray
+
+    @property
+    def perplexity(self) -> float:
+        return float(np.exp(-self.logprobs.mean()))
+
+
+class Sampler(Protocol):
+    """A stateful sampler (penalties remember what it produced); made by a backend."""
+
+    def accept(self, tokens: Sequence[int]) -> None:
+        """Show it tokens it did not pick (the prompt), for its penalties."""
+        ...
+
+    def reset(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Backend(Protocol):
+    """A loaded model plus its KV cache: the engine's only view of an inference library."""
+
+    info: ModelInfo
+    n_ctx: int
+    n_seq: int
+    name: str
+
+    def tokenize(self, text: str, *, add_bos: bool, special: bool) -> list[int]:
+        """Text to token ids; `special` parses control tokens such as `<start_of_turn>`."""
+        ...
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes a token stands for (may be part of one UTF-8 character)."""
+        ...
+
+    def token_text(self, token: int) -> str:
+        """The token as the vocabulary spells it, control tokens such as `<bos>` included."""
+        ...
+
+    def evaluate(self, seq: int, tokens: Sequence[int], start: int) -> None:
+        """Write `tokens` into `seq`'s KV cache at positions `start...`; keeps logits of the last."""
+        ...
+
+    def evaluate_batch(self, items: Sequence[tuple[int, int, int]]) -> None:
+        """One decode step for several sequences: `(seq, token, position)` each, logits kept for all."""
+        ...
+
+    def truncate(self, seq: int, start: int) -> None:
+        """Drop `seq`'s KV cache from position `start` on (`start == 0` clears it)."""
+        ...
+
+    def make_sampler(self, settings: SamplerSettings) -> Sampler: ...
+
+    def sample(self, seq: int, sampler: Sampler) -> int:
+        """Pick the next token for `seq` from the logits of its last evaluated token."""
+        ...
+
+    def score(self, seq: int, tokens: Sequence[int]) -> TokenScores:
+        """Evaluate `tokens` from position 0 of `seq` keeping every position's logits (perplexity,
+        agreement checks); leaves `seq` holding `tokens`."""
+        ...
+
+    def save_state(self, seq: int) -> bytes:
+        """A copy of `seq`'s KV cache, to give back to `restore_state` later."""
+        ...
+
+    def restore_state(self, seq: int, state: bytes) -> None: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,321 @@
+"""The llama.cpp backend, over llama-cpp-python's low-level (ctypes) API.
+
+All ctypes details live here. The per-token path is: one `llama_sampler_sample` (llama.cpp's C
+sampler chain reads the logits in place; Python never sees the 262k-entry vocabulary), one
+`llama_token_to_piece` (cached), one `llama_decode` on a preallocated batch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+
+from localchat.backends.base import ModelInfo, SamplerSettings, TokenScores
+from localchat.errors import ContextOverflowError, ModelError
+from localchat.planner import BuildFeatures, Plan
+
+# Tokens per llama_decode call when evaluating a prompt.
+PROMPT_BATCH = 512
+# Rows of logits read back per decode when scoring (each row is n_vocab floats).
+SCORE_CHUNK = 64
+
+GGML_LOG_LEVEL_ERROR = 3  # enum ggml_log_level
+_init_lock = threading.Lock()
+_initialized = False
+# llama.cpp's logger is process-global; keep its recent errors to explain a failed load.
+_recent_errors: deque[str] = deque(maxlen=8)
+
+
+@llama_cpp.llama_log_callback
+def _log_callback(level: int, text: bytes | None, _user_data: ctypes.c_void_p) -> None:
+    if text and level == GGML_LOG_LEVEL_ERROR:
+        _recent_errors.append(text.decode("utf-8", errors="replace").strip())
+
+
+def _ensure_initialized() -> None:
+    global _initialized
+    with _init_lock:
+        if not _initialized:
+            llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+            llama_cpp.llama_backend_init()
+            _initialized = True
+
+
+def build_features() -> BuildFeatures:
+    _ensure_initialized()
+    info = llama_cpp.llama_print_system_info().decode()
+    return BuildFeatures(
+        gpu_offload=bool(llama_cpp.llama_supports_gpu_offload()),
+        amx="AMX_INT8 = 1" in info,
+        description=info.strip().rstrip("|").strip(),
+    )
+
+
+class LlamaSampler:
+    """A llama.cpp sampler chain; owns its C object."""
+
+    def __init__(self, settings: SamplerSettings, n_vocab: int) -> None:
+        params = llama_cpp.llama_sampler_chain_default_params()
+        params.no_perf = True
+        self.chain = llama_cpp.llama_sampler_chain_init(params)
+        self.settings = settings
+        add = lambda sampler: llama_cpp.llama_sampler_chain_add(self.chain, sampler)  # noqa: E731
+        if (settings.repeat_penalty, settings.frequency_penalty, settings.presence_penalty) != (1.0, 0.0, 0.0):
+            add(
+                llama_cpp.llama_sampler_init_penalties(
+                    settings.penalty_last_n,
+                    settings.repeat_penalty,
+                    settings.frequency_penalty,
+                    settings.presence_penalty,
+                )
+            )
+        if settings.greedy:
+            add(llama_cpp.llama_sampler_init_greedy())
+            return
+        if settings.top_k > 0:
+            add(llama_cpp.llama_sampler_init_top_k(settings.top_k))
+        if settings.top_p < 1.0:
+            add(llama_cpp.llama_sampler_init_top_p(settings.top_p, 1))
+        if settings.min_p > 0.0:
+            add(llama_cpp.llama_sampler_init_min_p(settings.min_p, 1))
+        add(llama_cpp.llama_sampler_init_temp(settings.temperature))
+        seed = llama_cpp.LLAMA_DEFAULT_SEED if settings.seed is None else settings.seed
+        add(llama_cpp.llama_sampler_init_dist(seed))
+
+    @property
+    def uses_history(self) -> bool:
+        return (self.settings.repeat_penalty, self.settings.frequency_penalty, self.settings.presence_penalty) != (1.0, 0.0, 0.0)
+
+    def accept(self, tokens: Sequence[int]) -> None:
+        """Show the sampler tokens it did not pick (the prompt), for its penalties."""
+        if self.uses_history:
+            window = self.settings.penalty_last_n
+            for token in tokens if window < 0 else tokens[len(tokens) - window :]:
+                llama_cpp.llama_sampler_accept(self.chain, token)
+
+    def reset(self) -> None:
+        llama_cpp.llama_sampler_reset(self.chain)
+
+    def close(self) -> None:
+        if self.chain is not None:
+            llama_cpp.llama_sampler_free(self.chain)
+            self.chain = None
+
+
+class LlamaCppBackend:
+    """A GGUF model and its context, loaded with the settings of a `Plan`."""
+
+    name = "llama.cpp"
+
+    def __init__(self, path: Path, plan: Plan, *, on_progress: Callable[[float], None] | None = None) -> None:
+        _ensure_initialized()
+        self.plan = plan
+        model_params = llama_cpp.llama_model_default_params()
+        model_params.n_gpu_layers = plan.n_gpu_layers
+        model_params.use_extra_bufts = plan.use_extra_bufts
+        if plan.gpu_index is not None:
+            model_params.main_gpu = plan.gpu_index
+        if on_progress is not None:
+            # The C callback must outlive the load call.
+            self._progress = llama_cpp.llama_progress_callback(lambda value, _data: (on_progress(value), True)[1])
+            model_params.progress_callback = self._progress
+        _recent_errors.clear()
+        self._model = llama_cpp.llama_model_load_from_file(str(path).encode(), model_params)
+        if not self._model:
+            detail = "; ".join(_recent_errors) or "no detail from llama.cpp"
+            raise ModelError(f"llama.cpp could not load {path}: {detail}")
+
+        ctx_params = llama_cpp.llama_context_default_params()
+        ctx_params.n_ctx = plan.n_ctx
+        ctx_params.n_batch = PROMPT_BATCH
+        ctx_params.n_ubatch = PROMPT_BATCH
+        ctx_params.n_seq_max = plan.n_seq
+        ctx_params.n_threads = plan.n_threads
+        ctx_params.n_threads_batch = plan.n_threads_batch
+        ctx_params.no_perf = True
+        # A full-size sliding-window cache lets any KV range be dropped, so a turn can always
+        # keep its common prefix (a windowed one forgets old positions and cannot roll back).
+        ctx_params.swa_full = True
+        # Sequences share all n_ctx cells instead of n_ctx / n_seq each.
+        ctx_params.kv_unified = True
+        self._ctx = llama_cpp.llama_init_from_model(self._model, ctx_params)
+        if not self._ctx:
+            llama_cpp.llama_model_free(self._model)
+            detail = "; ".join(_recent_errors) or "out of memory?"
+            raise ModelError(f"llama.cpp could not create a {plan.n_ctx}-token context for {path}: {detail}")
+        self._memory = llama_cpp.llama_get_memory(self._ctx)
+        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
+        self.n_seq = plan.n_seq
+        self._batch = llama_cpp.llama_batch_init(max(PROMPT_BATCH, plan.n_seq), 0, 1)
+        self._output_index: dict[int, int] = {}
+        self._piece_cache: dict[int, bytes] = {}
+        self._piece_buffer = ctypes.create_string_buffer(256)
+        self.info = self._read_info(path)
+
+    # -- model facts ---------------------------------------------------------------
+
+    def _meta(self, key: str) -> str | None:
+        buffer = ctypes.create_string_buffer(4096)
+        n = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buffer, len(buffer))
+        return buffer.value.decode("utf-8", errors="replace") if n >= 0 else None
+
+    def _read_info(self, path: Path) -> ModelInfo:
+        n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
+        eog = frozenset(t for t in range(n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t)) if n_vocab <= 300_000 else frozenset()
+        template = llama_cpp.llama_model_chat_template(self._model, None)
+        bos = llama_cpp.llama_vocab_bos(self._vocab)
+        eos = llama_cpp.llama_vocab_eos(self._vocab)
+        return ModelInfo(
+            path=path,
+            name=self._meta("general.name") or path.stem,
+            architecture=self._meta("general.architecture") or "unknown",
+            n_vocab=n_vocab,
+            n_ctx_train=llama_cpp.llama_model_n_ctx_train(self._model),
+            n_layers=llama_cpp.llama_model_n_layer(self._model),
+            bos_id=bos if bos >= 0 else None,
+            eos_id=eos if eos >= 0 else None,
+            add_bos=bool(llama_cpp.llama_vocab_get_add_bos(self._vocab)),
+            eog_ids=eog,
+            chat_template=template.decode("utf-8", errors="replace") if template else None,
+            size_bytes=llama_cpp.llama_model_size(self._model),
+        )
+
+    # -- text ----------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_bos: bool, special: bool) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        tokens = (llama_cpp.llama_token * capacity)()
+        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), tokens, capacity, add_bos, special)
+        if n < 0:
+            capacity = -n
+            tokens = (llama_cpp.llama_token * capacity)()
+            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), tokens, capacity, add_bos, special)
+        return list(tokens[:n])
+
+    def token_bytes(self, token: int) -> bytes:
+        piece = self._piece_cache.get(token)
+        if piece is None:
+            buffer = self._piece_buffer
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, False)
+            if n < 0:
+                buffer = ctypes.create_string_buffer(-n)
+                n = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, False)
+            piece = buffer.raw[:n]
+            self._piece_cache[token] = piece
+        return piece
+
+    def token_text(self, token: int) -> str:
+        buffer = ctypes.create_string_buffer(256)
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, True)
+        return buffer.raw[: max(n, 0)].decode("utf-8", errors="replace")
+
+    # -- KV cache ------------------------------------------------------------------
+
+    def _decode(self, n_tokens: int) -> None:
+        self._batch.n_tokens = n_tokens
+        status = llama_cpp.llama_decode(self._ctx, self._batch)
+        if status == 1:
+            raise ContextOverflowError(f"the context is full ({self.n_ctx} tokens); start a new chat or raise --ctx")
+        if status != 0:
+            raise RuntimeError(f"llama_decode failed with status {status}")
+
+    def evaluate(self, seq: int, tokens: Sequence[int], start: int, *, all_logits: bool = False) -> None:
+        if start + len(tokens) > self.n_ctx:
+            raise ContextOverflowError(
+                f"{start + len(tokens)} tokens do not fit in the {self.n_ctx}-token context; "
+                "shorten the prompt or raise --ctx"
+            )
+        batch = self._batch
+        chunk = SCORE_CHUNK if all_logits else PROMPT_BATCH
+        for offset in range(0, len(tokens), chunk):
+            part = tokens[offset : offset + chunk]
+            last = offset + len(part) == len(tokens)
+            for i, token in enumerate(part):
+                batch.token[i] = token
+                batch.pos[i] = start + offset + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = seq
+                batch.logits[i] = all_logits or (last and i == len(part) - 1)
+            self._decode(len(part))
+        self._output_index = {seq: -1}
+
+    def evaluate_batch(self, items: Sequence[tuple[int, int, int]]) -> None:
+        batch = self._batch
+        for i, (seq, token, position) in enumerate(items):
+            batch.token[i] = token
+            batch.pos[i] = position
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = seq
+            batch.logits[i] = True
+        self._decode(len(items))
+        self._output_index = {seq: i for i, (seq, _, _) in enumerate(items)}
+
+    def truncate(self, seq: int, start: int) -> None:
+        if not llama_cpp.llama_memory_seq_rm(self._memory, seq, start, -1):
+            # Cannot happen with swa_full; clearing the whole sequence always works.
+            llama_cpp.llama_memory_seq_rm(self._memory, seq, -1, -1)
+            raise RuntimeError(f"llama.cpp could not drop positions {start}.. of sequence {seq}")
+
+    # -- sampling ------------------------------------------------------------------
+
+    def make_sampler(self, settings: SamplerSettings) -> LlamaSampler:
+        return LlamaSampler(settings, self.info.n_vocab)
+
+    def sample(self, seq: int, sampler: LlamaSampler) -> int:  # type: ignore[override]
+        return llama_cpp.llama_sampler_sample(sampler.chain, self._ctx, self._output_index[seq])
+
+    def score(self, seq: int, tokens: Sequence[int]) -> TokenScores:
+        self.truncate(seq, 0)
+        logprobs = np.empty(len(tokens) - 1, dtype=np.float64)
+        top1 = np.empty(len(tokens) - 1, dtype=np.int64)
+        n_vocab = self.info.n_vocab
+        for offset in range(0, len(tokens), SCORE_CHUNK):
+            part = tokens[offset : offset + SCORE_CHUNK]
+            self.evaluate(seq, part, offset, all_logits=True)
+            pointer = llama_cpp.llama_get_logits(self._ctx)
+            logits = np.ctypeslib.as_array(pointer, shape=(len(part), n_vocab)).astype(np.float64)
+            # Row i predicts token offset + i + 1.
+            rows = min(len(part), len(tokens) - 1 - offset)
+            if rows <= 0:
+                break
+            logits = logits[:rows]
+            peak = logits.max(axis=1, keepdims=True)
+            log_norm = peak[:, 0] + np.log(np.exp(logits - peak).sum(axis=1))
+            targets = np.asarray(tokens[offset + 1 : offset + 1 + rows])
+            logprobs[offset : offset + rows] = logits[np.arange(rows), targets] - log_norm
+            top1[offset : offset + rows] = logits.argmax(axis=1)
+        return TokenScores(logprobs=logprobs, top1=top1)
+
+    # -- state ---------------------------------------------------------------------
+
+    def save_state(self, seq: int) -> bytes:
+        size = llama_cpp.llama_state_seq_get_size(self._ctx, seq)
+        buffer = (ctypes.c_uint8 * size)()
+        written = llama_cpp.llama_state_seq_get_data(self._ctx, buffer, size, seq)
+        return bytes(memoryview(buffer)[:written])
+
+    def restore_state(self, seq: int, state: bytes) -> None:
+        llama_cpp.llama_memory_seq_rm(self._memory, seq, -1, -1)
+        source = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+        if llama_cpp.llama_state_seq_set_data(self._ctx, source, len(state), seq) == 0:
+            raise RuntimeError("llama.cpp refused a saved KV state (different model or context?)")
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None):
+            llama_cpp.llama_batch_free(self._batch)
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None
+        if getattr(self, "_model", None):
+            llama_cpp.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:
+        self.close()

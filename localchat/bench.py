@@ -1,0 +1,143 @@
+"""`localchat bench`: prefill and decode speed, KV reuse across turns, prefix-cache hits."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from importlib.resources import files
+
+from localchat.backends.base import SamplerSettings
+from localchat.engine import Engine
+from localchat.hardware import MIB, peak_rss_bytes
+from localchat.session import Chat, GenerationSettings, GenerationStats
+from localchat.templates import Message
+
+PREFILL_TOKENS = 512
+DECODE_TOKENS = 128
+TURN_REPLY_TOKENS = 64
+TURN_QUESTIONS = (
+    "Who kept the ledger, and for how long?",
+    "What changed in the ledger during the last winter?",
+    "Why did engineers value the ledger?",
+    "How was the lamp powered over the years?",
+    "What did visiting children learn at the tower?",
+    "What does the last entry in the notebook say?",
+)
+GREEDY = SamplerSettings(temperature=0)
+
+
+def bench_text() -> str:
+    return files("localchat.assets").joinpath("bench_text.txt").read_text(encoding="utf-8")
+
+
+def _text_of_tokens(engine: Engine, n_tokens: int) -> str:
+    """A prefix of the benchmark text about `n_tokens` long."""
+    tokens = engine.backend.tokenize(bench_text(), add_bos=False, special=False)
+    if len(tokens) < n_tokens:
+        raise ValueError(f"the benchmark text has only {len(tokens)} tokens")
+    return b"".join(engine.backend.token_bytes(t) for t in tokens[:n_tokens]).decode("utf-8", errors="ignore")
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    model_path: str
+    backend: str
+    n_threads: int
+    n_ctx: int
+    prefill_tokens: int
+    prefill_tok_s: float
+    decode_tokens: int
+    decode_tok_s: float
+    ttft_turns_reuse: tuple[float, ...]
+    ttft_turns_cold: tuple[float, ...]
+    prefix_hit_ttft: float
+    prefix_cold_ttft: float
+    peak_rss_mb: float
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def _first_token(chat: Chat) -> GenerationStats:
+    generation = chat.reply(GenerationSettings(max_tokens=1, sampler=GREEDY))
+    generation.text()
+    assert generation.stats is not None
+    return generation.stats
+
+
+def measure_speed(engine: Engine) -> tuple[float, float]:
+    """Prefill tok/s over PREFILL_TOKENS, decode tok/s over DECODE_TOKENS, from an empty cache."""
+    session = engine.sessions[0]
+    prompt = engine.backend.tokenize(bench_text(), add_bos=True, special=False)[:PREFILL_TOKENS]
+    session.reset()
+    session.generate(prompt[:16], GenerationSettings(max_tokens=4, sampler=GREEDY)).text()  # warm-up
+    session.reset()
+    generation = session.generate(prompt, GenerationSettings(max_tokens=DECODE_TOKENS, sampler=GREEDY, ignore_eos=True))
+    generation.text()
+    assert generation.stats is not None
+    return generation.stats.prefill_tok_s, generation.stats.decode_tok_s
+
+
+def measure_turns(engine: Engine) -> tuple[list[float], list[float]]:
+    """TTFT for each turn of a 6-turn chat with a ~400-token system prompt: reusing the KV cache,
+    then recomputing the same prompts from scratch."""
+    engine.prefix_cache.clear()
+    engine.sessions[0].reset()
+    chat = engine.new_chat(_text_of_tokens(engine, 400))
+    reuse: list[float] = []
+    for question in TURN_QUESTIONS:
+        generation = chat.send(question, GenerationSettings(max_tokens=TURN_REPLY_TOKENS, sampler=GREEDY))
+        chat.commit(generation.text())
+        assert generation.stats is not None
+        reuse.append(generation.stats.ttft_s)
+    cold: list[float] = []
+    user_indexes = [i for i, m in enumerate(chat.messages) if m.role == "user"]
+    for index in user_indexes:
+        engine.prefix_cache.clear()
+        engine.sessions[0].reset()
+        replay = Chat(engine.sessions[0], engine.template, list(chat.messages[: index + 1]))
+        cold.append(_first_token(replay).ttft_s)
+    return reuse, cold
+
+
+def measure_prefix_cache(engine: Engine) -> tuple[float, float]:
+    """TTFT of a new chat sharing a ~1k-token system prompt with an earlier, since displaced, chat
+    (a prefix-cache hit), and of the same chat with nothing cached."""
+    system = _text_of_tokens(engine, 1000)
+    session = engine.sessions[0]
+    engine.prefix_cache.clear()
+    session.reset()
+    first = engine.new_chat(system)
+    first.send("Summarise the story in one sentence.", GenerationSettings(max_tokens=8, sampler=GREEDY)).text()
+    # Another conversation takes the KV cache; the first one is saved to the prefix cache.
+    other = engine.new_chat()
+    other.send("Write a haiku about autumn.", GenerationSettings(max_tokens=8, sampler=GREEDY)).text()
+    hit = Chat(session, engine.template, [Message("system", system), Message("user", "Who built the tower?")])
+    hit_stats = _first_token(hit)
+    if hit_stats.prefix_cache_tokens == 0:
+        raise RuntimeError("the prefix cache missed a prompt it should hold")
+    engine.prefix_cache.clear()
+    session.reset()
+    cold = Chat(session, engine.template, [Message("system", system), Message("user", "Who built the tower?")])
+    return hit_stats.ttft_s, _first_token(cold).ttft_s
+
+
+def run_bench(engine: Engine) -> BenchResult:
+    prefill, decode = measure_speed(engine)
+    reuse, cold = measure_turns(engine)
+    hit, prefix_cold = measure_prefix_cache(engine)
+    engine.prefix_cache.clear()
+    return BenchResult(
+        model_path=str(engine.model_plan.model.path),
+        backend=engine.backend.name,
+        n_threads=engine.plan.n_threads,
+        n_ctx=engine.backend.n_ctx,
+        prefill_tokens=PREFILL_TOKENS,
+        prefill_tok_s=prefill,
+        decode_tokens=DECODE_TOKENS,
+        decode_tok_s=decode,
+        ttft_turns_reuse=tuple(reuse),
+        ttft_turns_cold=tuple(cold),
+        prefix_hit_ttft=hit,
+        prefix_cold_ttft=prefix_cold,
+        peak_rss_mb=peak_rss_bytes() / MIB,
+    )

@@ -1,0 +1,189 @@
+"""The `localchat` command: parse arguments, call the engine, print. Nothing else lives here."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+
+from localchat.backends.base import SamplerSettings
+from localchat.errors import LocalchatError
+from localchat.hardware import MIB, peak_rss_bytes
+from localchat.planner import PlanRequest
+from localchat.settings import Settings
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _add_model_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-m", "--model", help="a .gguf file, an ONNX model folder, or a model name (default: gemma-3-270m)")
+    parser.add_argument("--ctx", type=int, help="context size in tokens (default: chosen from the model and memory)")
+    parser.add_argument("--threads", type=int, help="CPU threads (default: the physical cores)")
+    parser.add_argument("--gpu-layers", type=int, help="layers to offload to the GPU (default: as many as fit)")
+
+
+def _plan_request(args: argparse.Namespace, n_seq: int = 1) -> PlanRequest:
+    return PlanRequest(n_ctx=args.ctx, n_gpu_layers=args.gpu_layers, n_threads=args.threads, n_seq=n_seq)
+
+
+def _add_sampler_options(parser: argparse.ArgumentParser) -> None:
+    defaults = SamplerSettings()
+    parser.add_argument("--temperature", type=float, default=defaults.temperature, help="0 for greedy (default: %(default)s)")
+    parser.add_argument("--top-k", type=int, default=defaults.top_k, help="(default: %(default)s)")
+    parser.add_argument("--top-p", type=float, default=defaults.top_p, help="(default: %(default)s)")
+    parser.add_argument("--min-p", type=float, default=defaults.min_p, help="(default: %(default)s)")
+    parser.add_argument("--repeat-penalty", type=float, default=defaults.repeat_penalty, help="(default: %(default)s)")
+    parser.add_argument("--seed", type=int, help="random seed, for repeatable sampling")
+
+
+def _sampler_settings(args: argparse.Namespace) -> SamplerSettings:
+    return SamplerSettings(
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        repeat_penalty=args.repeat_penalty,
+        seed=args.seed,
+    )
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from localchat.engine import Engine
+    from localchat.session import GenerationSettings
+
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    settings = GenerationSettings(max_tokens=args.n, sampler=_sampler_settings(args), stop=tuple(args.stop or ()))
+    with Engine.load(args.model, Settings(), _plan_request(args)) as engine:
+        if args.raw:
+            tokens = engine.backend.tokenize(prompt, add_bos=engine.backend.info.add_bos, special=True)
+            generation = engine.sessions[0].generate(tokens, settings)
+        else:
+            generation = engine.new_chat(args.system).send(prompt, settings)
+        for piece in generation:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+        stats = generation.stats
+        if args.stats and stats is not None:
+            record = {
+                "model_path": str(engine.model_plan.model.path),
+                "backend": engine.backend.name,
+                "n_ctx": engine.backend.n_ctx,
+                "n_threads": engine.plan.n_threads,
+                "prompt_tokens": stats.prompt_tokens,
+                "completion_tokens": stats.completion_tokens,
+                "completion_ids": list(stats.completion_ids),
+                "finish_reason": stats.finish_reason,
+                "ttft_s": round(stats.ttft_s, 4),
+                "prefill_tok_s": round(stats.prefill_tok_s, 2),
+                "decode_tok_s": round(stats.decode_tok_s, 2),
+                "peak_rss_mb": round(peak_rss_bytes() / MIB, 1),
+            }
+            print(json.dumps(record), file=sys.stderr)
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from localchat.bench import run_bench
+    from localchat.engine import Engine
+
+    # The benchmark clears the prefix cache as it goes: keep it off the user's disk tier.
+    settings = Settings(prefix_cache_disk_bytes=0)
+    with Engine.load(args.model, settings, _plan_request(args)) as engine:
+        result = run_bench(engine)
+    if args.json:
+        print(json.dumps(result.as_dict()))
+        return 0
+    reuse, cold = result.ttft_turns_reuse, result.ttft_turns_cold
+    rows = [
+        ("model", result.model_path),
+        ("backend / threads / context", f"{result.backend} / {result.n_threads} / {result.n_ctx}"),
+        (f"prefill ({result.prefill_tokens} tokens)", f"{result.prefill_tok_s:.1f} tok/s"),
+        (f"decode ({result.decode_tokens} tokens)", f"{result.decode_tok_s:.1f} tok/s"),
+        ("TTFT per turn, KV reuse (ms)", " ".join(f"{t * 1000:.0f}" for t in reuse)),
+        ("TTFT per turn, recomputed (ms)", " ".join(f"{t * 1000:.0f}" for t in cold)),
+        ("turn 6 / turn 1 (reuse)", f"{reuse[-1] / reuse[0]:.2f}x"),
+        ("turn 6 recomputed / reused", f"{cold[-1] / reuse[-1]:.1f}x"),
+        ("prefix-cache hit TTFT", f"{result.prefix_hit_ttft * 1000:.0f} ms"),
+        ("prefix cold TTFT", f"{result.prefix_cold_ttft * 1000:.0f} ms"),
+        ("hit / cold", f"{result.prefix_hit_ttft / result.prefix_cold_ttft:.2f}x"),
+        ("peak RSS", f"{result.peak_rss_mb:.0f} MiB"),
+    ]
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}")
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from localchat.engine import plan_model
+
+    model_plan = plan_model(args.model, Settings(), _plan_request(args))
+    hw, facts, plan = model_plan.hardware, model_plan.facts, model_plan.plan
+    print(f"model      {model_plan.model.path} ({model_plan.model.format}, {facts.weight_bytes / MIB:.0f} MiB of weights, "
+          f"{facts.n_layers} layers, trained context {facts.n_ctx_train})")
+    print(f"cpu        {hw.cpu_name}: {hw.physical_cores} cores, {hw.logical_cores} threads"
+          f"{', AMX' if hw.has_amx else ''}")
+    print(f"ram        {hw.ram_available_bytes / 1024**3:.1f} GiB available of {hw.ram_total_bytes / 1024**3:.1f} GiB")
+    if hw.gpus:
+        for gpu in hw.gpus:
+            print(f"gpu {gpu.index}      {gpu.name}: {gpu.free_bytes / 1024**3:.1f} GiB free of {gpu.total_bytes / 1024**3:.1f} GiB")
+    else:
+        print("gpu        none found (NVML)")
+    print(f"build      {model_plan.build.description}; GPU offload {'yes' if model_plan.build.gpu_offload else 'no'}")
+    print(f"plan       {plan.backend}, context {plan.n_ctx}, GPU layers {plan.n_gpu_layers}, threads {plan.n_threads}/{plan.n_threads_batch}")
+    for reason in plan.reasons:
+        print(f"  - {reason}")
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from tui.app import run_chat_app
+
+    return run_chat_app(args.model, Settings(), _plan_request(args))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="localchat", description="Chat with a language model on your own machine.")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    chat = commands.add_parser("chat", help="open the chat app (the default command)")
+    _add_model_options(chat)
+    chat.set_defaults(handler=cmd_chat)
+
+    run = commands.add_parser("run", help="answer one prompt, streaming to stdout")
+    _add_model_options(run)
+    _add_sampler_options(run)
+    run.add_argument("-n", type=int, default=256, help="most tokens to generate (default: %(default)s)")
+    run.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
+    run.add_argument("--system", help="a system prompt")
+    run.add_argument("--stop", action="append", help="stop at this text (repeatable)")
+    run.add_argument("--stats", action="store_true", help="print one JSON line of statistics on stderr at the end")
+    run.add_argument("prompt", help="the prompt, or - to read it from stdin")
+    run.set_defaults(handler=cmd_run)
+
+    bench = commands.add_parser("bench", help="measure speed, KV reuse and prefix caching")
+    _add_model_options(bench)
+    bench.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    bench.set_defaults(handler=cmd_bench)
+
+    info = commands.add_parser("info", help="show the hardware, the llama.cpp build and the plan for a model")
+    _add_model_options(info)
+    info.set_defaults(handler=cmd_info)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        args = parser.parse_args(["chat", *(argv or sys.argv[1:])])
+    try:
+        return args.handler(args)
+    except LocalchatError as error:
+        print(f"localchat: error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130

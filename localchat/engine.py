@@ -1,0 +1,112 @@
+"""A loaded model ready to chat: model file -> plan -> backend, chat template and prefix cache."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from localchat.backends.base import Backend
+from localchat.errors import ModelError
+from localchat.hardware import Hardware, detect_hardware
+from localchat.models import ModelRef, inspect_gguf, resolve_model
+from localchat.planner import BuildFeatures, ModelFacts, Plan, PlanRequest, plan_offload
+from localchat.prefix_cache import PrefixCache
+from localchat.session import Chat, Session
+from localchat.settings import Settings
+from localchat.templates import ChatTemplate, Message
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """What `localchat info` shows: the model, the machine, the build and the plan."""
+
+    model: ModelRef
+    facts: ModelFacts
+    hardware: Hardware
+    build: BuildFeatures
+    plan: Plan
+
+
+def _build_features(model_format: str) -> BuildFeatures:
+    if model_format == "gguf":
+        from localchat.backends.llamacpp import build_features
+
+        return build_features()
+    raise ModelError(f"localchat cannot run {model_format} models yet; give a .gguf file")
+
+
+def _model_facts(model: ModelRef) -> ModelFacts:
+    if model.format == "gguf":
+        return inspect_gguf(model.path)[1]
+    raise ModelError(f"localchat cannot run {model.format} models yet; give a .gguf file")
+
+
+def plan_model(model: str | None, settings: Settings, request: PlanRequest = PlanRequest()) -> ModelPlan:
+    """Find the model and decide how to run it, without loading it."""
+    ref = resolve_model(model, settings)
+    facts = _model_facts(ref)
+    hardware = detect_hardware()
+    build = _build_features(ref.format)
+    return ModelPlan(ref, facts, hardware, build, plan_offload(facts, hardware, build, request))
+
+
+def _model_key(ref: ModelRef) -> str:
+    """Identifies the model file for saved KV states: path, size and modification time."""
+    stat = ref.path.stat()
+    return hashlib.sha1(f"{ref.path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+
+
+class Engine:
+    """A model loaded by its plan, with its chat template and prefix cache."""
+
+    def __init__(self, model_plan: ModelPlan, backend: Backend, settings: Settings) -> None:
+        self.model_plan = model_plan
+        self.backend = backend
+        self.settings = settings
+        info = backend.info
+        bos = backend.token_text(info.bos_id) if info.bos_id is not None else ""
+        eos = backend.token_text(info.eos_id) if info.eos_id is not None else ""
+        self.template = ChatTemplate.for_model(info.chat_template, info.architecture, bos_token=bos, eos_token=eos)
+        self.prefix_cache = PrefixCache(
+            _model_key(model_plan.model),
+            settings.prefix_cache_ram_bytes,
+            settings.prefix_cache_dir,
+            settings.prefix_cache_disk_bytes,
+        )
+        # One session per KV sequence: a session must know every token its sequence holds.
+        self.sessions = tuple(Session(backend, seq=seq, prefix_cache=self.prefix_cache) for seq in range(backend.n_seq))
+
+    @classmethod
+    def load(
+        cls,
+        model: str | None = None,
+        settings: Settings | None = None,
+        request: PlanRequest = PlanRequest(),
+        *,
+        on_progress: Callable[[float], None] | None = None,
+    ) -> Engine:
+        settings = settings or Settings()
+        model_plan = plan_model(model, settings, request)
+        from localchat.backends.llamacpp import LlamaCppBackend
+
+        backend = LlamaCppBackend(model_plan.model.path, model_plan.plan, on_progress=on_progress)
+        return cls(model_plan, backend, settings)
+
+    @property
+    def plan(self) -> Plan:
+        return self.model_plan.plan
+
+    def new_chat(self, system_prompt: str | None = None, *, seq: int = 0) -> Chat:
+        """A conversation on sequence `seq`; chats on one sequence take turns with its KV cache."""
+        messages = [Message("system", system_prompt)] if system_prompt else []
+        return Chat(self.sessions[seq], self.template, messages)
+
+    def close(self) -> None:
+        self.backend.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,21 @@
+"""Errors a user can fix: the CLI prints them as one line, no traceback."""
+
+
+class LocalchatError(Exception):
+    """Something wrong with the input or the machine, with what to do about it in the message."""
+
+
+class ModelError(LocalchatError):
+    """A model that cannot be found, read or loaded."""
+
+
+class InvalidSettingError(LocalchatError, ValueError):
+    """A sampler, context or generation setting out of range."""
+
+
+class ContextOverflowError(LocalchatError):
+    """A prompt that does not fit in the context window."""
+
+
+class InsufficientMemoryError(LocalchatError):
+    """The machine cannot hold the model with the requested context."""

@@ -1,0 +1,209 @@
+"""Saved KV states keyed by the tokens they hold, found by longest common prefix.
+
+A new conversation that shares a system prompt with an earlier one, or a return to an earlier
+conversation, restores the saved state and evaluates only the tokens after the shared prefix.
+Entries live in RAM up to a byte budget; the least recently used spill to a disk tier (one file
+each, written atomically) up to its own budget, and the disk tier survives restarts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+# A match shorter than this is not worth a state restore.
+MIN_MATCH_TOKENS = 32
+_FILE_MAGIC = b"LCKV1\0"
+
+
+def common_prefix_length(a: Sequence[int] | np.ndarray, b: Sequence[int] | np.ndarray) -> int:
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    left = np.asarray(a[:n], dtype=np.int64)
+    right = np.asarray(b[:n], dtype=np.int64)
+    differs = np.flatnonzero(left != right)
+    return int(differs[0]) if differs.size else n
+
+
+@dataclass
+class _Entry:
+    tokens: np.ndarray
+    state: bytes | None  # None while it lives only on disk
+    disk_path: Path | None
+    size: int
+
+
+@dataclass(frozen=True)
+class PrefixMatch:
+    key: str
+    tokens: np.ndarray
+    length: int
+
+
+class PrefixCache:
+    """Longest-prefix lookup over saved KV states with a RAM budget and an optional disk tier."""
+
+    def __init__(self, model_key: str, ram_budget_bytes: int, disk_dir: Path | None = None, disk_budget_bytes: int = 0) -> None:
+        self.model_key = model_key
+        self.ram_budget_bytes = ram_budget_bytes
+        self.disk_dir = disk_dir if disk_budget_bytes > 0 else None
+        self.disk_budget_bytes = disk_budget_bytes
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()  # least recently used first
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+        if self.disk_dir is not None:
+            self._load_disk_index()
+
+    # -- lookup --------------------------------------------------------------------
+
+    def longest_match(self, tokens: Sequence[int]) -> PrefixMatch | None:
+        """The saved state sharing the longest prefix with `tokens` (at least MIN_MATCH_TOKENS)."""
+        with self._lock:
+            best: PrefixMatch | None = None
+            for key, entry in self._entries.items():
+                length = common_prefix_length(entry.tokens, tokens)
+                if length >= MIN_MATCH_TOKENS and (best is None or length > best.length):
+                    best = PrefixMatch(key, entry.tokens, length)
+            if best is None:
+                self.misses += 1
+            else:
+                self.hits += 1
+            return best
+
+    def load(self, key: str) -> bytes | None:
+        """The saved state of a match, read back into RAM from disk if need be; None if it is gone."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            self._entries.move_to_end(key)
+            state = entry.state
+            if state is None and entry.disk_path is not None:
+                try:
+                    _, state = _read_entry_file(entry.disk_path, with_state=True)
+                except (OSError, ValueError):
+                    self._remove(key)  # a damaged entry is only a lost speed-up
+                    return None
+                entry.state = state
+                self._enforce_budgets()
+            return state
+
+    def covers(self, tokens: Sequence[int]) -> bool:
+        """Whether some entry already holds all of `tokens` (saving them again is pointless)."""
+        with self._lock:
+            return any(
+                len(entry.tokens) >= len(tokens) and common_prefix_length(entry.tokens, tokens) == len(tokens)
+                for entry in self._entries.values()
+            )
+
+    # -- insertion -----------------------------------------------------------------
+
+    def put(self, tokens: Sequence[int], state: bytes) -> None:
+        """Save `state`, the KV cache holding exactly `tokens`; entries it extends are dropped."""
+        array = np.asarray(tokens, dtype=np.int32)
+        key = hashlib.sha1(self.model_key.encode() + array.tobytes()).hexdigest()
+        with self._lock:
+            for other_key, entry in list(self._entries.items()):
+                if len(entry.tokens) <= len(array) and common_prefix_length(entry.tokens, array) == len(entry.tokens):
+                    self._remove(other_key)
+            self._entries[key] = _Entry(array, state, None, len(state))
+            self._enforce_budgets()
+
+    def clear(self) -> None:
+        with self._lock:
+            for key in list(self._entries):
+                self._remove(key)
+
+    # -- budgets and the disk tier -------------------------------------------------
+
+    @property
+    def ram_bytes(self) -> int:
+        return sum(e.size for e in self._entries.values() if e.state is not None)
+
+    @property
+    def disk_bytes(self) -> int:
+        return sum(e.size for e in self._entries.values() if e.disk_path is not None)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _remove(self, key: str) -> None:
+        entry = self._entries.pop(key)
+        if entry.disk_path is not None:
+            entry.disk_path.unlink(missing_ok=True)
+
+    def _enforce_budgets(self) -> None:
+        for key, entry in list(self._entries.items()):
+            if self.ram_bytes <= self.ram_budget_bytes:
+                break
+            if entry.state is None:
+                continue
+            if self.disk_dir is not None and entry.size <= self.disk_budget_bytes:
+                if entry.disk_path is None:
+                    entry.disk_path = self._write_entry_file(key, entry)
+                entry.state = None
+            else:
+                self._remove(key)
+        for key, entry in list(self._entries.items()):
+            if self.disk_bytes <= self.disk_budget_bytes:
+                break
+            if entry.disk_path is not None and entry.state is None:
+                self._remove(key)
+
+    def _write_entry_file(self, key: str, entry: _Entry) -> Path:
+        assert self.disk_dir is not None and entry.state is not None
+        self.disk_dir.mkdir(parents=True, exist_ok=True)
+        path = self.disk_dir / f"{self.model_key}-{key}.kv"
+        partial = path.with_name(path.name + ".incomplete")
+        with partial.open("wb") as stream:
+            stream.write(_FILE_MAGIC)
+            stream.write(struct.pack("<QQ", len(entry.tokens), len(entry.state)))
+            stream.write(entry.tokens.astype("<i4").tobytes())
+            stream.write(entry.state)
+        os.replace(partial, path)
+        return path
+
+    def _load_disk_index(self) -> None:
+        assert self.disk_dir is not None
+        if not self.disk_dir.is_dir():
+            return
+        files = sorted(self.disk_dir.glob(f"{self.model_key}-*.kv"), key=lambda p: p.stat().st_mtime)
+        for path in files:
+            try:
+                tokens, _ = _read_entry_file(path, with_state=False)
+            except (OSError, ValueError):
+                path.unlink(missing_ok=True)  # a damaged entry is only a lost speed-up
+                continue
+            key = path.stem.removeprefix(f"{self.model_key}-")
+            self._entries[key] = _Entry(tokens, None, path, path.stat().st_size - _header_size(len(tokens)))
+        self._enforce_budgets()
+
+
+def _header_size(n_tokens: int) -> int:
+    return len(_FILE_MAGIC) + 16 + 4 * n_tokens
+
+
+def _read_entry_file(path: Path, *, with_state: bool) -> tuple[np.ndarray, bytes | None]:
+    with path.open("rb") as stream:
+        if stream.read(len(_FILE_MAGIC)) != _FILE_MAGIC:
+            raise ValueError(f"{path} is not a prefix-cache file")
+        n_tokens, n_state = struct.unpack("<QQ", stream.read(16))
+        tokens = np.frombuffer(stream.read(4 * n_tokens), dtype="<i4").astype(np.int32)
+        if len(tokens) != n_tokens:
+            raise ValueError(f"{path} is truncated")
+        if not with_state:
+            return tokens, None
+        state = stream.read(n_state)
+        if len(state) != n_state:
+            raise ValueError(f"{path} is truncated")
+        return tokens, state

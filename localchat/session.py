@@ -1,0 +1,296 @@
+"""A conversation on one KV sequence: messages -> tokens, KV reuse across turns, stop rules.
+
+Each generation keeps the longest common prefix of the new prompt already in the KV cache (or in
+the prefix cache) and evaluates only the rest, so a chat turn costs its new tokens.
+"""
+
+from __future__ import annotations
+
+import codecs
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from localchat.backends.base import Backend, SamplerSettings
+from localchat.errors import ContextOverflowError, InvalidSettingError
+from localchat.prefix_cache import PrefixCache, common_prefix_length
+from localchat.templates import ChatTemplate, Message
+
+# Live KV tokens about to be overwritten are saved to the prefix cache when at least this many.
+MIN_SAVE_TOKENS = 64
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """How long to generate and when to stop; `max_tokens=None` means until the context is full."""
+
+    max_tokens: int | None = 512
+    stop: tuple[str, ...] = ()
+    sampler: SamplerSettings = field(default_factory=SamplerSettings)
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise InvalidSettingError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if any(not s for s in self.stop):
+            raise InvalidSettingError("stop strings must not be empty")
+
+
+@dataclass(frozen=True)
+class GenerationStats:
+    prompt_tokens: int
+    cached_tokens: int  # prompt tokens whose KV was reused (live cache or prefix cache)
+    prefix_cache_tokens: int  # of those, restored from the prefix cache
+    completion_tokens: int
+    completion_ids: tuple[int, ...]
+    ttft_s: float
+    prefill_s: float
+    decode_s: float
+    finish_reason: str  # "stop", "length" or "cancelled"
+
+    @property
+    def prefill_tok_s(self) -> float:
+        evaluated = self.prompt_tokens - self.cached_tokens
+        return evaluated / self.prefill_s if self.prefill_s > 0 else 0.0
+
+    @property
+    def decode_tok_s(self) -> float:
+        """Tokens after the first, per second of decoding them."""
+        return (self.completion_tokens - 1) / self.decode_s if self.completion_tokens > 1 and self.decode_s > 0 else 0.0
+
+
+class _StopMatcher:
+    """Cuts text at the first stop string, holding back a tail that may begin one."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = tuple(stops)
+        self._hold = max((len(s) for s in self.stops), default=1) - 1
+        self.pending = ""
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        """Text safe to emit now, and whether a stop string was reached."""
+        if not self.stops:
+            return text, False
+        self.pending += text
+        found = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
+        if found:
+            out, self.pending = self.pending[: min(found)], ""
+            return out, True
+        safe = len(self.pending) - self._hold
+        # Only hold back a tail that really is the start of some stop string.
+        while safe < len(self.pending) and not any(s.startswith(self.pending[safe:]) for s in self.stops):
+            safe += 1
+        out, self.pending = self.pending[: max(safe, 0)], self.pending[max(safe, 0) :]
+        return out, False
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        return out
+
+
+class Session:
+    """One sequence of a backend's KV cache and the tokens it holds."""
+
+    def __init__(self, backend: Backend, *, seq: int = 0, prefix_cache: PrefixCache | None = None) -> None:
+        self.backend = backend
+        self.seq = seq
+        self.prefix_cache = prefix_cache
+        self.tokens: list[int] = []
+        self.lock = threading.Lock()
+
+    @property
+    def n_ctx(self) -> int:
+        return self.backend.n_ctx
+
+    def _save_live_state(self) -> None:
+        if self.prefix_cache is not None and len(self.tokens) >= MIN_SAVE_TOKENS and not self.prefix_cache.covers(self.tokens):
+            self.prefix_cache.put(self.tokens, self.backend.save_state(self.seq))
+
+    def prepare(self, prompt: Sequence[int]) -> tuple[int, int]:
+        """Make the KV cache hold `prompt[:-1]` or more of it, reusing what it can.
+        Returns (tokens reused, of which from the prefix cache)."""
+        live = common_prefix_length(self.tokens, prompt)
+        restored = 0
+        match = self.prefix_cache.longest_match(prompt) if self.prefix_cache is not None else None
+        if match is not None and match.length > live:
+            state = self.prefix_cache.load(match.key) if self.prefix_cache is not None else None
+            if state is not None:
+                self._save_live_state()
+                self.backend.restore_state(self.seq, state)
+                self.tokens = [int(t) for t in match.tokens]
+                live = restored = match.length
+        elif len(self.tokens) - live >= MIN_SAVE_TOKENS:
+            self._save_live_state()
+        # The last prompt token is always evaluated: its logits pick the first new token.
+        keep = min(live, len(prompt) - 1)
+        if keep < len(self.tokens):
+            self.backend.truncate(self.seq, keep)
+            del self.tokens[keep:]
+        return keep, min(restored, keep)
+
+    def reset(self) -> None:
+        self.backend.truncate(self.seq, 0)
+        self.tokens = []
+
+    def generate(self, prompt: Sequence[int], settings: GenerationSettings = GenerationSettings()) -> Generation:
+        if not prompt:
+            raise InvalidSettingError("the prompt is empty")
+        if len(prompt) >= self.n_ctx:
+            raise ContextOverflowError(
+                f"the prompt is {len(prompt)} tokens but the context holds {self.n_ctx}; "
+                "shorten it or raise the context size (--ctx)"
+            )
+        return Generation(self, list(prompt), settings)
+
+
+class Generation:
+    """A reply being generated: iterate for text pieces; `stats` is set when it ends.
+
+    Ending the iteration early (break, `cancel()` from another thread) stops it cleanly: the KV
+    cache keeps every token evaluated so far and the session knows them.
+    """
+
+    def __init__(self, session: Session, prompt: list[int], settings: GenerationSettings) -> None:
+        self.session = session
+        self.prompt = prompt
+        self.settings = settings
+        self.stats: GenerationStats | None = None
+        self.completion_ids: list[int] = []
+        self.started_at = time.perf_counter()
+        self.first_token_at: float | None = None
+        self._cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Live decode rate, for status bars."""
+        if self.first_token_at is None or len(self.completion_ids) < 2:
+            return 0.0
+        return (len(self.completion_ids) - 1) / max(time.perf_counter() - self.first_token_at, 1e-9)
+
+    def __iter__(self) -> Iterator[str]:
+        with self.session.lock:
+            yield from self._run()
+
+    def _run(self) -> Iterator[str]:
+        session, backend, seq = self.session, self.session.backend, self.session.seq
+        settings = self.settings
+        eog = backend.info.eog_ids
+        sampler = backend.make_sampler(settings.sampler)
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        stops = _StopMatcher(settings.stop)
+        limit = settings.max_tokens if settings.max_tokens is not None else session.n_ctx
+        finish = "cancelled"
+        reused = restored = 0
+        prefill_done = decode_start = self.started_at
+        try:
+            reused, restored = session.prepare(self.prompt)
+            rest = self.prompt[reused:]
+            backend.evaluate(seq, rest, reused)
+            session.tokens.extend(rest)
+            sampler.accept(self.prompt)
+            prefill_done = time.perf_counter()
+            stopped_by_string = False
+            while not self._cancelled.is_set():
+                token = backend.sample(seq, sampler)
+                if self.first_token_at is None:
+                    self.first_token_at = decode_start = time.perf_counter()
+                if token in eog and not settings.ignore_eos:
+                    finish = "stop"
+                    break
+                self.completion_ids.append(token)
+                text, stopped_by_string = stops.feed(decoder.decode(backend.token_bytes(token)))
+                if text:
+                    yield text
+                if stopped_by_string:
+                    finish = "stop"
+                    break
+                if len(self.completion_ids) >= limit or len(session.tokens) >= session.n_ctx:
+                    finish = "length"
+                    break
+                backend.evaluate(seq, [token], len(session.tokens))
+                session.tokens.append(token)
+            if not stopped_by_string:
+                tail = stops.flush() + decoder.decode(b"", final=True)
+                if tail:
+                    yield tail
+        except Exception:
+            # The KV cache may hold part of a failed evaluation: start the sequence afresh.
+            session.reset()
+            raise
+        finally:
+            sampler.close()
+            end = time.perf_counter()
+            self.stats = GenerationStats(
+                prompt_tokens=len(self.prompt),
+                cached_tokens=reused,
+                prefix_cache_tokens=restored,
+                completion_tokens=len(self.completion_ids),
+                completion_ids=tuple(self.completion_ids),
+                ttft_s=(self.first_token_at or end) - self.started_at,
+                prefill_s=prefill_done - self.started_at,
+                decode_s=end - decode_start,
+                finish_reason=finish,
+            )
+
+    def text(self) -> str:
+        """Run to the end and return the whole reply."""
+        return "".join(self)
+
+
+@dataclass
+class Chat:
+    """Messages rendered through the model's chat template onto a session.
+
+    Context policy: when the conversation no longer fits with room for the reply, the oldest
+    user/assistant messages are dropped from the prompt (the system prompt and the newest
+    message always stay); the messages themselves are kept.
+    """
+
+    session: Session
+    template: ChatTemplate
+    messages: list[Message] = field(default_factory=list)
+
+    @property
+    def backend(self) -> Backend:
+        return self.session.backend
+
+    def _tokenize_prompt(self, messages: Sequence[Message]) -> list[int]:
+        text = self.template.render(messages)
+        info = self.backend.info
+        add_bos = info.add_bos and not (self.template.bos_token and text.startswith(self.template.bos_token))
+        return self.backend.tokenize(text, add_bos=add_bos, special=True)
+
+    def prompt_tokens(self, reply_room: int) -> list[int]:
+        """The prompt for the next reply, dropping the oldest turns if it must."""
+        system = [m for m in self.messages[:1] if m.role == "system"]
+        turns = self.messages[len(system) :]
+        while True:
+            tokens = self._tokenize_prompt(system + turns)
+            if len(tokens) + reply_room <= self.session.n_ctx or len(turns) <= 1:
+                break
+            # Drop the oldest turn: a user message and the assistant reply after it.
+            turns = turns[2:] if len(turns) > 2 and turns[1].role == "assistant" else turns[1:]
+        if len(tokens) >= self.session.n_ctx:
+            raise ContextOverflowError(
+                f"the message is {len(tokens)} tokens with the system prompt but the context holds "
+                f"{self.session.n_ctx}; shorten it or raise the context size (--ctx)"
+            )
+        return tokens
+
+    def send(self, content: str, settings: GenerationSettings = GenerationSettings()) -> Generation:
+        """Add a user message and start the reply; call `commit` with it when it is done."""
+        self.messages.append(Message("user", content))
+        return self.reply(settings)
+
+    def reply(self, settings: GenerationSettings = GenerationSettings()) -> Generation:
+        room = settings.max_tokens if settings.max_tokens is not None else self.session.n_ctx // 4
+        room = min(room, self.session.n_ctx // 2)
+        return self.session.generate(self.prompt_tokens(room), settings)
+
+    def commit(self, text: str) -> None:
+        """Record the assistant's reply (whole or, after a cancel, the part written)."""
+        self.messages.append(Message("assistant", text))

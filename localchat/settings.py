@@ -1,0 +1,40 @@
+"""One settings object with defaults, overridable by environment variables and command-line flags."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import platformdirs
+
+from localchat.hardware import MIB
+
+
+def _home_from_env() -> tuple[Path, Path]:
+    """LOCALCHAT_HOME puts data and cache under one folder (tests, portable installs)."""
+    home = os.environ.get("LOCALCHAT_HOME")
+    if home:
+        return Path(home) / "data", Path(home) / "cache"
+    return Path(platformdirs.user_data_dir("localchat")), Path(platformdirs.user_cache_dir("localchat"))
+
+
+@dataclass(frozen=True)
+class Settings:
+    data_dir: Path = field(default_factory=lambda: _home_from_env()[0])
+    cache_dir: Path = field(default_factory=lambda: _home_from_env()[1])
+    # Saved KV states kept in RAM for prefix reuse (system prompts, earlier conversations).
+    prefix_cache_ram_bytes: int = 1024 * MIB
+    # Saved KV states spilled to disk when RAM is full; 0 turns the disk tier off.
+    prefix_cache_disk_bytes: int = 4096 * MIB
+
+    @property
+    def models_dir(self) -> Path:
+        return self.cache_dir / "models"
+
+    @property
+    def prefix_cache_dir(self) -> Path:
+        return self.cache_dir / "prefix-cache"
+
+    def with_overrides(self, **changes: object) -> Settings:
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})
