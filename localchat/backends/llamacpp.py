@@ -152,6 +152,8 @@ class LlamaCppBackend:
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
+        # llama.cpp caps the batch at the context size and aborts on a larger one.
+        self._n_batch = llama_cpp.llama_n_batch(self._ctx)
         self.n_seq = plan.n_seq
         self._batch = llama_cpp.llama_batch_init(max(PROMPT_BATCH, plan.n_seq), 0, 1)
         self._output_index: dict[int, int] = {}
@@ -234,7 +236,7 @@ class LlamaCppBackend:
                 "shorten the prompt or raise --ctx"
             )
         batch = self._batch
-        chunk = SCORE_CHUNK if all_logits else PROMPT_BATCH
+        chunk = min(SCORE_CHUNK if all_logits else PROMPT_BATCH, self._n_batch)
         for offset in range(0, len(tokens), chunk):
             part = tokens[offset : offset + chunk]
             last = offset + len(part) == len(tokens)
@@ -248,6 +250,8 @@ class LlamaCppBackend:
         self._output_index = {seq: -1}
 
     def evaluate_batch(self, items: Sequence[tuple[int, int, int]]) -> None:
+        if len(items) > self._n_batch:
+            raise ValueError(f"{len(items)} sequences exceed the batch of {self._n_batch}")
         batch = self._batch
         for i, (seq, token, position) in enumerate(items):
             batch.token[i] = token
@@ -277,8 +281,9 @@ class LlamaCppBackend:
         logprobs = np.empty(len(tokens) - 1, dtype=np.float64)
         top1 = np.empty(len(tokens) - 1, dtype=np.int64)
         n_vocab = self.info.n_vocab
-        for offset in range(0, len(tokens), SCORE_CHUNK):
-            part = tokens[offset : offset + SCORE_CHUNK]
+        chunk = min(SCORE_CHUNK, self._n_batch)
+        for offset in range(0, len(tokens), chunk):
+            part = tokens[offset : offset + chunk]
             self.evaluate(seq, part, offset, all_logits=True)
             pointer = llama_cpp.llama_get_logits(self._ctx)
             logits = np.ctypeslib.as_array(pointer, shape=(len(part), n_vocab)).astype(np.float64)

@@ -1,0 +1,5 @@
+import sys
+
+from localchat.cli import main
+
+sys.exit(main())

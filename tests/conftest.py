@@ -1,0 +1,40 @@
+"""Fixtures shared by every test: an isolated localchat home and the real default model."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from localchat.engine import Engine
+from localchat.models import default_model_path
+from localchat.planner import PlanRequest
+from localchat.settings import Settings
+
+
+@pytest.fixture(scope="session")
+def localchat_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """LOCALCHAT_HOME for the whole run, so tests never touch the user's data or caches."""
+    home = tmp_path_factory.mktemp("localchat-home")
+    os.environ["LOCALCHAT_HOME"] = str(home)
+    return home
+
+
+@pytest.fixture(scope="session")
+def settings(localchat_home: Path) -> Settings:
+    return Settings()
+
+
+@pytest.fixture(scope="session")
+def default_model(settings: Settings) -> Path:
+    """The real Gemma 3 270M Q4_K_M, assembled from its PyPI packages."""
+    return default_model_path(settings)
+
+
+@pytest.fixture(scope="session")
+def engine(settings: Settings, default_model: Path) -> Iterator[Engine]:
+    """The real default model in llama.cpp, shared by the tests of one run (2k context)."""
+    with Engine.load(str(default_model), settings, PlanRequest(n_ctx=2048)) as loaded:
+        yield loaded

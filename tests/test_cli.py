@@ -1,0 +1,98 @@
+"""The `localchat` command as a user runs it: real process, real model."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def localchat(*args: str, home: Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "LOCALCHAT_HOME": str(home)}
+    return subprocess.run(
+        [sys.executable, "-m", "localchat", *args], capture_output=True, text=True, env=env, input=stdin, timeout=300
+    )
+
+
+def test_run_streams_an_answer_and_reports_stats(localchat_home: Path, default_model: Path) -> None:
+    result = localchat("run", "--stats", "-n", "12", "--temperature", "0", "Name three colours.", home=localchat_home)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip()
+    stats = json.loads(result.stderr.strip().splitlines()[-1])
+    required = {"model_path", "backend", "prompt_tokens", "completion_tokens", "completion_ids", "ttft_s", "prefill_tok_s", "decode_tok_s", "peak_rss_mb"}
+    assert required <= stats.keys()
+    assert stats["backend"] == "llama.cpp" and stats["model_path"] == str(default_model)
+    assert stats["completion_tokens"] == len(stats["completion_ids"]) <= 12
+    assert stats["decode_tok_s"] > 0 and stats["peak_rss_mb"] > 100
+
+
+def test_raw_greedy_runs_are_repeatable_and_read_stdin(localchat_home: Path) -> None:
+    outputs = [
+        localchat("run", "--raw", "-n", "8", "--temperature", "0", "-", home=localchat_home, stdin="The capital of France is").stdout
+        for _ in range(2)
+    ]
+    assert outputs[0] == outputs[1] and "France" in outputs[0]
+
+
+def test_info_explains_the_plan(localchat_home: Path) -> None:
+    result = localchat("info", home=localchat_home)
+    assert result.returncode == 0, result.stderr
+    for expected in ("model", "cpu", "ram", "build", "plan", "llama.cpp", "context"):
+        assert expected in result.stdout
+
+
+@pytest.mark.parametrize("command", [[], ["run"], ["bench"], ["info"], ["chat"]])
+def test_every_command_answers_help(localchat_home: Path, command: list[str]) -> None:
+    result = localchat(*command, "--help", home=localchat_home)
+    assert result.returncode == 0 and "usage: localchat" in result.stdout
+
+
+def _bad_files(tmp_path: Path, default_model: Path) -> dict[str, Path]:
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(default_model.read_bytes()[: 50_000_000])
+    not_gguf = tmp_path / "notes.gguf"
+    not_gguf.write_text("hello")
+    empty = tmp_path / "empty.gguf"
+    empty.touch()
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    return {"truncated": truncated, "not GGUF": not_gguf, "empty": empty, "folder": folder, "missing": tmp_path / "nope.gguf"}
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("truncated", "is truncated"),
+        ("not GGUF", "is not a GGUF file"),
+        ("empty", "is empty"),
+        ("folder", "not an ONNX model"),
+        ("missing", "does not exist"),
+    ],
+)
+def test_a_bad_model_file_gets_one_clear_line(tmp_path: Path, localchat_home: Path, default_model: Path, case: str, message: str) -> None:
+    path = _bad_files(tmp_path, default_model)[case]
+    result = localchat("run", "-m", str(path), "hi", home=localchat_home)
+    assert result.returncode == 1
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run", "-m", "no-such-model", "hi"], "unknown model 'no-such-model'"),
+        (["run", "--temperature", "-1", "hi"], "temperature must be >= 0"),
+        (["run", "--top-p", "1.5", "hi"], "top_p must be in"),
+        (["run", "-n", "0", "hi"], "max_tokens must be >= 1"),
+        (["run", "--ctx", "64", "word " * 2000], "context holds"),
+        (["info", "--ctx", "4"], "context size 4 is too small"),
+    ],
+)
+def test_bad_input_gets_one_clear_line(localchat_home: Path, args: list[str], message: str) -> None:
+    result = localchat(*args, home=localchat_home)
+    assert result.returncode == 1, result.stdout
+    assert message in result.stderr and "Traceback" not in result.stderr

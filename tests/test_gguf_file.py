@@ -1,0 +1,41 @@
+"""The fast GGUF header reader against the real model and damaged copies of it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import pytest
+
+from localchat.errors import ModelError
+from localchat.gguf_file import read_gguf_header
+from localchat.models import gguf_facts
+
+
+def test_header_of_the_default_model(default_model: Path) -> None:
+    header = read_gguf_header(default_model)
+    assert header.architecture == "gemma3"
+    assert header.arch_value("block_count") == 18
+    assert header.array_lengths["tokenizer.ggml.tokens"] == 262144
+    assert len(header.tensors) == 236
+    facts = gguf_facts(header)
+    # Gemma 3 270M: 18 layers x 1 KV head x (256 + 256) x f16.
+    assert facts.kv_bytes_per_token == 18 * 1 * 512 * 2
+    assert facts.n_ctx_train == 32768 and facts.n_vocab == 262144
+
+
+def test_tensor_table_matches_the_gguf_library(default_model: Path) -> None:
+    ours = read_gguf_header(default_model)
+    reference = gguf.GGUFReader(default_model)
+    assert [(t.name, t.n_bytes, t.offset) for t in ours.tensors] == [
+        (t.name, int(t.n_bytes), int(t.data_offset) - ours.data_offset) for t in reference.tensors
+    ]
+
+
+def test_a_file_cut_inside_the_header_or_the_data_is_reported(tmp_path: Path, default_model: Path) -> None:
+    data = default_model.read_bytes()
+    for size, message in ((5_000, "header ends early"), (len(data) - 1, "tensors need")):
+        cut = tmp_path / f"cut-{size}.gguf"
+        cut.write_bytes(data[:size])
+        with pytest.raises(ModelError, match=message):
+            read_gguf_header(cut)

@@ -1,0 +1,66 @@
+"""The prefix cache's lookup, budgets and disk tier (pure logic over opaque state bytes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from localchat.prefix_cache import MIN_MATCH_TOKENS, PrefixCache, common_prefix_length
+
+SYSTEM = list(range(1000, 1100))
+
+
+def test_common_prefix_length() -> None:
+    assert common_prefix_length([1, 2, 3], [1, 2, 4, 5]) == 2
+    assert common_prefix_length([1, 2], [1, 2, 3]) == 2
+    assert common_prefix_length([], [1]) == 0
+    assert common_prefix_length([7], [8]) == 0
+
+
+def test_longest_match_picks_the_entry_sharing_the_most_tokens() -> None:
+    cache = PrefixCache("model", ram_budget_bytes=1 << 20)
+    cache.put(SYSTEM + [1, 2, 3], b"a")
+    cache.put(SYSTEM[:50] + [9, 9], b"b")
+    match = cache.longest_match(SYSTEM + [1, 2, 7])
+    assert match is not None and match.length == len(SYSTEM) + 2
+    assert cache.load(match.key) == b"a"
+    assert cache.longest_match(list(range(MIN_MATCH_TOKENS - 1))) is None
+    assert (cache.hits, cache.misses) == (1, 1)
+
+
+def test_an_entry_extending_another_replaces_it() -> None:
+    cache = PrefixCache("model", ram_budget_bytes=1 << 20)
+    cache.put(SYSTEM, b"short")
+    cache.put(SYSTEM + [5, 6], b"long")
+    assert len(cache) == 1
+    assert cache.covers(SYSTEM) and cache.covers(SYSTEM + [5]) and not cache.covers(SYSTEM + [7])
+
+
+def test_ram_budget_evicts_least_recently_used() -> None:
+    cache = PrefixCache("model", ram_budget_bytes=250)
+    for first in (1, 2, 3):
+        cache.put([first] + SYSTEM, bytes(100))
+    assert len(cache) == 2 and cache.ram_bytes == 200
+    assert cache.longest_match([1] + SYSTEM) is None  # the oldest went
+
+
+def test_disk_tier_takes_evicted_entries_and_survives_a_restart(tmp_path: Path) -> None:
+    cache = PrefixCache("model", ram_budget_bytes=150, disk_dir=tmp_path, disk_budget_bytes=10_000)
+    cache.put([1] + SYSTEM, b"x" * 100)
+    cache.put([2] + SYSTEM, b"y" * 100)
+    assert cache.ram_bytes == 100 and cache.disk_bytes == 100
+    assert not list(tmp_path.glob("*.incomplete"))
+    restarted = PrefixCache("model", ram_budget_bytes=150, disk_dir=tmp_path, disk_budget_bytes=10_000)
+    match = restarted.longest_match([1] + SYSTEM + [4])
+    assert match is not None and restarted.load(match.key) == b"x" * 100
+    # Another model's entries are not visible.
+    assert PrefixCache("other", 150, tmp_path, 10_000).longest_match([1] + SYSTEM) is None
+
+
+def test_a_damaged_disk_entry_is_a_miss_not_a_crash(tmp_path: Path) -> None:
+    cache = PrefixCache("model", ram_budget_bytes=0, disk_dir=tmp_path, disk_budget_bytes=10_000)
+    cache.put(SYSTEM, b"z" * 100)
+    (entry_file,) = tmp_path.glob("*.kv")
+    entry_file.write_bytes(entry_file.read_bytes()[:-10])
+    match = cache.longest_match(SYSTEM)
+    assert match is not None and cache.load(match.key) is None
+    assert len(cache) == 0 and not entry_file.exists()

@@ -1,0 +1,125 @@
+"""Sessions and chats on the real default model in llama.cpp: KV reuse, prefix cache, limits."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from localchat.backends.base import SamplerSettings
+from localchat.bench import bench_text
+from localchat.engine import Engine
+from localchat.errors import ContextOverflowError
+from localchat.hardware import detect_hardware
+from localchat.session import Chat, GenerationSettings
+from localchat.templates import Message
+
+GREEDY = GenerationSettings(max_tokens=24, sampler=SamplerSettings(temperature=0))
+SYSTEM = "You answer questions about geography. " * 12
+
+
+@pytest.fixture
+def fresh(engine: Engine) -> Iterator[Engine]:
+    engine.sessions[0].reset()
+    engine.prefix_cache.clear()
+    yield engine
+    engine.sessions[0].reset()
+    engine.prefix_cache.clear()
+
+
+def cold_reply(engine: Engine, messages: list[Message]) -> tuple[int, ...]:
+    """The greedy reply computed from an empty KV cache and prefix cache."""
+    engine.sessions[0].reset()
+    engine.prefix_cache.clear()
+    generation = Chat(engine.sessions[0], engine.template, list(messages)).reply(GREEDY)
+    generation.text()
+    assert generation.stats is not None and generation.stats.cached_tokens == 0
+    return generation.stats.completion_ids
+
+
+def test_the_default_model_answers_on_this_cpu(fresh: Engine) -> None:
+    if detect_hardware().has_amx and fresh.model_plan.build.amx:
+        assert not fresh.plan.use_extra_bufts  # llama.cpp #20824 would segfault otherwise
+    generation = fresh.new_chat().send("What is the capital of France?", GREEDY)
+    text = generation.text()
+    assert generation.stats is not None
+    assert text.strip() and generation.stats.completion_tokens > 0
+    assert generation.stats.decode_tok_s > 0 and generation.stats.ttft_s > 0
+
+
+def test_a_second_turn_evaluates_only_its_new_tokens_and_matches_a_cold_run(fresh: Engine) -> None:
+    chat = fresh.new_chat(SYSTEM)
+    first = chat.send("Name a river in Europe.", GREEDY)
+    chat.commit(first.text())
+    second = chat.send("And one in Asia?", GREEDY)
+    chat.commit(second.text())
+    assert first.stats is not None and second.stats is not None
+    # Everything up to the first reply is reused; only the new user turn is evaluated.
+    assert second.stats.cached_tokens >= first.stats.prompt_tokens + first.stats.completion_tokens - 2
+    assert second.stats.prompt_tokens - second.stats.cached_tokens < 20
+    assert second.stats.completion_ids == cold_reply(fresh, chat.messages[:-1])
+
+
+def test_a_new_chat_with_a_known_system_prompt_restores_it_from_the_prefix_cache(fresh: Engine) -> None:
+    fresh.new_chat(SYSTEM).send("Name a mountain.", GREEDY).text()
+    fresh.new_chat().send("Say hello.", GREEDY).text()  # takes the KV cache; the first chat is saved
+    assert len(fresh.prefix_cache) == 1
+    chat = fresh.new_chat(SYSTEM)
+    generation = chat.send("Name a lake.", GREEDY)
+    generation.text()
+    assert generation.stats is not None
+    assert generation.stats.prefix_cache_tokens == generation.stats.cached_tokens > 60
+    assert generation.stats.completion_ids == cold_reply(fresh, chat.messages)
+
+
+def test_cancel_keeps_the_kv_cache_consistent(fresh: Engine) -> None:
+    chat = fresh.new_chat(SYSTEM)
+    generation = chat.send("Describe the Alps.", GenerationSettings(max_tokens=200, sampler=SamplerSettings(temperature=0)))
+    pieces = []
+    for piece in generation:
+        pieces.append(piece)
+        if len(pieces) == 3:
+            generation.cancel()
+    assert generation.stats is not None and generation.stats.finish_reason == "cancelled"
+    chat.commit("".join(pieces))
+    follow_up = chat.send("Shorter, please.", GREEDY)
+    follow_up.text()
+    assert follow_up.stats is not None and follow_up.stats.cached_tokens > 0
+    assert follow_up.stats.completion_ids == cold_reply(fresh, chat.messages)
+
+
+def test_the_same_seed_gives_the_same_sample(fresh: Engine) -> None:
+    settings = GenerationSettings(max_tokens=16, sampler=SamplerSettings(temperature=1.0, seed=42))
+    replies = []
+    for _ in range(2):
+        fresh.sessions[0].reset()
+        generation = fresh.new_chat().send("Tell me a story.", settings)
+        generation.text()
+        assert generation.stats is not None
+        replies.append(generation.stats.completion_ids)
+    assert replies[0] == replies[1]
+
+
+def test_a_prompt_longer_than_the_context_is_refused(fresh: Engine) -> None:
+    with pytest.raises(ContextOverflowError, match="context holds 2048"):
+        fresh.new_chat().send("word " * 3000, GREEDY)
+
+
+def test_a_long_conversation_drops_its_oldest_turns_but_keeps_the_system_prompt(fresh: Engine) -> None:
+    chat = fresh.new_chat("SYSTEM-MARKER")
+    for i in range(12):
+        chat.messages += [Message("user", f"TURN-{i} " + "lorem ipsum " * 60), Message("assistant", "ok " * 20)]
+    chat.messages.append(Message("user", "LAST-QUESTION"))
+    tokens = chat.prompt_tokens(reply_room=256)
+    text = b"".join(fresh.backend.token_bytes(t) for t in tokens).decode()
+    assert len(tokens) + 256 <= fresh.backend.n_ctx
+    assert "SYSTEM-MARKER" in text and "LAST-QUESTION" in text
+    assert "TURN-0 " not in text and "TURN-11 " in text
+    assert len(chat.messages) == 26  # the history itself is kept
+
+
+def test_perplexity_of_the_benchmark_text_is_sane(fresh: Engine) -> None:
+    tokens = fresh.backend.tokenize(bench_text(), add_bos=True, special=False)[:256]
+    scores = fresh.backend.score(0, tokens)
+    assert len(scores.logprobs) == 255
+    assert 1.5 < scores.perplexity < 60
