@@ -1,0 +1,97 @@
+"""Decode speed of localchat against a bare llama.cpp loop on the same file and threads.
+
+The bare loop is llama_decode on a one-token batch plus llama.cpp's C greedy sampler, with no
+Python work per token beyond the two calls, on a context made with the same parameters as
+localchat's, so the ratio measures only localchat's Python layer. Runs alternate to even out
+machine noise.
+
+    python benchmarks/decode_vs_bare_loop.py [--model PATH] [--tokens 256] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import statistics
+import time
+
+import llama_cpp
+
+from localchat.backends.base import SamplerSettings
+from localchat.backends.llamacpp import PROMPT_BATCH
+from localchat.engine import Engine
+from localchat.planner import PlanRequest
+from localchat.session import GenerationSettings
+
+PROMPT = "The history of the lighthouse begins"
+
+
+def bare_loop_tok_s(engine: Engine, n_tokens: int) -> float:
+    """Tokens per second of a minimal llama.cpp decode loop, on its own model and context."""
+    plan = engine.plan
+    model_params = llama_cpp.llama_model_default_params()
+    model_params.use_extra_bufts = plan.use_extra_bufts
+    model_params.n_gpu_layers = plan.n_gpu_layers
+    model = llama_cpp.llama_model_load_from_file(str(engine.model_plan.model.path).encode(), model_params)
+    ctx_params = llama_cpp.llama_context_default_params()
+    ctx_params.n_ctx = plan.n_ctx
+    ctx_params.n_threads = plan.n_threads
+    ctx_params.n_threads_batch = plan.n_threads_batch
+    ctx_params.n_batch = ctx_params.n_ubatch = PROMPT_BATCH
+    ctx_params.swa_full = True
+    ctx_params.kv_unified = True
+    ctx = llama_cpp.llama_init_from_model(model, ctx_params)
+    vocab = llama_cpp.llama_model_get_vocab(model)
+    chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_greedy())
+    prompt = engine.backend.tokenize(PROMPT, add_bos=True, special=False)
+    prompt_array = (llama_cpp.llama_token * len(prompt))(*prompt)
+    llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(prompt_array, len(prompt)))
+    token = llama_cpp.llama_token(0)
+    start = time.perf_counter()
+    for _ in range(n_tokens):
+        token.value = llama_cpp.llama_sampler_sample(chain, ctx, -1)
+        llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(ctypes.pointer(token), 1))
+    elapsed = time.perf_counter() - start
+    llama_cpp.llama_sampler_free(chain)
+    llama_cpp.llama_free(ctx)
+    llama_cpp.llama_model_free(model)
+    return n_tokens / elapsed
+
+
+def localchat_tok_s(engine: Engine, n_tokens: int) -> float:
+    session = engine.sessions[0]
+    session.reset()
+    prompt = engine.backend.tokenize(PROMPT, add_bos=True, special=False)
+    settings = GenerationSettings(max_tokens=n_tokens + 1, sampler=SamplerSettings(temperature=0), ignore_eos=True)
+    generation = session.generate(prompt, settings)
+    generation.text()
+    assert generation.stats is not None
+    return generation.stats.decode_tok_s
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", help="a .gguf file (default: the default model)")
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    with Engine.load(args.model, request=PlanRequest(n_ctx=2048)) as engine:
+        bare, ours = [], []
+        for _ in range(args.rounds):
+            bare.append(bare_loop_tok_s(engine, args.tokens))
+            ours.append(localchat_tok_s(engine, args.tokens))
+        result = {
+            "model": str(engine.model_plan.model.path),
+            "threads": engine.plan.n_threads,
+            "tokens": args.tokens,
+            "bare_loop_tok_s": round(statistics.median(bare), 2),
+            "localchat_tok_s": round(statistics.median(ours), 2),
+        }
+    result["ratio"] = round(result["localchat_tok_s"] / result["bare_loop_tok_s"], 3)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
