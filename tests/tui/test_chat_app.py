@@ -1,0 +1,214 @@
+"""The chat app driven with Pilot on the real default model: turns, stopping, conversations, models."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from pilot_steps import ENDLESS, press_and_wait_for_reply, send, wait_until
+from textual.widgets import OptionList, ProgressBar
+
+from localchat.history import ConversationStore
+from localchat.settings import Settings
+from tui.app import ChatApp
+from tui.widgets.dialogs import HelpScreen, ModelPicker
+from tui.widgets.messages import AssistantMessage, Notice, UserMessage
+from tui.widgets.sidebar import ConversationList
+from tui.widgets.status import StatusBar
+
+pytestmark = pytest.mark.anyio
+MakeApp = Callable[..., ChatApp]
+LONG_SYSTEM = "You are a careful assistant who answers questions about the geography of Europe. " * 5
+
+
+async def test_a_real_turn_streams_into_the_view_and_is_stored(make_app: MakeApp, store: ConversationStore) -> None:
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        status = app.query_one(StatusBar)
+        app.prompt.text = "What is the capital of France?"
+        await press_and_wait_for_reply(pilot, "enter")
+        assert app.prompt.text == ""
+
+        answer = app.query(AssistantMessage).last()
+        assert app.last_stats is not None and app.last_stats.completion_tokens > 0
+        assert answer.text and answer.text == app.chat.messages[-1].content  # type: ignore[union-attr]
+        stored = store.messages(app.conversation.id)  # type: ignore[union-attr]
+        assert [(m.role, m.content) for m in stored] == [("user", "What is the capital of France?"), ("assistant", answer.text)]
+        assert store.get(app.conversation.id).title == "What is the capital of France?"  # type: ignore[union-attr]
+        assert status.state == "ready" and status.tokens_per_s is not None and status.ttft_s is not None
+        assert 0 < status.context_used <= status.context_size == 2048
+        assert status.backend == "llama.cpp" and status.rss_bytes > 0
+
+
+async def test_escape_stops_a_reply_and_keeps_what_was_written(make_app: MakeApp, store: ConversationStore) -> None:
+    app = make_app(reply_settings=ENDLESS)
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.prompt.text = "Count from one to one thousand."
+        await pilot.press("enter")
+        # The answer shows while it is written, and the status bar follows it live.
+        await wait_until(pilot, lambda: app.reply is not None and len(app.query(AssistantMessage).last().text) > 20)
+        await wait_until(pilot, lambda: (app.query_one(StatusBar).tokens_per_s or 0) > 0)
+        status = app.query_one(StatusBar)
+        assert app.reply is not None and status.state == "writing" and status.ttft_s is not None
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: app.reply is None, timeout=10)
+        assert app.last_stats is not None and app.last_stats.finish_reason == "cancelled"
+        written = store.messages(app.conversation.id)[-1]  # type: ignore[union-attr]
+        assert written.role == "assistant" and written.content == app.query(AssistantMessage).last().text
+        assert len(written.content) > 0
+        # The app is responsive again: the next turn goes through.
+        app.reply_settings = make_app().reply_settings
+        await send(pilot, "Thanks.")
+        assert len(store.messages(app.conversation.id)) == 4  # type: ignore[union-attr]
+
+
+async def test_editor_keys_regenerate_and_copy(make_app: MakeApp, store: ConversationStore) -> None:
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.prompt.focus()
+        await pilot.press("H", "i", "ctrl+j", "t", "h", "e", "r", "e")
+        assert app.prompt.text == "Hi\nthere" and app.reply is None  # a new line, nothing sent
+        await press_and_wait_for_reply(pilot, "enter")
+        first = store.messages(app.conversation.id)  # type: ignore[union-attr]
+
+        await press_and_wait_for_reply(pilot, "ctrl+r")
+        again = store.messages(app.conversation.id)  # type: ignore[union-attr]
+        assert [m.role for m in again] == ["user", "assistant"] and len(first) == 2
+        assert len(app.query(AssistantMessage)) == 1 and [m.role for m in app.chat.messages] == ["user", "assistant"]  # type: ignore[union-attr]
+
+        await pilot.press("ctrl+g")
+        assert app.clipboard == again[-1].content
+
+
+async def test_conversations_survive_a_restart(make_app: MakeApp, history_path: Path) -> None:
+    first_store = ConversationStore(history_path)
+    app = make_app(store=first_store)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await send(pilot, "Name a colour.")
+        answer = app.chat.messages[-1].content  # type: ignore[union-attr]
+    first_store.close()
+
+    second_store = ConversationStore(history_path)
+    again = make_app(store=second_store)
+    async with again.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert [w.text for w in again.query(UserMessage)] == ["Name a colour."]
+        assert [w.text for w in again.query(AssistantMessage)] == [answer]
+        assert [m.content for m in again.chat.messages] == ["Name a colour.", answer]  # type: ignore[union-attr]
+    second_store.close()
+
+
+async def test_new_rename_switch_and_delete(make_app: MakeApp, store: ConversationStore) -> None:
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await send(pilot, "First conversation")
+        first = app.conversation
+        await pilot.press("ctrl+n")
+        assert app.conversation is not None and app.conversation.id != first.id  # type: ignore[union-attr]
+        assert not app.query(UserMessage) and app.query_one("#welcome", Notice)
+        await pilot.press("ctrl+n")  # an empty conversation is reused, not duplicated
+        assert len(store.conversations()) == 2
+
+        await pilot.press("f2")
+        await pilot.press(*"Second")  # the old title is selected, typing replaces it
+        await pilot.press("enter")
+        assert store.get(app.conversation.id).title == "Second"  # type: ignore[union-attr]
+        listing = app.query_one(ConversationList)
+        assert [str(listing.get_option_at_index(i).prompt) for i in range(listing.option_count)] == ["Second", "First conversation"]
+
+        await pilot.press("ctrl+l", "down", "enter")  # open the other one from the list
+        assert app.conversation.id == first.id  # type: ignore[union-attr]
+        assert [w.text for w in app.query(UserMessage)] == ["First conversation"]
+
+        await pilot.press("f8", "y")
+        await pilot.pause()
+        assert store.get(first.id) is None and [c.title for c in store.conversations()] == ["Second"]  # type: ignore[union-attr]
+        assert app.conversation.title == "Second"  # type: ignore[union-attr]
+
+
+async def test_switching_back_reuses_the_prefix_cache(make_app: MakeApp, store: ConversationStore) -> None:
+    app = make_app()
+    app.engine.prefix_cache.clear()  # type: ignore[union-attr]
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        app.screen.query_one("TextArea").text = LONG_SYSTEM  # type: ignore[attr-defined]
+        await pilot.press("ctrl+s")
+        assert store.get(app.conversation.id).system_prompt == LONG_SYSTEM.strip()  # type: ignore[union-attr]
+        assert app.chat.messages[0].role == "system"  # type: ignore[union-attr]
+        await send(pilot, "Which river flows through Paris?")
+        first = app.conversation
+
+        await pilot.press("ctrl+n")
+        await send(pilot, "Say hello.")  # overwrites the KV cache; the first conversation is saved
+        await app.open_conversation(first.id)  # type: ignore[union-attr]
+        await send(pilot, "And through Rome?")
+        assert app.last_stats is not None and app.last_stats.prefix_cache_tokens > 64
+
+
+async def test_help_screen_lists_the_keys(make_app: MakeApp) -> None:
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("f1")
+        assert isinstance(app.screen, HelpScreen)
+        keys = [row[0] for row in app.screen.rows]
+        assert {"Enter", "Ctrl+J / Shift+Enter", "Esc", "Ctrl+N", "Ctrl+R", "Ctrl+G", "Ctrl+O", "F1"} <= set(keys)
+        await pilot.press("ctrl+n")  # app keys are off behind a dialog
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+
+
+async def test_a_model_that_fails_to_load_is_a_readable_error(make_app: MakeApp, tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path / "data", cache_dir=tmp_path / "cache")
+    settings.models_dir.mkdir(parents=True)
+    (settings.models_dir / "broken.gguf").write_bytes(b"not a model" * 100)
+    app = make_app()
+    app.settings = settings
+    async with app.run_test(size=(80, 24)) as pilot:
+        engine = app.engine
+        await pilot.press("ctrl+o")
+        assert isinstance(app.screen, ModelPicker)
+        labels = [c.label for c in app.screen.choices]
+        assert labels == ["gemma-3-270m", "broken"]
+        app.screen.query_one(OptionList).highlighted = 1
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: not app.loading)
+        error = app.query_one(".error", Notice)
+        assert "Could not load broken" in str(error.render()) and "not a GGUF file" in str(error.render())
+        assert app.engine is engine  # the working model stays
+        await send(pilot, "Still there?")
+        assert app.last_stats is not None
+
+
+async def test_loading_at_start_shows_progress_and_errors(settings: Settings, store: ConversationStore, default_model: Path) -> None:
+    app = ChatApp(settings, model=str(default_model), store=store)
+    async with app.run_test(size=(80, 24)) as pilot:
+        assert app.loading and app.query_one("#load").display
+        await wait_until(pilot, lambda: not app.loading)
+        assert app.engine is not None and app.query_one(ProgressBar).progress == 1.0
+        assert not app.query_one("#load").display and app.query_one(StatusBar).state == "ready"
+        engine = app.engine
+    assert engine.backend._model is None  # type: ignore[attr-defined]  # closed by the app that loaded it
+
+    missing = ChatApp(settings, model="/nowhere/model.gguf", store=store)
+    async with missing.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, lambda: not missing.loading)
+        assert missing.engine is None and missing.query_one(StatusBar).state == "no model"
+        assert "does not exist" in str(missing.query_one(".error", Notice).render())
+        missing.prompt.text = "hello"
+        await pilot.press("enter")  # no model: a notice, not a crash
+        assert missing.reply is None
+
+
+async def test_a_question_left_unanswered_by_a_kill(make_app: MakeApp, store: ConversationStore) -> None:
+    conversation = store.create("Interrupted")
+    store.add_message(conversation.id, "user", "Name a fruit.")
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        assert app.query_one("#unanswered", Notice)
+        await send(pilot, "Name a vegetable.")
+        roles = [m.role for m in store.messages(conversation.id)]
+        assert roles == ["user", "assistant", "user", "assistant"]  # an empty answer keeps roles alternating
+        assert not app.query("#unanswered")

@@ -1,0 +1,103 @@
+"""The conversation store: schema migrations, WAL, and what survives a killed process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from localchat.history import DEFAULT_TITLE, MIGRATIONS, ConversationStore, HistoryError, title_from
+
+
+def test_a_new_file_is_wal_at_the_latest_schema(history_path: Path) -> None:
+    store = ConversationStore(history_path)
+    assert store.schema_version == len(MIGRATIONS)
+    store.close()
+    with sqlite3.connect(history_path) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_conversations_and_messages(store: ConversationStore) -> None:
+    first = store.create(system_prompt="Be brief.")
+    second = store.create()
+    store.add_message(first.id, "user", "hello")
+    store.add_message(first.id, "assistant", "hi")
+    assert [c.id for c in store.conversations()] == [first.id, second.id]  # most recently used first
+    assert [(m.role, m.content) for m in store.messages(first.id)] == [("user", "hello"), ("assistant", "hi")]
+    store.rename(first.id, "  Greetings ")
+    store.set_system_prompt(first.id, "Be kind.")
+    renamed = store.get(first.id)
+    assert renamed is not None and (renamed.title, renamed.system_prompt) == ("Greetings", "Be kind.")
+    store.rename(second.id, "   ")
+    assert store.get(second.id).title == DEFAULT_TITLE  # type: ignore[union-attr]
+    store.delete(first.id)
+    assert store.get(first.id) is None
+    assert store.messages(first.id) == []  # deleted with their conversation
+
+
+def test_a_regenerated_answer_replaces_the_old_one_in_one_step(store: ConversationStore) -> None:
+    conversation = store.create()
+    store.add_message(conversation.id, "user", "hello")
+    old = store.add_message(conversation.id, "assistant", "hi")
+    new = store.add_message(conversation.id, "assistant", "hello there", replacing=old.id)
+    assert [m.id for m in store.messages(conversation.id)][-1] == new.id
+    assert [m.content for m in store.messages(conversation.id)] == ["hello", "hello there"]
+
+
+def test_an_older_file_is_migrated_and_a_newer_one_refused(history_path: Path) -> None:
+    with sqlite3.connect(history_path) as db:
+        db.execute("PRAGMA user_version = 0")
+    ConversationStore(history_path).close()
+    with sqlite3.connect(history_path) as db:
+        db.execute(f"PRAGMA user_version = {len(MIGRATIONS) + 1}")
+    with pytest.raises(HistoryError, match="newer localchat"):
+        ConversationStore(history_path)
+
+
+def test_a_file_that_is_not_a_database_is_a_readable_error(tmp_path: Path) -> None:
+    path = tmp_path / "history.db"
+    path.write_bytes(b"not a database" * 100)
+    with pytest.raises(HistoryError, match="cannot open the conversation history"):
+        ConversationStore(path)
+
+
+def test_titles_come_from_the_first_line() -> None:
+    assert title_from("\n  What is WAL?\nmore") == "What is WAL?"
+    assert len(title_from("x" * 200)) <= 48
+    assert title_from("   ") == DEFAULT_TITLE
+
+
+def test_a_killed_writer_loses_no_finished_message(history_path: Path) -> None:
+    """SIGKILL between commits: every message written before the kill is there afterwards."""
+    script = textwrap.dedent(
+        f"""
+        import sys, time
+        from pathlib import Path
+        from localchat.history import ConversationStore
+        store = ConversationStore(Path({str(history_path)!r}))
+        conversation = store.create()
+        for i in range(1000000):
+            store.add_message(conversation.id, "user", f"message {{i}}")
+            print(i, flush=True)
+        """
+    )
+    writer = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert writer.stdout is not None
+    last = -1
+    for line in writer.stdout:
+        last = int(line)
+        if last >= 50:
+            break
+    os.kill(writer.pid, signal.SIGKILL)
+    writer.wait()
+    store = ConversationStore(history_path)
+    contents = [m.content for m in store.messages(store.conversations()[0].id)]
+    assert contents[: last + 1] == [f"message {i}" for i in range(last + 1)]
+    assert store._db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    store.close()

@@ -1,0 +1,637 @@
+"""The chat app: a conversation list, the open conversation, a message editor and a status bar.
+
+The app is the controller: widgets only show things and post messages. The model is loaded and
+replies are generated in thread workers that talk back through `post_message` only; each
+finished message goes to the conversation store in its own transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass, field
+
+from textual import on, work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.message import Message
+from textual.screen import ModalScreen
+from textual.widgets import Footer, Label, ProgressBar
+from textual.worker import get_current_worker
+
+from localchat.engine import Engine
+from localchat.errors import LocalchatError
+from localchat.hardware import gpu_memory_used_bytes, process_rss_bytes
+from localchat.history import DEFAULT_TITLE, Conversation, ConversationStore, title_from
+from localchat.models import DEFAULT_MODEL_NAME, local_models
+from localchat.planner import PlanRequest
+from localchat.session import Chat, Generation, GenerationSettings, GenerationStats
+from localchat.settings import Settings
+from localchat.templates import Message as ChatMessage
+from tui.widgets.dialogs import Confirm, HelpScreen, ModelChoice, ModelPicker, SystemPromptEditor, TextPrompt
+from tui.widgets.messages import AssistantMessage, ConversationView, Notice, UserMessage
+from tui.widgets.prompt import PromptInput
+from tui.widgets.sidebar import ConversationList
+from tui.widgets.status import StatusBar
+
+REPLY_SETTINGS = GenerationSettings(max_tokens=1024)
+# Text reaches the screen at most this often; MarkdownStream merges what piles up in between.
+FRAME_S = 1 / 30
+# The status bar's live numbers (tokens/s, context) update this often while a reply is written.
+STATS_S = 0.25
+MEMORY_S = 1.0
+WELCOME = "Type a message and press Enter to send it; Ctrl+J adds a new line. F1 lists every key."
+UNANSWERED = "This message has no answer: localchat stopped while writing it. Ctrl+R writes one."
+# Keys handled by the message editor itself, for the help screen.
+EDITOR_KEYS = [("Enter", "send the message"), ("Ctrl+J / Shift+Enter", "new line in the message")]
+THEMES = ("textual-dark", "textual-light")
+
+
+# Messages from the worker threads to the app.
+
+
+@dataclass
+class ReplyText(Message):
+    text: str
+
+
+@dataclass
+class ReplyStats(Message):
+    tokens_per_s: float
+    ttft_s: float | None
+    context_used: int
+
+
+@dataclass
+class ReplyEnded(Message):
+    error: str | None
+
+
+@dataclass
+class LoadProgress(Message):
+    fraction: float
+
+
+@dataclass
+class ModelLoaded(Message):
+    engine: Engine
+    label: str
+
+
+@dataclass
+class ModelFailed(Message):
+    label: str
+    error: str
+
+
+@dataclass
+class Reply:
+    """A reply being generated, and where it belongs once it ends."""
+
+    conversation_id: int
+    chat: Chat
+    generation: Generation
+    widget: AssistantMessage
+    replacing: int | None = None  # the stored answer a regenerated one replaces
+    pieces: list[str] = field(default_factory=list)  # appended by the worker as it generates
+    done: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+
+def key_label(keys: str) -> str:
+    """Textual key names as a person reads them: "ctrl+q,f1" -> "Ctrl+Q / F1"."""
+    names = {"escape": "Esc", "enter": "Enter", "delete": "Delete"}
+    labels = []
+    for key in keys.split(","):
+        parts = key.split("+")
+        labels.append("+".join(names.get(p, p.upper() if len(p) <= 2 else p.capitalize()) for p in parts))
+    return " / ".join(labels)
+
+
+class ChatApp(App[int]):
+    CSS_PATH = "app.tcss"
+    TITLE = "localchat"
+    # Footer labels stay short to fit 80 columns; the help screen shows the tooltips.
+    BINDINGS = [
+        Binding("ctrl+q", "quit", "Quit", tooltip="quit; a reply being written is kept", priority=True),
+        Binding("f1", "help", "Help", tooltip="show these keys"),
+        Binding("escape", "stop", "Stop", tooltip="stop the reply and keep what was written"),
+        Binding("ctrl+n", "new_chat", "New", tooltip="start a new conversation", priority=True),
+        Binding("ctrl+r", "regenerate", "Regen", tooltip="write the last answer again", priority=True),
+        Binding("ctrl+g", "copy_answer", "Copy", tooltip="copy the last answer to the clipboard", priority=True),
+        Binding("ctrl+o", "pick_model", "Model", tooltip="choose and load another model", priority=True),
+        Binding("ctrl+s", "system_prompt", "System", tooltip="edit this conversation's system prompt", show=False),
+        Binding("ctrl+l", "focus_list", "List", tooltip="go to the conversation list", show=False, priority=True),
+        Binding("f2", "rename", "Rename", tooltip="rename this conversation", show=False),
+        Binding("f8", "delete", "Delete", tooltip="delete this conversation", show=False),
+        Binding("ctrl+b", "toggle_sidebar", "Sidebar", tooltip="show or hide the conversation list", show=False, priority=True),
+        Binding("ctrl+t", "toggle_theme", "Theme", tooltip="switch between dark and light themes", show=False, priority=True),
+    ]
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        model: str | None = None,
+        request: PlanRequest = PlanRequest(),
+        engine: Engine | None = None,
+        store: ConversationStore | None = None,
+        reply_settings: GenerationSettings = REPLY_SETTINGS,
+    ) -> None:
+        """Loads `model` on start, or uses `engine` as given (the caller then closes it)."""
+        super().__init__()
+        self.reply_settings = reply_settings
+        self.last_stats: GenerationStats | None = None
+        self.settings = settings
+        self.request = request
+        self.engine = engine
+        self.model_label = (engine.model_plan.model.name if engine else model) or DEFAULT_MODEL_NAME
+        self._model_arg = model
+        self._owned: set[int] = set()  # ids of engines this app loaded and must close
+        self.store = store or ConversationStore.open(settings)
+        self._owns_store = store is None
+        self.conversation: Conversation | None = None
+        self.chat: Chat | None = None
+        self.reply: Reply | None = None
+        self.loading = False
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        # Behind a dialog only quitting works: no second dialog over the first, no hidden sends.
+        if isinstance(self.screen, ModalScreen) and action != "quit":
+            return False
+        return True
+
+    # Layout
+
+    def compose(self) -> ComposeResult:
+        with Horizontal(id="body"):
+            yield ConversationList(id="conversations")
+            with Vertical(id="main"):
+                yield ConversationView(id="view")
+                with Horizontal(id="load"):
+                    yield Label("Loading", id="load-label")
+                    yield ProgressBar(total=1.0, show_eta=False)
+                yield PromptInput(id="prompt", placeholder="Message the model…")
+        yield StatusBar()
+        yield Footer(compact=True)
+
+    async def on_mount(self) -> None:
+        self.query_one("#conversations").border_title = "Conversations"
+        self.status = self.query_one(StatusBar)
+        self.conversation_view = self.query_one(ConversationView)
+        self.prompt = self.query_one(PromptInput)
+        self.memory_timer = self.set_interval(MEMORY_S, self._sample_memory)
+        self._sample_memory()
+        conversations = self.store.conversations()
+        await self.open_conversation(conversations[0].id if conversations else None)
+        self.prompt.focus()
+        if self.engine is None:
+            self.load_model(self._model_arg, self.model_label)
+        else:
+            self._show_engine()
+
+    # The model
+
+    def load_model(self, model: str | None, label: str) -> None:
+        self.loading = True
+        self.query_one("#load-label", Label).update(f"Loading {label}")
+        self.query_one(ProgressBar).update(progress=0)
+        self.query_one("#load").display = True
+        self.status.state = "loading"
+        self._load(model, label)
+
+    @work(thread=True, exclusive=True, group="load")
+    def _load(self, model: str | None, label: str) -> None:
+        try:
+            engine = Engine.load(
+                model, self.settings, self.request, on_progress=lambda f: self.post_message(LoadProgress(f))
+            )
+        except (LocalchatError, OSError) as error:
+            self.post_message(ModelFailed(label, str(error)))
+            return
+        self.post_message(ModelLoaded(engine, label))
+
+    def on_load_progress(self, message: LoadProgress) -> None:
+        self.query_one(ProgressBar).update(progress=message.fraction)
+
+    async def on_model_loaded(self, message: ModelLoaded) -> None:
+        old, self.engine = self.engine, message.engine
+        self._owned.add(id(message.engine))
+        if old is not None and id(old) in self._owned:
+            self._owned.discard(id(old))
+            old.close()
+        self.model_label = message.label
+        self.loading = False
+        self.query_one("#load").display = False
+        self._rebuild_chat()
+        self._show_engine()
+        self.notify(f"{message.label} is ready", timeout=2)
+
+    async def on_model_failed(self, message: ModelFailed) -> None:
+        self.loading = False
+        self.query_one("#load").display = False
+        if self.engine is not None:
+            self._show_engine()
+            what = f"kept {self.engine.model_plan.model.name}"
+        else:
+            self.status.state = "no model"
+            what = "press Ctrl+O to choose another model"
+        text = f"Could not load {message.label}: {message.error}\n({what})"
+        await self.conversation_view.mount(Notice(text, classes="error", markup=False))
+        self.conversation_view.scroll_end(animate=False)
+        self.notify(f"Could not load {message.label}", severity="error", timeout=5)
+
+    def _show_engine(self) -> None:
+        assert self.engine is not None
+        self.status.state = "ready"
+        self.status.backend = self.engine.backend.name
+        self.status.model = self.engine.model_plan.model.name
+        self.status.context_size = self.engine.backend.n_ctx
+        self.status.gpu_bytes = gpu_memory_used_bytes() if self.engine.plan.uses_gpu else None
+        self.prompt.placeholder = f"Message {self.engine.model_plan.model.name}"
+        self._show_context()
+
+    def _show_context(self) -> None:
+        """Tokens the open conversation fills in the context (the prompt for its next reply)."""
+        if self.chat is None:
+            self.status.context_used = 0
+            return
+        try:
+            self.status.context_used = len(self.chat.prompt_tokens(0)) if self.chat.messages else 0
+        except LocalchatError:
+            self.status.context_used = self.status.context_size
+
+    def _sample_memory(self) -> None:
+        self.status.rss_bytes = process_rss_bytes()
+        if self.engine is not None and self.engine.plan.uses_gpu:
+            self.status.gpu_bytes = gpu_memory_used_bytes()
+
+    # Conversations
+
+    def _rebuild_chat(self) -> None:
+        """The open conversation as a Chat on the one KV sequence; the prefix cache makes
+        returning to an earlier conversation cheap."""
+        if self.engine is None or self.conversation is None:
+            self.chat = None
+            return
+        messages = [ChatMessage("system", self.conversation.system_prompt)] if self.conversation.system_prompt else []
+        messages += [m.as_message() for m in self.store.messages(self.conversation.id)]
+        self.chat = Chat(self.engine.sessions[0], self.engine.template, messages)
+
+    def _refresh_list(self) -> None:
+        self.query_one(ConversationList).show(
+            self.store.conversations(), self.conversation.id if self.conversation else None
+        )
+
+    async def open_conversation(self, conversation_id: int | None) -> None:
+        """Show a stored conversation, or a fresh one when `conversation_id` is None."""
+        self._stop_reply()
+        conversation = self.store.get(conversation_id) if conversation_id is not None else None
+        if conversation is None:
+            conversation = self.store.create()
+        self.conversation = conversation
+        self._rebuild_chat()
+        stored = self.store.messages(conversation.id)
+        widgets = [UserMessage(m.content) if m.role == "user" else AssistantMessage(m.content) for m in stored]
+        await self.conversation_view.remove_children()
+        if stored and stored[-1].role == "user":
+            widgets.append(Notice(UNANSWERED, id="unanswered"))
+        await self.conversation_view.mount_all(widgets or [Notice(WELCOME, id="welcome")])
+        self.conversation_view.scroll_end(animate=False)
+        self._refresh_list()
+        if self.engine is not None:
+            self._show_context()
+        self.status.tokens_per_s = self.status.ttft_s = None
+
+    @on(ConversationList.Chosen)
+    async def _chosen(self, message: ConversationList.Chosen) -> None:
+        if self.conversation is None or message.conversation_id != self.conversation.id:
+            await self.open_conversation(message.conversation_id)
+        self.prompt.focus()
+
+    @on(ConversationList.Action)
+    def _list_action(self, message: ConversationList.Action) -> None:
+        if message.action == "rename":
+            self._rename(message.conversation_id)
+        else:
+            self._delete(message.conversation_id)
+
+    def _is_empty(self, conversation: Conversation) -> bool:
+        return conversation.title == DEFAULT_TITLE and not conversation.system_prompt and not self.store.messages(conversation.id)
+
+    async def action_new_chat(self) -> None:
+        current = self.store.get(self.conversation.id) if self.conversation else None
+        if current is not None and self._is_empty(current):
+            self.prompt.focus()
+            return  # the open conversation is already a new one
+        await self.open_conversation(None)
+        self.prompt.focus()
+
+    def action_rename(self) -> None:
+        if self.conversation is not None:
+            self._rename(self.conversation.id)
+
+    def _rename(self, conversation_id: int) -> None:
+        conversation = self.store.get(conversation_id)
+        if conversation is None:
+            return
+
+        def done(title: str | None) -> None:
+            if title is not None:
+                self.store.rename(conversation_id, title)
+                if self.conversation and self.conversation.id == conversation_id:
+                    self.conversation = self.store.get(conversation_id)
+                self._refresh_list()
+
+        self.push_screen(TextPrompt("Rename the conversation", conversation.title), done)
+
+    def action_delete(self) -> None:
+        if self.conversation is not None:
+            self._delete(self.conversation.id)
+
+    def _delete(self, conversation_id: int) -> None:
+        conversation = self.store.get(conversation_id)
+        if conversation is None:
+            return
+
+        async def done(yes: bool | None) -> None:
+            if not yes:
+                return
+            if self.reply is not None and self.reply.conversation_id == conversation_id:
+                self._stop_reply()  # its end finds the conversation gone and stores nothing
+            self.store.delete(conversation_id)
+            if self.conversation and self.conversation.id == conversation_id:
+                rest = self.store.conversations()
+                await self.open_conversation(rest[0].id if rest else None)
+            else:
+                self._refresh_list()
+
+        self.push_screen(Confirm(f"Delete “{conversation.title}”?"), done)
+
+    def action_system_prompt(self) -> None:
+        if self.conversation is None:
+            return
+        conversation_id = self.conversation.id
+
+        def done(text: str | None) -> None:
+            if text is None:
+                return
+            self.store.set_system_prompt(conversation_id, text)
+            if self.conversation and self.conversation.id == conversation_id:
+                self.conversation = self.store.get(conversation_id)
+                if self.reply is None:
+                    self._rebuild_chat()
+                    if self.engine is not None:
+                        self._show_context()
+            self.notify("System prompt saved" if text else "System prompt removed", timeout=2)
+
+        self.push_screen(SystemPromptEditor(self.conversation.system_prompt), done)
+
+    def action_focus_list(self) -> None:
+        listing = self.query_one(ConversationList)
+        listing.display = True
+        listing.focus()
+
+    def action_toggle_sidebar(self) -> None:
+        listing = self.query_one(ConversationList)
+        listing.display = not listing.display
+        if not listing.display:
+            self.prompt.focus()
+
+    def action_toggle_theme(self) -> None:
+        self.theme = THEMES[1] if self.theme == THEMES[0] else THEMES[0]
+
+    # Replies
+
+    @on(PromptInput.Submitted)
+    async def _submitted(self, message: PromptInput.Submitted) -> None:
+        text = message.text.strip()
+        if not text:
+            return
+        if not self._can_generate():
+            return
+        assert self.chat is not None and self.conversation is not None
+        if self.chat.messages and self.chat.messages[-1].role == "user":
+            # A question left unanswered (the app was killed while writing): record an empty answer
+            # so roles keep alternating, as many chat templates require.
+            self.store.add_message(self.conversation.id, "assistant", "")
+            self.chat.commit("")
+        try:
+            generation = self.chat.send(text, self.reply_settings)
+        except LocalchatError as error:
+            self.chat.messages.pop()  # send() added the message before it found it too long
+            self.notify(str(error), title="Not sent", severity="error", timeout=8)
+            return
+        conversation_id = self.conversation.id
+        self.store.add_message(conversation_id, "user", text)
+        if self.conversation.title == DEFAULT_TITLE:
+            self.store.rename(conversation_id, title_from(text))
+            self.conversation = self.store.get(conversation_id)
+        self.prompt.clear()
+        await self.conversation_view.query("#welcome, #unanswered").remove()
+        await self.conversation_view.mount(UserMessage(text))
+        await self._start_reply(generation)
+        self._refresh_list()
+
+    def _can_generate(self) -> bool:
+        if self.reply is not None:
+            self.notify("A reply is being written; Esc stops it.", timeout=3)
+        elif self.loading:
+            self.notify("The model is still loading.", timeout=3)
+        elif self.chat is None:
+            self.notify("No model is loaded; Ctrl+O chooses one.", severity="warning", timeout=5)
+        else:
+            return True
+        return False
+
+    async def action_regenerate(self) -> None:
+        if not self._can_generate():
+            return
+        assert self.chat is not None and self.conversation is not None
+        messages = self.chat.messages
+        replacing = None
+        if messages and messages[-1].role == "assistant":
+            stored = self.store.messages(self.conversation.id)
+            replacing = stored[-1].id if stored and stored[-1].role == "assistant" else None
+            old = messages.pop()
+        if not messages or messages[-1].role != "user":
+            self.notify("There is no answer to regenerate yet.", timeout=3)
+            return
+        try:
+            generation = self.chat.reply(self.reply_settings)
+        except LocalchatError as error:
+            if replacing is not None:
+                messages.append(old)
+            self.notify(str(error), severity="error", timeout=8)
+            return
+        answers = self.conversation_view.query(AssistantMessage)
+        if replacing is not None and answers:
+            await answers.last().remove()
+        await self.conversation_view.query("#unanswered").remove()
+        await self._start_reply(generation, replacing)
+
+    async def _start_reply(self, generation: Generation, replacing: int | None = None) -> None:
+        assert self.chat is not None and self.conversation is not None
+        widget = AssistantMessage()
+        await self.conversation_view.mount(widget)
+        await widget.start_stream()
+        self.conversation_view.scroll_end(animate=False)
+        self.reply = Reply(self.conversation.id, self.chat, generation, widget, replacing)
+        self.status.state = "writing"
+        self.status.tokens_per_s = self.status.ttft_s = None
+        self._generate(self.reply)
+
+    @work(thread=True, group="reply")
+    def _generate(self, reply: Reply) -> None:
+        """Runs the generation; never touches a widget, only posts messages."""
+        worker = get_current_worker()
+        generation = reply.generation
+        pending: list[str] = []
+        last_text = last_stats = time.monotonic()
+        error = None
+        try:
+            for piece in generation:
+                reply.pieces.append(piece)
+                pending.append(piece)
+                now = time.monotonic()
+                if now - last_text >= FRAME_S:
+                    self.post_message(ReplyText("".join(pending)))
+                    pending.clear()
+                    last_text = now
+                if now - last_stats >= STATS_S:
+                    self.post_message(self._stats(generation))
+                    last_stats = now
+                if worker.is_cancelled:
+                    generation.cancel()
+        except LocalchatError as failure:
+            error = str(failure)
+        finally:
+            if pending:
+                self.post_message(ReplyText("".join(pending)))
+            reply.done.set()
+            self.post_message(ReplyEnded(error))
+
+    @staticmethod
+    def _stats(generation: Generation) -> ReplyStats:
+        ttft = generation.first_token_at - generation.started_at if generation.first_token_at else None
+        return ReplyStats(generation.tokens_per_second, ttft, len(generation.session.tokens))
+
+    async def on_reply_text(self, message: ReplyText) -> None:
+        if self.reply is not None and self.reply.widget.is_attached:
+            await self.reply.widget.write(message.text)
+
+    def on_reply_stats(self, message: ReplyStats) -> None:
+        if self.reply is not None and self.conversation and self.reply.conversation_id == self.conversation.id:
+            self.status.tokens_per_s = message.tokens_per_s
+            self.status.ttft_s = message.ttft_s
+            self.status.context_used = message.context_used
+
+    async def on_reply_ended(self, message: ReplyEnded) -> None:
+        reply, self.reply = self.reply, None
+        if reply is None:
+            return
+        stats = self.last_stats = reply.generation.stats
+        reply.chat.commit(reply.text)
+        if self.store.get(reply.conversation_id) is not None:  # it may have been deleted meanwhile
+            self.store.add_message(reply.conversation_id, "assistant", reply.text, replacing=reply.replacing)
+        note = ""
+        if message.error:
+            note = f"error: {message.error}"
+            self.notify(message.error, title="The reply failed", severity="error", timeout=8)
+        elif stats is not None and stats.finish_reason == "cancelled":
+            note = "stopped"
+        elif stats is not None and stats.finish_reason == "length":
+            note = "cut off at the length limit"
+        await reply.widget.end_stream()
+        if reply.widget.is_attached:  # not when the user switched conversations meanwhile
+            await reply.widget.finish(reply.text, note)
+        self.status.state = "ready" if self.engine is not None else "no model"
+        if stats is not None and self.conversation and reply.conversation_id == self.conversation.id:
+            self.status.tokens_per_s = stats.decode_tok_s
+            self.status.ttft_s = stats.ttft_s
+            self.status.context_used = len(reply.chat.session.tokens)
+        self._refresh_list()
+
+    def _stop_reply(self) -> None:
+        if self.reply is not None:
+            self.reply.generation.cancel()
+
+    def action_stop(self) -> None:
+        if self.reply is not None:
+            self._stop_reply()
+        else:
+            self.prompt.focus()
+
+    def action_copy_answer(self) -> None:
+        answers = [m for m in (self.chat.messages if self.chat else []) if m.role == "assistant"]
+        if self.reply is not None and self.reply.text:
+            text = self.reply.text
+        elif answers:
+            text = answers[-1].content
+        else:
+            self.notify("There is no answer to copy yet.", timeout=3)
+            return
+        self.copy_to_clipboard(text)
+        self.notify(f"Copied the answer ({len(text)} characters)", timeout=2)
+
+    # Screens
+
+    def action_help(self) -> None:
+        rows = list(EDITOR_KEYS)
+        for binding in self.BINDINGS:
+            assert isinstance(binding, Binding)
+            rows.append((key_label(binding.key), binding.tooltip or binding.description))
+        rows.append(("r / d", "in the list: rename / delete a conversation"))
+        rows.append(("Ctrl+P", "command palette: themes, keys, quit"))
+        self.push_screen(HelpScreen(rows))
+
+    def model_choices(self) -> list[ModelChoice]:
+        """The default model and every GGUF file and ONNX folder in the models directory."""
+        choices = [ModelChoice(DEFAULT_MODEL_NAME, None, "default")]
+        for ref in local_models(self.settings):
+            if ref.path.name == "gemma-3-270m-q4_k_m.gguf":
+                continue  # the default model's own file
+            choices.append(ModelChoice(ref.name, str(ref.path), ref.format))
+        return choices
+
+    def action_pick_model(self) -> None:
+        if self.reply is not None or self.loading:
+            self.notify("Wait for the reply or the load to end (Esc stops a reply).", timeout=3)
+            return
+
+        def done(choice: ModelChoice | None) -> None:
+            if choice is not None:
+                self.load_model(choice.model, choice.label)
+
+        self.push_screen(ModelPicker(self.model_choices(), self.model_label), done)
+
+    # Shutdown
+
+    async def action_quit(self) -> None:
+        if self.reply is not None:
+            self._stop_reply()
+            # Keep what was written: the worker stops within a token, then the reply is stored.
+            await asyncio.to_thread(self.reply.done.wait, 10)
+            await self.on_reply_ended(ReplyEnded(None))
+        self.exit(self.return_code or 0)
+
+    def on_unmount(self) -> None:
+        if self.reply is not None:
+            self._stop_reply()
+            self.reply.done.wait(timeout=10)
+        if self.engine is not None and id(self.engine) in self._owned:
+            self.engine.close()
+            self._owned.discard(id(self.engine))
+        if self._owns_store:
+            self.store.close()
+
+
+def run_chat_app(model: str | None, settings: Settings, request: PlanRequest) -> int:
+    """`localchat chat`: the app on `model` (None for the default); returns the exit status."""
+    app = ChatApp(settings, model=model, request=request)
+    return app.run() or 0
