@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -123,6 +124,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     hw, facts, plan = model_plan.hardware, model_plan.facts, model_plan.plan
     print(f"model      {model_plan.model.path} ({model_plan.model.format}, {facts.weight_bytes / MIB:.0f} MiB of weights, "
           f"{facts.n_layers} layers, trained context {facts.n_ctx_train})")
+    for line in facts.details:
+        print(f"           {line}")
     print(f"cpu        {hw.cpu_name}: {hw.physical_cores} cores, {hw.logical_cores} threads"
           f"{', AMX' if hw.has_amx else ''}")
     print(f"ram        {hw.ram_available_bytes / 1024**3:.1f} GiB available of {hw.ram_total_bytes / 1024**3:.1f} GiB")
@@ -135,6 +138,30 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"plan       {plan.backend}, context {plan.n_ctx}, GPU layers {plan.n_gpu_layers}, threads {plan.n_threads}/{plan.n_threads_batch}")
     for reason in plan.reasons:
         print(f"  - {reason}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from localchat.engine import Engine
+    from localchat.server.app import serve
+    from localchat.server.settings import ServerSettings
+
+    settings = ServerSettings(
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key or os.environ.get("LOCALCHAT_API_KEY"),
+        cors_origins=tuple(args.cors_origin or ()),
+        queue_size=args.queue,
+    )
+    with Engine.load(args.model, Settings(), _plan_request(args, n_seq=args.parallel)) as engine:
+        print(
+            f"localchat: serving {engine.model_plan.model.name} on http://{settings.host}:{settings.port}/v1 "
+            f"({args.parallel} slots, context {engine.backend.n_ctx}"
+            f"{', API key required' if settings.api_key else ''})",
+            file=sys.stderr,
+            flush=True,
+        )
+        serve(engine, settings)
     return 0
 
 
@@ -168,9 +195,23 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     bench.set_defaults(handler=cmd_bench)
 
+    serve = commands.add_parser("serve", help="serve an OpenAI-compatible API on this machine")
+    _add_model_options(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s, this machine only)")
+    serve.add_argument("--port", type=int, default=8080, help="(default: %(default)s)")
+    serve.add_argument("--parallel", type=int, default=4, help="replies decoded together (default: %(default)s)")
+    serve.add_argument("--queue", type=int, default=16, help="requests that may wait for a slot; more get 503 (default: %(default)s)")
+    serve.add_argument("--api-key", help="require `Authorization: Bearer KEY` (default: $LOCALCHAT_API_KEY, else none)")
+    serve.add_argument("--cors-origin", action="append", help="let web pages from this origin call the API (repeatable)")
+    serve.set_defaults(handler=cmd_serve)
+
     info = commands.add_parser("info", help="show the hardware, the llama.cpp build and the plan for a model")
     _add_model_options(info)
     info.set_defaults(handler=cmd_info)
+
+    from converters.cli import add_parser as add_convert_parser
+
+    add_convert_parser(commands)
     return parser
 
 

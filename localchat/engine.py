@@ -33,13 +33,21 @@ def _build_features(model_format: str) -> BuildFeatures:
         from localchat.backends.llamacpp import build_features
 
         return build_features()
-    raise ModelError(f"localchat cannot run {model_format} models yet; give a .gguf file")
+    if model_format == "onnx":
+        from localchat.backends.onnx import build_features as onnx_build_features
+
+        return onnx_build_features()
+    raise ModelError(f"localchat cannot run {model_format} models; give a .gguf file or an ONNX model folder")
 
 
 def _model_facts(model: ModelRef) -> ModelFacts:
     if model.format == "gguf":
         return inspect_gguf(model.path)[1]
-    raise ModelError(f"localchat cannot run {model.format} models yet; give a .gguf file")
+    if model.format == "onnx":
+        from localchat.backends.onnx import onnx_facts
+
+        return onnx_facts(model.path)
+    raise ModelError(f"localchat cannot run {model.format} models; give a .gguf file or an ONNX model folder")
 
 
 def plan_model(model: str | None, settings: Settings, request: PlanRequest = PlanRequest()) -> ModelPlan:
@@ -52,9 +60,11 @@ def plan_model(model: str | None, settings: Settings, request: PlanRequest = Pla
 
 
 def _model_key(ref: ModelRef) -> str:
-    """Identifies the model file for saved KV states: path, size and modification time."""
-    stat = ref.path.stat()
-    return hashlib.sha1(f"{ref.path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    """Identifies the model for saved KV states: path, size and modification time of its file, or
+    of every file in an ONNX folder (the folder's own stat misses edits inside it)."""
+    files = sorted(p for p in ref.path.iterdir() if p.is_file()) if ref.path.is_dir() else [ref.path]
+    identity = "|".join(f"{p.resolve()}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files)
+    return hashlib.sha1(identity.encode()).hexdigest()[:16]
 
 
 class Engine:
@@ -88,9 +98,15 @@ class Engine:
     ) -> Engine:
         settings = settings or Settings()
         model_plan = plan_model(model, settings, request)
-        from localchat.backends.llamacpp import LlamaCppBackend
+        backend: Backend
+        if model_plan.plan.backend == "onnxruntime":
+            from localchat.backends.onnx import OnnxBackend
 
-        backend = LlamaCppBackend(model_plan.model.path, model_plan.plan, on_progress=on_progress)
+            backend = OnnxBackend(model_plan.model.path, model_plan.plan, on_progress=on_progress)
+        else:
+            from localchat.backends.llamacpp import LlamaCppBackend
+
+            backend = LlamaCppBackend(model_plan.model.path, model_plan.plan, on_progress=on_progress)
         return cls(model_plan, backend, settings)
 
     @property

@@ -17,6 +17,13 @@ CPU_OVERHEAD_BYTES = 512 * MIB
 # Keep this share of available RAM for the rest of the machine.
 RAM_HEADROOM = 0.9
 BACKEND_FOR_FORMAT = {"gguf": "llama.cpp", "onnx": "onnxruntime"}
+# How to get a GPU-enabled build of each backend.
+GPU_BUILD_HINT = {
+    "llama.cpp": "reinstall llama-cpp-python with CMAKE_ARGS=-DGGML_CUDA=on",
+    "onnxruntime": "install onnxruntime-gpu in place of onnxruntime",
+}
+# Backends that run a model whole on one device: no split of layers between GPU and CPU.
+WHOLE_MODEL_BACKENDS = frozenset({"onnxruntime"})
 
 
 @dataclass(frozen=True)
@@ -30,6 +37,8 @@ class ModelFacts:
     other_bytes: int
     kv_bytes_per_token: int
     n_vocab: int
+    # Format-specific lines for `localchat info` (an ONNX graph's fused operators).
+    details: tuple[str, ...] = ()
 
     @property
     def weight_bytes(self) -> int:
@@ -122,12 +131,14 @@ def plan_offload(model: ModelFacts, hardware: Hardware, build: BuildFeatures, re
     elif not build.gpu_offload:
         n_gpu_layers = 0
         reasons.append(
-            f"CPU only: {gpu.name} found but this {backend} build has no GPU support "
-            "(reinstall llama-cpp-python with CMAKE_ARGS=-DGGML_CUDA=on)"
+            f"CPU only: {gpu.name} found but this {backend} build has no GPU support ({GPU_BUILD_HINT[backend]})"
         )
     else:
         n_gpu_layers = _gpu_layers(model, n_ctx, gpu.free_bytes)
-        if n_gpu_layers > model.n_layers:
+        if backend in WHOLE_MODEL_BACKENDS and 0 < n_gpu_layers <= model.n_layers:
+            reasons.append(f"CPU only: {backend} runs a model whole and it does not fit in {gpu.name}'s {_gib(gpu.free_bytes)} free")
+            n_gpu_layers = 0
+        elif n_gpu_layers > model.n_layers:
             reasons.append(f"all {model.n_layers} layers on {gpu.name}: {_gib(gpu.free_bytes)} free holds the model and its KV cache")
         elif n_gpu_layers > 0:
             reasons.append(

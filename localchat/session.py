@@ -129,9 +129,23 @@ class Session:
             del self.tokens[keep:]
         return keep, min(restored, keep)
 
+    def prefill(self, prompt: Sequence[int]) -> tuple[int, int]:
+        """Put `prompt` in the KV cache, evaluating only what `prepare` cannot reuse; the backend
+        then holds the logits of its last token. Returns what `prepare` returns."""
+        reused, restored = self.prepare(prompt)
+        rest = prompt[reused:]
+        self.backend.evaluate(self.seq, rest, reused)
+        self.tokens.extend(rest)
+        return reused, restored
+
     def reset(self) -> None:
         self.backend.truncate(self.seq, 0)
         self.tokens = []
+
+    def release(self) -> None:
+        """Free the sequence's KV cells, keeping what it held in the prefix cache."""
+        self._save_live_state()
+        self.reset()
 
     def generate(self, prompt: Sequence[int], settings: GenerationSettings = GenerationSettings()) -> Generation:
         if not prompt:
@@ -142,6 +156,75 @@ class Session:
                 "shorten it or raise the context size (--ctx)"
             )
         return Generation(self, list(prompt), settings)
+
+
+class Reply:
+    """One reply being produced: sampled tokens -> text (UTF-8 characters split across tokens,
+    stop strings, end-of-generation tokens, max_tokens) and the timings of its stats.
+
+    Shared by `Generation` (one sequence) and the batch scheduler (several at once).
+    """
+
+    def __init__(self, backend: Backend, settings: GenerationSettings, prompt_tokens: int) -> None:
+        self._token_bytes = backend.token_bytes
+        self._eog = frozenset() if settings.ignore_eos else backend.info.eog_ids
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._stops = _StopMatcher(settings.stop)
+        self._limit = settings.max_tokens if settings.max_tokens is not None else backend.n_ctx
+        self._stopped_by_string = False
+        self.prompt_tokens = prompt_tokens
+        self.token_ids: list[int] = []
+        self.finish_reason: str | None = None  # set when the reply has ended
+        self.cached_tokens = 0
+        self.prefix_cache_tokens = 0
+        self.started_at = time.perf_counter()
+        self.prefilled_at = self.started_at
+        self.first_token_at: float | None = None
+
+    def prefilled(self, cached_tokens: int, prefix_cache_tokens: int) -> None:
+        """The prompt is in the KV cache, `cached_tokens` of it reused."""
+        self.cached_tokens = cached_tokens
+        self.prefix_cache_tokens = prefix_cache_tokens
+        self.prefilled_at = time.perf_counter()
+
+    def add(self, token: int) -> str:
+        """The text `token` releases; sets `finish_reason` when the reply ends with it."""
+        if self.first_token_at is None:
+            self.first_token_at = time.perf_counter()
+        if token in self._eog:
+            self.finish_reason = "stop"
+            return ""
+        self.token_ids.append(token)
+        text, self._stopped_by_string = self._stops.feed(self._decoder.decode(self._token_bytes(token)))
+        if self._stopped_by_string:
+            self.finish_reason = "stop"
+        elif len(self.token_ids) >= self._limit:
+            self.finish_reason = "length"
+        return text
+
+    def end(self, finish_reason: str) -> None:
+        """End the reply for a reason its tokens do not show (a full context, a cancel)."""
+        self.finish_reason = finish_reason
+
+    def tail(self) -> str:
+        """The text held back until the end: a possible stop string's start, a partial character."""
+        if self._stopped_by_string:
+            return ""
+        return self._stops.flush() + self._decoder.decode(b"", final=True)
+
+    def stats(self) -> GenerationStats:
+        end = time.perf_counter()
+        return GenerationStats(
+            prompt_tokens=self.prompt_tokens,
+            cached_tokens=self.cached_tokens,
+            prefix_cache_tokens=self.prefix_cache_tokens,
+            completion_tokens=len(self.token_ids),
+            completion_ids=tuple(self.token_ids),
+            ttft_s=(self.first_token_at or end) - self.started_at,
+            prefill_s=self.prefilled_at - self.started_at,
+            decode_s=end - (self.first_token_at or self.started_at),
+            finish_reason=self.finish_reason or "cancelled",
+        )
 
 
 class Generation:
@@ -156,13 +239,20 @@ class Generation:
         self.prompt = prompt
         self.settings = settings
         self.stats: GenerationStats | None = None
-        self.completion_ids: list[int] = []
-        self.started_at = time.perf_counter()
-        self.first_token_at: float | None = None
+        self._reply = Reply(session.backend, settings, len(prompt))
+        self.completion_ids = self._reply.token_ids
         self._cancelled = threading.Event()
 
     def cancel(self) -> None:
         self._cancelled.set()
+
+    @property
+    def started_at(self) -> float:
+        return self._reply.started_at
+
+    @property
+    def first_token_at(self) -> float | None:
+        return self._reply.first_token_at
 
     @property
     def tokens_per_second(self) -> float:
@@ -176,69 +266,44 @@ class Generation:
             yield from self._run()
 
     def _run(self) -> Iterator[str]:
-        session, backend, seq = self.session, self.session.backend, self.session.seq
-        settings = self.settings
-        eog = backend.info.eog_ids
-        sampler = backend.make_sampler(settings.sampler)
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        stops = _StopMatcher(settings.stop)
-        limit = settings.max_tokens if settings.max_tokens is not None else session.n_ctx
-        finish = "cancelled"
-        reused = restored = 0
-        prefill_done = decode_start = self.started_at
+        session, backend, seq, reply = self.session, self.session.backend, self.session.seq, self._reply
+        sampler = backend.make_sampler(self.settings.sampler)
         try:
-            reused, restored = session.prepare(self.prompt)
-            rest = self.prompt[reused:]
-            backend.evaluate(seq, rest, reused)
-            session.tokens.extend(rest)
+            reply.prefilled(*session.prefill(self.prompt))
             sampler.accept(self.prompt)
-            prefill_done = time.perf_counter()
-            stopped_by_string = False
             while not self._cancelled.is_set():
-                token = backend.sample(seq, sampler)
-                if self.first_token_at is None:
-                    self.first_token_at = decode_start = time.perf_counter()
-                if token in eog and not settings.ignore_eos:
-                    finish = "stop"
-                    break
-                self.completion_ids.append(token)
-                text, stopped_by_string = stops.feed(decoder.decode(backend.token_bytes(token)))
+                text = reply.add(backend.sample(seq, sampler))
                 if text:
                     yield text
-                if stopped_by_string:
-                    finish = "stop"
+                if reply.finish_reason is not None:
                     break
-                if len(self.completion_ids) >= limit or len(session.tokens) >= session.n_ctx:
-                    finish = "length"
+                if len(session.tokens) >= session.n_ctx:
+                    reply.end("length")
                     break
+                token = reply.token_ids[-1]
                 backend.evaluate(seq, [token], len(session.tokens))
                 session.tokens.append(token)
-            if not stopped_by_string:
-                tail = stops.flush() + decoder.decode(b"", final=True)
-                if tail:
-                    yield tail
+            tail = reply.tail()
+            if tail:
+                yield tail
         except Exception:
             # The KV cache may hold part of a failed evaluation: start the sequence afresh.
             session.reset()
             raise
         finally:
             sampler.close()
-            end = time.perf_counter()
-            self.stats = GenerationStats(
-                prompt_tokens=len(self.prompt),
-                cached_tokens=reused,
-                prefix_cache_tokens=restored,
-                completion_tokens=len(self.completion_ids),
-                completion_ids=tuple(self.completion_ids),
-                ttft_s=(self.first_token_at or end) - self.started_at,
-                prefill_s=prefill_done - self.started_at,
-                decode_s=end - decode_start,
-                finish_reason=finish,
-            )
+            self.stats = reply.stats()
 
     def text(self) -> str:
         """Run to the end and return the whole reply."""
         return "".join(self)
+
+
+def tokenize_chat(backend: Backend, template: ChatTemplate, messages: Sequence[Message]) -> list[int]:
+    """The prompt for the assistant's next message, as the model's chat template renders it."""
+    text = template.render(messages)
+    add_bos = backend.info.add_bos and not (template.bos_token and text.startswith(template.bos_token))
+    return backend.tokenize(text, add_bos=add_bos, special=True)
 
 
 @dataclass
@@ -258,18 +323,12 @@ class Chat:
     def backend(self) -> Backend:
         return self.session.backend
 
-    def _tokenize_prompt(self, messages: Sequence[Message]) -> list[int]:
-        text = self.template.render(messages)
-        info = self.backend.info
-        add_bos = info.add_bos and not (self.template.bos_token and text.startswith(self.template.bos_token))
-        return self.backend.tokenize(text, add_bos=add_bos, special=True)
-
     def prompt_tokens(self, reply_room: int) -> list[int]:
         """The prompt for the next reply, dropping the oldest turns if it must."""
         system = [m for m in self.messages[:1] if m.role == "system"]
         turns = self.messages[len(system) :]
         while True:
-            tokens = self._tokenize_prompt(system + turns)
+            tokens = tokenize_chat(self.backend, self.template, system + turns)
             if len(tokens) + reply_room <= self.session.n_ctx or len(turns) <= 1:
                 break
             # Drop the oldest turn: a user message and the assistant reply after it.

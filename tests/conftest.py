@@ -13,6 +13,9 @@ from localchat.models import default_model_path
 from localchat.planner import PlanRequest
 from localchat.settings import Settings
 
+# Checkpoint fixtures shared by tests/converters and tests/onnx.
+pytest_plugins = ("checkpoint_fixtures",)
+
 
 @pytest.fixture(scope="session")
 def localchat_home(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -45,7 +45,7 @@ def test_info_explains_the_plan(localchat_home: Path) -> None:
         assert expected in result.stdout
 
 
-@pytest.mark.parametrize("command", [[], ["run"], ["bench"], ["info"], ["chat"]])
+@pytest.mark.parametrize("command", [[], ["run"], ["bench"], ["info"], ["chat"], ["serve"], ["convert"]])
 def test_every_command_answers_help(localchat_home: Path, command: list[str]) -> None:
     result = localchat(*command, "--help", home=localchat_home)
     assert result.returncode == 0 and "usage: localchat" in result.stdout

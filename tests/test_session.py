@@ -123,3 +123,21 @@ def test_perplexity_of_the_benchmark_text_is_sane(fresh: Engine) -> None:
     scores = fresh.backend.score(0, tokens)
     assert len(scores.logprobs) == 255
     assert 1.5 < scores.perplexity < 60
+
+
+def test_penalties_run_in_llamas_sampler_chain_and_change_a_repetitive_reply(fresh: Engine) -> None:
+    def reply(sampler: SamplerSettings) -> tuple[int, ...]:
+        fresh.sessions[0].reset()
+        generation = fresh.sessions[0].generate(
+            fresh.backend.tokenize("one one one one one one", add_bos=True, special=False),
+            GenerationSettings(max_tokens=16, sampler=sampler),
+        )
+        generation.text()
+        assert generation.stats is not None
+        return generation.stats.completion_ids
+
+    plain = reply(SamplerSettings(temperature=0))
+    penalised = reply(SamplerSettings(temperature=0, repeat_penalty=1.5, presence_penalty=1.0, frequency_penalty=1.0))
+    assert penalised != plain
+    # Each distinct token is penalised: the penalised reply repeats itself less.
+    assert len(set(penalised)) >= len(set(plain))

@@ -38,7 +38,7 @@ def _log_callback(level: int, text: bytes | None, _user_data: ctypes.c_void_p) -
         _recent_errors.append(text.decode("utf-8", errors="replace").strip())
 
 
-def _ensure_initialized() -> None:
+def ensure_initialized() -> None:
     global _initialized
     with _init_lock:
         if not _initialized:
@@ -48,7 +48,7 @@ def _ensure_initialized() -> None:
 
 
 def build_features() -> BuildFeatures:
-    _ensure_initialized()
+    ensure_initialized()
     info = llama_cpp.llama_print_system_info().decode()
     return BuildFeatures(
         gpu_offload=bool(llama_cpp.llama_supports_gpu_offload()),
@@ -68,7 +68,9 @@ class LlamaSampler:
         add = lambda sampler: llama_cpp.llama_sampler_chain_add(self.chain, sampler)  # noqa: E731
         if (settings.repeat_penalty, settings.frequency_penalty, settings.presence_penalty) != (1.0, 0.0, 0.0):
             add(
+                # This build's C API still takes n_vocab first (see its include/llama.h).
                 llama_cpp.llama_sampler_init_penalties(
+                    n_vocab,
                     settings.penalty_last_n,
                     settings.repeat_penalty,
                     settings.frequency_penalty,
@@ -114,7 +116,7 @@ class LlamaCppBackend:
     name = "llama.cpp"
 
     def __init__(self, path: Path, plan: Plan, *, on_progress: Callable[[float], None] | None = None) -> None:
-        _ensure_initialized()
+        ensure_initialized()
         self.plan = plan
         model_params = llama_cpp.llama_model_default_params()
         model_params.n_gpu_layers = plan.n_gpu_layers

@@ -1,0 +1,288 @@
+"""Hugging Face checkpoint -> GGUF file, with gguf's writer and llama.cpp's own quantizer.
+
+Float outputs (f32, f16, bf16) are written tensor by tensor from the memory-mapped checkpoint.
+Quantized outputs are written as a float GGUF first (bf16 for bf16 checkpoints, so nothing is
+rounded twice) and then quantized by `llama_model_quantize`, which is multithreaded C and picks
+the per-tensor mix (Q4_K_M keeps some tensors in Q6_K) exactly as llama-quantize does. Output is
+atomic: everything is written to `.incomplete` files that are renamed at the end or removed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, LlamaFileType
+from gguf.quants import quantize as gguf_quantize
+
+from converters.architectures import PlannedTensor, add_hparams, architecture_for, plan_tensors, transform
+from converters.checkpoint import Checkpoint
+from converters.tokenizer import add_tokenizer
+from localchat.errors import InvalidSettingError, LocalchatError, ModelError
+
+INCOMPLETE_SUFFIX = ".incomplete"
+# Room left on the disk beyond the estimated output, for the filesystem and other programs.
+DISK_MARGIN_BYTES = 256 * 1024 * 1024
+# Elements widened to float32 at once when re-encoding a large tensor (64 MiB of float32).
+ENCODE_CHUNK_ELEMENTS = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class QuantType:
+    """A `--quant` choice: the file type it makes and how its tensors are encoded."""
+
+    file_type: LlamaFileType
+    # Bits per weight of the bulk of the tensors, for the disk-space estimate.
+    bits_per_weight: float
+    # Float encoding written directly; None means quantize with llama.cpp after writing floats.
+    float_type: GGMLQuantizationType | None = None
+
+
+QUANT_TYPES: dict[str, QuantType] = {
+    "f32": QuantType(LlamaFileType.ALL_F32, 32, GGMLQuantizationType.F32),
+    "f16": QuantType(LlamaFileType.MOSTLY_F16, 16, GGMLQuantizationType.F16),
+    "bf16": QuantType(LlamaFileType.MOSTLY_BF16, 16, GGMLQuantizationType.BF16),
+    "q8_0": QuantType(LlamaFileType.MOSTLY_Q8_0, 8.5),
+    "q4_0": QuantType(LlamaFileType.MOSTLY_Q4_0, 4.5),
+    "q4_k_m": QuantType(LlamaFileType.MOSTLY_Q4_K_M, 5.5),
+    "q5_k_m": QuantType(LlamaFileType.MOSTLY_Q5_K_M, 6.5),
+    "q6_k": QuantType(LlamaFileType.MOSTLY_Q6_K, 6.6),
+}
+DEFAULT_QUANT = "q4_k_m"
+
+
+def quant_type(name: str) -> QuantType:
+    try:
+        return QUANT_TYPES[name.lower()]
+    except KeyError:
+        raise InvalidSettingError(f"unknown quantization '{name}'; choose one of: {', '.join(QUANT_TYPES)}") from None
+
+
+def _to_bf16_bytes(weights: np.ndarray) -> np.ndarray:
+    return gguf_quantize(np.ascontiguousarray(weights, dtype=np.float32), GGMLQuantizationType.BF16)
+
+
+FLOAT_ENCODERS: dict[GGMLQuantizationType, Callable[[np.ndarray], np.ndarray]] = {
+    GGMLQuantizationType.F32: lambda w: np.ascontiguousarray(w, dtype=np.float32),
+    GGMLQuantizationType.F16: lambda w: np.ascontiguousarray(w, dtype=np.float16),
+    GGMLQuantizationType.BF16: _to_bf16_bytes,
+}
+# Checkpoint dtypes that are already in a GGML float encoding, byte for byte.
+STORED_AS = {"F32": GGMLQuantizationType.F32, "F16": GGMLQuantizationType.F16, "BF16": GGMLQuantizationType.BF16}
+
+
+@dataclass(frozen=True)
+class ConversionResult:
+    output: Path
+    quant: str
+    n_tensors: int
+    n_bytes: int
+    seconds: float
+
+
+Progress = Callable[[int, int, str], None]  # (bytes done, total bytes, what is happening)
+
+
+class TensorWriter:
+    """Turns planned tensors into the bytes of one float GGUF encoding, in parallel, in order."""
+
+    def __init__(self, checkpoint: Checkpoint, float_type: GGMLQuantizationType) -> None:
+        self.checkpoint = checkpoint
+        self.float_type = float_type
+
+    def ggml_type(self, planned: PlannedTensor) -> GGMLQuantizationType:
+        # llama.cpp keeps vectors (norms, biases, RoPE factors) in F32 at every quantization.
+        return GGMLQuantizationType.F32 if planned.is_vector else self.float_type
+
+    def add_info(self, writer: GGUFWriter, planned: PlannedTensor) -> int:
+        ggml_type = self.ggml_type(planned)
+        block, type_size = GGML_QUANT_SIZES[ggml_type]
+        n_bytes = int(np.prod(planned.shape, dtype=np.int64)) // block * type_size
+        if ggml_type == GGMLQuantizationType.BF16:
+            byte_shape = (*planned.shape[:-1], planned.shape[-1] * type_size)
+            writer.add_tensor_info(planned.gguf_name, byte_shape, np.dtype(np.uint8), n_bytes, raw_dtype=ggml_type)
+        else:
+            dtype = np.dtype(np.float32 if ggml_type == GGMLQuantizationType.F32 else np.float16)
+            writer.add_tensor_info(planned.gguf_name, planned.shape, dtype, n_bytes)
+        return n_bytes
+
+    def encode(self, planned: PlannedTensor) -> np.ndarray:
+        ggml_type = self.ggml_type(planned)
+        if planned.data is not None:
+            return FLOAT_ENCODERS[ggml_type](planned.data)
+        ref = planned.source
+        assert ref is not None
+        untouched = not planned.permute_heads and not planned.add
+        if untouched and STORED_AS.get(ref.dtype) == ggml_type:
+            stored = self.checkpoint.read_stored(ref)
+            return stored.view(np.uint8) if ggml_type == GGMLQuantizationType.BF16 else stored
+        if planned.permute_heads or ref.n_elements <= ENCODE_CHUNK_ELEMENTS:
+            return FLOAT_ENCODERS[ggml_type](transform(planned, self.checkpoint.read_float32(ref)))
+        # Large matrices (a 262k-token embedding) go through float32 a slice of rows at a time.
+        stored = self.checkpoint.read_stored(ref)
+        rows = max(1, ENCODE_CHUNK_ELEMENTS * ref.shape[0] // ref.n_elements)
+        encoded: np.ndarray | None = None
+        for start in range(0, ref.shape[0], rows):
+            piece = FLOAT_ENCODERS[ggml_type](transform(planned, self.checkpoint.float32(ref, stored[start : start + rows])))
+            if encoded is None:
+                encoded = np.empty((ref.shape[0], *piece.shape[1:]), dtype=piece.dtype)
+            encoded[start : start + rows] = piece
+        return encoded
+
+    def encoded(self, tensors: list[PlannedTensor], threads: int) -> Iterator[tuple[PlannedTensor, np.ndarray]]:
+        """Encoded tensors in order; at most `threads + 1` in flight, so memory stays bounded."""
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            pending: deque[tuple[PlannedTensor, Future[np.ndarray]]] = deque()
+            upcoming = iter(tensors)
+            for planned in upcoming:
+                pending.append((planned, pool.submit(self.encode, planned)))
+                if len(pending) > threads:
+                    yield pending[0][0], pending.popleft()[1].result()
+            while pending:
+                planned, future = pending.popleft()
+                yield planned, future.result()
+
+
+def _write_float_gguf(
+    checkpoint: Checkpoint,
+    path: Path,
+    float_type: GGMLQuantizationType,
+    file_type: LlamaFileType,
+    threads: int,
+    progress: Progress,
+) -> int:
+    """Write the checkpoint as one float GGUF at `path`; returns the number of tensors."""
+    config = checkpoint.config
+    arch = architecture_for(config)
+    tensors = plan_tensors(checkpoint, arch)
+    n_vocab = next(p.shape[0] for p in tensors if p.gguf_name == "token_embd.weight")
+    writer = GGUFWriter(None, arch.gguf_name)
+    writer.add_type("model")
+    writer.add_name(str(config.raw.get("_name_or_path") or checkpoint.folder.name))
+    tensors += add_hparams(config, arch, writer)
+    writer.add_file_type(int(file_type))
+    add_tokenizer(writer, checkpoint, n_vocab)
+    tensor_writer = TensorWriter(checkpoint, float_type)
+    total = sum(tensor_writer.add_info(writer, planned) for planned in tensors)
+    done = 0
+    writer.write_header_to_file(path)
+    try:
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        for i, (planned, data) in enumerate(tensor_writer.encoded(tensors, threads)):
+            writer.write_tensor_data(data)
+            if planned.source is not None:
+                checkpoint.release(planned.source)
+            done += data.nbytes
+            progress(done, total, f"tensor {i + 1}/{len(tensors)}")
+        writer.flush()
+    finally:
+        writer.close()
+    return len(tensors)
+
+
+def quantize_gguf(source: Path, output: Path, quant: str, threads: int, progress: Progress | None = None) -> None:
+    """llama.cpp's quantizer (llama-quantize) on a float GGUF; `progress` watches the output grow."""
+    import llama_cpp
+
+    from localchat.backends.llamacpp import ensure_initialized
+
+    ensure_initialized()  # routes llama.cpp's log to localchat's quiet logger
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = int(quant_type(quant).file_type)
+    params.nthread = threads
+    status: list[int] = []
+    worker = threading.Thread(
+        target=lambda: status.append(llama_cpp.llama_model_quantize(str(source).encode(), str(output).encode(), ctypes.byref(params)))
+    )
+    worker.start()
+    estimate = _estimated_bytes(source.stat().st_size, 16, quant_type(quant).bits_per_weight)
+    while worker.is_alive():
+        worker.join(0.2)
+        if progress is not None and output.exists():
+            progress(min(output.stat().st_size, estimate), estimate, f"quantizing to {quant.upper()}")
+    if status != [0]:
+        raise ModelError(f"llama.cpp could not quantize {source} to {quant} (status {status[0] if status else '?'})")
+
+
+def _estimated_bytes(float_bytes: int, float_bits: float, bits_per_weight: float) -> int:
+    return int(float_bytes * bits_per_weight / float_bits)
+
+
+def default_output_path(name: str, quant: str, directory: Path) -> Path:
+    """`<name>-<QUANT>.gguf` in `directory` (e.g. gemma-3-270m-Q4_K_M.gguf)."""
+    return directory / f"{name}-{quant.upper()}.gguf"
+
+
+def _check_free_disk(folder: Path, needed: int) -> None:
+    free = shutil.disk_usage(folder).free
+    if free < needed + DISK_MARGIN_BYTES:
+        raise LocalchatError(
+            f"not enough disk space in {folder}: the conversion needs about {needed / 2**30:.2f} GiB "
+            f"and {free / 2**30:.2f} GiB is free; free some space or choose another output with -o"
+        )
+
+
+def _intermediate_float_type(checkpoint: Checkpoint) -> GGMLQuantizationType:
+    """bf16 checkpoints stay bf16 (exact); others go through f16, as llama.cpp's converter does."""
+    matrices = [ref for ref in checkpoint if len(ref.shape) > 1]
+    if matrices and all(ref.dtype == "BF16" for ref in matrices):
+        return GGMLQuantizationType.BF16
+    return GGMLQuantizationType.F16
+
+
+def _silent(done: int, total: int, what: str) -> None:
+    pass
+
+
+def convert_checkpoint(
+    source: Path,
+    output: Path | None = None,
+    quant: str = DEFAULT_QUANT,
+    *,
+    force: bool = False,
+    threads: int | None = None,
+    progress: Progress = _silent,
+) -> ConversionResult:
+    """Convert the checkpoint folder `source` to a GGUF file; returns where it went."""
+    started = time.perf_counter()
+    choice = quant_type(quant)
+    output = output or default_output_path(source.name, quant, source.parent)
+    if output.exists() and not force:
+        raise LocalchatError(f"{output} already exists; pass --force to overwrite it or choose another path with -o")
+    if not output.parent.is_dir():
+        raise LocalchatError(f"{output.parent} does not exist; create it or choose another path with -o")
+    threads = threads or os.cpu_count() or 1
+    checkpoint = Checkpoint(source)
+    try:
+        float_type = choice.float_type or _intermediate_float_type(checkpoint)
+        float_bits = 8 * GGML_QUANT_SIZES[float_type][1]
+        n_params = sum(ref.n_elements for ref in checkpoint)
+        float_bytes = n_params * float_bits // 8
+        final_bytes = _estimated_bytes(float_bytes, float_bits, choice.bits_per_weight)
+        _check_free_disk(output.parent, final_bytes + (float_bytes if choice.float_type is None else 0))
+
+        partial = output.with_name(output.name + INCOMPLETE_SUFFIX)
+        floats = partial if choice.float_type else output.with_name(f"{output.name}.{float_type.name.lower()}{INCOMPLETE_SUFFIX}")
+        try:
+            n_tensors = _write_float_gguf(checkpoint, floats, float_type, choice.file_type, threads, progress)
+            checkpoint.close()
+            if choice.float_type is None:
+                quantize_gguf(floats, partial, quant, threads, progress)
+            os.replace(partial, output)
+        finally:
+            # Reached on success too: by then both names are gone or the float file is spare.
+            floats.unlink(missing_ok=True)
+            partial.unlink(missing_ok=True)
+    finally:
+        checkpoint.close()
+    return ConversionResult(output, quant, n_tensors, output.stat().st_size, time.perf_counter() - started)

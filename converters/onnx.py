@@ -1,0 +1,588 @@
+"""Hugging Face checkpoint -> an ONNX decoder graph on onnxruntime's fused contrib operators.
+
+The graph is written straight from the checkpoint's weights with the `onnx` package (no torch
+export): GroupQueryAttention with rotary inside it and past/present KV buffers that can be the same
+memory, SkipSimplifiedLayerNormalization between blocks, MatMulNBits for quantized weights. Beside
+it go the tokenizer files and `localchat_onnx.json`, which tells the runtime what it needs.
+
+Graph inputs: input_ids (batch, seq) int64; seqlens_k (batch) int32 = tokens held after this step
+minus one; total_sequence_length () int32; logits_count (1) int64, how many last positions get
+logits; past_key_values.{i}.key/value (batch, kv_heads, max_length, head_dim). Outputs: logits
+(batch, logits_count, vocab) float32 and present.{i}.key/value, the same buffers when bound so.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from onnx import TensorProto
+
+from converters.block_quant import quantize
+from converters.checkpoint import Checkpoint, ModelConfig, RopeSettings
+from converters.onnx_graph import MS_DOMAIN, ExternalData, GraphBuilder
+from localchat.errors import ModelError
+from localchat.models import ONNX_MARKER
+
+GRAPH_FILE = "model.onnx"
+DATA_FILE = "model.onnx.data"
+FORMAT_VERSION = 1
+QUANTS = ("fp32", "fp16", "int8", "int4")
+BLOCK_SIZE = 32
+# MatMulNBits accuracy level 4: activations are quantized to int8 per block and the product runs
+# on the CPU's int8 dot-product units; measured fastest on AVX2/AVX-512 machines.
+CPU_ACCURACY_LEVEL = 4
+# The rotary tables cover at most this many positions (they are in the data file, 2 x 4 bytes
+# x head_dim/2 each); the runtime caps its context to it.
+MAX_ROTARY_POSITIONS = 32768
+# Files copied next to the graph when the checkpoint has them.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
+    "tokenizer.model",
+)
+# Turn-ending tokens that models emit instead of their EOS token.
+KNOWN_EOG_TOKENS = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>", "<|eom_id|>")
+
+Progress = Callable[[int, int, str], None]
+
+
+class UnsupportedModelError(ModelError):
+    """A checkpoint this converter cannot express as an onnxruntime graph."""
+
+
+@dataclass(frozen=True)
+class OnnxArchitecture:
+    """How one Hugging Face decoder maps onto the graph: names of its norms and its quirks."""
+
+    name: str  # the llama.cpp-style architecture name (chat template fallbacks key on it)
+    pre_mlp_norm: str = "post_attention_layernorm"
+    post_attn_norm: str | None = None  # Gemma's "sandwich" norms after attention and MLP
+    post_mlp_norm: str | None = None
+    norm_offset: float = 0.0  # Gemma's RMSNorm multiplies by (1 + weight)
+    scale_embeddings: bool = False  # Gemma multiplies embeddings by sqrt(hidden_size)
+    qk_norm: bool = False  # per-head RMSNorm on Q and K before rotary
+    window_all_layers: bool = False  # Mistral's sliding window applies to every layer
+
+
+GEMMA3 = OnnxArchitecture(
+    "gemma3",
+    pre_mlp_norm="pre_feedforward_layernorm",
+    post_attn_norm="post_attention_layernorm",
+    post_mlp_norm="post_feedforward_layernorm",
+    norm_offset=1.0,
+    scale_embeddings=True,
+    qk_norm=True,
+)
+ARCHITECTURES: dict[str, OnnxArchitecture] = {
+    "LlamaForCausalLM": OnnxArchitecture("llama"),
+    "MistralForCausalLM": OnnxArchitecture("llama", window_all_layers=True),
+    "Qwen2ForCausalLM": OnnxArchitecture("qwen2"),
+    "Qwen3ForCausalLM": OnnxArchitecture("qwen3", qk_norm=True),
+    "Gemma3ForCausalLM": GEMMA3,
+}
+ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
+
+
+@dataclass(frozen=True)
+class QuantPlan:
+    """Bits per weight role; 0 keeps float (32 or 16 bit storage)."""
+
+    name: str
+    linear_bits: int = 0
+    embedding_bits: int = 0
+    # Roles kept at 8 bits when linear_bits is 4: measured as the most sensitive on small models.
+    sensitive_roles: tuple[str, ...] = ()
+    # This many first and last layers keep every weight at 8 bits when linear_bits is 4.
+    edge_layers: int = 0
+    # Block size of 4-bit weights; 8-bit ones use BLOCK_SIZE.
+    block_4bit: int = BLOCK_SIZE
+    float_storage: type = np.float32
+
+    def bits(self, role: str, layer: int = -1, n_layers: int = 0) -> int:
+        if role == "embedding":
+            return self.embedding_bits
+        edge = 0 <= layer < self.edge_layers or layer >= n_layers - self.edge_layers >= 0
+        if self.linear_bits == 4 and (role in self.sensitive_roles or edge):
+            return 8
+        return self.linear_bits
+
+
+QUANT_PLANS: dict[str, QuantPlan] = {
+    "fp32": QuantPlan("fp32"),
+    "fp16": QuantPlan("fp16", float_storage=np.float16),
+    "int8": QuantPlan("int8", linear_bits=8, embedding_bits=8),
+    # Measured on Gemma 3 270M (bench text, perplexity vs fp32 20.62): all 4-bit but the embedding
+    # 23.49 (+14%); attention and down projections at 8 bits 22.02; plus the first and last two
+    # layers 21.85; plus 4-bit blocks of 16 21.4. The (tied) embedding/output matrix stays at 8
+    # bits: it is most of this model's weights and the most sensitive.
+    "int4": QuantPlan(
+        "int4", linear_bits=4, embedding_bits=8, sensitive_roles=("q_proj", "v_proj", "o_proj", "down_proj"),
+        edge_layers=2, block_4bit=16,
+    ),
+}
+
+
+def architecture_for(config: ModelConfig) -> OnnxArchitecture:
+    try:
+        arch = ARCHITECTURES[config.architecture]
+    except KeyError:
+        supported = ", ".join(sorted(ARCHITECTURES))
+        raise UnsupportedModelError(f"cannot convert architecture {config.architecture} to ONNX; supported: {supported}") from None
+    if config.raw.get("use_bidirectional_attention"):
+        raise UnsupportedModelError("this checkpoint uses bidirectional attention (an embedding model); convert a causal LM")
+    activation = config.raw.get("hidden_activation") or config.raw.get("hidden_act") or "silu"
+    if activation not in ACTIVATIONS:
+        raise UnsupportedModelError(f"activation '{activation}' is not supported; supported: {', '.join(ACTIVATIONS)}")
+    return arch
+
+
+# -- rotary tables ------------------------------------------------------------------
+
+
+def _inverse_frequencies(rope: RopeSettings, head_dim: int) -> tuple[np.ndarray, float]:
+    """Per-pair inverse frequencies (float32, as transformers computes them) and a position scale."""
+    exponents = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
+    inv_freq = (np.float32(1.0) / (np.float32(rope.theta) ** exponents)).astype(np.float32)
+    kind = rope.scaling_type
+    if kind == "default":
+        return inv_freq, 1.0
+    if kind == "linear":
+        return (inv_freq / np.float32(rope.scaling["factor"])).astype(np.float32), 1.0
+    if kind == "llama3":
+        factor = float(rope.scaling["factor"])
+        low = float(rope.scaling.get("low_freq_factor", 1.0))
+        high = float(rope.scaling.get("high_freq_factor", 4.0))
+        original = float(rope.scaling.get("original_max_position_embeddings", 8192))
+        wavelength = 2 * math.pi / inv_freq
+        smooth = (original / wavelength - low) / (high - low)
+        scaled = np.where(wavelength > original / low, inv_freq / factor, inv_freq)
+        medium = (wavelength <= original / low) & (wavelength >= original / high)
+        scaled = np.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
+        return scaled.astype(np.float32), 1.0
+    raise UnsupportedModelError(f"RoPE scaling '{kind}' is not supported for ONNX; supported: default, linear, llama3")
+
+
+def rotary_tables(rope: RopeSettings, head_dim: int, n_positions: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin caches (n_positions, head_dim / 2) for GroupQueryAttention's rotary."""
+    inv_freq, _ = _inverse_frequencies(rope, head_dim)
+    angles = np.arange(n_positions, dtype=np.float32)[:, None] * inv_freq[None, :]
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+# -- the graph ----------------------------------------------------------------------
+
+
+@dataclass
+class _Build:
+    """State of one conversion: the checkpoint, the graph and what the JSON will say."""
+
+    checkpoint: Checkpoint
+    arch: OnnxArchitecture
+    quant: QuantPlan
+    graph: GraphBuilder
+    progress: Progress
+    done_bytes: int = 0
+    layer_bytes: list[int] = field(default_factory=list)
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.checkpoint.config
+
+    def tensor(self, name: str) -> np.ndarray:
+        ref = self.checkpoint.tensors.get(name)
+        if ref is None:
+            raise ModelError(f"{self.checkpoint.folder} lacks tensor '{name}'; is this a complete {self.config.architecture} checkpoint?")
+        array = self.checkpoint.read_float32(ref)
+        self.checkpoint.release(ref)
+        self.done_bytes += ref.n_bytes
+        self.progress(self.done_bytes, self.checkpoint.n_bytes, name)
+        return array
+
+    def has(self, name: str) -> bool:
+        return name in self.checkpoint.tensors
+
+    def norm_weight(self, name: str) -> str:
+        return self.graph.weight(name, self.tensor(name) + np.float32(self.arch.norm_offset))
+
+    def bits(self, role: str, layer: int = -1) -> int:
+        return self.quant.bits(role, layer, self.config.n_layers)
+
+    def linear(self, x: str, weight: np.ndarray, name: str, role: str, bias: np.ndarray | None = None, layer: int = -1) -> str:
+        """x @ weight.T (+ bias), weight in the Hugging Face (out, in) layout."""
+        g, bits = self.graph, self.bits(role, layer)
+        n, k = weight.shape
+        if bits:
+            block = self.quant.block_4bit if bits == 4 else BLOCK_SIZE
+            q = quantize(weight, bits, block)
+            inputs = [
+                x,
+                g.weight(f"{name}.qweight", q.packed),
+                g.weight(f"{name}.scales", q.scales),
+                g.weight(f"{name}.zero_points", q.zero_points),
+            ]
+            y = g.op1(
+                "MatMulNBits", inputs, name, domain=MS_DOMAIN,
+                K=k, N=n, bits=bits, block_size=block, accuracy_level=CPU_ACCURACY_LEVEL,
+            )
+        else:
+            stored = g.weight(f"{name}.weight_t", np.ascontiguousarray(weight.T).astype(self.quant.float_storage))
+            if self.quant.float_storage is not np.float32:
+                stored = g.op1("Cast", [stored], f"{name}/cast", to=TensorProto.FLOAT)
+            y = g.op1("MatMul", [x, stored], name)
+        if bias is not None:
+            y = g.op1("Add", [y, g.weight(f"{name}.bias", bias.astype(np.float32))], f"{name}/bias")
+        return y
+
+
+def _embedding(build: _Build, input_ids: str) -> tuple[str, Callable[[str], str]]:
+    """The embedding lookup, and a function making logits from final hidden states (the output
+    head, sharing the embedding's weights when the checkpoint ties them)."""
+    g, config = build.graph, build.config
+    table = build.tensor("model.embed_tokens.weight")
+    tied = config.tie_word_embeddings or not build.has("lm_head.weight")
+    bits = build.bits("embedding")
+    n_vocab, hidden = table.shape
+    if bits:
+        q = quantize(table, bits, BLOCK_SIZE)
+        del table
+        data = g.weight("embed_tokens.qweight", q.packed)
+        # GatherBlockQuantized wants scales and zero points of the data's rank.
+        scales = g.weight("embed_tokens.gather_scales", q.scales[..., None])
+        zeros = g.weight("embed_tokens.gather_zero_points", q.zero_points[..., None])
+        gathered = g.op1(
+            "GatherBlockQuantized", [data, input_ids, scales, zeros], "embed_tokens", domain=MS_DOMAIN,
+            bits=bits, block_size=BLOCK_SIZE, gather_axis=0, quantize_axis=2,
+        )
+        x = g.op1("Reshape", [gathered, g.constant("embed_shape", [0, 0, hidden])], "embed_tokens/reshape")
+
+        if tied:
+            head_scales = g.weight("lm_head.scales", q.scales)
+            head_zeros = g.weight("lm_head.zero_points", q.zero_points)
+
+            def head(h: str) -> str:
+                return g.op1(
+                    "MatMulNBits", [h, data, head_scales, head_zeros], "lm_head", domain=MS_DOMAIN,
+                    K=hidden, N=n_vocab, bits=bits, block_size=BLOCK_SIZE, accuracy_level=CPU_ACCURACY_LEVEL,
+                )
+        del q
+    else:
+        stored = g.weight("embed_tokens.weight", table.astype(build.quant.float_storage, copy=False))
+        if build.quant.float_storage is not np.float32:
+            stored = g.op1("Cast", [stored], "embed_tokens/cast", to=TensorProto.FLOAT)
+        x = g.op1("Gather", [stored, input_ids], "embed_tokens")
+        if tied:
+
+            def head(h: str) -> str:
+                # Gemm with transB reads the (vocab, hidden) table in place: no transposed copy.
+                flat = g.op1("Reshape", [h, g.constant("flat_shape", [-1, hidden])], "lm_head/flatten")
+                logits = g.op1("Gemm", [flat, stored], "lm_head", transB=1)
+                shape = g.op1("Shape", [h], "lm_head/shape", end=2)
+                full = g.op1("Concat", [shape, g.constant("vocab_dim", [n_vocab])], "lm_head/out_shape", axis=0)
+                return g.op1("Reshape", [logits, full], "lm_head/unflatten")
+
+    if not tied:
+
+        def head(h: str) -> str:
+            return build.linear(h, build.tensor("lm_head.weight"), "lm_head", "embedding")
+
+    if build.arch.scale_embeddings:
+        scale = g.weight("embed_scale", np.asarray(np.sqrt(np.float32(hidden)), dtype=np.float32))
+        x = g.op1("Mul", [x, scale], "embed_tokens/scale")
+    return x, head
+
+
+def _attention(build: _Build, x: str, i: int, rotary: dict[str, tuple[str, str]], io: dict[str, str]) -> str:
+    g, config, arch = build.graph, build.config, build.arch
+    prefix = f"model.layers.{i}.self_attn"
+    heads, kv_heads, head_dim = config.n_heads, config.n_kv_heads, config.head_dim
+    weights = [build.tensor(f"{prefix}.{p}_proj.weight") for p in "qkv"]
+    biases = [build.tensor(f"{prefix}.{p}_proj.bias") if build.has(f"{prefix}.{p}_proj.bias") else None for p in "qkv"]
+    bias = np.concatenate(biases) if all(b is not None for b in biases) else None
+    # q and k at the linear bits, v by its own role: fused only when they share a format.
+    same_bits = build.bits("q_proj", i) == build.bits("v_proj", i)
+    name = f"layers.{i}.attn"
+    if same_bits:
+        qkv = build.linear(x, np.concatenate(weights), f"{name}.qkv_proj", "q_proj", bias, i)
+        q_size, kv_size = heads * head_dim, kv_heads * head_dim
+        q, k, v = g.op("Split", [qkv, g.constant("qkv_split", [q_size, kv_size, kv_size])], f"{name}.qkv_split", n_outputs=3, axis=-1)
+    else:
+        qk_bias = np.concatenate(biases[:2]) if bias is not None else None
+        qk = build.linear(x, np.concatenate(weights[:2]), f"{name}.qk_proj", "q_proj", qk_bias, i)
+        q, k = g.op("Split", [qk, g.constant("qk_split", [heads * head_dim, kv_heads * head_dim])], f"{name}.qk_split", n_outputs=2, axis=-1)
+        v = build.linear(x, weights[2], f"{name}.v_proj", "v_proj", biases[2], i)
+    del weights
+    if arch.qk_norm:
+        eps = config.rms_norm_eps
+        per_head = g.constant("per_head_shape", [0, 0, -1, head_dim])
+        merged = g.constant("merged_shape", [0, 0, -1])
+        for label in ("q", "k"):
+            weight = build.norm_weight(f"{prefix}.{label}_norm.weight")
+            split = g.op1("Reshape", [q if label == "q" else k, per_head], f"{name}.{label}_heads")
+            normed = g.op1("SimplifiedLayerNormalization", [split, weight], f"{name}.{label}_norm", axis=-1, epsilon=eps)
+            joined = g.op1("Reshape", [normed, merged], f"{name}.{label}_merge")
+            q, k = (joined, k) if label == "q" else (q, joined)
+
+    layer_type = config.layer_types[i] if i < len(config.layer_types) else "full_attention"
+    windowed = layer_type == "sliding_attention" or (arch.window_all_layers and bool(config.sliding_window))
+    cos, sin = rotary["local" if windowed and "local" in rotary else "global"]
+    scalar = config.raw.get("query_pre_attn_scalar")
+    scale = float(scalar) ** -0.5 if scalar else head_dim**-0.5
+    attrs: dict[str, object] = dict(num_heads=heads, kv_num_heads=kv_heads, scale=scale, do_rotary=1, rotary_interleaved=0)
+    if windowed and config.sliding_window:
+        # Both count the query's own key: a query sees `sliding_window` keys, itself included
+        # (checked against transformers in tests/onnx).
+        attrs["local_window_size"] = int(config.sliding_window)
+    if softcap := config.raw.get("attn_logit_softcapping"):
+        attrs["softcap"] = float(softcap)
+    past_k, past_v = io[f"past_key_values.{i}.key"], io[f"past_key_values.{i}.value"]
+    out, present_k, present_v = g.op(
+        "GroupQueryAttention",
+        [q, k, v, past_k, past_v, io["seqlens_k"], io["total_sequence_length"], cos, sin],
+        f"{name}.gqa", n_outputs=3, domain=MS_DOMAIN, **attrs,
+    )
+    kv_shape: list[int | str] = ["batch", kv_heads, "max_length", head_dim]
+    g.add_output(present_k, f"present.{i}.key", TensorProto.FLOAT, kv_shape)
+    g.add_output(present_v, f"present.{i}.value", TensorProto.FLOAT, kv_shape)
+    return build.linear(out, build.tensor(f"{prefix}.o_proj.weight"), f"{name}.o_proj", "o_proj", layer=i)
+
+
+def _mlp(build: _Build, x: str, i: int) -> str:
+    g, config = build.graph, build.config
+    prefix = f"model.layers.{i}.mlp"
+    name = f"layers.{i}.mlp"
+    gate_up = np.concatenate([build.tensor(f"{prefix}.gate_proj.weight"), build.tensor(f"{prefix}.up_proj.weight")])
+    fused = build.linear(x, gate_up, f"{name}.gate_up_proj", "gate_proj", layer=i)
+    del gate_up
+    gate, up = g.op("Split", [fused, g.constant("mlp_split", [config.intermediate_size] * 2)], f"{name}.split", n_outputs=2, axis=-1)
+    activation = ACTIVATIONS[config.raw.get("hidden_activation") or config.raw.get("hidden_act") or "silu"]
+    if activation == "gelu_tanh":
+        act = g.op1("FastGelu", [gate], f"{name}.act", domain=MS_DOMAIN)
+    else:
+        act = g.op1("Mul", [gate, g.op1("Sigmoid", [gate], f"{name}.sigmoid")], f"{name}.act")
+    hidden = g.op1("Mul", [act, up], f"{name}.mul")
+    return build.linear(hidden, build.tensor(f"{prefix}.down_proj.weight"), f"{name}.down_proj", "down_proj", layer=i)
+
+
+def build_graph(build: _Build, max_positions: int) -> None:
+    g, config, arch = build.graph, build.config, build.arch
+    eps = config.rms_norm_eps
+    io = {
+        "input_ids": g.add_input("input_ids", TensorProto.INT64, ["batch", "sequence"]),
+        "seqlens_k": g.add_input("seqlens_k", TensorProto.INT32, ["batch"]),
+        "total_sequence_length": g.add_input("total_sequence_length", TensorProto.INT32, []),
+        "logits_count": g.add_input("logits_count", TensorProto.INT64, [1]),
+    }
+    kv_shape: list[int | str] = ["batch", config.n_kv_heads, "max_length", config.head_dim]
+    for i in range(config.n_layers):
+        for kind in ("key", "value"):
+            name = f"past_key_values.{i}.{kind}"
+            io[name] = g.add_input(name, TensorProto.FLOAT, kv_shape)
+
+    rotary = {}
+    for label, rope in (("global", config.rope), ("local", config.rope_local)):
+        if rope is not None:
+            cos, sin = rotary_tables(rope, config.head_dim, max_positions)
+            rotary[label] = (g.weight(f"rotary.{label}.cos", cos), g.weight(f"rotary.{label}.sin", sin))
+
+    x, head = _embedding(build, io["input_ids"])
+    residual = x
+    delta: str | None = None
+    for i in range(config.n_layers):
+        start_bytes = g.data.n_bytes
+        prefix = f"model.layers.{i}"
+        attn_norm = build.norm_weight(f"{prefix}.input_layernorm.weight")
+        if delta is None:
+            h = g.op1("SimplifiedLayerNormalization", [residual, attn_norm], f"layers.{i}.input_norm", axis=-1, epsilon=eps)
+        else:
+            h, _, _, residual = g.op(
+                "SkipSimplifiedLayerNormalization", [delta, residual, attn_norm], f"layers.{i}.input_norm",
+                n_outputs=4, domain=MS_DOMAIN, epsilon=eps,
+            )
+        attn = _attention(build, h, i, rotary, io)
+        if arch.post_attn_norm:
+            weight = build.norm_weight(f"{prefix}.{arch.post_attn_norm}.weight")
+            attn = g.op1("SimplifiedLayerNormalization", [attn, weight], f"layers.{i}.post_attn_norm", axis=-1, epsilon=eps)
+        mlp_norm = build.norm_weight(f"{prefix}.{arch.pre_mlp_norm}.weight")
+        h, _, _, residual = g.op(
+            "SkipSimplifiedLayerNormalization", [attn, residual, mlp_norm], f"layers.{i}.mlp_norm",
+            n_outputs=4, domain=MS_DOMAIN, epsilon=eps,
+        )
+        delta = _mlp(build, h, i)
+        if arch.post_mlp_norm:
+            weight = build.norm_weight(f"{prefix}.{arch.post_mlp_norm}.weight")
+            delta = g.op1("SimplifiedLayerNormalization", [delta, weight], f"layers.{i}.post_mlp_norm", axis=-1, epsilon=eps)
+        build.layer_bytes.append(g.data.n_bytes - start_bytes)
+    assert delta is not None
+
+    # Only the last `logits_count` positions reach the output head: a prompt needs one row, and
+    # the head (vocab x hidden) dominates prefill otherwise.
+    starts = g.op1("Neg", [io["logits_count"]], "logits/starts")
+    ends = g.constant("logits_ends", [np.iinfo(np.int64).max])
+    axes = g.constant("logits_axes", [1])
+    delta = g.op1("Slice", [delta, starts, ends, axes], "logits/slice_delta")
+    residual = g.op1("Slice", [residual, starts, ends, axes], "logits/slice_residual")
+    final_norm = build.norm_weight("model.norm.weight")
+    h, _, _, _ = g.op("SkipSimplifiedLayerNormalization", [delta, residual, final_norm], "final_norm", n_outputs=4, domain=MS_DOMAIN, epsilon=eps)
+    logits = head(h)
+    if softcap := config.raw.get("final_logit_softcapping"):
+        cap = g.weight("final_softcap", np.asarray(softcap, dtype=np.float32))
+        logits = g.op1("Mul", [g.op1("Tanh", [g.op1("Div", [logits, cap], "softcap/div")], "softcap/tanh"), cap], "softcap/mul")
+    g.add_output(logits, "logits", TensorProto.FLOAT, ["batch", "logits_count", config.vocab_size])
+
+
+# -- tokenizer facts ----------------------------------------------------------------
+
+
+def _first_id(value: object) -> int | None:
+    if isinstance(value, list):
+        return int(value[0]) if value else None
+    return int(value) if isinstance(value, int) else None
+
+
+def _all_ids(value: object) -> list[int]:
+    if isinstance(value, list):
+        return [int(v) for v in value]
+    return [int(value)] if isinstance(value, int) else []
+
+
+def tokenizer_facts(checkpoint: Checkpoint) -> dict[str, object]:
+    """BOS/EOS/end-of-generation ids, whether to add BOS, and the chat template."""
+    from tokenizers import Tokenizer
+
+    folder = checkpoint.folder
+    if not (folder / "tokenizer.json").is_file():
+        raise ModelError(f"{folder} has no tokenizer.json; the ONNX runtime needs the fast tokenizer file")
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    config = checkpoint.config.raw
+    generation = checkpoint.json_file("generation_config.json") or {}
+    tok_config = checkpoint.json_file("tokenizer_config.json") or {}
+
+    def token_id(entry: object) -> int | None:
+        text = entry.get("content") if isinstance(entry, dict) else entry
+        return tokenizer.token_to_id(text) if isinstance(text, str) else None
+
+    bos = _first_id(config.get("bos_token_id")) if config.get("bos_token_id") is not None else token_id(tok_config.get("bos_token"))
+    eos = _first_id(config.get("eos_token_id")) if config.get("eos_token_id") is not None else token_id(tok_config.get("eos_token"))
+    eog = set(_all_ids(config.get("eos_token_id"))) | set(_all_ids(generation.get("eos_token_id")))
+    if eos is not None:
+        eog.add(eos)
+    for text in KNOWN_EOG_TOKENS:
+        if (token := tokenizer.token_to_id(text)) is not None:
+            eog.add(token)
+    # Whether the tokenizer's own post-processor puts BOS first is what transformers does.
+    probe = tokenizer.encode("a", add_special_tokens=True).ids
+    add_bos = bool(tok_config.get("add_bos_token", bos is not None and bool(probe) and probe[0] == bos))
+    template = tok_config.get("chat_template")
+    if (folder / "chat_template.jinja").is_file():
+        template = (folder / "chat_template.jinja").read_text(encoding="utf-8")
+    elif chat_json := checkpoint.json_file("chat_template.json"):
+        template = chat_json.get("chat_template")
+    if isinstance(template, list):  # named templates: take the default one
+        template = next((t["template"] for t in template if t.get("name") == "default"), None)
+    return {"bos_id": bos, "eos_id": eos, "eog_ids": sorted(eog), "add_bos": add_bos, "chat_template": template}
+
+
+# -- conversion ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConversionResult:
+    output: Path
+    seconds: float
+    n_bytes: int
+    operators: dict[str, int]
+
+
+def _quiet(done: int, total: int, what: str) -> None:
+    del done, total, what
+
+
+def convert_to_onnx(source: Path, output: Path, quant: str = "fp32", *, progress: Progress = _quiet, overwrite: bool = False) -> ConversionResult:
+    """Convert the checkpoint folder `source` into the ONNX model folder `output`, atomically:
+    everything is written to `output.incomplete` and renamed when complete."""
+    if quant not in QUANT_PLANS:
+        raise ModelError(f"unknown quantization '{quant}'; choose one of: {', '.join(QUANTS)}")
+    started = time.perf_counter()
+    checkpoint = Checkpoint(source)
+    config = checkpoint.config
+    arch = architecture_for(config)
+    if output.exists() and not overwrite:
+        raise ModelError(f"{output} already exists; remove it or choose another output folder (-o)")
+    partial = output.with_name(output.name + ".incomplete")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    try:
+        facts = tokenizer_facts(checkpoint)
+        data = ExternalData(partial / DATA_FILE)
+        graph = GraphBuilder(data)
+        build = _Build(checkpoint, arch, QUANT_PLANS[quant], graph, progress)
+        max_positions = min(config.context_length or MAX_ROTARY_POSITIONS, MAX_ROTARY_POSITIONS)
+        try:
+            build_graph(build, max_positions)
+        finally:
+            data.close()
+        import onnx
+
+        onnx.save_model(graph.model(f"localchat-{arch.name}"), str(partial / GRAPH_FILE))
+        for name in TOKENIZER_FILES:
+            if (source / name).is_file():
+                shutil.copy2(source / name, partial / name)
+        shutil.copy2(source / "config.json", partial / "config.json")
+        operators = graph.operator_counts()
+        kv_bytes_per_token = config.n_layers * 2 * config.n_kv_heads * config.head_dim * 4
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "graph": GRAPH_FILE,
+            "name": config.raw.get("_name_or_path") or source.name,
+            "architecture": arch.name,
+            "source_architecture": config.architecture,
+            "quant": quant,
+            "n_layers": config.n_layers,
+            "n_heads": config.n_heads,
+            "n_kv_heads": config.n_kv_heads,
+            "head_dim": config.head_dim,
+            "hidden_size": config.hidden_size,
+            "n_vocab": config.vocab_size,
+            "n_ctx_train": config.context_length,
+            "max_positions": max_positions,
+            "kv_dtype": "float32",
+            "kv_bytes_per_token": kv_bytes_per_token,
+            "layer_bytes": int(np.mean(build.layer_bytes)) if build.layer_bytes else 0,
+            "other_bytes": int(data.n_bytes - sum(build.layer_bytes)),
+            "weight_bytes": int(data.n_bytes),
+            "operators": operators,
+            **facts,
+        }
+        (partial / ONNX_MARKER).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        if output.exists():
+            shutil.rmtree(output)
+        os.replace(partial, output)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    finally:
+        checkpoint.close()
+    return ConversionResult(output, time.perf_counter() - started, data.n_bytes, operators)
+
+
+# The GGUF type whose agreement floors `--verify` applies to each ONNX precision.
+EQUIVALENT_GGUF_TYPE = {"fp32": "f32", "fp16": "f16", "int8": "q8_0", "int4": "q4_k_m"}
+
+
+def verify_onnx(folder: Path, checkpoint: Path, quant: str):  # -> converters.verify.VerifyReport
+    """`--verify` for an ONNX folder: the GGUF converter's checks, which load any model the engine can."""
+    from converters.verify import verify_gguf
+
+    return verify_gguf(folder, checkpoint, EQUIVALENT_GGUF_TYPE[quant])

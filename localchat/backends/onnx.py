@@ -1,0 +1,407 @@
+"""The onnxruntime backend, for model folders made by `localchat convert --to onnx`.
+
+The KV cache is one buffer per layer and kind, (n_seq, kv_heads, n_ctx + 1, head_dim), allocated
+once. GroupQueryAttention reads and writes it in place: every run binds the same memory as past
+and present, so a token costs no cache copy. A sequence's length is just a number here:
+truncating to a common prefix is setting it. Logits land in a preallocated (n_seq, vocab) array.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import threading
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from localchat.backends.base import ModelInfo, SamplerSettings, TokenScores
+from localchat.errors import ContextOverflowError, ModelError
+from localchat.models import ONNX_MARKER
+from localchat.planner import BuildFeatures, ModelFacts, Plan
+
+# Tokens per run when evaluating a prompt (bounds the activations, not the cache).
+PROMPT_CHUNK = 512
+# Positions whose logits are read back per run when scoring (each row is n_vocab floats).
+SCORE_CHUNK = 64
+# Candidates for sampling: logits this far below the best have a relative weight under e^-30.
+CANDIDATE_MARGIN = 30.0
+SUPPORTED_FORMAT = 1
+_STATE_MAGIC = b"LCOX1"
+CUDA = "CUDAExecutionProvider"
+
+
+def build_features() -> BuildFeatures:
+    providers = ort.get_available_providers()
+    return BuildFeatures(
+        gpu_offload=CUDA in providers,
+        amx=False,
+        description=f"onnxruntime {ort.__version__}, providers {', '.join(providers)}",
+    )
+
+
+def read_metadata(folder: Path) -> dict[str, object]:
+    path = folder / ONNX_MARKER
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as error:
+        raise ModelError(f"{path} cannot be read ({error}); convert the model again") from None
+    if meta.get("format_version") != SUPPORTED_FORMAT:
+        raise ModelError(f"{folder} was made by another localchat version (format {meta.get('format_version')}); convert it again")
+    return meta
+
+
+def onnx_facts(folder: Path) -> ModelFacts:
+    """Planner facts from the converter's JSON; `details` lists the fused operators."""
+    meta = read_metadata(folder)
+    operators = meta.get("operators", {})
+    fused = ("GroupQueryAttention", "MatMulNBits", "SkipSimplifiedLayerNormalization", "SimplifiedLayerNormalization",
+             "GatherBlockQuantized", "FastGelu")
+    counts = ", ".join(f"{name} {operators[name]}" for name in fused if operators.get(name))
+    others = sum(n for name, n in operators.items() if name not in fused)
+    return ModelFacts(
+        format="onnx",
+        n_layers=int(meta["n_layers"]),
+        n_ctx_train=int(min(meta["n_ctx_train"] or meta["max_positions"], meta["max_positions"])),
+        layer_bytes=int(meta["layer_bytes"]),
+        other_bytes=int(meta["other_bytes"]),
+        kv_bytes_per_token=int(meta["kv_bytes_per_token"]),
+        n_vocab=int(meta["n_vocab"]),
+        details=(
+            f"onnx {meta['quant']}, {meta['source_architecture']}",
+            f"fused operators: {counts}; {others} other nodes",
+        ),
+    )
+
+
+class NumpySampler:
+    """Temperature, top-k, top-p, min-p and penalties over one logits row, on a few candidates.
+
+    Only tokens within CANDIDATE_MARGIN of the best logit are looked at, so after one pass over
+    the vocabulary the work scales with the candidates, not the vocabulary."""
+
+    def __init__(self, settings: SamplerSettings) -> None:
+        self.settings = settings
+        self.rng = np.random.default_rng(settings.seed)
+        window = settings.penalty_last_n
+        self.uses_history = (settings.repeat_penalty, settings.frequency_penalty, settings.presence_penalty) != (1.0, 0.0, 0.0)
+        self.history: deque[int] = deque(maxlen=None if window < 0 else window)
+
+    def accept(self, tokens: Sequence[int]) -> None:
+        if self.uses_history and self.history.maxlen != 0:
+            self.history.extend(int(t) for t in tokens)
+
+    def reset(self) -> None:
+        self.history.clear()
+
+    def close(self) -> None:
+        pass
+
+    def _penalise(self, logits: np.ndarray) -> None:
+        """Penalties on the recent tokens, in place (the row is rewritten by the next run)."""
+        counts = Counter(self.history)
+        ids = np.fromiter(counts, dtype=np.int64, count=len(counts))
+        n = np.fromiter(counts.values(), dtype=np.float32, count=len(counts))
+        values = logits[ids]
+        s = self.settings
+        values = np.where(values > 0, values / s.repeat_penalty, values * s.repeat_penalty)
+        values -= n * s.frequency_penalty + s.presence_penalty
+        logits[ids] = values
+
+    def pick(self, logits: np.ndarray) -> int:
+        s = self.settings
+        if self.uses_history and self.history:
+            self._penalise(logits)
+        if s.greedy:
+            token = int(logits.argmax())
+        else:
+            token = self._sample(logits)
+        if self.uses_history and self.history.maxlen != 0:
+            self.history.append(token)
+        return token
+
+    def _sample(self, logits: np.ndarray) -> int:
+        s = self.settings
+        best = float(logits.max())
+        margin = CANDIDATE_MARGIN if s.min_p <= 0 else min(CANDIDATE_MARGIN, -float(np.log(s.min_p)))
+        ids = np.flatnonzero(logits >= best - margin)
+        values = logits[ids].astype(np.float64)
+        if 0 < s.top_k < len(ids):
+            keep = np.argpartition(-values, s.top_k - 1)[: s.top_k]
+            ids, values = ids[keep], values[keep]
+        order = np.argsort(-values, kind="stable")
+        ids, values = ids[order], values[order]
+        if s.top_p < 1.0:
+            probs = np.exp(values - values[0])
+            probs /= probs.sum()
+            cut = int(np.searchsorted(np.cumsum(probs), s.top_p)) + 1
+            ids, values = ids[:cut], values[:cut]
+        weights = np.exp((values - values[0]) / s.temperature)
+        cumulative = np.cumsum(weights)
+        return int(ids[min(int(np.searchsorted(cumulative, self.rng.random() * cumulative[-1], side="right")), len(ids) - 1)])
+
+
+class OnnxBackend:
+    """An ONNX model folder in an onnxruntime session, with its KV buffers and tokenizer."""
+
+    name = "onnxruntime"
+
+    def __init__(self, path: Path, plan: Plan, *, on_progress: Callable[[float], None] | None = None) -> None:
+        from tokenizers import Tokenizer
+
+        self.plan = plan
+        meta = read_metadata(path)
+        self.meta = meta
+        self.n_layers = int(meta["n_layers"])
+        self.n_seq = plan.n_seq
+        self.n_ctx = min(plan.n_ctx, int(meta["max_positions"]))
+        n_vocab = int(meta["n_vocab"])
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = plan.n_threads
+        options.inter_op_num_threads = 1
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.log_severity_level = 3
+        use_cuda = plan.uses_gpu and CUDA in ort.get_available_providers()
+        providers: list[object] = ["CPUExecutionProvider"]
+        if use_cuda:
+            providers.insert(0, (CUDA, {"device_id": plan.gpu_index or 0}))
+        if on_progress is not None:
+            on_progress(0.0)
+        try:
+            self._session = ort.InferenceSession(str(path / str(meta["graph"])), options, providers=providers)
+        except Exception as error:  # onnxruntime raises its own exception types with the detail
+            raise ModelError(f"onnxruntime could not load {path}: {error}") from None
+        if on_progress is not None:
+            on_progress(1.0)
+        self.device = "cuda" if use_cuda else "cpu"
+
+        kv_heads, head_dim = int(meta["n_kv_heads"]), int(meta["head_dim"])
+        # One spare position: a batched decode step writes a placeholder token for every idle
+        # sequence at its length, which may be n_ctx.
+        self._kv_shape = (self.n_seq, kv_heads, self.n_ctx + 1, head_dim)
+        if self.device == "cpu":
+            self._kv_arrays = [np.zeros(self._kv_shape, dtype=np.float32) for _ in range(2 * self.n_layers)]
+            self._kv_pointers = [array.ctypes.data for array in self._kv_arrays]
+        else:
+            self._kv_values = [
+                ort.OrtValue.ortvalue_from_shape_and_type(self._kv_shape, np.float32, self.device, plan.gpu_index or 0)
+                for _ in range(2 * self.n_layers)
+            ]
+            self._kv_pointers = [value.data_ptr() for value in self._kv_values]
+        self._seq_stride = int(np.prod(self._kv_shape[1:])) * 4
+        self.lengths = [0] * self.n_seq
+        self._logits = np.zeros((self.n_seq, n_vocab), dtype=np.float32)
+        self._bindings = [self._make_binding(seq) for seq in range(self.n_seq)]
+        self._batch_binding = self._make_binding(None) if self.n_seq > 1 else None
+        self._lock = threading.Lock()
+
+        self._tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+        self._special = {i for i, t in self._tokenizer.get_added_tokens_decoder().items() if t.special}
+        self._decoder_kind = self._detect_decoder(path)
+        self._piece_cache: dict[int, bytes] = {}
+        self.info = ModelInfo(
+            path=path,
+            name=str(meta.get("name") or path.name),
+            architecture=str(meta["architecture"]),
+            n_vocab=n_vocab,
+            n_ctx_train=int(meta["n_ctx_train"] or meta["max_positions"]),
+            n_layers=self.n_layers,
+            bos_id=meta.get("bos_id"),  # type: ignore[arg-type]
+            eos_id=meta.get("eos_id"),  # type: ignore[arg-type]
+            add_bos=bool(meta.get("add_bos")),
+            eog_ids=frozenset(int(t) for t in meta.get("eog_ids", [])),  # type: ignore[union-attr]
+            chat_template=meta.get("chat_template"),  # type: ignore[arg-type]
+            size_bytes=int(meta["weight_bytes"]),
+            extra={"quant": str(meta["quant"]), "device": self.device},
+        )
+
+    # -- bindings ------------------------------------------------------------------
+
+    def _make_binding(self, seq: int | None) -> ort.IOBinding:
+        """A binding with the KV buffers of `seq` (or all sequences) bound once, as past and present."""
+        binding = self._session.io_binding()
+        shape = self._kv_shape if seq is None else (1, *self._kv_shape[1:])
+        offset = 0 if seq is None else seq * self._seq_stride
+        for i in range(self.n_layers):
+            for j, kind in enumerate(("key", "value")):
+                pointer = self._kv_pointers[2 * i + j] + offset
+                binding.bind_input(f"past_key_values.{i}.{kind}", self.device, 0, np.float32, shape, pointer)
+                binding.bind_output(f"present.{i}.{kind}", self.device, 0, np.float32, shape, pointer)
+        return binding
+
+    def _run(self, binding: ort.IOBinding, tokens: np.ndarray, seqlens: np.ndarray, total: int, n_logits: int,
+             logits_into: np.ndarray) -> None:
+        binding.bind_cpu_input("input_ids", tokens)
+        binding.bind_cpu_input("seqlens_k", seqlens)
+        binding.bind_cpu_input("total_sequence_length", np.array(total, dtype=np.int32))
+        binding.bind_cpu_input("logits_count", np.array([n_logits], dtype=np.int64))
+        binding.bind_output("logits", "cpu", 0, np.float32, logits_into.shape, logits_into.ctypes.data)
+        self._session.run_with_iobinding(binding)
+
+    # -- text ----------------------------------------------------------------------
+
+    @staticmethod
+    def _detect_decoder(path: Path) -> str:
+        """'bytelevel' (GPT-2 style byte alphabet) or 'sentencepiece' ('▁' spaces, <0xNN> bytes)."""
+        text = (path / "tokenizer.json").read_text(encoding="utf-8")
+        decoder = json.loads(text).get("decoder") or {}
+        kinds = {decoder.get("type")} | {d.get("type") for d in decoder.get("decoders", [])}
+        return "bytelevel" if "ByteLevel" in kinds else "sentencepiece"
+
+    def tokenize(self, text: str, *, add_bos: bool, special: bool) -> list[int]:
+        with self._lock:
+            self._tokenizer.encode_special_tokens = not special
+            ids = self._tokenizer.encode(text, add_special_tokens=False).ids
+        if add_bos and self.info.bos_id is not None:
+            ids = [self.info.bos_id, *ids]
+        return ids
+
+    def token_bytes(self, token: int) -> bytes:
+        piece = self._piece_cache.get(token)
+        if piece is None:
+            piece = self._piece(token)
+            self._piece_cache[token] = piece
+        return piece
+
+    def _piece(self, token: int) -> bytes:
+        if token in self._special:
+            return b""  # control tokens print nothing, as with llama.cpp
+        spelled = self._tokenizer.id_to_token(token)
+        if spelled is None:
+            return b""
+        if self._decoder_kind == "bytelevel":
+            return bytes(_BYTE_DECODER.get(ch, 0) for ch in spelled)
+        if len(spelled) == 6 and spelled.startswith("<0x") and spelled.endswith(">"):
+            return bytes([int(spelled[3:5], 16)])
+        return spelled.replace("\u2581", " ").encode("utf-8")
+
+    def token_text(self, token: int) -> str:
+        if token in self._special:
+            return self._tokenizer.id_to_token(token) or ""
+        return self.token_bytes(token).decode("utf-8", errors="replace")
+
+    # -- KV cache ------------------------------------------------------------------
+
+    def _check_room(self, end: int) -> None:
+        if end > self.n_ctx:
+            raise ContextOverflowError(
+                f"{end} tokens do not fit in the {self.n_ctx}-token context; shorten the prompt or raise --ctx"
+            )
+
+    def evaluate(self, seq: int, tokens: Sequence[int], start: int, *, all_logits: bool = False) -> np.ndarray | None:
+        """Run `tokens` at positions `start...` of `seq`; the last position's logits are kept for
+        `sample`. With `all_logits`, returns every position's logits (n, vocab) instead."""
+        self._check_room(start + len(tokens))
+        self.lengths[seq] = min(self.lengths[seq], start)
+        chunk = SCORE_CHUNK if all_logits else PROMPT_CHUNK
+        # A prompt's earlier chunks write their last row here too; the last chunk's stays.
+        last_row = self._logits[seq : seq + 1, None, :]
+        rows = []
+        for offset in range(0, len(tokens), chunk):
+            part = np.asarray(tokens[offset : offset + chunk], dtype=np.int64)[None, :]
+            end = start + offset + part.shape[1]
+            target = np.empty((1, part.shape[1], self._logits.shape[1]), dtype=np.float32) if all_logits else last_row
+            self._run(self._bindings[seq], part, np.array([end - 1], dtype=np.int32), end, target.shape[1], target)
+            self.lengths[seq] = end
+            rows.append(target[0])
+        if all_logits:
+            self._logits[seq] = rows[-1][-1]
+            return np.concatenate(rows)
+        return None
+
+    def evaluate_batch(self, items: Sequence[tuple[int, int, int]]) -> None:
+        if len(items) == 1 or self._batch_binding is None:
+            for seq, token, position in items:
+                self.evaluate(seq, [token], position)
+            return
+        tokens = np.zeros((self.n_seq, 1), dtype=np.int64)
+        for seq, token, position in items:
+            self._check_room(position + 1)
+            self.lengths[seq] = position
+            tokens[seq, 0] = token
+        # Idle sequences get a placeholder token written just past their end: harmless, since a
+        # position at or beyond a sequence's length is never attended to and is overwritten later.
+        positions = np.array(self.lengths, dtype=np.int32)
+        self._run(self._batch_binding, tokens, positions, int(positions.max()) + 1, 1, self._logits[:, None, :])
+        for seq, _, position in items:
+            self.lengths[seq] = position + 1
+
+    def truncate(self, seq: int, start: int) -> None:
+        self.lengths[seq] = min(self.lengths[seq], start)
+
+    # -- sampling ------------------------------------------------------------------
+
+    def make_sampler(self, settings: SamplerSettings) -> NumpySampler:
+        return NumpySampler(settings)
+
+    def sample(self, seq: int, sampler: NumpySampler) -> int:  # type: ignore[override]
+        return sampler.pick(self._logits[seq])
+
+    def score(self, seq: int, tokens: Sequence[int]) -> TokenScores:
+        self.truncate(seq, 0)
+        n = len(tokens) - 1
+        logprobs = np.empty(n, dtype=np.float64)
+        top1 = np.empty(n, dtype=np.int64)
+        for offset in range(0, len(tokens), SCORE_CHUNK):
+            part = tokens[offset : offset + SCORE_CHUNK]
+            logits = self.evaluate(seq, part, offset, all_logits=True)
+            assert logits is not None
+            rows = min(len(part), n - offset)
+            if rows <= 0:
+                break
+            logits = logits[:rows].astype(np.float64)
+            peak = logits.max(axis=1, keepdims=True)
+            log_norm = peak[:, 0] + np.log(np.exp(logits - peak).sum(axis=1))
+            targets = np.asarray(tokens[offset + 1 : offset + 1 + rows])
+            logprobs[offset : offset + rows] = logits[np.arange(rows), targets] - log_norm
+            top1[offset : offset + rows] = logits.argmax(axis=1)
+        return TokenScores(logprobs=logprobs, top1=top1)
+
+    # -- state ---------------------------------------------------------------------
+
+    def _seq_views(self, seq: int, length: int) -> list[np.ndarray]:
+        if self.device != "cpu":
+            raise ModelError("saving KV states is only supported on the CPU provider")
+        return [array[seq, :, :length, :] for array in self._kv_arrays]
+
+    def save_state(self, seq: int) -> bytes:
+        length = self.lengths[seq]
+        header = _STATE_MAGIC + struct.pack("<II", length, self.n_layers)
+        return header + b"".join(view.tobytes() for view in self._seq_views(seq, length))
+
+    def restore_state(self, seq: int, state: bytes) -> None:
+        magic = state[: len(_STATE_MAGIC)]
+        length, n_layers = struct.unpack_from("<II", state, len(_STATE_MAGIC))
+        if magic != _STATE_MAGIC or n_layers != self.n_layers or length > self.n_ctx:
+            raise RuntimeError("onnxruntime backend refused a saved KV state (different model or context?)")
+        offset = len(_STATE_MAGIC) + 8
+        for view in self._seq_views(seq, length):
+            size = view.nbytes
+            view[...] = np.frombuffer(state, dtype=np.float32, count=view.size, offset=offset).reshape(view.shape)
+            offset += size
+        self.lengths[seq] = length
+
+    def close(self) -> None:
+        self._bindings = []
+        self._batch_binding = None
+        self._session = None  # type: ignore[assignment]
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte <-> printable character table, inverted."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars = list(printable)
+    extra = 0
+    for byte in range(256):
+        if byte not in printable:
+            printable.append(byte)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
+
+
+_BYTE_DECODER = _byte_decoder()

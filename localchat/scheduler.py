@@ -1,0 +1,323 @@
+"""Continuous batching: several replies decoded together, one backend batch per step.
+
+One thread owns the backend. Each step it admits waiting requests into free slots (a slot is one
+KV sequence and its Session) and prefills them, then decodes one token for every active slot in a
+single `evaluate_batch`. A finished or cancelled reply frees its slot for a waiting request at the
+next step. Requests beyond the slots wait in a bounded queue; past it `submit` refuses them.
+
+Slots share the context's cells (llama.cpp's unified KV cache). An idle slot keeps the KV of its
+last reply, so a client resending its history is best served by the slot that holds it; any other
+slot restores it from the prefix cache, where a slot's KV is saved before it is overwritten.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from localchat.backends.base import Backend, Sampler
+from localchat.engine import Engine
+from localchat.errors import ContextOverflowError, InvalidSettingError, LocalchatError
+from localchat.prefix_cache import common_prefix_length
+from localchat.session import GenerationSettings, GenerationStats, Reply, Session
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """A piece of the reply's text."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class ReplyDone:
+    """The reply ended (finish reason in its stats: stop, length or cancelled)."""
+
+    stats: GenerationStats
+
+
+@dataclass(frozen=True)
+class ReplyFailed:
+    """The backend failed while producing the reply; the scheduler goes on with the others."""
+
+    message: str
+
+
+ReplyEvent = TextDelta | ReplyDone | ReplyFailed
+# Called on the scheduler's thread: it must only hand the event over, never block.
+EventSink = Callable[[ReplyEvent], None]
+
+
+class QueueFullError(LocalchatError):
+    """Every slot is busy and the waiting queue is full."""
+
+
+class ScheduledReply:
+    """A request handed to the scheduler: its events go to `sink`; `cancel()` from any thread."""
+
+    def __init__(self, prompt: list[int], settings: GenerationSettings, reply: Reply, sink: EventSink) -> None:
+        self.prompt = prompt
+        self.settings = settings
+        self.reply = reply
+        self.sink = sink
+        self._cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+
+@dataclass
+class _Slot:
+    session: Session
+    request: ScheduledReply | None = None
+    sampler: Sampler | None = None
+    last_used: int = 0  # the step it last finished a reply, to pick the least recently used
+
+    @property
+    def seq(self) -> int:
+        return self.session.seq
+
+
+class Scheduler:
+    """N slots decoded together on the engine's backend, fed from a queue of at most `max_waiting`.
+
+    While it runs, the scheduler's thread is the only one to touch the engine's sessions and
+    backend (tokenizing aside, which reads only the vocabulary).
+    """
+
+    def __init__(self, engine: Engine, *, max_waiting: int) -> None:
+        if max_waiting < 0:
+            raise InvalidSettingError(f"the queue size must be >= 0, got {max_waiting}")
+        self._backend: Backend = engine.backend
+        self._slots = [_Slot(session) for session in engine.sessions]
+        self._max_waiting = max_waiting
+        self._waiting: deque[ScheduledReply] = deque()
+        self._wake = threading.Condition()
+        self._stopping = False
+        self._step = 0
+        self._thread = threading.Thread(target=self._run, name="localchat-scheduler", daemon=True)
+
+    # -- the front side (any thread) ------------------------------------------------
+
+    @property
+    def n_slots(self) -> int:
+        return len(self._slots)
+
+    @property
+    def busy_slots(self) -> int:
+        return sum(slot.request is not None for slot in self._slots)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive() and not self._stopping
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, prompt: Sequence[int], settings: GenerationSettings, sink: EventSink) -> ScheduledReply:
+        """Queue a reply to `prompt`; raises QueueFullError when the queue is full, and
+        ContextOverflowError for a prompt the context cannot hold."""
+        n_ctx = self._backend.n_ctx
+        if not prompt:
+            raise InvalidSettingError("the prompt is empty")
+        if len(prompt) >= n_ctx:
+            raise ContextOverflowError(
+                f"the prompt is {len(prompt)} tokens but the context holds {n_ctx}; shorten it or raise the context size (--ctx)"
+            )
+        request = ScheduledReply(list(prompt), settings, Reply(self._backend, settings, len(prompt)), sink)
+        with self._wake:
+            if self._stopping:
+                raise QueueFullError("the scheduler is shutting down")
+            if self.busy_slots + len(self._waiting) >= self.n_slots + self._max_waiting:
+                raise QueueFullError(f"all {self.n_slots} slots are busy and {len(self._waiting)} requests are waiting")
+            self._waiting.append(request)
+            self._wake.notify()
+        return request
+
+    def close(self) -> None:
+        """Stop after the current step; replies still running or waiting end as cancelled."""
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    # -- the scheduler's thread -------------------------------------------------------
+
+    def _run(self) -> None:
+        crashed = True
+        try:
+            while True:
+                with self._wake:
+                    while not self._stopping and not self._waiting and self.busy_slots == 0:
+                        self._wake.wait()
+                    if self._stopping:
+                        break
+                self._step += 1
+                self._admit()
+                self._decode_step()
+            crashed = False
+        finally:
+            # After a bug too, no request is left waiting for an answer that will not come.
+            with self._wake:
+                self._stopping = True
+                waiting, self._waiting = list(self._waiting), deque()
+            for slot in self._slots:
+                if slot.request is not None and crashed:
+                    self._fail(slot, "the scheduler failed")
+                elif slot.request is not None:
+                    self._finish(slot)
+            for request in waiting:
+                request.sink(ReplyFailed("the scheduler failed") if crashed else ReplyDone(request.reply.stats()))
+
+    def _admit(self) -> None:
+        """Move waiting requests into free slots, prefill each and sample its first token."""
+        while True:
+            with self._wake:
+                free = [slot for slot in self._slots if slot.request is None]
+                if not free or not self._waiting:
+                    return
+                request = self._waiting.popleft()
+            if request.cancelled:
+                request.sink(ReplyDone(request.reply.stats()))
+                continue
+            if not self._start(self._slot_for(free, request.prompt), request):
+                with self._wake:
+                    self._waiting.appendleft(request)  # it waits for active replies to free cells
+                return
+
+    def _slot_for(self, free: list[_Slot], prompt: list[int]) -> _Slot:
+        """The free slot already holding the longest start of `prompt`; else an empty one; else the
+        least recently used (its KV is saved to the prefix cache before it is overwritten)."""
+        return max(
+            free,
+            key=lambda slot: (common_prefix_length(slot.session.tokens, prompt), not slot.session.tokens, -slot.last_used),
+        )
+
+    def _cells_free(self) -> int:
+        return self._backend.n_ctx - sum(len(slot.session.tokens) for slot in self._slots)
+
+    def _release_idle(self, needed: int, keep: _Slot | None = None) -> bool:
+        """Free KV cells held by idle slots, least recently used first, until `needed` are free."""
+        idle = sorted(
+            (s for s in self._slots if s.request is None and s is not keep and s.session.tokens), key=lambda s: s.last_used
+        )
+        for slot in idle:
+            if self._cells_free() >= needed:
+                break
+            slot.session.release()
+        return self._cells_free() >= needed
+
+    def _start(self, slot: _Slot, request: ScheduledReply) -> bool:
+        """Prefill `request` in `slot` and emit its first token; False if the cells it needs are
+        held by active replies (it must wait)."""
+        session, reply = slot.session, request.reply
+        # The slot will hold the prompt and, soon, the first token after it.
+        if not self._release_idle(len(request.prompt) + 1 - len(session.tokens), keep=slot):
+            return False
+        slot.request = request
+        try:
+            try:
+                reply.prefilled(*session.prefill(request.prompt))
+            except ContextOverflowError:
+                # No room where llama.cpp looked (cells freed by a restore, fragmentation):
+                # free every idle slot and try once more, unless active replies hold the cells.
+                session.reset()
+                self._release_idle(self._backend.n_ctx)
+                if self.busy_slots > 1:
+                    slot.request = None
+                    return False
+                reply.prefilled(*session.prefill(request.prompt))
+            slot.sampler = self._backend.make_sampler(request.settings.sampler)
+            slot.sampler.accept(request.prompt)
+            self._sample(slot)
+        except Exception as error:
+            # One request's failure (a backend error, a bug its settings reach) must not stop the others.
+            logger.exception("a reply failed while starting")
+            self._fail(slot, str(error) or type(error).__name__)
+        return True
+
+    def _decode_step(self) -> None:
+        """One token for every active slot, in one batch."""
+        for slot in self._slots:
+            if slot.request is not None and slot.request.cancelled:
+                self._finish(slot)
+        active = [slot for slot in self._slots if slot.request is not None]
+        if not active:
+            return
+        while active and not self._release_idle(len(active)):
+            self._end_longest(active)
+        if not active:
+            return
+        batch = []
+        for slot in active:
+            assert slot.request is not None
+            batch.append((slot.seq, slot.request.reply.token_ids[-1], len(slot.session.tokens)))
+        try:
+            self._backend.evaluate_batch(batch)
+        except ContextOverflowError:
+            self._end_longest(active)  # the others try again at the next step
+            return
+        except Exception as error:
+            logger.exception("a batch of %d replies failed", len(active))
+            for slot in active:
+                self._fail(slot, str(error) or type(error).__name__)
+            return
+        for slot, (_, token, _) in zip(active, batch, strict=True):
+            slot.session.tokens.append(token)
+            self._sample(slot)
+
+    def _end_longest(self, active: list[_Slot]) -> None:
+        """The context is full: the reply holding the most cells ends, as a lone reply would."""
+        longest = max(active, key=lambda slot: len(slot.session.tokens))
+        assert longest.request is not None
+        longest.request.reply.end("length")
+        self._finish(longest)
+        active.remove(longest)
+
+    def _sample(self, slot: _Slot) -> None:
+        """Sample `slot`'s next token from the logits just computed and pass its text on."""
+        assert slot.request is not None and slot.sampler is not None
+        reply = slot.request.reply
+        text = reply.add(self._backend.sample(slot.seq, slot.sampler))
+        if text:
+            slot.request.sink(TextDelta(text))
+        if reply.finish_reason is None and len(slot.session.tokens) >= self._backend.n_ctx:
+            reply.end("length")
+        if reply.finish_reason is not None:
+            self._finish(slot)
+
+    def _finish(self, slot: _Slot) -> None:
+        assert slot.request is not None
+        request, reply = slot.request, slot.request.reply
+        tail = reply.tail()
+        if tail:
+            request.sink(TextDelta(tail))
+        self._free(slot)
+        request.sink(ReplyDone(reply.stats()))
+
+    def _fail(self, slot: _Slot, message: str) -> None:
+        assert slot.request is not None
+        request = slot.request
+        # The KV cache may hold part of a failed evaluation: start the sequence afresh.
+        slot.session.reset()
+        self._free(slot)
+        request.sink(ReplyFailed(message))
+
+    def _free(self, slot: _Slot) -> None:
+        if slot.sampler is not None:
+            slot.sampler.close()
+        slot.request, slot.sampler, slot.last_used = None, None, self._step

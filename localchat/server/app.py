@@ -1,0 +1,373 @@
+"""The OpenAI-compatible HTTP API over an engine: `create_app(engine, settings)`.
+
+Endpoints: /v1/chat/completions and /v1/completions (streamed as server-sent events or whole),
+/v1/models, /health, /metrics. Replies come from a Scheduler that decodes the engine's slots
+together; the handlers only translate between HTTP and it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException
+
+from localchat.backends.base import SamplerSettings
+from localchat.engine import Engine
+from localchat.errors import ContextOverflowError, InvalidSettingError
+from localchat.scheduler import QueueFullError, Scheduler
+from localchat.server.metrics import CONTENT_TYPE, RequestCounter, ServerMetrics
+from localchat.server.replies import PendingReply, ReplyFailedError
+from localchat.server.schemas import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatDelta,
+    Completion,
+    CompletionChoice,
+    CompletionRequest,
+    ErrorResponse,
+    FinishReason,
+    Health,
+    ModelCard,
+    ModelList,
+    PromptTokensDetails,
+    SamplingFields,
+    Usage,
+)
+from localchat.server.security import ApiKeyGuard, BodySizeLimit
+from localchat.server.settings import ServerSettings
+from localchat.session import GenerationSettings, GenerationStats, tokenize_chat
+from localchat.templates import Message, TemplateError
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse, "description": description}
+    for status, description in [
+        (400, "Invalid request: malformed JSON, wrong types, a prompt longer than the context"),
+        (401, "Missing or wrong API key"),
+        (404, "Unknown model"),
+        (413, "Request body too large"),
+        (503, "Every slot is busy and the queue is full; retry after Retry-After seconds"),
+    ]
+}
+# With "stream": true the answer is server-sent events (the schema describes one event): each
+# `data` is a JSON chunk, then `[DONE]`.
+SSE_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}
+EVENT_STREAM = {200: {"content": {"text/event-stream": {"schema": SSE_EVENT}}}}
+# OpenAI clients send the role "developer" for what templates call "system".
+TEMPLATE_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+class APIError(Exception):
+    """An error answered with OpenAI's error body."""
+
+    def __init__(self, status: int, message: str, *, code: str | None = None, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.param = param
+
+
+def error_response(status: int, message: str, *, code: str | None = None, param: str | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    error_type = "invalid_request_error" if status < 500 else "server_error"
+    body = {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _validation_message(error: RequestValidationError) -> tuple[str, str | None]:
+    details = error.errors()
+    if not details:
+        return "invalid request", None
+    first = details[0]
+    location = [str(part) for part in first.get("loc", ()) if part != "body"]
+    where = ".".join(location)
+    return (f"{where}: {first.get('msg', 'invalid')}" if where else str(first.get("msg", "invalid request"))), where or None
+
+
+def _sse(payload: BaseModel | str) -> str:
+    data = payload if isinstance(payload, str) else payload.model_dump_json()
+    return f"data: {data}\n\n"
+
+
+def _usage(stats: GenerationStats) -> Usage:
+    return Usage(
+        prompt_tokens=stats.prompt_tokens,
+        completion_tokens=stats.completion_tokens,
+        total_tokens=stats.prompt_tokens + stats.completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=stats.cached_tokens),
+    )
+
+
+def _finish_reason(stats: GenerationStats) -> FinishReason:
+    # "cancelled" only reaches a client that is still there when the server shuts down.
+    return "length" if stats.finish_reason == "length" else "stop"
+
+
+class CompletionService:
+    """What the completion endpoints share: checking a request, queueing it, relaying the reply."""
+
+    def __init__(self, engine: Engine, scheduler: Scheduler, settings: ServerSettings, metrics: ServerMetrics) -> None:
+        self.engine = engine
+        self.scheduler = scheduler
+        self.settings = settings
+        self.metrics = metrics
+        model = engine.model_plan.model
+        self.model_id = model.name
+        # Names a request may give for the one model served.
+        self.model_names = frozenset({model.name, model.path.name, model.path.stem})
+        self.created = int(model.path.stat().st_mtime)
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name not in self.model_names:
+            raise APIError(404, f"the model '{name}' is not served here; this server has '{self.model_id}'",
+                           code="model_not_found", param="model")
+
+    def generation_settings(self, body: SamplingFields, reply_limit: int | None) -> GenerationSettings:
+        limit = self.settings.max_reply_tokens
+        if reply_limit is not None and reply_limit > limit:
+            raise APIError(400, f"max_tokens is {reply_limit} but this server allows at most {limit}", param="max_tokens")
+        defaults = SamplerSettings()
+        sampler = SamplerSettings(
+            temperature=defaults.temperature if body.temperature is None else body.temperature,
+            top_p=defaults.top_p if body.top_p is None else body.top_p,
+            presence_penalty=body.presence_penalty,
+            frequency_penalty=body.frequency_penalty,
+            seed=body.seed,
+        )
+        return GenerationSettings(max_tokens=reply_limit or limit, stop=body.stop_strings, sampler=sampler,
+                                  ignore_eos=body.ignore_eos)
+
+    async def chat_prompt(self, body: ChatCompletionRequest) -> list[int]:
+        messages = [Message(TEMPLATE_ROLES[m.role], m.text) for m in body.messages]  # type: ignore[arg-type]
+        # Rendering and tokenizing take a while for long histories: off the event loop. Tokenizing
+        # reads only the vocabulary, so it may run beside the scheduler's thread.
+        return await run_in_threadpool(tokenize_chat, self.engine.backend, self.engine.template, messages)
+
+    async def text_prompt(self, body: CompletionRequest) -> list[int]:
+        if isinstance(body.prompt, list):
+            n_vocab = self.engine.backend.info.n_vocab
+            if max(body.prompt) >= n_vocab:
+                raise APIError(400, f"token ids must be below the vocabulary size {n_vocab}", param="prompt")
+            return list(body.prompt)
+        backend = self.engine.backend
+        return await run_in_threadpool(lambda: backend.tokenize(body.prompt, add_bos=backend.info.add_bos, special=True))
+
+    def submit(self, prompt: Sequence[int], settings: GenerationSettings) -> PendingReply:
+        return PendingReply(self.scheduler, prompt, settings, self.metrics.observe_reply)
+
+    async def whole_text(self, reply: PendingReply, request: Request) -> str:
+        """The reply's whole text; a client that disconnects meanwhile cancels it."""
+        watcher = asyncio.create_task(_cancel_on_disconnect(request, reply))
+        try:
+            return "".join([piece async for piece in reply.text()])
+        finally:
+            watcher.cancel()
+
+
+async def _cancel_on_disconnect(request: Request, reply: PendingReply) -> None:
+    # The body has been read, so the next message is the client's disconnect.
+    while (await request.receive())["type"] != "http.disconnect":
+        continue
+    reply.cancel()
+
+
+async def _event_stream(reply: PendingReply, first: Sequence[str], piece: Callable[[str], str],
+                        last: Callable[[GenerationStats], Sequence[str]]) -> AsyncIterator[str]:
+    """Server-sent events: `first`, one `piece` per text piece, `last` events, then [DONE]."""
+    for event in first:
+        yield event
+    try:
+        async for text in reply.text():
+            yield piece(text)
+    except ReplyFailedError as error:
+        yield _sse(ErrorResponse.model_validate({"error": {"message": str(error), "type": "server_error"}}))
+        yield _sse("[DONE]")
+        return
+    assert reply.stats is not None
+    for event in last(reply.stats):
+        yield event
+    yield _sse("[DONE]")
+
+
+def _install_error_handlers(app: FastAPI, settings: ServerSettings) -> None:
+    async def api_error(_: Request, error: Exception) -> Response:
+        assert isinstance(error, APIError)
+        return error_response(error.status, error.message, code=error.code, param=error.param)
+
+    async def validation_error(_: Request, error: Exception) -> Response:
+        assert isinstance(error, RequestValidationError)
+        message, param = _validation_message(error)
+        return error_response(400, message, param=param)
+
+    async def http_error(_: Request, error: Exception) -> Response:
+        assert isinstance(error, HTTPException)
+        return error_response(error.status_code, str(error.detail), headers=error.headers)
+
+    async def context_overflow(_: Request, error: Exception) -> Response:
+        return error_response(400, str(error), code="context_length_exceeded", param="messages")
+
+    async def invalid_setting(_: Request, error: Exception) -> Response:
+        return error_response(400, str(error))
+
+    async def queue_full(_: Request, error: Exception) -> Response:
+        return error_response(503, f"the server is busy: {error}; retry later", code="server_busy",
+                              headers={"Retry-After": str(settings.retry_after_s)})
+
+    async def reply_failed(_: Request, error: Exception) -> Response:
+        return error_response(500, f"generation failed: {error}")
+
+    handlers: dict[type[Exception], Callable[[Request, Exception], Awaitable[Response]]] = {
+        APIError: api_error,
+        RequestValidationError: validation_error,
+        HTTPException: http_error,
+        ContextOverflowError: context_overflow,
+        InvalidSettingError: invalid_setting,
+        TemplateError: invalid_setting,
+        QueueFullError: queue_full,
+        ReplyFailedError: reply_failed,
+    }
+    for error_class, handler in handlers.items():
+        app.add_exception_handler(error_class, handler)
+
+
+def _openapi_with_400(app: FastAPI) -> Callable[[], dict[str, Any]]:
+    """FastAPI documents validation errors as 422; this API answers them with 400 (as OpenAI does)."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = FastAPI.openapi(app)
+            for path in schema["paths"].values():
+                for operation in path.values():
+                    operation["responses"].pop("422", None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    return openapi
+
+
+def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
+    """The API over `engine`; its scheduler thread runs while the app does (its lifespan)."""
+    scheduler = Scheduler(engine, max_waiting=settings.queue_size)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        scheduler.start()
+        try:
+            yield
+        finally:
+            await run_in_threadpool(scheduler.close)
+
+    app = FastAPI(title="localchat", summary="OpenAI-compatible API for a model on this machine", version="1",
+                  lifespan=lifespan, docs_url=None, redoc_url=None)
+    routes = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"})
+    metrics = ServerMetrics(scheduler, engine.prefix_cache, routes)
+    service = CompletionService(engine, scheduler, settings, metrics)
+    _install_error_handlers(app, settings)
+    app.openapi = _openapi_with_400(app)  # type: ignore[method-assign]
+
+    @app.post("/v1/chat/completions", response_model=ChatCompletion, responses={**ERROR_RESPONSES, **EVENT_STREAM})
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        service.check_model(body.model)
+        generation = service.generation_settings(body, body.reply_limit)
+        reply = service.submit(await service.chat_prompt(body), generation)
+        reply_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+
+        def chunk(delta: ChatDelta, finish: FinishReason | None = None) -> ChatCompletionChunk:
+            return ChatCompletionChunk(id=reply_id, created=created, model=service.model_id,
+                                       choices=[ChatChunkChoice(delta=delta, finish_reason=finish)])
+
+        if body.stream:
+            def last(stats: GenerationStats) -> list[str]:
+                events = [_sse(chunk(ChatDelta(), _finish_reason(stats)))]
+                if body.include_usage:
+                    events.append(_sse(ChatCompletionChunk(id=reply_id, created=created, model=service.model_id,
+                                                           choices=[], usage=_usage(stats))))
+                return events
+
+            stream = _event_stream(reply, [_sse(chunk(ChatDelta(role="assistant", content="")))],
+                                   lambda text: _sse(chunk(ChatDelta(content=text))), last)
+            return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+        text = await service.whole_text(reply, request)
+        assert reply.stats is not None
+        completion = ChatCompletion(
+            id=reply_id, created=created, model=service.model_id, usage=_usage(reply.stats),
+            choices=[ChatChoice(message=AssistantMessage(content=text), finish_reason=_finish_reason(reply.stats))],
+        )
+        return JSONResponse(completion.model_dump())
+
+    @app.post("/v1/completions", response_model=Completion, responses={**ERROR_RESPONSES, **EVENT_STREAM})
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        service.check_model(body.model)
+        generation = service.generation_settings(body, body.reply_limit)
+        reply = service.submit(await service.text_prompt(body), generation)
+        reply_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+
+        def event(text: str, finish: FinishReason | None = None) -> Completion:
+            return Completion(id=reply_id, created=created, model=service.model_id,
+                              choices=[CompletionChoice(text=text, finish_reason=finish)])
+
+        if body.stream:
+            def last(stats: GenerationStats) -> list[str]:
+                events = [_sse(event("", _finish_reason(stats)))]
+                if body.include_usage:
+                    events.append(_sse(Completion(id=reply_id, created=created, model=service.model_id, choices=[],
+                                                  usage=_usage(stats))))
+                return events
+
+            stream = _event_stream(reply, [], lambda text: _sse(event(text)), last)
+            return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+        text = await service.whole_text(reply, request)
+        assert reply.stats is not None
+        completion = event(text, _finish_reason(reply.stats))
+        completion.usage = _usage(reply.stats)
+        return JSONResponse(completion.model_dump())
+
+    @app.get("/v1/models", response_model=ModelList, responses=ERROR_RESPONSES)
+    async def models() -> ModelList:
+        return ModelList(data=[ModelCard(id=service.model_id, created=service.created)])
+
+    @app.get("/health", response_model=Health, responses={503: {"model": Health, "description": "The scheduler has stopped"}})
+    async def health() -> Response:
+        busy = scheduler.busy_slots
+        state = Health(status="ok" if scheduler.running else "error", slots_idle=scheduler.n_slots - busy,
+                       slots_processing=busy, requests_waiting=scheduler.waiting)
+        return JSONResponse(state.model_dump(), status_code=200 if scheduler.running else 503)
+
+    @app.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE: {"schema": {"type": "string"}}}}})
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE)
+
+    # The last added is the outermost: count every answer; CORS before the key, since browsers
+    # send preflight requests without it; then the key; then the body bound.
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    if settings.api_key is not None:
+        app.add_middleware(ApiKeyGuard, api_key=settings.api_key)
+    if settings.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"])
+    app.add_middleware(RequestCounter, metrics=metrics)
+    return app
+
+
+def serve(engine: Engine, settings: ServerSettings) -> None:
+    """Run the API until interrupted (Ctrl-C)."""
+    uvicorn.run(create_app(engine, settings), host=settings.host, port=settings.port, log_level="warning",
+                timeout_graceful_shutdown=5)

@@ -1,0 +1,80 @@
+"""ASGI guards in front of the app: the API key and the request size bound."""
+
+from __future__ import annotations
+
+import json
+import secrets
+
+from fastapi import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+# Paths anyone may call without the key: load balancers and supervisors poll it.
+OPEN_PATHS = frozenset({"/health"})
+
+
+async def send_error(
+    send: Send, status: int, message: str, code: str, headers: tuple[tuple[bytes, bytes], ...] = ()
+) -> None:
+    """An OpenAI-style error response, sent from outside the FastAPI app."""
+    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}).encode()
+    await send({
+        "type": "http.response.start",
+        "status": status,
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers],
+    })
+    await send({"type": "http.response.body", "body": body})
+
+
+class ApiKeyGuard:
+    """Every path but OPEN_PATHS needs `Authorization: Bearer <key>`."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self._expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope["headers"]).get(b"authorization", b"")
+        if not secrets.compare_digest(given, self._expected):
+            await send_error(
+                send, 401, "a valid API key is needed: send `Authorization: Bearer <key>`", "invalid_api_key",
+                ((b"www-authenticate", b"Bearer"),),
+            )
+            return
+        await self.app(scope, receive, send)
+
+
+class BodySizeLimit:
+    """Refuse request bodies over `max_bytes` with 413, by Content-Length or as they stream in."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
+            await send_error(send, 413, self._message, "request_too_large")
+            return
+        received = 0
+
+        async def counted_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    # Raised inside the app's body read, so the app's error handler answers it.
+                    raise HTTPException(413, self._message)
+            return message
+
+        await self.app(scope, counted_receive, send)
+
+    @property
+    def _message(self) -> str:
+        return f"the request body is over the {self.max_bytes}-byte limit"

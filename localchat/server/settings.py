@@ -1,0 +1,36 @@
+"""The server's settings: where it listens, who may call it, and the bounds it puts on requests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from localchat.errors import InvalidSettingError
+from localchat.hardware import MIB
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    host: str = "127.0.0.1"  # loopback only unless the user says otherwise
+    port: int = 8080
+    # None: no key needed. Otherwise every endpoint but /health wants `Authorization: Bearer KEY`.
+    api_key: str | None = None
+    # Origins a browser page may call the API from; none by default (no CORS headers at all).
+    cors_origins: tuple[str, ...] = ()
+    # Requests waiting for a slot beyond the busy ones; past that, 503 with Retry-After.
+    queue_size: int = 16
+    max_body_bytes: int = 1 * MIB
+    # The most tokens one reply may ask for, and what a request that names no limit gets.
+    max_reply_tokens: int = 4096
+    retry_after_s: int = 1
+
+    def __post_init__(self) -> None:
+        checks = [
+            (0 <= self.port < 65536, f"port must be in [0, 65535], got {self.port}"),
+            (self.api_key is None or len(self.api_key) > 0, "the API key must not be empty"),
+            (self.queue_size >= 0, f"the queue size must be >= 0, got {self.queue_size}"),
+            (self.max_body_bytes > 0, "the request size limit must be > 0"),
+            (self.max_reply_tokens >= 1, "the reply token limit must be >= 1"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise InvalidSettingError(message)

@@ -1,0 +1,142 @@
+"""Real Hugging Face checkpoints for the converter and ONNX tests: tiny random ones per architecture,
+and Gemma 3 270M (a pytest plugin loaded by tests/conftest.py)."""
+
+from __future__ import annotations
+
+import importlib.resources
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from converters.reference_checkpoints import build_gemma3_270m_checkpoint
+from converters.tokenizer import LLAMA3_REGEX, QWEN2_REGEX
+from converters.verify import verify_text
+
+try:
+    import torch
+    import transformers
+except ImportError:  # the tests that need them skip through the `reference_stack` fixture
+    torch = transformers = None
+
+TRAINING_TEXT = [
+    "The quick brown fox jumps over the lazy dog while the cat sleeps in the sun.",
+    "Conversion keeps every weight; quantization trades a little accuracy for size.",
+    "    indented code, tabs\tand  double  spaces\nand new lines\n\n",
+]
+# Far shorter than the verification text, so tiny Gemma's sliding-window layers really slide.
+TINY_SLIDING_WINDOW = 8
+
+
+def bpe_tokenizer(split_regex: str | None, vocab_size: int = 600):
+    """A byte-level BPE trained here on a few lines, wrapped as a transformers tokenizer."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    if split_regex is None:
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    else:
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(split_regex), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<s>", "</s>", "<|end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator([*TRAINING_TEXT, verify_text()], trainer)
+    tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>")
+
+
+def _randomize(model, seed: int) -> None:
+    """Random weights with clear preferences, rounded to f16 so an F16 GGUF holds them exactly."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            noise = torch.randn(parameter.shape, generator=generator)
+            if parameter.ndim == 1:  # norms and biases: off their 1 / 0 defaults
+                parameter.copy_(parameter + 0.2 * noise)
+            else:  # a wide output head: clear winners, so greedy decoding has no near-ties
+                parameter.copy_((1.0 if "lm_head" in name or "embed_tokens" in name else 0.15) * noise)
+            parameter.copy_(parameter.half().float())
+
+
+TINY_SIZES = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048)
+
+
+def _tiny_configs(vocab_size: int) -> dict[str, Callable[[], object]]:
+    common = dict(TINY_SIZES, vocab_size=vocab_size, bos_token_id=0, eos_token_id=1, num_hidden_layers=2)
+    return {
+        "llama": lambda: transformers.LlamaConfig(**common, head_dim=16),
+        "llama3-rope": lambda: transformers.LlamaConfig(
+            **common,
+            rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                             "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+        ),
+        "mistral": lambda: transformers.MistralConfig(**common, sliding_window=4096),
+        "qwen2": lambda: transformers.Qwen2Config(**common, tie_word_embeddings=True),
+        "qwen3": lambda: transformers.Qwen3Config(**common, head_dim=32),
+        "gemma3": lambda: transformers.Gemma3TextConfig(
+            **dict(common, num_hidden_layers=6), head_dim=16, query_pre_attn_scalar=16, sliding_window=TINY_SLIDING_WINDOW,
+            rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+                             "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}},
+        ),
+    }
+
+
+TINY_ARCHITECTURES = ("llama", "llama3-rope", "mistral", "qwen2", "qwen3", "gemma3")
+TINY_TOKENIZER_REGEX = {"llama": LLAMA3_REGEX, "llama3-rope": LLAMA3_REGEX, "mistral": None, "qwen2": QWEN2_REGEX, "qwen3": QWEN2_REGEX}
+
+
+@pytest.fixture(scope="session")
+def reference_stack() -> None:
+    """Skips a test unless torch and transformers (the `convert` extra) are installed."""
+    if torch is None:
+        pytest.skip("needs torch and transformers: pip install 'localchat[convert]'")
+
+
+@pytest.fixture(scope="session")
+def gemma_checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, reference_stack: None) -> Path:
+    """Gemma 3 270M as a bf16 Hugging Face checkpoint, kept in pytest's cache between runs when it is on."""
+    template = importlib.resources.files("localchat.assets").joinpath("templates/gemma.jinja").read_text()
+    cache = getattr(request.config, "cache", None)
+    folder = cache.mkdir("gemma-3-270m-hf") if cache is not None else tmp_path_factory.mktemp("gemma-3-270m-hf")
+    return build_gemma3_270m_checkpoint(folder, template)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, reference_stack: None) -> Callable[[str], Path]:
+    """`tiny_checkpoint(name)`: a random-weight checkpoint with a real tokenizer, made once per run."""
+    made: dict[str, Path] = {}
+
+    def make(name: str) -> Path:
+        if name in made:
+            return made[name]
+        folder = tmp_path_factory.mktemp(f"tiny-{name}")
+        if name == "gemma3":
+            # Gemma's own SentencePiece tokenizer, with a 262k-row embedding to match it.
+            gemma_checkpoint = request.getfixturevalue("gemma_checkpoint")
+            tokenizer = transformers.AutoTokenizer.from_pretrained(gemma_checkpoint)
+            (folder / "tokenizer.model").write_bytes((gemma_checkpoint / "tokenizer.model").read_bytes())
+            vocab_size = 262144
+        else:
+            tokenizer = bpe_tokenizer(TINY_TOKENIZER_REGEX[name])
+            vocab_size = -(-len(tokenizer) // 64) * 64  # padded rows, as real checkpoints have
+        config = _tiny_configs(vocab_size)[name]()
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(config)
+        _randomize(model, seed=len(made))
+        if name == "gemma3":
+            model = model.to(torch.bfloat16)  # as Google ships it; bf16 -> f16 is exact
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        made[name] = folder
+        return folder
+
+    return make

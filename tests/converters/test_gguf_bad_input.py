@@ -1,0 +1,116 @@
+"""Inputs a user can get wrong: each is a LocalchatError with a message saying what to do, and
+nothing is left behind."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from converters import cli
+from converters.checkpoint import locate_checkpoint
+from converters.gguf import convert_checkpoint
+from converters.tokenizer import TokenizerError, bpe_pre_tokenizer
+from localchat.errors import LocalchatError, ModelError
+
+
+@pytest.fixture
+def llama_copy(tiny_checkpoint: Callable[[str], Path], tmp_path: Path) -> Path:
+    folder = tmp_path / "llama"
+    shutil.copytree(tiny_checkpoint("llama"), folder)
+    return folder
+
+
+def _convert(folder: Path, output: Path, **options) -> None:
+    convert_checkpoint(folder, output, "f16", threads=1, **options)
+
+
+def test_missing_config(llama_copy: Path, tmp_path: Path) -> None:
+    (llama_copy / "config.json").unlink()
+    with pytest.raises(ModelError, match="has no config.json"):
+        _convert(llama_copy, tmp_path / "out.gguf")
+
+
+def test_unknown_architecture_lists_the_supported_ones(llama_copy: Path, tmp_path: Path) -> None:
+    config = json.loads((llama_copy / "config.json").read_text())
+    config["architectures"] = ["FalconForCausalLM"]
+    (llama_copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelError, match="FalconForCausalLM; supported: Gemma3ForCausalLM, LlamaForCausalLM"):
+        _convert(llama_copy, tmp_path / "out.gguf")
+
+
+def test_truncated_safetensors(llama_copy: Path, tmp_path: Path) -> None:
+    weights = llama_copy / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1000])
+    with pytest.raises(ModelError, match="model.safetensors is truncated.*download it again"):
+        _convert(llama_copy, tmp_path / "out.gguf")
+
+
+def test_missing_tokenizer(llama_copy: Path, tmp_path: Path) -> None:
+    (llama_copy / "tokenizer.json").unlink()
+    with pytest.raises(ModelError, match="no tokenizer.json or tokenizer.model"):
+        _convert(llama_copy, tmp_path / "out.gguf")
+    assert list(tmp_path.glob("out.gguf*")) == []
+
+
+def test_folder_without_weights(llama_copy: Path, tmp_path: Path) -> None:
+    (llama_copy / "model.safetensors").rename(llama_copy / "pytorch_model.bin")
+    with pytest.raises(ModelError, match=r"no \*.safetensors weights \(found pytorch_model.bin"):
+        _convert(llama_copy, tmp_path / "out.gguf")
+
+
+def test_existing_output_needs_force(llama_copy: Path, tmp_path: Path) -> None:
+    output = tmp_path / "out.gguf"
+    output.write_text("keep me")
+    with pytest.raises(LocalchatError, match="already exists; pass --force"):
+        _convert(llama_copy, output)
+    assert output.read_text() == "keep me"
+    _convert(llama_copy, output, force=True)
+    assert output.read_bytes()[:4] == b"GGUF"
+
+
+def test_interrupted_conversion_leaves_nothing(llama_copy: Path, tmp_path: Path) -> None:
+    def interrupt(done: int, total: int, what: str) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        convert_checkpoint(llama_copy, tmp_path / "out.gguf", "q8_0", threads=1, progress=interrupt)
+    assert list(tmp_path.glob("out.gguf*")) == []
+
+
+def test_unknown_pre_tokenizer_regex_is_explained() -> None:
+    tokenizer_json = {
+        "pre_tokenizer": {
+            "type": "Sequence",
+            "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": r"\p{L}+|\d"}, "behavior": "Isolated", "invert": False},
+                {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False},
+            ],
+        }
+    }
+    with pytest.raises(TokenizerError, match=r"split regex '\\\\p\{L\}\+\|\\\\d' matches none of llama.cpp's pre-tokenizers"):
+        bpe_pre_tokenizer(tokenizer_json)
+
+
+def test_offline_hub_id_says_what_to_download(monkeypatch: pytest.MonkeyPatch) -> None:
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(ModelError, match="download config.json.*from https://huggingface.co/someone/missing-model into a folder"):
+        locate_checkpoint("someone/missing-model")
+
+
+def test_cli_converts_and_verifies(tiny_checkpoint: Callable[[str], Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    cli.add_parser(parser.add_subparsers())
+    output = tmp_path / "tiny.gguf"
+    args = parser.parse_args(["convert", str(tiny_checkpoint("qwen3")), "--to", "gguf", "--quant", "f16", "-o", str(output), "--verify"])
+    assert args.handler(args) == 0
+    printed = capsys.readouterr().out
+    assert f"wrote {output}" in printed
+    assert "greedy continuation  pass" in printed

@@ -1,0 +1,78 @@
+"""A real `localchat serve` process on a free loopback port, and what tests ask of it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+from openai import OpenAI
+
+API_KEY = "test-key"
+SLOTS = 4
+QUEUE = 4
+CONTEXT = 4096
+MAX_REPLY_TOKENS = 4096  # the server's default bound
+
+
+@dataclass(frozen=True)
+class LiveServer:
+    url: str
+    process: subprocess.Popen[bytes]
+
+    @property
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {API_KEY}"}
+
+    def client(self) -> OpenAI:
+        # No retries: a 503 must reach the test as it reached the client.
+        return OpenAI(base_url=f"{self.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+
+    def post(self, path: str, body: object, **kwargs: object) -> requests.Response:
+        return requests.post(f"{self.url}{path}", json=body, headers=self.auth, timeout=120, **kwargs)  # type: ignore[arg-type]
+
+    def metric(self, name: str) -> float:
+        """The sum of every sample of `name` in /metrics."""
+        text = requests.get(f"{self.url}/metrics", headers=self.auth, timeout=10).text
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith((f"{name} ", f"{name}{{")))
+
+    def health(self) -> dict[str, object]:
+        return dict(requests.get(f"{self.url}/health", timeout=10).json())
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=30)
+
+
+def _free_loopback_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def start_server(home: Path, *extra_args: str) -> LiveServer:
+    """`localchat serve` with the default model; returns once /health answers."""
+    port = _free_loopback_port()
+    command = [sys.executable, "-m", "localchat", "serve", "--port", str(port), "--parallel", str(SLOTS),
+               "--queue", str(QUEUE), "--ctx", str(CONTEXT), "--api-key", API_KEY, *extra_args]
+    log = home / f"serve-{port}.log"
+    with log.open("wb") as stream:
+        process = subprocess.Popen(command, env={**os.environ, "LOCALCHAT_HOME": str(home)},
+                                   stdout=stream, stderr=subprocess.STDOUT)
+    server = LiveServer(f"http://127.0.0.1:{port}", process)
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if requests.get(f"{server.url}/health", timeout=2).ok:
+                return server
+        except requests.ConnectionError:
+            pass  # not listening yet
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError(f"localchat serve did not start:\n{log.read_text()}")
+        time.sleep(0.2)

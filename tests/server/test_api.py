@@ -1,0 +1,112 @@
+"""The OpenAI-compatible API driven by the real `openai` client against a real server and model."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+import requests
+from live_server import API_KEY, LiveServer
+
+GREEDY = {"temperature": 0, "seed": 1}
+MODEL = "gemma-3-270m"
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def test_chat_completion_answers_with_usage(server: LiveServer) -> None:
+    completion = server.client().chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=16, **GREEDY)
+    choice = completion.choices[0]
+    assert completion.object == "chat.completion" and completion.model == MODEL
+    assert choice.message.role == "assistant" and choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    assert completion.usage is not None
+    assert 0 < completion.usage.completion_tokens <= 16
+    assert completion.usage.total_tokens == completion.usage.prompt_tokens + completion.usage.completion_tokens
+
+
+def test_streamed_chat_matches_the_whole_reply_and_reports_usage(server: LiveServer) -> None:
+    client = server.client()
+    whole = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=24, **GREEDY)
+    chunks = list(client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=24, stream=True,
+                                                 stream_options={"include_usage": True}, **GREEDY))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
+    usage_chunk = chunks[-1]
+    assert usage_chunk.choices == [] and usage_chunk.usage is not None
+    assert usage_chunk.usage.completion_tokens == whole.usage.completion_tokens  # type: ignore[union-attr]
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_a_stream_is_server_sent_events_ending_with_done(server: LiveServer) -> None:
+    body = {"messages": QUESTION, "max_tokens": 4, "stream": True, **GREEDY}
+    with server.post("/v1/chat/completions", body, stream=True) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in response.iter_lines(decode_unicode=True) if line]
+    assert all(line.startswith("data: ") for line in events)
+    assert events[-1] == "data: [DONE]"
+    assert all(json.loads(line[6:])["usage"] is None for line in events[:-1])  # no include_usage asked
+
+
+def test_text_completion_whole_and_streamed(server: LiveServer) -> None:
+    client = server.client()
+    whole = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=6, **GREEDY)
+    assert whole.object == "text_completion" and whole.choices[0].text.strip()
+    assert whole.usage is not None and whole.usage.completion_tokens <= 6
+    pieces = list(client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=6, stream=True, **GREEDY))
+    assert "".join(p.choices[0].text for p in pieces if p.choices) == whole.choices[0].text
+
+
+def test_sampling_parameters_are_honoured(server: LiveServer) -> None:
+    client = server.client()
+
+    def reply(**options: object) -> openai.types.Completion:
+        return client.completions.create(model=MODEL, prompt="Once upon a time", **options)  # type: ignore[call-overload, no-any-return]
+
+    sampled = dict(max_tokens=12, temperature=1.0, top_p=0.9, seed=7, presence_penalty=0.5, frequency_penalty=0.5)
+    assert reply(**sampled).choices[0].text == reply(**sampled).choices[0].text  # same seed, same sample
+    free = reply(max_tokens=40, temperature=0).choices[0].text
+    stop = free.split()[2]
+    stopped = reply(max_tokens=40, temperature=0, stop=[stop, "\u00a7"])
+    assert stopped.choices[0].finish_reason == "stop" and stop not in stopped.choices[0].text
+    assert free.startswith(stopped.choices[0].text)
+    # llama.cpp's ignore_eos extension: exactly max_tokens tokens, whatever the model wants.
+    long = reply(max_tokens=20, temperature=0, extra_body={"ignore_eos": True, "unknown_field": 1})
+    assert long.usage is not None and long.usage.completion_tokens == 20 and long.choices[0].finish_reason == "length"
+
+
+def test_models_and_health(server: LiveServer) -> None:
+    models = server.client().models.list()
+    assert [m.id for m in models.data] == [MODEL]
+    health = requests.get(f"{server.url}/health", timeout=10)  # no key needed
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+
+
+@pytest.mark.parametrize(("method", "path"), [("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("GET", "/metrics"),
+                                              ("GET", "/openapi.json"), ("GET", "/nowhere")])
+def test_every_endpoint_but_health_needs_the_key(server: LiveServer, method: str, path: str) -> None:
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY}):
+        response = requests.request(method, f"{server.url}{path}", headers=headers, timeout=10)
+        assert response.status_code == 401
+        assert response.json()["error"]["code"] == "invalid_api_key"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0).models.list()
+
+
+def test_no_cors_headers_unless_asked_for(server: LiveServer) -> None:
+    preflight = requests.options(f"{server.url}/v1/models", timeout=10, headers={
+        "Origin": "https://example.com", "Access-Control-Request-Method": "GET"})
+    assert "access-control-allow-origin" not in preflight.headers
+
+
+def test_metrics_count_requests_tokens_and_latency(server: LiveServer) -> None:
+    before = server.metric("localchat_completion_tokens_total")
+    server.client().completions.create(model=MODEL, prompt="Hello", max_tokens=5, extra_body={"ignore_eos": True})
+    assert server.metric("localchat_completion_tokens_total") == before + 5
+    for name in ("localchat_http_requests_total", "localchat_time_to_first_token_seconds_count",
+                 "localchat_time_per_output_token_seconds_count", "localchat_prompt_tokens_total", "localchat_slots"):
+        assert server.metric(name) > 0, name
+    text = requests.get(f"{server.url}/metrics", headers=server.auth, timeout=10).text
+    assert "localchat_prefix_cache_hits_total" in text and "localchat_time_to_first_token_seconds_bucket" in text

@@ -1,0 +1,112 @@
+"""Bad requests get OpenAI-style 4xx errors, busy servers 503, gone clients cancel; nothing is lost."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+import pytest
+import requests
+from live_server import CONTEXT, MAX_REPLY_TOKENS, LiveServer
+
+MODEL = "gemma-3-270m"
+USER = [{"role": "user", "content": "Hello"}]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        ({"messages": "hello"}, 400, None),
+        ({"messages": []}, 400, None),
+        ({"messages": [{"role": "pirate", "content": "arr"}]}, 400, None),
+        ({"messages": USER, "temperature": "hot"}, 400, None),
+        ({"messages": USER, "max_tokens": 0}, 400, None),
+        ({"messages": USER, "max_tokens": MAX_REPLY_TOKENS + 1}, 400, None),
+        ({"messages": USER, "n": 2}, 400, None),
+        ({"messages": USER, "stop": [""]}, 400, None),
+        ({"messages": USER, "model": "gpt-4o"}, 404, "model_not_found"),
+        ({"messages": [{"role": "user", "content": "word " * CONTEXT}]}, 400, "context_length_exceeded"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]}, 400, None),
+    ],
+)
+def test_bad_chat_requests_get_a_4xx_with_an_openai_error(server: LiveServer, body: dict[str, object], status: int,
+                                                          code: str | None) -> None:
+    response = server.post("/v1/chat/completions", body)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["message"] and error["type"] == "invalid_request_error"
+    if code is not None:
+        assert error["code"] == code
+
+
+def test_malformed_json_and_oversized_bodies(server: LiveServer) -> None:
+    headers = {**server.auth, "Content-Type": "application/json"}
+    bad_json = requests.post(f"{server.url}/v1/chat/completions", data=b'{"messages": [', headers=headers, timeout=10)
+    assert bad_json.status_code == 400 and bad_json.json()["error"]["message"]
+    huge = requests.post(f"{server.url}/v1/completions", data=b'{"prompt": "' + b"a" * 2_000_000 + b'"}', headers=headers,
+                         timeout=30)
+    assert huge.status_code == 413 and huge.json()["error"]["code"] == "request_too_large"
+    bad_token = server.post("/v1/completions", {"prompt": [10**9]})
+    assert bad_token.status_code == 400
+    with pytest.raises(openai.BadRequestError):
+        server.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x " * CONTEXT}])
+
+
+def test_a_client_that_disconnects_mid_stream_cancels_its_reply(server: LiveServer) -> None:
+    cancelled = server.metric('localchat_replies_total{finish_reason="cancelled"}')
+    body = {"prompt": "Tell me a very long story.", "max_tokens": 2000, "ignore_eos": True, "stream": True}
+    with server.post("/v1/completions", body, stream=True) as response:
+        lines = response.iter_lines()
+        for _ in range(5):
+            next(lines)
+    deadline = time.monotonic() + 20
+    while server.health()["slots_processing"] != 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert server.health()["slots_processing"] == 0  # 2000 tokens would have taken a minute
+    assert server.metric('localchat_replies_total{finish_reason="cancelled"}') == cancelled + 1
+    answer = server.client().completions.create(model=MODEL, prompt="Hi", max_tokens=3)
+    assert answer.choices[0].finish_reason in ("stop", "length")
+
+
+def test_many_clients_are_each_answered_or_refused_with_503(server: LiveServer) -> None:
+    """16 concurrent clients, 32 requests, against 4 slots and a queue of 4: none lost or hung."""
+    client = server.client()
+
+    def ask(i: int) -> str:
+        try:
+            if i % 2:
+                stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": f"Count to {i}."}],
+                                                        max_tokens=12, stream=True, extra_body={"ignore_eos": True})
+                return "ok" if sum(1 for c in stream if c.choices and c.choices[0].delta.content) > 0 else "empty"
+            reply = client.completions.create(model=MODEL, prompt=f"Number {i} is", max_tokens=12, extra_body={"ignore_eos": True})
+            return "ok" if reply.usage is not None and reply.usage.completion_tokens == 12 else "short"
+        except openai.APIStatusError as error:
+            assert error.status_code == 503 and error.response.headers["retry-after"].isdigit()
+            return "busy"
+
+    with ThreadPoolExecutor(16) as pool:
+        outcomes = list(pool.map(ask, range(32), timeout=240))
+    assert len(outcomes) == 32 and set(outcomes) <= {"ok", "busy"}, outcomes
+    assert outcomes.count("ok") >= 8 and outcomes.count("busy") > 0
+    assert server.health() == {"status": "ok", "slots_idle": 4, "slots_processing": 0, "requests_waiting": 0}
+
+
+def test_a_resent_history_costs_only_its_new_tokens_whichever_slot_serves_it(server: LiveServer) -> None:
+    client = server.client()
+    history = [{"role": "system", "content": "You are a patient geography teacher. " * 10},
+               {"role": "user", "content": "Name a river in Europe."}]
+    first = client.chat.completions.create(model=MODEL, messages=history, max_tokens=16, temperature=0)
+    assert first.usage is not None
+    history += [{"role": "assistant", "content": first.choices[0].message.content or ""},
+                {"role": "user", "content": "And one in Asia?"}]
+    # Four other conversations take every slot, the one holding this history included.
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda i: client.chat.completions.create(
+            model=MODEL, max_tokens=4, messages=[{"role": "user", "content": f"Other conversation {i}: " + "blah " * 80}]),
+            range(4)))
+    second = client.chat.completions.create(model=MODEL, messages=history, max_tokens=16, temperature=0)
+    assert second.usage is not None and second.usage.prompt_tokens_details is not None
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached >= first.usage.prompt_tokens, (cached, first.usage, second.usage)
+    assert second.usage.prompt_tokens - cached < 30

@@ -1,0 +1,83 @@
+"""The batch scheduler on the real model: batched replies equal lone ones, the queue is bounded,
+cancelled replies free their slots."""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from localchat.backends.base import SamplerSettings
+from localchat.engine import Engine
+from localchat.planner import PlanRequest
+from localchat.scheduler import QueueFullError, ReplyDone, ReplyEvent, Scheduler, TextDelta
+from localchat.session import GenerationSettings, GenerationStats, tokenize_chat
+from localchat.settings import Settings
+from localchat.templates import Message
+
+GREEDY = GenerationSettings(max_tokens=16, sampler=SamplerSettings(temperature=0))
+
+
+@pytest.fixture(scope="module")
+def two_slots(settings: Settings, default_model: Path) -> Iterator[Engine]:
+    with Engine.load(str(default_model), settings, PlanRequest(n_ctx=1024, n_seq=2)) as engine:
+        yield engine
+
+
+def prompt(engine: Engine, text: str) -> list[int]:
+    return tokenize_chat(engine.backend, engine.template, [Message("user", text)])
+
+
+def collect(events: queue.SimpleQueue[ReplyEvent]) -> tuple[str, GenerationStats]:
+    pieces = []
+    while True:
+        event = events.get(timeout=60)
+        if isinstance(event, TextDelta):
+            pieces.append(event.text)
+        else:
+            assert isinstance(event, ReplyDone), event
+            return "".join(pieces), event.stats
+
+
+def test_replies_decoded_together_equal_replies_decoded_alone(two_slots: Engine) -> None:
+    questions = ["Name a colour.", "Name a fruit."]
+    alone = []
+    for question in questions:
+        two_slots.sessions[0].reset()
+        generation = two_slots.sessions[0].generate(prompt(two_slots, question), GREEDY)
+        alone.append(generation.text())
+    two_slots.sessions[0].reset()
+    scheduler = Scheduler(two_slots, max_waiting=0)
+    scheduler.start()
+    try:
+        sinks: list[queue.SimpleQueue[ReplyEvent]] = [queue.SimpleQueue() for _ in questions]
+        for question, sink in zip(questions, sinks, strict=True):
+            scheduler.submit(prompt(two_slots, question), GREEDY, sink.put)
+        with pytest.raises(QueueFullError):
+            scheduler.submit(prompt(two_slots, "One too many."), GREEDY, queue.SimpleQueue().put)
+        together = [collect(sink) for sink in sinks]
+    finally:
+        scheduler.close()
+    assert [text for text, _ in together] == alone
+    assert all(stats.finish_reason in ("stop", "length") for _, stats in together)
+
+
+def test_a_cancelled_reply_frees_its_slot_for_the_next(two_slots: Engine) -> None:
+    scheduler = Scheduler(two_slots, max_waiting=1)
+    scheduler.start()
+    try:
+        long = GenerationSettings(max_tokens=500, ignore_eos=True)
+        sinks: list[queue.SimpleQueue[ReplyEvent]] = [queue.SimpleQueue() for _ in range(3)]
+        handles = [scheduler.submit(prompt(two_slots, f"Story {i}."), long, sink.put) for i, sink in enumerate(sinks)]
+        assert isinstance(sinks[0].get(timeout=60), TextDelta)
+        handles[0].cancel()
+        handles[1].cancel()
+        assert collect(sinks[0])[1].finish_reason == "cancelled"
+        assert collect(sinks[1])[1].finish_reason == "cancelled"
+        handles[2].cancel()
+        assert collect(sinks[2])[1].finish_reason == "cancelled"
+        assert scheduler.busy_slots == 0 and scheduler.waiting == 0
+    finally:
+        scheduler.close()
