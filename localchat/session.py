@@ -9,7 +9,7 @@ from __future__ import annotations
 import codecs
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from localchat.backends.base import Backend, SamplerSettings
@@ -19,6 +19,8 @@ from localchat.templates import ChatTemplate, Message
 
 # Live KV tokens about to be overwritten are saved to the prefix cache when at least this many.
 MIN_SAVE_TOKENS = 64
+# Prompt tokens evaluated between checks for a cancel (about half a second on 2 CPU cores).
+PREFILL_CHUNK = 256
 
 
 @dataclass(frozen=True)
@@ -129,13 +131,19 @@ class Session:
             del self.tokens[keep:]
         return keep, min(restored, keep)
 
-    def prefill(self, prompt: Sequence[int]) -> tuple[int, int]:
+    def prefill(self, prompt: Sequence[int], cancelled: Callable[[], bool] = lambda: False) -> tuple[int, int]:
         """Put `prompt` in the KV cache, evaluating only what `prepare` cannot reuse; the backend
-        then holds the logits of its last token. Returns what `prepare` returns."""
+        then holds the logits of its last token. Returns what `prepare` returns.
+
+        Evaluates in chunks so that `cancelled` can stop a long prompt part way; the tokens
+        evaluated by then stay in the KV cache."""
         reused, restored = self.prepare(prompt)
-        rest = prompt[reused:]
-        self.backend.evaluate(self.seq, rest, reused)
-        self.tokens.extend(rest)
+        for start in range(reused, len(prompt), PREFILL_CHUNK):
+            if cancelled():
+                break
+            chunk = prompt[start : start + PREFILL_CHUNK]
+            self.backend.evaluate(self.seq, chunk, start)
+            self.tokens.extend(chunk)
         return reused, restored
 
     def reset(self) -> None:
@@ -269,7 +277,7 @@ class Generation:
         session, backend, seq, reply = self.session, self.session.backend, self.session.seq, self._reply
         sampler = backend.make_sampler(self.settings.sampler)
         try:
-            reply.prefilled(*session.prefill(self.prompt))
+            reply.prefilled(*session.prefill(self.prompt, self._cancelled.is_set))
             sampler.accept(self.prompt)
             while not self._cancelled.is_set():
                 text = reply.add(backend.sample(seq, sampler))

@@ -141,3 +141,15 @@ def test_penalties_run_in_llamas_sampler_chain_and_change_a_repetitive_reply(fre
     assert penalised != plain
     # Each distinct token is penalised: the penalised reply repeats itself less.
     assert len(set(penalised)) >= len(set(plain))
+
+
+def test_a_cancel_during_the_prompt_stops_before_evaluating_it_all(fresh: Engine) -> None:
+    chat = fresh.new_chat(SYSTEM)
+    generation = chat.send("lorem ipsum " * 300, GREEDY)
+    generation.cancel()  # before the prompt is evaluated, as Escape during a long prefill does
+    assert generation.text() == ""
+    assert generation.stats is not None and generation.stats.finish_reason == "cancelled"
+    assert len(fresh.sessions[0].tokens) < generation.stats.prompt_tokens
+    retry = chat.reply(GREEDY)
+    retry.text()
+    assert retry.stats is not None and retry.stats.completion_ids == cold_reply(fresh, chat.messages)

@@ -83,6 +83,14 @@ class TokenScores:
         return float(np.exp(-self.logprobs.mean()))
 
 
+def score_rows(logits: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Log-probability of `targets[i]` under row i of `logits`, and each row's top-1 token."""
+    logits = logits.astype(np.float64)
+    peak = logits.max(axis=1, keepdims=True)
+    log_norm = peak[:, 0] + np.log(np.exp(logits - peak).sum(axis=1))
+    return logits[np.arange(len(targets)), targets] - log_norm, logits.argmax(axis=1)
+
+
 class Sampler(Protocol):
     """A stateful sampler (penalties remember what it produced); made by a backend."""
 

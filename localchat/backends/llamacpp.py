@@ -16,7 +16,7 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
-from localchat.backends.base import ModelInfo, SamplerSettings, TokenScores
+from localchat.backends.base import ModelInfo, SamplerSettings, TokenScores, score_rows
 from localchat.errors import ContextOverflowError, ModelError
 from localchat.planner import BuildFeatures, Plan
 
@@ -288,17 +288,13 @@ class LlamaCppBackend:
             part = tokens[offset : offset + chunk]
             self.evaluate(seq, part, offset, all_logits=True)
             pointer = llama_cpp.llama_get_logits(self._ctx)
-            logits = np.ctypeslib.as_array(pointer, shape=(len(part), n_vocab)).astype(np.float64)
+            logits = np.ctypeslib.as_array(pointer, shape=(len(part), n_vocab))
             # Row i predicts token offset + i + 1.
             rows = min(len(part), len(tokens) - 1 - offset)
             if rows <= 0:
                 break
-            logits = logits[:rows]
-            peak = logits.max(axis=1, keepdims=True)
-            log_norm = peak[:, 0] + np.log(np.exp(logits - peak).sum(axis=1))
             targets = np.asarray(tokens[offset + 1 : offset + 1 + rows])
-            logprobs[offset : offset + rows] = logits[np.arange(rows), targets] - log_norm
-            top1[offset : offset + rows] = logits.argmax(axis=1)
+            logprobs[offset : offset + rows], top1[offset : offset + rows] = score_rows(logits[:rows], targets)
         return TokenScores(logprobs=logprobs, top1=top1)
 
     # -- state ---------------------------------------------------------------------

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from localchat.backends.base import ModelInfo, SamplerSettings, TokenScores
+from localchat.backends.base import ModelInfo, SamplerSettings, TokenScores, score_rows
 from localchat.errors import ContextOverflowError, ModelError
 from localchat.models import ONNX_MARKER
 from localchat.planner import BuildFeatures, ModelFacts, Plan
@@ -353,12 +353,8 @@ class OnnxBackend:
             rows = min(len(part), n - offset)
             if rows <= 0:
                 break
-            logits = logits[:rows].astype(np.float64)
-            peak = logits.max(axis=1, keepdims=True)
-            log_norm = peak[:, 0] + np.log(np.exp(logits - peak).sum(axis=1))
             targets = np.asarray(tokens[offset + 1 : offset + 1 + rows])
-            logprobs[offset : offset + rows] = logits[np.arange(rows), targets] - log_norm
-            top1[offset : offset + rows] = logits.argmax(axis=1)
+            logprobs[offset : offset + rows], top1[offset : offset + rows] = score_rows(logits[:rows], targets)
         return TokenScores(logprobs=logprobs, top1=top1)
 
     # -- state ---------------------------------------------------------------------
