@@ -514,16 +514,19 @@ def convert_to_onnx(source: Path, output: Path, quant: str = "fp32", *, progress
     everything is written to `output.incomplete` and renamed when complete."""
     if quant not in QUANT_PLANS:
         raise ModelError(f"unknown quantization '{quant}'; choose one of: {', '.join(QUANTS)}")
-    started = time.perf_counter()
-    checkpoint = Checkpoint(source)
-    config = checkpoint.config
-    arch = architecture_for(config)
     if output.exists() and not overwrite:
         raise ModelError(f"{output} already exists; remove it or choose another output folder (-o)")
+    if output.exists() and not (output / ONNX_MARKER).is_file():
+        # --force replaces an earlier conversion, never an unrelated file or folder.
+        raise ModelError(f"{output} exists and is not an ONNX model made by localchat; choose another output folder (-o)")
+    started = time.perf_counter()
+    checkpoint = Checkpoint(source)
     partial = output.with_name(output.name + ".incomplete")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
     try:
+        config = checkpoint.config
+        arch = architecture_for(config)
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
         facts = tokenizer_facts(checkpoint)
         data = ExternalData(partial / DATA_FILE)
         graph = GraphBuilder(data)

@@ -17,5 +17,9 @@ class ContextOverflowError(LocalchatError):
     """A prompt that does not fit in the context window."""
 
 
+class InferenceError(LocalchatError):
+    """The inference library failed on a request (the sequence it was working on is reset)."""
+
+
 class InsufficientMemoryError(LocalchatError):
     """The machine cannot hold the model with the requested context."""

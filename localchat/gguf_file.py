@@ -67,11 +67,15 @@ class GgufHeader:
 
 
 class _Reader:
-    def __init__(self, stream: BinaryIO, path: Path) -> None:
+    def __init__(self, stream: BinaryIO, path: Path, size: int) -> None:
         self._stream = stream
         self._path = path
+        self._size = size
 
     def read(self, n: int) -> bytes:
+        # A corrupt length must not turn into a huge allocation.
+        if n > self._size - self._stream.tell():
+            raise ModelError(f"{self._path} is truncated or corrupt: its GGUF header runs past the end of the file")
         data = self._stream.read(n)
         if len(data) != n:
             raise ModelError(f"{self._path} is truncated: its GGUF header ends early; download or convert it again")
@@ -103,7 +107,7 @@ def read_gguf_header(path: Path) -> GgufHeader:
     """Parse and validate `path`'s header; raises ModelError naming what is wrong."""
     size = path.stat().st_size
     with path.open("rb") as stream:
-        reader = _Reader(stream, path)
+        reader = _Reader(stream, path, size)
         if stream.read(4) != GGUF_MAGIC:
             raise ModelError(f"{path} is not a GGUF file (it does not start with 'GGUF'); give a .gguf model file")
         version = reader.unpack("<I")
@@ -143,7 +147,9 @@ def read_gguf_header(path: Path) -> GgufHeader:
             offset = reader.unpack("<Q")
             raw_tensors.append((name, shape, ggml_type, offset))
         header_end = stream.tell()
-    alignment = int(metadata.get("general.alignment", DEFAULT_ALIGNMENT))
+    alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+    if not isinstance(alignment, int) or alignment <= 0:
+        raise ModelError(f"{path} is not a valid GGUF file (general.alignment is {alignment!r})")
     data_offset = -(-header_end // alignment) * alignment
     tensors = []
     for name, shape, ggml_type, offset in raw_tensors:

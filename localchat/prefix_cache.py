@@ -119,6 +119,12 @@ class PrefixCache:
             self._entries[key] = _Entry(array, state, None, len(state))
             self._enforce_budgets()
 
+    def discard(self, key: str) -> None:
+        """Forget an entry the backend could not restore."""
+        with self._lock:
+            if key in self._entries:
+                self._remove(key)
+
     def clear(self) -> None:
         with self._lock:
             for key in list(self._entries):
@@ -150,7 +156,11 @@ class PrefixCache:
                 continue
             if self.disk_dir is not None and entry.size <= self.disk_budget_bytes:
                 if entry.disk_path is None:
-                    entry.disk_path = self._write_entry_file(key, entry)
+                    try:
+                        entry.disk_path = self._write_entry_file(key, entry)
+                    except OSError:  # a full or read-only disk costs the entry, not the reply
+                        self._remove(key)
+                        continue
                 entry.state = None
             else:
                 self._remove(key)
@@ -165,12 +175,15 @@ class PrefixCache:
         self.disk_dir.mkdir(parents=True, exist_ok=True)
         path = self.disk_dir / f"{self.model_key}-{key}.kv"
         partial = path.with_name(path.name + ".incomplete")
-        with partial.open("wb") as stream:
-            stream.write(_FILE_MAGIC)
-            stream.write(struct.pack("<QQ", len(entry.tokens), len(entry.state)))
-            stream.write(entry.tokens.astype("<i4").tobytes())
-            stream.write(entry.state)
-        os.replace(partial, path)
+        try:
+            with partial.open("wb") as stream:
+                stream.write(_FILE_MAGIC)
+                stream.write(struct.pack("<QQ", len(entry.tokens), len(entry.state)))
+                stream.write(entry.tokens.astype("<i4").tobytes())
+                stream.write(entry.state)
+            os.replace(partial, path)
+        finally:
+            partial.unlink(missing_ok=True)
         return path
 
     def _load_disk_index(self) -> None:

@@ -278,7 +278,11 @@ class Scheduler:
             return
         for slot, (_, token, _) in zip(active, batch, strict=True):
             slot.session.tokens.append(token)
-            self._sample(slot)
+            try:
+                self._sample(slot)
+            except Exception as error:
+                logger.exception("a reply failed while sampling")
+                self._fail(slot, str(error) or type(error).__name__)
 
     def _end_longest(self, active: list[_Slot]) -> None:
         """The context is full: the reply holding the most cells ends, as a lone reply would."""

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from localchat.backends.base import Backend, SamplerSettings
-from localchat.errors import ContextOverflowError, InvalidSettingError
+from localchat.errors import ContextOverflowError, InferenceError, InvalidSettingError
 from localchat.prefix_cache import PrefixCache, common_prefix_length
 from localchat.templates import ChatTemplate, Message
 
@@ -114,14 +114,21 @@ class Session:
         Returns (tokens reused, of which from the prefix cache)."""
         live = common_prefix_length(self.tokens, prompt)
         restored = 0
-        match = self.prefix_cache.longest_match(prompt) if self.prefix_cache is not None else None
-        if match is not None and match.length > live:
-            state = self.prefix_cache.load(match.key) if self.prefix_cache is not None else None
+        cache = self.prefix_cache
+        match = cache.longest_match(prompt) if cache is not None else None
+        if cache is not None and match is not None and match.length > live:
+            state = cache.load(match.key)
             if state is not None:
                 self._save_live_state()
-                self.backend.restore_state(self.seq, state)
-                self.tokens = [int(t) for t in match.tokens]
-                live = restored = match.length
+                try:
+                    self.backend.restore_state(self.seq, state)
+                    self.tokens = [int(t) for t in match.tokens]
+                    live = restored = match.length
+                except InferenceError:
+                    # A state saved under another build or context: forget it, compute afresh.
+                    cache.discard(match.key)
+                    self.reset()
+                    live = 0
         elif len(self.tokens) - live >= MIN_SAVE_TOKENS:
             self._save_live_state()
         # The last prompt token is always evaluated: its logits pick the first new token.

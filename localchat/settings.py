@@ -1,9 +1,9 @@
-"""One settings object with defaults, overridable by environment variables and command-line flags."""
+"""One settings object with defaults; LOCALCHAT_HOME moves its folders, command-line flags the rest."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import platformdirs
@@ -36,5 +36,3 @@ class Settings:
     def prefix_cache_dir(self) -> Path:
         return self.cache_dir / "prefix-cache"
 
-    def with_overrides(self, **changes: object) -> Settings:
-        return replace(self, **{k: v for k, v in changes.items() if v is not None})

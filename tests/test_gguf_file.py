@@ -34,8 +34,17 @@ def test_tensor_table_matches_the_gguf_library(default_model: Path) -> None:
 
 def test_a_file_cut_inside_the_header_or_the_data_is_reported(tmp_path: Path, default_model: Path) -> None:
     data = default_model.read_bytes()
-    for size, message in ((5_000, "header ends early"), (len(data) - 1, "tensors need")):
+    for size, message in ((5_000, "header runs past the end"), (len(data) - 1, "tensors need")):
         cut = tmp_path / f"cut-{size}.gguf"
         cut.write_bytes(data[:size])
         with pytest.raises(ModelError, match=message):
             read_gguf_header(cut)
+
+
+def test_a_corrupt_length_in_the_header_is_reported_not_allocated(tmp_path: Path, default_model: Path) -> None:
+    data = bytearray(default_model.read_bytes()[:4096])
+    data[24:32] = (2**62).to_bytes(8, "little")  # the first metadata key's length
+    corrupt = tmp_path / "corrupt.gguf"
+    corrupt.write_bytes(bytes(data))
+    with pytest.raises(ModelError, match="truncated or corrupt"):
+        read_gguf_header(corrupt)

@@ -64,3 +64,12 @@ def test_a_damaged_disk_entry_is_a_miss_not_a_crash(tmp_path: Path) -> None:
     match = cache.longest_match(SYSTEM)
     assert match is not None and cache.load(match.key) is None
     assert len(cache) == 0 and not entry_file.exists()
+
+
+def test_a_disk_that_cannot_be_written_costs_the_entry_not_an_error(tmp_path: Path) -> None:
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where the cache folder should be")
+    cache = PrefixCache("model", ram_budget_bytes=150, disk_dir=blocked, disk_budget_bytes=10_000)
+    cache.put([1] + SYSTEM, b"x" * 100)
+    cache.put([2] + SYSTEM, b"y" * 100)  # evicts the first; writing it to disk fails
+    assert len(cache) == 1 and cache.longest_match([2] + SYSTEM) is not None

@@ -153,3 +153,15 @@ def test_a_cancel_during_the_prompt_stops_before_evaluating_it_all(fresh: Engine
     retry = chat.reply(GREEDY)
     retry.text()
     assert retry.stats is not None and retry.stats.completion_ids == cold_reply(fresh, chat.messages)
+
+
+def test_a_saved_state_the_backend_refuses_is_dropped_and_the_prompt_computed(fresh: Engine) -> None:
+    chat = fresh.new_chat(SYSTEM)
+    chat.messages.append(Message("user", "Name a sea."))
+    prompt = chat.prompt_tokens(reply_room=64)
+    fresh.prefix_cache.put(prompt[:-1], b"not a llama.cpp state")
+    generation = chat.reply(GREEDY)
+    generation.text()
+    assert generation.stats is not None and generation.stats.prefix_cache_tokens == 0
+    assert len(fresh.prefix_cache) == 0
+    assert generation.stats.completion_ids == cold_reply(fresh, chat.messages)

@@ -25,7 +25,7 @@ from localchat.engine import Engine
 from localchat.errors import LocalchatError
 from localchat.hardware import gpu_memory_used_bytes, process_rss_bytes
 from localchat.history import DEFAULT_TITLE, Conversation, ConversationStore, title_from
-from localchat.models import DEFAULT_MODEL_NAME, local_models
+from localchat.models import DEFAULT_MODEL_FILE, DEFAULT_MODEL_NAME, local_models
 from localchat.planner import PlanRequest
 from localchat.session import Chat, Generation, GenerationSettings, GenerationStats
 from localchat.settings import Settings
@@ -594,7 +594,7 @@ class ChatApp(App[int]):
         """The default model and every GGUF file and ONNX folder in the models directory."""
         choices = [ModelChoice(DEFAULT_MODEL_NAME, None, "default")]
         for ref in local_models(self.settings):
-            if ref.path.name == "gemma-3-270m-q4_k_m.gguf":
+            if ref.path.name == DEFAULT_MODEL_FILE:
                 continue  # the default model's own file
             choices.append(ModelChoice(ref.name, str(ref.path), ref.format))
         return choices
@@ -615,16 +615,19 @@ class ChatApp(App[int]):
     async def action_quit(self) -> None:
         if self.reply is not None:
             self._stop_reply()
-            # Keep what was written: the worker stops within a token, then the reply is stored.
-            await asyncio.to_thread(self.reply.done.wait, 10)
+            # Keep what was written: the worker stops within a token or a prompt chunk, then the
+            # reply is stored. No timeout: closing the engine under a running worker would crash.
+            await asyncio.to_thread(self.reply.done.wait)
             await self.on_reply_ended(ReplyEnded(None))
         self.exit(self.return_code or 0)
 
     def on_unmount(self) -> None:
+        worker_busy = False
         if self.reply is not None:
             self._stop_reply()
-            self.reply.done.wait(timeout=10)
-        if self.engine is not None and id(self.engine) in self._owned:
+            worker_busy = not self.reply.done.wait(timeout=10)
+        # A worker still inside the backend would use a freed context: leave that to process exit.
+        if not worker_busy and self.engine is not None and id(self.engine) in self._owned:
             self.engine.close()
             self._owned.discard(id(self.engine))
         if self._owns_store:

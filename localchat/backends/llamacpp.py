@@ -17,7 +17,7 @@ import llama_cpp
 import numpy as np
 
 from localchat.backends.base import ModelInfo, SamplerSettings, TokenScores, score_rows
-from localchat.errors import ContextOverflowError, ModelError
+from localchat.errors import ContextOverflowError, InferenceError, ModelError
 from localchat.planner import BuildFeatures, Plan
 
 # Tokens per llama_decode call when evaluating a prompt.
@@ -149,6 +149,7 @@ class LlamaCppBackend:
         self._ctx = llama_cpp.llama_init_from_model(self._model, ctx_params)
         if not self._ctx:
             llama_cpp.llama_model_free(self._model)
+            self._model = None
             detail = "; ".join(_recent_errors) or "out of memory?"
             raise ModelError(f"llama.cpp could not create a {plan.n_ctx}-token context for {path}: {detail}")
         self._memory = llama_cpp.llama_get_memory(self._ctx)
@@ -204,22 +205,22 @@ class LlamaCppBackend:
             n = llama_cpp.llama_tokenize(self._vocab, data, len(data), tokens, capacity, add_bos, special)
         return list(tokens[:n])
 
+    def _piece(self, token: int, *, special: bool) -> bytes:
+        buffer = self._piece_buffer
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, special)
+        if n < 0:
+            buffer = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, special)
+        return buffer.raw[:n]
+
     def token_bytes(self, token: int) -> bytes:
         piece = self._piece_cache.get(token)
         if piece is None:
-            buffer = self._piece_buffer
-            n = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, False)
-            if n < 0:
-                buffer = ctypes.create_string_buffer(-n)
-                n = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, False)
-            piece = buffer.raw[:n]
-            self._piece_cache[token] = piece
+            piece = self._piece_cache[token] = self._piece(token, special=False)
         return piece
 
     def token_text(self, token: int) -> str:
-        buffer = ctypes.create_string_buffer(256)
-        n = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, True)
-        return buffer.raw[: max(n, 0)].decode("utf-8", errors="replace")
+        return self._piece(token, special=True).decode("utf-8", errors="replace")
 
     # -- KV cache ------------------------------------------------------------------
 
@@ -229,7 +230,7 @@ class LlamaCppBackend:
         if status == 1:
             raise ContextOverflowError(f"the context is full ({self.n_ctx} tokens); start a new chat or raise --ctx")
         if status != 0:
-            raise RuntimeError(f"llama_decode failed with status {status}")
+            raise InferenceError(f"llama.cpp failed to evaluate tokens (llama_decode status {status})")
 
     def evaluate(self, seq: int, tokens: Sequence[int], start: int, *, all_logits: bool = False) -> None:
         if start + len(tokens) > self.n_ctx:
@@ -268,7 +269,7 @@ class LlamaCppBackend:
         if not llama_cpp.llama_memory_seq_rm(self._memory, seq, start, -1):
             # Cannot happen with swa_full; clearing the whole sequence always works.
             llama_cpp.llama_memory_seq_rm(self._memory, seq, -1, -1)
-            raise RuntimeError(f"llama.cpp could not drop positions {start}.. of sequence {seq}")
+            raise InferenceError(f"llama.cpp could not drop positions {start}.. of sequence {seq}")
 
     # -- sampling ------------------------------------------------------------------
 
@@ -309,7 +310,7 @@ class LlamaCppBackend:
         llama_cpp.llama_memory_seq_rm(self._memory, seq, -1, -1)
         source = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
         if llama_cpp.llama_state_seq_set_data(self._ctx, source, len(state), seq) == 0:
-            raise RuntimeError("llama.cpp refused a saved KV state (different model or context?)")
+            raise InferenceError("llama.cpp refused a saved KV state (different model or context?)")
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):

@@ -19,7 +19,7 @@ import numpy as np
 import onnxruntime as ort
 
 from localchat.backends.base import ModelInfo, SamplerSettings, TokenScores, score_rows
-from localchat.errors import ContextOverflowError, ModelError
+from localchat.errors import ContextOverflowError, InferenceError, ModelError
 from localchat.models import ONNX_MARKER
 from localchat.planner import BuildFeatures, ModelFacts, Plan
 
@@ -373,7 +373,7 @@ class OnnxBackend:
         magic = state[: len(_STATE_MAGIC)]
         length, n_layers = struct.unpack_from("<II", state, len(_STATE_MAGIC))
         if magic != _STATE_MAGIC or n_layers != self.n_layers or length > self.n_ctx:
-            raise RuntimeError("onnxruntime backend refused a saved KV state (different model or context?)")
+            raise InferenceError("onnxruntime backend refused a saved KV state (different model or context?)")
         offset = len(_STATE_MAGIC) + 8
         for view in self._seq_views(seq, length):
             size = view.nbytes

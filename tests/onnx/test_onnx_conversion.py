@@ -122,8 +122,19 @@ def test_existing_output_is_kept_unless_overwritten(onnx_model: Callable[[str, s
     with pytest.raises(ModelError, match="already exists"):
         convert_to_onnx(tiny_checkpoint("llama"), output, "int8")
     assert (output / "keep.txt").read_text() == "mine"
-    convert_to_onnx(tiny_checkpoint("llama"), output, "int8", overwrite=True)
-    assert (output / ONNX_MARKER).is_file() and not (output / "keep.txt").exists()
+    # --force replaces only an earlier conversion, never an unrelated folder or file.
+    with pytest.raises(ModelError, match="not an ONNX model made by localchat"):
+        convert_to_onnx(tiny_checkpoint("llama"), output, "int8", overwrite=True)
+    assert (output / "keep.txt").read_text() == "mine"
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    with pytest.raises(ModelError, match="not an ONNX model made by localchat"):
+        convert_to_onnx(tiny_checkpoint("llama"), a_file, "int8", overwrite=True)
+    earlier = tmp_path / "earlier"
+    convert_to_onnx(tiny_checkpoint("llama"), earlier, "int8")
+    convert_to_onnx(tiny_checkpoint("llama"), earlier, "int4", overwrite=True)
+    assert json.loads((earlier / ONNX_MARKER).read_text())["quant"] == "int4"
+    assert not earlier.with_name("earlier.incomplete").exists()
 
 
 def test_bad_quant_names_the_choices(tiny_checkpoint: Callable[[str], Path], tmp_path: Path) -> None:
