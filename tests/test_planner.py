@@ -86,3 +86,25 @@ def test_amx_cpu_with_amx_build_turns_off_extra_buffers() -> None:
 def test_invalid_requests_are_rejected(request_args: dict[str, int], message: str) -> None:
     with pytest.raises(InvalidSettingError, match=message):
         PlanRequest(**request_args)
+
+
+ONNX_7B_INT4 = ModelFacts(**{**LLAMA_7B_Q4_K_M.__dict__, "format": "onnx"})
+
+
+def test_onnx_runs_whole_on_a_gpu_that_holds_it() -> None:
+    gpu = Gpu(0, "RTX 4090", 24 * GIB, 23 * GIB)
+    plan = plan_offload(ONNX_7B_INT4, machine(gpus=(gpu,)), CUDA_BUILD)
+    assert plan.backend == "onnxruntime" and plan.n_gpu_layers == ONNX_7B_INT4.n_layers + 1
+
+
+def test_onnx_that_does_not_fit_the_gpu_runs_on_the_cpu_with_the_reason() -> None:
+    gpu = Gpu(0, "RTX 3070", 8 * GIB, int(7.5 * GIB))
+    plan = plan_offload(ONNX_7B_INT4, machine(gpus=(gpu,)), CUDA_BUILD, PlanRequest(n_ctx=8192))
+    assert plan.n_gpu_layers == 0
+    assert any("runs a model whole" in reason for reason in plan.reasons)
+
+
+def test_onnx_without_a_gpu_build_names_onnxruntime_gpu() -> None:
+    gpu = Gpu(0, "RTX 4090", 24 * GIB, 23 * GIB)
+    plan = plan_offload(ONNX_7B_INT4, machine(gpus=(gpu,)), CPU_BUILD)
+    assert plan.n_gpu_layers == 0 and any("onnxruntime-gpu" in reason for reason in plan.reasons)
