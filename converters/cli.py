@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
 
+from converters.checkpoint import CheckpointSource, locate_checkpoint
 from converters.gguf import DEFAULT_QUANT, QUANT_TYPES, convert_checkpoint, default_output_path
-from converters.checkpoint import locate_checkpoint
+from localchat.errors import InvalidSettingError
 
-TARGETS = ("gguf", "onnx")
+if TYPE_CHECKING:
+    from converters.verify import VerifyReport
+
 ONNX_QUANTS = ("fp32", "fp16", "int8", "int4")
 DEFAULT_QUANTS = {"gguf": DEFAULT_QUANT, "onnx": "int4"}
 
@@ -41,7 +46,7 @@ class ProgressBar:
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("convert", help="convert a Hugging Face checkpoint to GGUF")
     parser.add_argument("source", metavar="SRC", help="a checkpoint folder or a Hugging Face repo id")
-    parser.add_argument("--to", choices=TARGETS, required=True, help="the output format")
+    parser.add_argument("--to", choices=tuple(TARGET_STEPS), required=True, help="the output format")
     parser.add_argument("--quant", choices=(*QUANT_TYPES, *ONNX_QUANTS),
                         help=f"gguf: {', '.join(QUANT_TYPES)} (default {DEFAULT_QUANT}); onnx: {', '.join(ONNX_QUANTS)} (default int4)")
     parser.add_argument("-o", "--output", help="the output file (default: SRC-QUANT.gguf beside a folder, or in the current folder for a repo id)")
@@ -52,49 +57,51 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return parser
 
 
-def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    source = locate_checkpoint(args.source)
-    args.quant = args.quant or DEFAULT_QUANTS[args.to]
-    if args.to == "onnx":
-        return _run_onnx(args, source)
+def _to_gguf(args: argparse.Namespace, source: CheckpointSource, bar: ProgressBar) -> tuple[Path, str]:
     output = Path(args.output).expanduser() if args.output else default_output_path(source.name, args.quant, source.directory)
-    bar = ProgressBar()
-    try:
-        result = convert_checkpoint(source.folder, output, args.quant, force=args.force, threads=args.threads, progress=bar)
-    finally:
-        bar.close()
-    print(f"wrote {result.output} ({result.n_bytes / 2**20:.1f} MiB, {result.n_tensors} tensors, {result.seconds:.1f} s)")
-    if not args.verify:
-        return 0
-    from converters.verify import verify_gguf
-
-    report = verify_gguf(result.output, source.folder, args.quant)
-    print(report.table())
-    return 0 if report.passed else 1
+    result = convert_checkpoint(source.folder, output, args.quant, force=args.force, threads=args.threads, progress=bar)
+    return result.output, f"wrote {result.output} ({result.n_bytes / 2**20:.1f} MiB, {result.n_tensors} tensors, {result.seconds:.1f} s)"
 
 
-def _run_onnx(args: argparse.Namespace, source) -> int:
-    from pathlib import Path
-
+def _to_onnx(args: argparse.Namespace, source: CheckpointSource, bar: ProgressBar) -> tuple[Path, str]:
     from converters.onnx import convert_to_onnx
-    from localchat.errors import InvalidSettingError
 
     if args.quant not in ONNX_QUANTS:
         raise InvalidSettingError(f"--quant {args.quant} is a GGUF type; for --to onnx choose one of: {', '.join(ONNX_QUANTS)}")
     output = Path(args.output).expanduser() if args.output else source.directory / f"{source.name}-{args.quant}-onnx"
-    bar = ProgressBar()
-    try:
-        result = convert_to_onnx(source.folder, output, args.quant, progress=bar, overwrite=args.force)
-    finally:
-        bar.close()
+    result = convert_to_onnx(source.folder, output, args.quant, progress=bar, overwrite=args.force)
     fused = ", ".join(f"{name} {count}" for name, count in result.operators.items())
-    print(f"wrote {result.output} ({result.n_bytes / 2**20:.1f} MiB of weights, {result.seconds:.1f} s; operators: {fused})")
-    if not args.verify:
-        return 0
+    return result.output, f"wrote {result.output} ({result.n_bytes / 2**20:.1f} MiB of weights, {result.seconds:.1f} s; operators: {fused})"
+
+
+def _verify_gguf(output: Path, checkpoint: Path, quant: str) -> VerifyReport:
+    from converters.verify import verify_gguf
+
+    return verify_gguf(output, checkpoint, quant)
+
+
+def _verify_onnx(output: Path, checkpoint: Path, quant: str) -> VerifyReport:
     from converters.onnx import verify_onnx
 
-    report = verify_onnx(result.output, source.folder, args.quant)
+    return verify_onnx(output, checkpoint, quant)
+
+
+# Per target: convert (returning the output and a summary line), then verify.
+TARGET_STEPS = {"gguf": (_to_gguf, _verify_gguf), "onnx": (_to_onnx, _verify_onnx)}
+
+
+def run(args: argparse.Namespace) -> int:
+    source = locate_checkpoint(args.source)
+    args.quant = args.quant or DEFAULT_QUANTS[args.to]
+    convert, verify = TARGET_STEPS[args.to]
+    bar = ProgressBar()
+    try:
+        output, summary = convert(args, source, bar)
+    finally:
+        bar.close()
+    print(summary)
+    if not args.verify:
+        return 0
+    report = verify(output, source.folder, args.quant)
     print(report.table())
     return 0 if report.passed else 1

@@ -140,3 +140,14 @@ def test_existing_output_is_kept_unless_overwritten(onnx_model: Callable[[str, s
 def test_bad_quant_names_the_choices(tiny_checkpoint: Callable[[str], Path], tmp_path: Path) -> None:
     with pytest.raises(ModelError, match="fp32, fp16, int8, int4"):
         convert_to_onnx(tiny_checkpoint("llama"), tmp_path / "out", "q4_k_m")
+
+
+def test_cli_converts_to_onnx(tiny_checkpoint: Callable[[str], Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from localchat.cli import main
+
+    output = tmp_path / "cli-out"
+    assert main(["convert", str(tiny_checkpoint("qwen2")), "--to", "onnx", "--quant", "int8", "-o", str(output)]) == 0
+    assert "GroupQueryAttention" in capsys.readouterr().out
+    assert json.loads((output / ONNX_MARKER).read_text())["quant"] == "int8"
+    assert main(["convert", str(tiny_checkpoint("qwen2")), "--to", "onnx", "--quant", "q4_k_m", "-o", str(output)]) == 1
+    assert "is a GGUF type" in capsys.readouterr().err
