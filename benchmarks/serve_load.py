@@ -4,7 +4,7 @@
 2. Time to first token across a 6-turn conversation resent in full each turn (target: turn 6 <= 1.5x turn 1).
 3. 100 requests from 16 concurrent clients: each answered or refused with 503, none lost or hung.
 
-Usage: python benchmarks/serve_load.py [--url http://127.0.0.1:8080] [--api-key KEY]
+Usage: python benchmarks/serve_load.py [--url http://127.0.0.1:8080] [--api-key KEY] [--rounds 5]
 (start `localchat serve --parallel 4` first), or with no --url it starts one on a free port.
 Prints one JSON object; record it with the machine's load (`uptime`).
 """
@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -47,15 +48,12 @@ def stream_tokens(client: openai.OpenAI, index: int) -> tuple[int, float]:
     return tokens, last - first
 
 
-def throughput(client: openai.OpenAI, streams: int, rounds: int = 2) -> float:
-    """Aggregate generated tokens per second over `streams` concurrent streams (best of `rounds`)."""
-    best = 0.0
-    for _ in range(rounds):
-        start = time.perf_counter()
-        with ThreadPoolExecutor(streams) as pool:
-            results = list(pool.map(lambda i: stream_tokens(client, i), range(streams)))
-        best = max(best, sum(tokens for tokens, _ in results) / (time.perf_counter() - start))
-    return best
+def throughput(client: openai.OpenAI, streams: int) -> float:
+    """Aggregate generated tokens per second over `streams` concurrent streams."""
+    start = time.perf_counter()
+    with ThreadPoolExecutor(streams) as pool:
+        results = list(pool.map(lambda i: stream_tokens(client, i), range(streams)))
+    return sum(tokens for tokens, _ in results) / (time.perf_counter() - start)
 
 
 def conversation_ttft(client: openai.OpenAI) -> list[float]:
@@ -114,6 +112,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", help="a running server (default: start one)")
     parser.add_argument("--api-key", default=os.environ.get("LOCALCHAT_API_KEY", "bench"))
+    parser.add_argument("--rounds", type=int, default=5, help="alternating 1- and 4-stream rounds (the median is reported)")
     args = parser.parse_args()
     process = None
     url = args.url
@@ -122,15 +121,16 @@ def main() -> None:
     try:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key=args.api_key, max_retries=0, timeout=600)
         stream_tokens(client, 0)  # warm-up
-        one = throughput(client, 1)
-        four = throughput(client, 4)
+        # One and four streams alternate, so a change in the machine's speed touches both sides.
+        rounds = [(throughput(client, 1), throughput(client, 4)) for _ in range(args.rounds)]
         ttfts = conversation_ttft(client)
         outcomes = many_clients(client)
         print(json.dumps({
             "load_average": os.getloadavg(),
-            "decode_tok_s_1_stream": round(one, 1),
-            "decode_tok_s_4_streams": round(four, 1),
-            "speedup_4_vs_1": round(four / one, 2),
+            "decode_tok_s_1_stream": round(statistics.median(one for one, _ in rounds), 1),
+            "decode_tok_s_4_streams": round(statistics.median(four for _, four in rounds), 1),
+            "speedup_4_vs_1": round(statistics.median(four / one for one, four in rounds), 2),
+            "speedup_per_round": [round(four / one, 2) for one, four in rounds],
             "ttft_ms_per_turn": [round(t * 1000) for t in ttfts],
             "ttft_turn6_vs_turn1": round(ttfts[-1] / ttfts[0], 2),
             "100_requests_16_clients": outcomes,

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from localchat.backends.base import Backend
-from localchat.errors import ModelError
+from localchat.errors import InferenceError, ModelError
 from localchat.hardware import Hardware, detect_hardware
 from localchat.models import ModelRef, inspect_gguf, resolve_model
 from localchat.planner import BuildFeatures, ModelFacts, Plan, PlanRequest, plan_offload
@@ -15,6 +16,8 @@ from localchat.prefix_cache import PrefixCache
 from localchat.session import Chat, Session
 from localchat.settings import Settings
 from localchat.templates import ChatTemplate, Message
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,7 @@ class Engine:
         )
         # One session per KV sequence: a session must know every token its sequence holds.
         self.sessions = tuple(Session(backend, seq=seq, prefix_cache=self.prefix_cache) for seq in range(backend.n_seq))
+        self._closed = False
 
     @classmethod
     def load(
@@ -119,7 +123,19 @@ class Engine:
         return Chat(self.sessions[seq], self.template, messages)
 
     def close(self) -> None:
-        self.backend.close()
+        """Free the model. What the sessions hold goes to the prefix cache first, and the cache to
+        its disk tier, so that continuing a conversation after a restart skips its prompt."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            for session in self.sessions:
+                session.save_live_state()
+            self.prefix_cache.persist()
+        except (InferenceError, OSError) as error:
+            logger.warning("the prefix cache could not be saved at exit: %s", error)
+        finally:
+            self.backend.close()
 
     def __enter__(self) -> Engine:
         return self

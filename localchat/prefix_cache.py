@@ -3,7 +3,8 @@
 A new conversation that shares a system prompt with an earlier one, or a return to an earlier
 conversation, restores the saved state and evaluates only the tokens after the shared prefix.
 Entries live in RAM up to a byte budget; the least recently used spill to a disk tier (one file
-each, written atomically) up to its own budget, and the disk tier survives restarts.
+each, written atomically) up to its own budget. At exit the RAM entries are written there too, and
+the disk tier survives restarts.
 """
 
 from __future__ import annotations
@@ -142,6 +143,25 @@ class PrefixCache:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def persist(self) -> None:
+        """Copy the entries held only in RAM to the disk tier, so that the next run finds them:
+        the most recently used first while the disk budget lasts. Written oldest first, as the
+        file times order them at the next start."""
+        if self.disk_dir is None:
+            return
+        with self._lock:
+            room = self.disk_budget_bytes - self.disk_bytes
+            chosen = []
+            for key, entry in reversed(self._entries.items()):
+                if entry.disk_path is None and entry.state is not None and entry.size <= room:
+                    chosen.append((key, entry))
+                    room -= entry.size
+            for key, entry in reversed(chosen):
+                try:
+                    entry.disk_path = self._write_entry_file(key, entry)
+                except OSError:  # a full or read-only disk: what was written stays
+                    return
 
     def _remove(self, key: str) -> None:
         entry = self._entries.pop(key)

@@ -105,7 +105,8 @@ class Session:
     def n_ctx(self) -> int:
         return self.backend.n_ctx
 
-    def _save_live_state(self) -> None:
+    def save_live_state(self) -> None:
+        """Keep what the sequence holds in the prefix cache (when long enough and not there yet)."""
         if self.prefix_cache is not None and len(self.tokens) >= MIN_SAVE_TOKENS and not self.prefix_cache.covers(self.tokens):
             self.prefix_cache.put(self.tokens, self.backend.save_state(self.seq))
 
@@ -119,7 +120,7 @@ class Session:
         if cache is not None and match is not None and match.length > live:
             state = cache.load(match.key)
             if state is not None:
-                self._save_live_state()
+                self.save_live_state()
                 try:
                     self.backend.restore_state(self.seq, state)
                     self.tokens = [int(t) for t in match.tokens]
@@ -130,7 +131,7 @@ class Session:
                     self.reset()
                     live = 0
         elif len(self.tokens) - live >= MIN_SAVE_TOKENS:
-            self._save_live_state()
+            self.save_live_state()
         # The last prompt token is always evaluated: its logits pick the first new token.
         keep = min(live, len(prompt) - 1)
         if keep < len(self.tokens):
@@ -159,7 +160,7 @@ class Session:
 
     def release(self) -> None:
         """Free the sequence's KV cells, keeping what it held in the prefix cache."""
-        self._save_live_state()
+        self.save_live_state()
         self.reset()
 
     def generate(self, prompt: Sequence[int], settings: GenerationSettings = GenerationSettings()) -> Generation:

@@ -73,3 +73,16 @@ def test_a_disk_that_cannot_be_written_costs_the_entry_not_an_error(tmp_path: Pa
     cache.put([1] + SYSTEM, b"x" * 100)
     cache.put([2] + SYSTEM, b"y" * 100)  # evicts the first; writing it to disk fails
     assert len(cache) == 1 and cache.longest_match([2] + SYSTEM) is not None
+
+
+def test_persist_writes_ram_entries_most_recently_used_first_within_the_disk_budget(tmp_path: Path) -> None:
+    cache = PrefixCache("model", ram_budget_bytes=10_000, disk_dir=tmp_path, disk_budget_bytes=250)
+    for first in (1, 2, 3):
+        cache.put([first] + SYSTEM, bytes([first]) * 100)
+    assert cache.disk_bytes == 0  # nothing spilled: all fit in RAM
+    cache.persist()
+    assert len(list(tmp_path.glob("*.kv"))) == 2 and not list(tmp_path.glob("*.incomplete"))
+    restarted = PrefixCache("model", ram_budget_bytes=10_000, disk_dir=tmp_path, disk_budget_bytes=250)
+    assert restarted.longest_match([1] + SYSTEM) is None  # the least recently used did not fit
+    match = restarted.longest_match([3] + SYSTEM)
+    assert match is not None and restarted.load(match.key) == bytes([3]) * 100

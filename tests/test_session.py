@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from localchat.backends.base import SamplerSettings
+from localchat.backends.llamacpp import LlamaSampler
 from localchat.bench import bench_text
 from localchat.engine import Engine
 from localchat.errors import ContextOverflowError
 from localchat.hardware import detect_hardware
+from localchat.planner import PlanRequest
 from localchat.session import Chat, GenerationSettings
+from localchat.settings import Settings
 from localchat.templates import Message
 
 GREEDY = GenerationSettings(max_tokens=24, sampler=SamplerSettings(temperature=0))
@@ -123,6 +127,40 @@ def test_perplexity_of_the_benchmark_text_is_sane(fresh: Engine) -> None:
     scores = fresh.backend.score(0, tokens)
     assert len(scores.logprobs) == 255
     assert 1.5 < scores.perplexity < 60
+
+
+def test_a_conversation_continued_after_a_restart_restores_its_kv_from_disk(settings: Settings, default_model: Path) -> None:
+    with Engine.load(str(default_model), settings, PlanRequest(n_ctx=2048)) as before:
+        before.prefix_cache.clear()
+        chat = before.new_chat(SYSTEM)
+        first = chat.send("Name a river in Europe.", GREEDY)
+        chat.commit(first.text())
+        history = list(chat.messages)
+    assert first.stats is not None
+    with Engine.load(str(default_model), settings, PlanRequest(n_ctx=2048)) as after:
+        chat = Chat(after.sessions[0], after.template, history)
+        second = chat.send("And one in Asia?", GREEDY)
+        second.text()
+        assert second.stats is not None
+        # The first turn's prompt and reply come back from the disk tier; only the new turn is computed.
+        assert second.stats.prefix_cache_tokens >= first.stats.prompt_tokens + first.stats.completion_tokens - 2
+        assert second.stats.completion_ids == cold_reply(after, chat.messages)
+        after.prefix_cache.clear()
+
+
+def test_plain_greedy_picks_what_llamas_greedy_sampler_picks(fresh: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    prompt = fresh.backend.tokenize("The history of the lighthouse begins", add_bos=True, special=False)
+
+    def reply() -> tuple[int, ...]:
+        fresh.sessions[0].reset()
+        generation = fresh.sessions[0].generate(prompt, GenerationSettings(max_tokens=32, sampler=SamplerSettings(temperature=0)))
+        generation.text()
+        assert generation.stats is not None
+        return generation.stats.completion_ids
+
+    by_argmax = reply()
+    monkeypatch.setattr(LlamaSampler, "argmax_only", False)
+    assert reply() == by_argmax
 
 
 def test_penalties_run_in_llamas_sampler_chain_and_change_a_repetitive_reply(fresh: Engine) -> None:

@@ -1,8 +1,8 @@
 """The llama.cpp backend, over llama-cpp-python's low-level (ctypes) API.
 
 All ctypes details live here. The per-token path is: one `llama_sampler_sample` (llama.cpp's C
-sampler chain reads the logits in place; Python never sees the 262k-entry vocabulary), one
-`llama_token_to_piece` (cached), one `llama_decode` on a preallocated batch.
+sampler chain reads the logits in place), or for plain greedy decoding one numpy argmax over the
+logits row; one `llama_token_to_piece` (cached); one `llama_decode` on a preallocated batch.
 """
 
 from __future__ import annotations
@@ -93,6 +93,13 @@ class LlamaSampler:
     @property
     def uses_history(self) -> bool:
         return (self.settings.repeat_penalty, self.settings.frequency_penalty, self.settings.presence_penalty) != (1.0, 0.0, 0.0)
+
+    @property
+    def argmax_only(self) -> bool:
+        """Greedy with no penalties: the pick is the row's argmax. llama_sampler_sample would
+        first copy all n_vocab logits into candidates (0.6 ms a token for a 262k vocabulary,
+        against 0.02 ms for numpy's argmax)."""
+        return self.settings.greedy and not self.uses_history
 
     def accept(self, tokens: Sequence[int]) -> None:
         """Show the sampler tokens it did not pick (the prompt), for its penalties."""
@@ -277,7 +284,12 @@ class LlamaCppBackend:
         return LlamaSampler(settings, self.info.n_vocab)
 
     def sample(self, seq: int, sampler: LlamaSampler) -> int:  # type: ignore[override]
-        return llama_cpp.llama_sampler_sample(sampler.chain, self._ctx, self._output_index[seq])
+        index = self._output_index[seq]
+        if sampler.argmax_only:
+            # Ties go to the lowest id, as in llama.cpp's greedy sampler.
+            row = llama_cpp.llama_get_logits_ith(self._ctx, index)
+            return int(np.ctypeslib.as_array(row, shape=(self.info.n_vocab,)).argmax())
+        return llama_cpp.llama_sampler_sample(sampler.chain, self._ctx, index)
 
     def score(self, seq: int, tokens: Sequence[int]) -> TokenScores:
         self.truncate(seq, 0)
