@@ -1,4 +1,5 @@
-"""Conversations and their messages, kept in SQLite so they outlive the app.
+"""Conversations and their messages (and the app's few preferences), kept in SQLite so they
+outlive the app.
 
 The database runs in WAL mode and writes each finished message in its own transaction, so a
 killed app loses at most the reply it was still generating. Schema changes are numbered
@@ -38,6 +39,12 @@ MIGRATIONS: tuple[str, ...] = (
         created_at REAL NOT NULL
     );
     CREATE INDEX messages_by_conversation ON messages(conversation_id, id);
+    """,
+    """
+    CREATE TABLE preferences (
+        name TEXT PRIMARY KEY,
+        value TEXT NOT NULL
+    );
     """,
 )
 
@@ -142,6 +149,18 @@ class ConversationStore:
 
     def delete(self, conversation_id: int) -> None:
         self._db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+
+    # Preferences
+
+    def preference(self, name: str) -> str | None:
+        row = self._db.execute("SELECT value FROM preferences WHERE name = ?", (name,)).fetchone()
+        return str(row[0]) if row else None
+
+    def set_preference(self, name: str, value: str) -> None:
+        self._db.execute(
+            "INSERT INTO preferences (name, value) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+            (name, value),
+        )
 
     # Messages
 

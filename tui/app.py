@@ -181,6 +181,10 @@ class ChatApp(App[int]):
         yield Footer(compact=True)
 
     async def on_mount(self) -> None:
+        if (theme := self.store.preference("theme")) in self.available_themes:
+            self.theme = theme
+        # Ctrl+T or the command palette: either way the next start opens in the same theme.
+        self.theme_changed_signal.subscribe(self, lambda chosen: self.store.set_preference("theme", chosen.name))
         self.query_one("#conversations").border_title = "Conversations"
         self.status = self.query_one(StatusBar)
         self.conversation_view = self.query_one(ConversationView)

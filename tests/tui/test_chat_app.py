@@ -99,6 +99,19 @@ async def test_conversations_survive_a_restart(make_app: MakeApp, history_path: 
     second_store.close()
 
 
+async def test_the_theme_chosen_is_kept_for_the_next_start(make_app: MakeApp, store: ConversationStore) -> None:
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert app.theme == "textual-dark"
+        await pilot.press("ctrl+t")
+        assert app.theme == "textual-light"
+    again = make_app()
+    async with again.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert again.theme == "textual-light"
+
+
 async def test_new_rename_switch_and_delete(make_app: MakeApp, store: ConversationStore) -> None:
     app = make_app()
     async with app.run_test(size=(80, 24)) as pilot:

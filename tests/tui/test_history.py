@@ -41,6 +41,17 @@ def test_conversations_and_messages(store: ConversationStore) -> None:
     assert store.messages(first.id) == []  # deleted with their conversation
 
 
+def test_preferences_are_kept_and_replaced(history_path: Path) -> None:
+    store = ConversationStore(history_path)
+    assert store.preference("theme") is None
+    store.set_preference("theme", "textual-light")
+    store.set_preference("theme", "textual-dark")
+    store.close()
+    reopened = ConversationStore(history_path)
+    assert reopened.preference("theme") == "textual-dark"
+    reopened.close()
+
+
 def test_a_regenerated_answer_replaces_the_old_one_in_one_step(store: ConversationStore) -> None:
     conversation = store.create()
     store.add_message(conversation.id, "user", "hello")
