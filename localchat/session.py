@@ -108,6 +108,9 @@ class Session:
     def save_live_state(self) -> None:
         """Keep what the sequence holds in the prefix cache (when long enough and not there yet)."""
         if self.prefix_cache is not None and len(self.tokens) >= MIN_SAVE_TOKENS and not self.prefix_cache.covers(self.tokens):
+            # An evaluation interrupted after llama_decode (Ctrl-C) leaves positions that
+            # `tokens` does not list; a state saved with them would not restore.
+            self.backend.truncate(self.seq, len(self.tokens))
             self.prefix_cache.put(self.tokens, self.backend.save_state(self.seq))
 
     def prepare(self, prompt: Sequence[int]) -> tuple[int, int]:

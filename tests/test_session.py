@@ -129,9 +129,9 @@ def test_perplexity_of_the_benchmark_text_is_sane(fresh: Engine) -> None:
     assert 1.5 < scores.perplexity < 60
 
 
-def test_a_conversation_continued_after_a_restart_restores_its_kv_from_disk(settings: Settings, default_model: Path) -> None:
+def test_a_conversation_continued_after_a_restart_restores_its_kv_from_disk(tmp_path: Path, default_model: Path) -> None:
+    settings = Settings(cache_dir=tmp_path)  # its own disk tier
     with Engine.load(str(default_model), settings, PlanRequest(n_ctx=2048)) as before:
-        before.prefix_cache.clear()
         chat = before.new_chat(SYSTEM)
         first = chat.send("Name a river in Europe.", GREEDY)
         chat.commit(first.text())
@@ -145,7 +145,29 @@ def test_a_conversation_continued_after_a_restart_restores_its_kv_from_disk(sett
         # The first turn's prompt and reply come back from the disk tier; only the new turn is computed.
         assert second.stats.prefix_cache_tokens >= first.stats.prompt_tokens + first.stats.completion_tokens - 2
         assert second.stats.completion_ids == cold_reply(after, chat.messages)
-        after.prefix_cache.clear()
+
+
+def test_a_state_saved_after_an_interrupted_evaluation_still_restores(fresh: Engine) -> None:
+    session, backend = fresh.sessions[0], fresh.backend
+    prompt = backend.tokenize(SYSTEM, add_bos=True, special=False)
+    question = backend.tokenize(" Name a mountain.", add_bos=False, special=False)
+
+    def reply() -> tuple[int, int, tuple[int, ...]]:
+        generation = session.generate(prompt + question, GREEDY)
+        generation.text()
+        assert generation.stats is not None
+        return generation.stats.prefix_cache_tokens, generation.stats.cached_tokens, generation.stats.completion_ids
+
+    session.prefill(prompt)
+    # Ctrl-C right after llama_decode returned: the KV cache holds tokens the session never recorded.
+    backend.evaluate(session.seq, backend.tokenize(" lorem ipsum", add_bos=False, special=False), len(session.tokens))
+    session.release()  # saved to the prefix cache
+    restored, _, restored_ids = reply()
+    session.reset()
+    fresh.prefix_cache.clear()
+    _, cached, cold_ids = reply()
+    assert restored == len(prompt) and cached == 0
+    assert restored_ids == cold_ids
 
 
 def test_plain_greedy_picks_what_llamas_greedy_sampler_picks(fresh: Engine, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,10 +8,13 @@ together; the handlers only translate between HTTP and it.
 from __future__ import annotations
 
 import asyncio
+import signal
+import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
+from types import FrameType
 from typing import Any
 
 import uvicorn
@@ -275,6 +278,7 @@ def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
 
     app = FastAPI(title="localchat", summary="OpenAI-compatible API for a model on this machine", version="1",
                   lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.scheduler = scheduler
     routes = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"})
     metrics = ServerMetrics(scheduler, engine.prefix_cache, routes)
     service = CompletionService(engine, scheduler, settings, metrics)
@@ -367,7 +371,36 @@ def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
     return app
 
 
+class _Server(uvicorn.Server):
+    """Ends the replies in flight when shutdown starts, so that their streams close with [DONE]
+    before uvicorn waits for the connections (else it cuts them after its grace period)."""
+
+    def __init__(self, config: uvicorn.Config, scheduler: Scheduler) -> None:
+        super().__init__(config)
+        self.scheduler = scheduler
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await run_in_threadpool(self.scheduler.close)
+        await super().shutdown(sockets)
+
+
+def _interrupt(_signal: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
 def serve(engine: Engine, settings: ServerSettings) -> None:
-    """Run the API until interrupted (Ctrl-C)."""
-    uvicorn.run(create_app(engine, settings), host=settings.host, port=settings.port, log_level="warning",
-                timeout_graceful_shutdown=5)
+    """Run the API until interrupted (Ctrl-C or SIGTERM: both raise KeyboardInterrupt after the
+    shutdown, so that the caller closes the engine and its prefix cache reaches the disk)."""
+    app = create_app(engine, settings)
+    scheduler: Scheduler = app.state.scheduler
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", timeout_graceful_shutdown=5)
+    # uvicorn handles SIGTERM while it runs, then raises it again, which by default kills the
+    # process on the spot.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        _Server(config, scheduler).run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        # A second Ctrl-C makes uvicorn skip its shutdown; the scheduler's thread must still stop
+        # before the caller frees the engine under it.
+        scheduler.close()

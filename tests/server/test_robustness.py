@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import openai
 import pytest
 import requests
-from live_server import CONTEXT, MAX_REPLY_TOKENS, LiveServer
+from live_server import CONTEXT, MAX_REPLY_TOKENS, LiveServer, start_server
 
 MODEL = "gemma-3-270m"
 USER = [{"role": "user", "content": "Hello"}]
@@ -110,3 +112,30 @@ def test_a_resent_history_costs_only_its_new_tokens_whichever_slot_serves_it(ser
     cached = second.usage.prompt_tokens_details.cached_tokens
     assert cached >= first.usage.prompt_tokens, (cached, first.usage, second.usage)
     assert second.usage.prompt_tokens - cached < 30
+
+
+def test_a_stopped_server_ends_the_replies_in_flight_and_keeps_its_prefix_cache(tmp_path: Path, default_model: Path) -> None:
+    stopping = start_server(tmp_path, "-m", str(default_model))
+    system = "You are the keeper of a lighthouse and answer questions about its history. " * 8  # over 64 tokens
+    body = {"messages": [{"role": "system", "content": system}, {"role": "user", "content": "Tell a long story."}],
+            "max_tokens": 2000, "ignore_eos": True, "stream": True}
+
+    def stream() -> list[str]:
+        with stopping.post("/v1/chat/completions", body, stream=True) as response:
+            return [line.decode() for line in response.iter_lines() if line]
+
+    with ThreadPoolExecutor(2) as pool:
+        streams = [pool.submit(stream) for _ in range(2)]
+        while stopping.health()["slots_processing"] != 2:
+            time.sleep(0.1)
+        time.sleep(1)
+        stopping.process.send_signal(signal.SIGTERM)  # what `kill` or a service manager sends
+        events = [future.result(timeout=30) for future in streams]
+    stopping.process.wait(timeout=30)
+    for lines in events:
+        # A clean end well before 2000 tokens: the last chunk, then [DONE].
+        assert lines[-1] == "data: [DONE]" and '"finish_reason":"stop"' in lines[-2]
+        assert len(lines) < 1000
+    log = next(tmp_path.glob("serve-*.log")).read_text()
+    assert "Traceback" not in log and "timeout graceful shutdown exceeded" not in log
+    assert list((tmp_path / "cache" / "prefix-cache").glob("*.kv"))  # both conversations saved for later
