@@ -70,6 +70,11 @@ class SamplerSettings:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def penalized(self) -> bool:
+        """Whether a penalty is on: the sampler must then remember the tokens it has seen."""
+        return (self.repeat_penalty, self.frequency_penalty, self.presence_penalty) != (1.0, 0.0, 0.0)
+
 
 @dataclass(frozen=True)
 class TokenScores:

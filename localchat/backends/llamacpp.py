@@ -66,7 +66,7 @@ class LlamaSampler:
         self.chain = llama_cpp.llama_sampler_chain_init(params)
         self.settings = settings
         add = lambda sampler: llama_cpp.llama_sampler_chain_add(self.chain, sampler)  # noqa: E731
-        if (settings.repeat_penalty, settings.frequency_penalty, settings.presence_penalty) != (1.0, 0.0, 0.0):
+        if settings.penalized:
             add(
                 # This build's C API still takes n_vocab first (see its include/llama.h).
                 llama_cpp.llama_sampler_init_penalties(
@@ -91,19 +91,15 @@ class LlamaSampler:
         add(llama_cpp.llama_sampler_init_dist(seed))
 
     @property
-    def uses_history(self) -> bool:
-        return (self.settings.repeat_penalty, self.settings.frequency_penalty, self.settings.presence_penalty) != (1.0, 0.0, 0.0)
-
-    @property
     def argmax_only(self) -> bool:
         """Greedy with no penalties: the pick is the row's argmax. llama_sampler_sample would
         first copy all n_vocab logits into candidates (0.6 ms a token for a 262k vocabulary,
         against 0.02 ms for numpy's argmax)."""
-        return self.settings.greedy and not self.uses_history
+        return self.settings.greedy and not self.settings.penalized
 
     def accept(self, tokens: Sequence[int]) -> None:
         """Show the sampler tokens it did not pick (the prompt), for its penalties."""
-        if self.uses_history:
+        if self.settings.penalized:
             window = self.settings.penalty_last_n
             for token in tokens if window < 0 else tokens[len(tokens) - window :]:
                 llama_cpp.llama_sampler_accept(self.chain, token)

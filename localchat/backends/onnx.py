@@ -87,11 +87,10 @@ class NumpySampler:
         self.settings = settings
         self.rng = np.random.default_rng(settings.seed)
         window = settings.penalty_last_n
-        self.uses_history = (settings.repeat_penalty, settings.frequency_penalty, settings.presence_penalty) != (1.0, 0.0, 0.0)
         self.history: deque[int] = deque(maxlen=None if window < 0 else window)
 
     def accept(self, tokens: Sequence[int]) -> None:
-        if self.uses_history and self.history.maxlen != 0:
+        if self.settings.penalized and self.history.maxlen != 0:
             self.history.extend(int(t) for t in tokens)
 
     def reset(self) -> None:
@@ -113,13 +112,13 @@ class NumpySampler:
 
     def pick(self, logits: np.ndarray) -> int:
         s = self.settings
-        if self.uses_history and self.history:
+        if s.penalized and self.history:
             self._penalise(logits)
         if s.greedy:
             token = int(logits.argmax())
         else:
             token = self._sample(logits)
-        if self.uses_history and self.history.maxlen != 0:
+        if s.penalized and self.history.maxlen != 0:
             self.history.append(token)
         return token
 
