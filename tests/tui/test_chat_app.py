@@ -112,6 +112,14 @@ async def test_the_theme_chosen_is_kept_for_the_next_start(make_app: MakeApp, st
         assert again.theme == "textual-light"
 
 
+async def test_a_stored_theme_this_textual_lacks_is_ignored(make_app: MakeApp, store: ConversationStore) -> None:
+    store.set_preference("theme", "a-theme-from-another-version")
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert app.theme == "textual-dark"
+
+
 async def test_new_rename_switch_and_delete(make_app: MakeApp, store: ConversationStore) -> None:
     app = make_app()
     async with app.run_test(size=(80, 24)) as pilot:
