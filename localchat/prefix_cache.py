@@ -4,7 +4,9 @@ A new conversation that shares a system prompt with an earlier one, or a return 
 conversation, restores the saved state and evaluates only the tokens after the shared prefix.
 Entries live in RAM up to a byte budget; the least recently used spill to a disk tier (one file
 each, written atomically) up to its own budget. At exit the RAM entries are written there too, and
-the disk tier survives restarts.
+the disk tier survives restarts. Each disk entry carries CRC-32s of its token list and of its state,
+checked when it is read: a flipped bit would otherwise restore a wrong KV cache and give a silently
+wrong reply, so a damaged entry is dropped and the prompt computed afresh.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import hashlib
 import os
 import struct
 import threading
+import zlib
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,7 +25,9 @@ import numpy as np
 
 # A match shorter than this is not worth a state restore.
 MIN_MATCH_TOKENS = 32
-_FILE_MAGIC = b"LCKV1\0"
+_FILE_MAGIC = b"LCKV2\0"
+# After the magic: token count, state size, CRC-32 of magic + counts + tokens, CRC-32 of the state.
+_FILE_HEADER = struct.Struct("<QQII")
 
 
 def common_prefix_length(a: Sequence[int] | np.ndarray, b: Sequence[int] | np.ndarray) -> int:
@@ -195,11 +200,14 @@ class PrefixCache:
         self.disk_dir.mkdir(parents=True, exist_ok=True)
         path = self.disk_dir / f"{self.model_key}-{key}.kv"
         partial = path.with_name(path.name + ".incomplete")
+        tokens = entry.tokens.astype("<i4").tobytes()
+        counts = struct.pack("<QQ", len(entry.tokens), len(entry.state))
+        tokens_crc = zlib.crc32(_FILE_MAGIC + counts + tokens)
         try:
             with partial.open("wb") as stream:
                 stream.write(_FILE_MAGIC)
-                stream.write(struct.pack("<QQ", len(entry.tokens), len(entry.state)))
-                stream.write(entry.tokens.astype("<i4").tobytes())
+                stream.write(_FILE_HEADER.pack(len(entry.tokens), len(entry.state), tokens_crc, zlib.crc32(entry.state)))
+                stream.write(tokens)
                 stream.write(entry.state)
             os.replace(partial, path)
         finally:
@@ -223,20 +231,26 @@ class PrefixCache:
 
 
 def _header_size(n_tokens: int) -> int:
-    return len(_FILE_MAGIC) + 16 + 4 * n_tokens
+    return len(_FILE_MAGIC) + _FILE_HEADER.size + 4 * n_tokens
 
 
 def _read_entry_file(path: Path, *, with_state: bool) -> tuple[np.ndarray, bytes | None]:
+    """The entry's tokens (and state); ValueError if the file is not whole and intact."""
     with path.open("rb") as stream:
-        if stream.read(len(_FILE_MAGIC)) != _FILE_MAGIC:
-            raise ValueError(f"{path} is not a prefix-cache file")
-        n_tokens, n_state = struct.unpack("<QQ", stream.read(16))
-        tokens = np.frombuffer(stream.read(4 * n_tokens), dtype="<i4").astype(np.int32)
-        if len(tokens) != n_tokens:
-            raise ValueError(f"{path} is truncated")
+        magic = stream.read(len(_FILE_MAGIC))
+        header = stream.read(_FILE_HEADER.size)
+        if magic != _FILE_MAGIC or len(header) != _FILE_HEADER.size:
+            raise ValueError(f"{path} is not a prefix-cache file of this version")
+        n_tokens, n_state, tokens_crc, state_crc = _FILE_HEADER.unpack(header)
+        if _header_size(n_tokens) + n_state != path.stat().st_size:
+            raise ValueError(f"{path} is truncated or has a damaged header")
+        raw_tokens = stream.read(4 * n_tokens)
+        if zlib.crc32(magic + header[:16] + raw_tokens) != tokens_crc:
+            raise ValueError(f"{path} has a damaged token list")
+        tokens = np.frombuffer(raw_tokens, dtype="<i4").astype(np.int32)
         if not with_state:
             return tokens, None
         state = stream.read(n_state)
-        if len(state) != n_state:
-            raise ValueError(f"{path} is truncated")
+        if len(state) != n_state or zlib.crc32(state) != state_crc:
+            raise ValueError(f"{path} has a damaged KV state")
         return tokens, state

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
-from localchat.prefix_cache import MIN_MATCH_TOKENS, PrefixCache, common_prefix_length
+import numpy as np
+import pytest
+
+from localchat.prefix_cache import MIN_MATCH_TOKENS, PrefixCache, _read_entry_file, common_prefix_length
 
 SYSTEM = list(range(1000, 1100))
 
@@ -86,3 +90,33 @@ def test_persist_writes_ram_entries_most_recently_used_first_within_the_disk_bud
     assert restarted.longest_match([1] + SYSTEM) is None  # the least recently used did not fit
     match = restarted.longest_match([3] + SYSTEM)
     assert match is not None and restarted.load(match.key) == bytes([3]) * 100
+
+
+def test_a_flipped_byte_anywhere_in_a_disk_entry_is_never_restored(tmp_path: Path) -> None:
+    state = bytes(range(256)) * 2
+    PrefixCache("model", ram_budget_bytes=0, disk_dir=tmp_path, disk_budget_bytes=10_000).put(SYSTEM, state)
+    (entry_file,) = tmp_path.glob("*.kv")
+    intact = entry_file.read_bytes()
+    for position in range(len(intact)):
+        damaged = bytearray(intact)
+        damaged[position] ^= 1 << (position % 8)
+        entry_file.write_bytes(bytes(damaged))
+        cache = PrefixCache("model", ram_budget_bytes=0, disk_dir=tmp_path, disk_budget_bytes=10_000)
+        match = cache.longest_match(SYSTEM)
+        restored = cache.load(match.key) if match is not None else None
+        assert restored is None, f"a flip at byte {position} of {len(intact)} was restored"
+        assert len(cache) == 0 and not entry_file.exists(), f"the entry damaged at byte {position} was kept"
+    entry_file.write_bytes(intact)
+    cache = PrefixCache("model", ram_budget_bytes=0, disk_dir=tmp_path, disk_budget_bytes=10_000)
+    match = cache.longest_match(SYSTEM)
+    assert match is not None and cache.load(match.key) == state  # the intact file still restores
+
+
+def test_an_entry_of_the_earlier_file_format_is_dropped(tmp_path: Path) -> None:
+    tokens = np.asarray(SYSTEM, dtype="<i4").tobytes()
+    earlier = tmp_path / "model-0123.kv"  # version 1: magic, token and state counts, tokens, state; no checksums
+    earlier.write_bytes(b"LCKV1\0" + struct.pack("<QQ", len(SYSTEM), 100) + tokens + b"s" * 100)
+    with pytest.raises(ValueError, match="of this version"):
+        _read_entry_file(earlier, with_state=True)
+    assert len(PrefixCache("model", ram_budget_bytes=0, disk_dir=tmp_path, disk_budget_bytes=10_000)) == 0
+    assert not earlier.exists()

@@ -14,6 +14,7 @@ from localchat.engine import Engine
 from localchat.errors import ContextOverflowError
 from localchat.hardware import detect_hardware
 from localchat.planner import PlanRequest
+from localchat.prefix_cache import MIN_MATCH_TOKENS
 from localchat.session import Chat, GenerationSettings
 from localchat.settings import Settings
 from localchat.templates import Message
@@ -145,6 +146,36 @@ def test_a_conversation_continued_after_a_restart_restores_its_kv_from_disk(tmp_
         # The first turn's prompt and reply come back from the disk tier; only the new turn is computed.
         assert second.stats.prefix_cache_tokens >= first.stats.prompt_tokens + first.stats.completion_tokens - 2
         assert second.stats.completion_ids == cold_reply(after, chat.messages)
+
+
+def test_a_damaged_disk_entry_gives_the_reply_of_a_cold_run(tmp_path: Path, default_model: Path) -> None:
+    settings = Settings(cache_dir=tmp_path)
+    with Engine.load(str(default_model), settings, PlanRequest(n_ctx=2048)) as before:
+        chat = before.new_chat(SYSTEM)
+        chat.commit(chat.send("Name a river in Europe.", GREEDY).text())
+        history = [*chat.messages, Message("user", "And one in Asia?")]
+        cold = cold_reply(before, history)
+    (entry_file,) = tmp_path.rglob("*.kv")
+    intact = entry_file.read_bytes()
+    # A flipped bit in the token list (past the shortest match a restore needs), early in the KV state
+    # and at its very end; then the intact entry.
+    token_byte = len(b"LCKV2\0") + 24 + 4 * (MIN_MATCH_TOKENS + 16)
+    for position in (token_byte, len(intact) // 3, len(intact) - 1, None):
+        for stale in tmp_path.rglob("*.kv"):
+            stale.unlink()
+        damaged = bytearray(intact)
+        if position is not None:
+            damaged[position] ^= 0x10
+        entry_file.write_bytes(bytes(damaged))
+        with Engine.load(str(default_model), settings, PlanRequest(n_ctx=2048)) as after:
+            generation = Chat(after.sessions[0], after.template, list(history)).reply(GREEDY)
+            generation.text()
+            assert generation.stats is not None
+            if position is None:
+                assert generation.stats.prefix_cache_tokens > 60
+            else:
+                assert generation.stats.prefix_cache_tokens == 0, f"the entry damaged at byte {position} was restored"
+            assert generation.stats.completion_ids == cold
 
 
 def test_a_state_saved_after_an_interrupted_evaluation_still_restores(fresh: Engine) -> None:
