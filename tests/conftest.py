@@ -15,6 +15,15 @@ from localchat.settings import Settings
 
 # Checkpoint fixtures shared by tests/converters and tests/onnx.
 pytest_plugins = ("checkpoint_fixtures",)
+# A test that needs one of these (directly or through another fixture) loads the real model or
+# builds and converts checkpoints: it belongs to the slow tier (`pytest -m "not slow"` skips it).
+SLOW_FIXTURES = frozenset({"default_model", "reference_stack"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")

@@ -30,6 +30,7 @@ def test_run_streams_an_answer_and_reports_stats(localchat_home: Path, default_m
     assert stats["decode_tok_s"] > 0 and stats["peak_rss_mb"] > 100
 
 
+@pytest.mark.slow  # runs the real model without the default_model fixture
 def test_raw_greedy_runs_are_repeatable_and_read_stdin(localchat_home: Path) -> None:
     outputs = [
         localchat("run", "--raw", "-n", "8", "--temperature", "0", "-", home=localchat_home, stdin="The capital of France is").stdout

@@ -41,7 +41,7 @@ def collect(events: queue.SimpleQueue[ReplyEvent]) -> tuple[str, GenerationStats
             return "".join(pieces), event.stats
 
 
-def test_replies_decoded_together_equal_replies_decoded_alone(two_slots: Engine) -> None:
+def test_replies_decoded_together_equal_replies_decoded_alone(two_slots: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     questions = ["Name a colour.", "Name a fruit."]
     alone = []
     for question in questions:
@@ -49,6 +49,14 @@ def test_replies_decoded_together_equal_replies_decoded_alone(two_slots: Engine)
         generation = two_slots.sessions[0].generate(prompt(two_slots, question), GREEDY)
         alone.append(generation.text())
     two_slots.sessions[0].reset()
+    batch_sizes: list[int] = []
+    evaluate_batch = two_slots.backend.evaluate_batch
+
+    def recorded(batch: list[tuple[int, int, int]]) -> None:
+        batch_sizes.append(len(batch))
+        evaluate_batch(batch)
+
+    monkeypatch.setattr(two_slots.backend, "evaluate_batch", recorded)
     scheduler = Scheduler(two_slots, max_waiting=0)
     scheduler.start()
     try:
@@ -61,6 +69,7 @@ def test_replies_decoded_together_equal_replies_decoded_alone(two_slots: Engine)
     finally:
         scheduler.close()
     assert [text for text, _ in together] == alone
+    assert 2 in batch_sizes  # the two replies really shared decode steps
     assert all(stats.finish_reason in ("stop", "length") for _, stats in together)
 
 
@@ -72,11 +81,16 @@ def test_a_cancelled_reply_frees_its_slot_for_the_next(two_slots: Engine) -> Non
         sinks: list[queue.SimpleQueue[ReplyEvent]] = [queue.SimpleQueue() for _ in range(3)]
         handles = [scheduler.submit(prompt(two_slots, f"Story {i}."), long, sink.put) for i, sink in enumerate(sinks)]
         assert isinstance(sinks[0].get(timeout=60), TextDelta)
+        assert isinstance(sinks[1].get(timeout=60), TextDelta)
+        assert scheduler.busy_slots == 2 and scheduler.waiting == 1  # both slots taken, the third waits
         handles[0].cancel()
-        handles[1].cancel()
         assert collect(sinks[0])[1].finish_reason == "cancelled"
-        assert collect(sinks[1])[1].finish_reason == "cancelled"
+        # The waiting request gets the freed slot and writes text while the second still runs.
+        assert isinstance(sinks[2].get(timeout=60), TextDelta)
+        assert scheduler.waiting == 0
+        handles[1].cancel()
         handles[2].cancel()
+        assert collect(sinks[1])[1].finish_reason == "cancelled"
         assert collect(sinks[2])[1].finish_reason == "cancelled"
         assert scheduler.busy_slots == 0 and scheduler.waiting == 0
     finally:

@@ -6,7 +6,11 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +51,36 @@ class LiveServer:
     def stop(self) -> None:
         self.process.terminate()
         self.process.wait(timeout=30)
+
+    @contextmanager
+    def busy(self, slots: int, waiting: int = 0) -> Iterator[None]:
+        """Holds `slots + waiting` endless streamed replies open until /health shows that many slots
+        processing and requests waiting; closes them (the server cancels them) on leaving."""
+        release = threading.Event()
+        body = {"prompt": "Tell me a very long story.", "max_tokens": 2000, "ignore_eos": True, "stream": True}
+
+        def hold() -> None:
+            with self.post("/v1/completions", body, stream=True) as response:
+                for _ in response.iter_lines():
+                    if release.is_set():
+                        return
+
+        expected = {"slots_processing": slots, "requests_waiting": waiting}
+        with ThreadPoolExecutor(slots + waiting) as pool:
+            held = [pool.submit(hold) for _ in range(slots + waiting)]
+            try:
+                deadline = time.monotonic() + 120
+                while {key: self.health()[key] for key in expected} != expected:
+                    assert time.monotonic() < deadline, f"the server never reached {expected}: {self.health()}"
+                    time.sleep(0.1)
+                yield
+            finally:
+                release.set()
+            for future in held:
+                future.result(timeout=120)
+        deadline = time.monotonic() + 60
+        while self.health()["slots_processing"] != 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
 
 
 def _free_loopback_port() -> int:

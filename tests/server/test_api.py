@@ -7,7 +7,7 @@ import json
 import openai
 import pytest
 import requests
-from live_server import API_KEY, LiveServer
+from live_server import API_KEY, SLOTS, LiveServer
 
 GREEDY = {"temperature": 0, "seed": 1}
 MODEL = "gemma-3-270m"
@@ -102,11 +102,14 @@ def test_no_cors_headers_unless_asked_for(server: LiveServer) -> None:
 
 
 def test_metrics_count_requests_tokens_and_latency(server: LiveServer) -> None:
-    before = server.metric("localchat_completion_tokens_total")
-    server.client().completions.create(model=MODEL, prompt="Hello", max_tokens=5, extra_body={"ignore_eos": True})
-    assert server.metric("localchat_completion_tokens_total") == before + 5
-    for name in ("localchat_http_requests_total", "localchat_time_to_first_token_seconds_count",
-                 "localchat_time_per_output_token_seconds_count", "localchat_prompt_tokens_total", "localchat_slots"):
-        assert server.metric(name) > 0, name
+    counted = ('localchat_http_requests_total{path="/v1/completions",status="200"}', "localchat_completion_tokens_total",
+               "localchat_prompt_tokens_total", "localchat_time_to_first_token_seconds_count",
+               "localchat_time_per_output_token_seconds_count")
+    before = {name: server.metric(name) for name in counted}
+    reply = server.client().completions.create(model=MODEL, prompt="Hello", max_tokens=5, extra_body={"ignore_eos": True})
+    assert reply.usage is not None
+    expected_increase = (1, 5, reply.usage.prompt_tokens, 1, 1)
+    assert [server.metric(name) - before[name] for name in counted] == list(expected_increase)
+    assert server.metric("localchat_slots") == SLOTS
     text = requests.get(f"{server.url}/metrics", headers=server.auth, timeout=10).text
     assert "localchat_prefix_cache_hits_total" in text and "localchat_time_to_first_token_seconds_bucket" in text
