@@ -1,0 +1,238 @@
+"""Real models' chat templates (tests/data/chat_templates, see SOURCES.md) render exactly as
+transformers' `apply_chat_template(..., tokenize=False)` renders them, refusals included."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import pytest
+
+from localchat.templates import (
+    ChatMessage,
+    ChatTemplate,
+    Message,
+    TemplateError,
+    TemplateRefusedError,
+    ToolCall,
+)
+
+TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
+FAMILIES = sorted(path.stem for path in TEMPLATES.glob("*.jinja"))
+
+# The BOS and EOS text each family's tokenizer passes to its template (special_tokens_map).
+SPECIAL_TOKENS: dict[str, tuple[str, str]] = {
+    "command_r7b_tool_use": ("<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>"),
+    "command_r_plus_tool_use": ("<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>"),
+    "deepseek_r1_distill": ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"),
+    "gemma2": ("<bos>", "<eos>"),
+    "gemma3": ("<bos>", "<eos>"),
+    "glm4": ("", "<|endoftext|>"),
+    "gpt_oss": ("<|startoftext|>", "<|return|>"),
+    "granite3_3": ("<|end_of_text|>", "<|end_of_text|>"),
+    "llama3_1": ("<|begin_of_text|>", "<|eot_id|>"),
+    "llama3_2": ("<|begin_of_text|>", "<|eot_id|>"),
+    "mistral_nemo": ("<s>", "</s>"),
+    "mistral_small3_2": ("<s>", "</s>"),
+    "mistral_v0_3": ("<s>", "</s>"),
+    "phi3_5": ("<s>", "<|endoftext|>"),
+    "phi4": ("<|endoftext|>", "<|im_end|>"),
+    "phi4_mini": ("<|endoftext|>", "<|endoftext|>"),
+    "qwen2_5": ("", "<|im_end|>"),
+    "qwen3": ("", "<|im_end|>"),
+    "smollm3": ("", "<|im_end|>"),
+}
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "description": "City name, e.g. Zürich"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"], "description": "Temperature unit"},
+            },
+            "required": ["city"],
+        },
+    },
+}
+TIME_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "The local time in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "description": "City name"}},
+            "required": ["city"],
+        },
+    },
+}
+SYSTEM = Message("system", "You are a terse assistant.")
+ASK = Message("user", "What's the weather in Zürich? 東京 too.")
+# Mistral's templates want tool call ids of exactly 9 alphanumerics.
+WEATHER_CALL = ToolCall("call0zrch", "get_weather", {"city": "Zürich", "unit": "celsius"})
+TIME_CALL = ToolCall("call1tkyo", "get_time", {"city": "東京"})
+CALLING = Message("assistant", "", tool_calls=(WEATHER_CALL,))
+RESULT = Message("tool", '{"temperature": 21, "sky": "clear"}', tool_call_id="call0zrch")
+ANSWER = Message("assistant", "21 °C and clear.")
+
+
+@dataclass(frozen=True)
+class Conversation:
+    messages: tuple[ChatMessage, ...]
+    tools: tuple[dict[str, Any], ...] | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+CONVERSATIONS: dict[str, Conversation] = {
+    "user": Conversation((ASK,)),
+    "system": Conversation((SYSTEM, ASK)),
+    "turns": Conversation((SYSTEM, ASK, Message("assistant", "Sunny."), Message("user", "And tomorrow?"))),
+    "turns_no_system": Conversation((ASK, Message("assistant", "Sunny."), Message("user", "And tomorrow?"))),
+    "tools": Conversation((SYSTEM, ASK), tools=(WEATHER_TOOL, TIME_TOOL)),
+    "tools_no_system": Conversation((ASK,), tools=(WEATHER_TOOL,)),
+    "tool_call": Conversation((SYSTEM, ASK, CALLING), tools=(WEATHER_TOOL,)),
+    "tool_result": Conversation((SYSTEM, ASK, CALLING, RESULT), tools=(WEATHER_TOOL,)),
+    "tool_answered": Conversation((ASK, CALLING, RESULT, ANSWER, Message("user", "Thanks!")), tools=(WEATHER_TOOL,)),
+    "parallel_calls": Conversation(
+        (
+            ASK,
+            Message("assistant", "Checking both.", tool_calls=(WEATHER_CALL, TIME_CALL)),
+            RESULT,
+            Message("tool", '"09:30"', tool_call_id="call1tkyo"),
+        ),
+        tools=(WEATHER_TOOL, TIME_TOOL),
+    ),
+    "reasoning": Conversation((ASK, Message("assistant", "Sunny.", reasoning="The user wants weather."), Message("user", "Why?"))),
+    "reasoning_last": Conversation((ASK, Message("assistant", "Sunny.", reasoning="The user wants weather."))),
+    "reasoning_tool_call": Conversation(
+        (ASK, Message("assistant", "", tool_calls=(WEATHER_CALL,), reasoning="I need the weather."), RESULT), tools=(WEATHER_TOOL,)
+    ),
+    # What an OpenAI client sends: content null beside tool calls, arguments as a JSON string.
+    "openai_dicts": Conversation(
+        (
+            {"role": "user", "content": "Weather in Bern?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call2bern", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Bern"}'}}
+            ]},
+            {"role": "tool", "tool_call_id": "call2bern", "content": "18"},
+        ),
+        tools=(WEATHER_TOOL,),
+    ),
+    "no_thinking": Conversation((SYSTEM, ASK), kwargs={"enable_thinking": False}),
+    "thinking": Conversation((SYSTEM, ASK), kwargs={"enable_thinking": True}),
+    # Conversations some templates refuse:
+    "two_users": Conversation((ASK, Message("user", "Hello?"))),
+    "openai_call_id": Conversation(
+        (ASK, Message("assistant", "", tool_calls=(ToolCall("call_abc123def456", "get_weather", {"city": "Bern"}),)),
+         Message("tool", "18", tool_call_id="call_abc123def456")),
+        tools=(WEATHER_TOOL,),
+    ),
+}
+
+
+@cache
+def template_for(family: str) -> ChatTemplate:
+    bos, eos = SPECIAL_TOKENS[family]
+    return ChatTemplate((TEMPLATES / f"{family}.jinja").read_text(encoding="utf-8"), bos_token=bos, eos_token=eos)
+
+
+def render_both(render_hf: Callable[..., Any], family: str, conversation: Conversation, add_generation_prompt: bool) -> tuple[str | Exception, str | Exception]:
+    """transformers' rendering and localchat's, each a text or the exception it raised."""
+    template = template_for(family)
+    tools = None if conversation.tools is None else list(conversation.tools)
+    try:
+        rendered, _ = render_hf(
+            conversations=[[m.as_template_dict() if isinstance(m, Message) else dict(m) for m in conversation.messages]],
+            tools=tools,
+            chat_template=template.source,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=template.bos_token,
+            eos_token=template.eos_token,
+            **conversation.kwargs,
+        )
+        expected: str | Exception = rendered[0]
+    except (jinja2.TemplateError, TypeError, ValueError, LookupError, AttributeError) as error:  # the template's own failure
+        expected = error
+    try:
+        actual: str | Exception = template.render(
+            list(conversation.messages), add_generation_prompt=add_generation_prompt, tools=tools, **conversation.kwargs
+        )
+    except TemplateError as error:
+        actual = error
+    return expected, actual
+
+
+@pytest.fixture(scope="module")
+def render_hf() -> Callable[..., Any]:
+    """transformers' own renderer (what apply_chat_template calls with tokenize=False)."""
+    utils = pytest.importorskip(
+        "transformers.utils.chat_template_utils", reason="needs transformers: pip install 'localchat[convert]'"
+    )
+    return utils.render_jinja_template
+
+
+def test_the_gathered_families_are_all_here() -> None:
+    assert FAMILIES == sorted(SPECIAL_TOKENS)
+
+
+@pytest.mark.parametrize("conversation", list(CONVERSATIONS))
+@pytest.mark.parametrize("family", FAMILIES)
+def test_renders_as_transformers_does(render_hf: Callable[..., Any], family: str, conversation: str) -> None:
+    for add_generation_prompt in (True, False):
+        expected, actual = render_both(render_hf, family, CONVERSATIONS[conversation], add_generation_prompt)
+        if isinstance(expected, str):
+            assert actual == expected, f"add_generation_prompt={add_generation_prompt}"
+        elif type(expected) is jinja2.exceptions.TemplateError:  # the template's raise_exception
+            assert isinstance(actual, TemplateRefusedError), f"transformers refused: {expected}"
+            assert actual.rule == str(expected)
+            assert str(actual) == f"the model's chat template refused this conversation: {expected}"
+        else:  # the template breaks on this input (an undefined field, a type error) in both
+            assert isinstance(actual, TemplateError) and not isinstance(actual, TemplateRefusedError), repr(expected)
+
+
+# Outcomes worth pinning, so the comparison above cannot pass by both sides failing the same way.
+REFUSALS = [
+    ("gemma2", "system", "System role not supported"),
+    ("gemma3", "two_users", "Conversation roles must alternate user/assistant/user/assistant/..."),
+    ("mistral_nemo", "openai_call_id", "Tool call IDs should be alphanumeric strings with length 9!"),
+    ("mistral_nemo", "two_users", "After the optional system message, conversation roles must alternate user/assistant/user/assistant/..."),
+]
+
+
+@pytest.mark.parametrize(("family", "conversation", "rule"), REFUSALS)
+def test_a_template_refusal_names_the_templates_rule(render_hf: Callable[..., Any], family: str, conversation: str, rule: str) -> None:
+    expected, actual = render_both(render_hf, family, CONVERSATIONS[conversation], True)
+    assert str(expected) == rule
+    assert isinstance(actual, TemplateRefusedError) and actual.rule == rule
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_template_renders_a_plain_chat(family: str) -> None:
+    """Without transformers too: each real template takes a plain conversation and writes every message
+    (with a tool offered, which the Command R tool_use templates require)."""
+    conversation = CONVERSATIONS["turns_no_system"]
+    text = template_for(family).render(list(conversation.messages), tools=[WEATHER_TOOL])
+    for message in conversation.messages:
+        assert isinstance(message, Message) and message.content in text
+
+
+# Templates that ignore the `tools` variable: their models take tools some other way, or none.
+WITHOUT_TOOLS = {"deepseek_r1_distill", "gemma2", "gemma3", "glm4", "phi3_5", "phi4", "phi4_mini", "smollm3"}
+# Mistral v0.3's first template renders results from a "tool_results" role, not "tool".
+WITHOUT_TOOL_ROLE = {"mistral_v0_3"}
+
+
+@pytest.mark.parametrize("family", sorted(set(FAMILIES) - WITHOUT_TOOLS))
+def test_templates_with_tools_show_them_to_the_model(family: str) -> None:
+    conversation = CONVERSATIONS["tool_result"]
+    text = template_for(family).render(list(conversation.messages), tools=list(conversation.tools or ()))
+    assert "get_weather" in text
+    assert ("temperature" in text) != (family in WITHOUT_TOOL_ROLE)  # the result, often re-encoded as JSON
