@@ -44,7 +44,7 @@ def test_a_model_template_is_used_when_present() -> None:
     [
         # CVE-2024-34359: reach os through Python internals from a template.
         "{{ ''.__class__.__mro__[1].__subclasses__() }}",
-        "{{ self.__init__.__globals__['os'].system('echo pwned') }}",
+        "{{ cycler.__init__.__globals__.os.getpid() }}",  # renders a pid without the sandbox
         "{{ cycler.__init__.__globals__.os.popen('id').read() }}",
         # The immutable sandbox also forbids mutating the messages.
         "{{ messages.append({'role': 'user', 'content': 'x'}) }}",
@@ -52,7 +52,7 @@ def test_a_model_template_is_used_when_present() -> None:
 )
 def test_a_malicious_template_cannot_run_code(payload: str) -> None:
     template = ChatTemplate(payload, origin="model")
-    with pytest.raises(TemplateError):
+    with pytest.raises(TemplateError, match="tried something unsafe"):  # the sandbox refused, not any other error
         template.render([Message("user", "Hi")])
 
 
