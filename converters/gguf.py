@@ -44,6 +44,7 @@ class QuantType:
     # Bits per weight of the bulk of the tensors, for the disk-space estimate.
     bits_per_weight: float
     # Float encoding written directly; None means quantize with llama.cpp after writing floats.
+    # GGMLQuantizationType.F32 is 0, so test this against None, never for truth.
     float_type: GGMLQuantizationType | None = None
 
 
@@ -244,6 +245,24 @@ def _silent(done: int, total: int, what: str) -> None:
     pass
 
 
+def _make_folder(folder: Path) -> list[Path]:
+    """Create `folder` and any missing parents; returns those created, deepest first."""
+    missing = [parent for parent in (folder, *folder.parents) if not parent.exists()]
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise LocalchatError(f"cannot create the output folder {folder} ({error.strerror}); choose another path with -o") from None
+    return missing
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:  # something else was put there meanwhile: keep it
+            return
+
+
 def convert_checkpoint(
     source: Path,
     output: Path | None = None,
@@ -253,36 +272,45 @@ def convert_checkpoint(
     threads: int | None = None,
     progress: Progress = _silent,
 ) -> ConversionResult:
-    """Convert the checkpoint folder `source` to a GGUF file; returns where it went."""
+    """Convert the checkpoint folder `source` to a GGUF file; returns where it went.
+
+    The output's folder is created if missing (and removed again if the conversion fails).
+    """
     started = time.perf_counter()
     choice = quant_type(quant)
     output = output or default_output_path(source.name, quant, source.parent)
     if output.exists() and not force:
         raise LocalchatError(f"{output} already exists; pass --force to overwrite it or choose another path with -o")
-    if not output.parent.is_dir():
-        raise LocalchatError(f"{output.parent} does not exist; create it or choose another path with -o")
+    if output.is_dir():
+        raise LocalchatError(f"{output} is a folder; give the path of the GGUF file to write with -o")
     threads = threads or os.cpu_count() or 1
     checkpoint = Checkpoint(source)
+    created: list[Path] = []
     try:
-        float_type = choice.float_type or _intermediate_float_type(checkpoint)
+        float_type = choice.float_type if choice.float_type is not None else _intermediate_float_type(checkpoint)
         float_bits = 8 * GGML_QUANT_SIZES[float_type][1]
         n_params = sum(ref.n_elements for ref in checkpoint)
         float_bytes = n_params * float_bits // 8
         final_bytes = _estimated_bytes(float_bytes, float_bits, choice.bits_per_weight)
+        created = _make_folder(output.parent)
         _check_free_disk(output.parent, final_bytes + (float_bytes if choice.float_type is None else 0))
 
         partial = output.with_name(output.name + INCOMPLETE_SUFFIX)
-        floats = partial if choice.float_type else output.with_name(f"{output.name}.{float_type.name.lower()}{INCOMPLETE_SUFFIX}")
+        direct = choice.float_type is not None
+        floats = partial if direct else output.with_name(f"{output.name}.{float_type.name.lower()}{INCOMPLETE_SUFFIX}")
         try:
             n_tensors = _write_float_gguf(checkpoint, floats, float_type, choice.file_type, threads, progress)
             checkpoint.close()
-            if choice.float_type is None:
+            if not direct:
                 quantize_gguf(floats, partial, quant, threads, progress)
             os.replace(partial, output)
         finally:
             # Reached on success too: by then both names are gone or the float file is spare.
             floats.unlink(missing_ok=True)
             partial.unlink(missing_ok=True)
+    except BaseException:
+        _remove_empty(created)
+        raise
     finally:
         checkpoint.close()
     return ConversionResult(output, quant, n_tensors, output.stat().st_size, time.perf_counter() - started)
