@@ -213,6 +213,4 @@ def plan_tensors(checkpoint: Checkpoint, arch: Architecture) -> list[PlannedTens
             heads = config.n_heads if gguf_name.split(".")[-2] == "attn_q" else config.n_kv_heads
         add = arch.norm_offset if gguf_name.endswith("norm.weight") else 0.0
         planned.append(PlannedTensor(gguf_name, ref.shape, ref, permute_heads=heads, add=add))
-    if not any(p.gguf_name == "token_embd.weight" for p in planned):
-        raise ModelError(f"{checkpoint.folder} has no token embeddings; are all weight files there?")
     return planned

@@ -8,6 +8,7 @@ uint16 and widened with a bit shift.
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import struct
 from collections.abc import Iterator
@@ -35,6 +36,10 @@ STORED_DTYPES: dict[str, np.dtype] = {
 }
 # A safetensors header larger than this is corrupt, not a real checkpoint.
 MAX_HEADER_BYTES = 100 * 1024 * 1024
+# Optional config.json numbers the converters read (Gemma's soft-capping and attention scale).
+OPTIONAL_NUMBERS = ("final_logit_softcapping", "attn_logit_softcapping", "query_pre_attn_scalar")
+# RoPE settings the converters read as numbers.
+ROPE_NUMBERS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
 def bf16_to_float32(raw: np.ndarray) -> np.ndarray:
@@ -54,7 +59,13 @@ class RopeSettings:
     def from_dict(cls, values: dict[str, Any], default_theta: float) -> RopeSettings:
         scaling_type = values.get("rope_type") or values.get("type") or "default"
         extra = {k: v for k, v in values.items() if k not in ("rope_theta", "rope_type", "type")}
-        return cls(float(values.get("rope_theta", default_theta)), str(scaling_type), extra)
+        rope = cls(float(values.get("rope_theta", default_theta)), str(scaling_type), extra)
+        numbers = [rope.theta, *(extra[k] for k in ROPE_NUMBERS if k in extra)]
+        if scaling_type != "default" and "factor" not in extra:
+            raise ValueError(f"RoPE scaling '{scaling_type}' without a factor")
+        if not all(isinstance(n, (int, float)) and not isinstance(n, bool) and math.isfinite(n) and n > 0 for n in numbers):
+            raise ValueError("RoPE settings must be positive numbers")
+        return rope
 
 
 def _rope_layouts(config: dict[str, Any]) -> tuple[RopeSettings, RopeSettings | None]:
@@ -74,7 +85,38 @@ def _rope_layouts(config: dict[str, Any]) -> tuple[RopeSettings, RopeSettings | 
         return RopeSettings.from_dict(parameters, default_theta), None
     full = RopeSettings.from_dict({"rope_theta": default_theta, **(config.get("rope_scaling") or {})}, default_theta)
     local = config.get("rope_local_base_freq")
-    return full, RopeSettings(float(local)) if local is not None else None
+    return full, RopeSettings.from_dict({"rope_theta": local}, default_theta) if local is not None else None
+
+
+class ConfigReader:
+    """Typed fields of a config.json, each failure a ModelError naming the field and the file."""
+
+    def __init__(self, config: dict[str, Any], source: Path) -> None:
+        self.config = config
+        self.source = source
+
+    def _bad(self, key: str, expected: str) -> ModelError:
+        return ModelError(f"{self.source}: '{key}' is {self.config.get(key)!r}, expected {expected}; the checkpoint's config.json is corrupt")
+
+    def int(self, key: str, default: int | None = None, minimum: int = 1) -> int:
+        # An explicit null means "the default", as transformers reads it.
+        value = default if self.config.get(key) is None else self.config[key]
+        if value is None:
+            raise ModelError(f"{self.source} lacks '{key}'; the checkpoint's config.json is incomplete")
+        # JSON has no integer type of its own: 2048.0 is an integer, True is not (nor NaN, Infinity).
+        integral = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+        if isinstance(value, bool) or not integral or value < minimum:
+            raise self._bad(key, f"an integer >= {minimum}")
+        return int(value)
+
+    def optional_int(self, key: str) -> int | None:
+        return None if self.config.get(key) is None else self.int(key)
+
+    def float(self, key: str, default: float) -> float:
+        value = default if self.config.get(key) is None else self.config[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise self._bad(key, "a positive number")
+        return float(value)
 
 
 @dataclass(frozen=True)
@@ -99,38 +141,50 @@ class ModelConfig:
     raw: dict[str, Any]
 
     @classmethod
-    def from_dict(cls, config: dict[str, Any], source: Path) -> ModelConfig:
-        architectures = config.get("architectures") or []
+    def from_dict(cls, config: object, source: Path) -> ModelConfig:
+        if not isinstance(config, dict):
+            raise ModelError(f"{source} holds a JSON {type(config).__name__}, not an object; is it a transformers model config?")
+        architectures = config.get("architectures")
         if not architectures:
             raise ModelError(f"{source} has no 'architectures' entry; is it a transformers model config?")
+        if not isinstance(architectures, list) or not isinstance(architectures[0], str):
+            raise ModelError(f"{source}: 'architectures' is {architectures!r}, expected a list of class names; the config.json is corrupt")
+        read = ConfigReader(config, source)
+        hidden = read.int("hidden_size")
+        n_heads = read.int("num_attention_heads")
+        n_layers = read.int("num_hidden_layers")
+        n_kv_heads = read.int("num_key_value_heads", n_heads)
+        if n_heads % n_kv_heads:
+            raise ModelError(f"{source}: {n_heads} attention heads cannot share {n_kv_heads} key/value heads evenly; the config.json is corrupt")
+        if config.get("head_dim") is None and hidden % n_heads:
+            raise ModelError(f"{source}: hidden_size {hidden} is not a multiple of {n_heads} heads and no head_dim is given")
         try:
-            hidden = int(config["hidden_size"])
-            n_heads = int(config["num_attention_heads"])
-            n_layers = int(config["num_hidden_layers"])
-            values = dict(
-                vocab_size=int(config["vocab_size"]),
-                intermediate_size=int(config["intermediate_size"]),
-            )
-        except KeyError as missing:
-            raise ModelError(f"{source} lacks {missing}; the checkpoint's config.json is incomplete") from None
-        rope, rope_local = _rope_layouts(config)
+            rope, rope_local = _rope_layouts(config)
+        except (TypeError, ValueError, AttributeError, KeyError):
+            raise ModelError(f"{source} has malformed RoPE settings (rope_parameters, rope_scaling or rope_theta); the config.json is corrupt") from None
+        for key in OPTIONAL_NUMBERS:
+            if config.get(key) is not None:
+                read.float(key, 1.0)
         layer_types = config.get("layer_types") or ["full_attention"] * n_layers
+        if not isinstance(layer_types, list) or len(layer_types) != n_layers or not all(isinstance(t, str) for t in layer_types):
+            raise ModelError(f"{source}: 'layer_types' does not name one type for each of the {n_layers} layers; the config.json is corrupt")
         return cls(
-            architecture=str(architectures[0]),
+            architecture=architectures[0],
+            vocab_size=read.int("vocab_size"),
             hidden_size=hidden,
             n_layers=n_layers,
             n_heads=n_heads,
-            n_kv_heads=int(config.get("num_key_value_heads") or n_heads),
-            head_dim=int(config.get("head_dim") or hidden // n_heads),
-            rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-            context_length=int(config.get("max_position_embeddings", 0)),
+            n_kv_heads=n_kv_heads,
+            head_dim=read.int("head_dim", hidden // n_heads),
+            intermediate_size=read.int("intermediate_size"),
+            rms_norm_eps=read.float("rms_norm_eps", 1e-6),
+            context_length=read.int("max_position_embeddings", 0, minimum=0),
             rope=rope,
             rope_local=rope_local,
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-            sliding_window=config.get("sliding_window"),
+            sliding_window=read.optional_int("sliding_window"),
             layer_types=tuple(layer_types),
             raw=config,
-            **values,
         )
 
 
@@ -147,7 +201,7 @@ class TensorRef:
 
     @property
     def n_elements(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)  # exact: a corrupt header's huge dims must not wrap around
 
 
 class _MappedFile:
@@ -167,6 +221,34 @@ class _MappedFile:
         self.map.madvise(mmap.MADV_DONTNEED, start, ref.start + ref.n_bytes - start)
 
 
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _tensor_ref(path: Path, name: str, entry: object, data_start: int, data_size: int) -> TensorRef:
+    """One header entry, checked the way the safetensors library checks it."""
+    corrupt = f"{path}: tensor '{name}' has a corrupt header entry"
+    if not isinstance(entry, dict):
+        raise ModelError(f"{corrupt}; download the file again")
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if not isinstance(dtype, str) or dtype not in STORED_DTYPES:
+        raise ModelError(f"{path}: tensor '{name}' has dtype {dtype!r}, which localchat cannot read; known: {', '.join(STORED_DTYPES)}")
+    if not isinstance(shape, list) or not all(_is_count(n) for n in shape):
+        raise ModelError(f"{corrupt} (shape {shape!r}); download the file again")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_count(n) for n in offsets) or offsets[0] > offsets[1]:
+        raise ModelError(f"{corrupt} (data_offsets {offsets!r}); download the file again")
+    begin, end = offsets
+    if end > data_size:
+        raise ModelError(
+            f"{path} is truncated: tensor '{name}' ends at byte {data_start + end:,} but the file has {data_start + data_size:,}; "
+            "download it again"
+        )
+    ref = TensorRef(name, dtype, tuple(shape), path, data_start + begin, end - begin)
+    if ref.n_elements * STORED_DTYPES[dtype].itemsize != ref.n_bytes:
+        raise ModelError(f"{path}: tensor '{name}' has {ref.n_bytes:,} bytes for shape {list(ref.shape)} of {dtype}; the file is corrupt, download it again")
+    return ref
+
+
 def _read_safetensors_header(path: Path) -> list[TensorRef]:
     size = path.stat().st_size
     with path.open("rb") as stream:
@@ -180,31 +262,110 @@ def _read_safetensors_header(path: Path) -> list[TensorRef]:
             header = json.loads(stream.read(header_len))
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise ModelError(f"{path} has a corrupt safetensors header; download it again") from None
+    if not isinstance(header, dict):
+        raise ModelError(f"{path} has a corrupt safetensors header (not a JSON object); download it again")
     data_start = 8 + header_len
-    refs = []
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        dtype = entry["dtype"]
-        if dtype not in STORED_DTYPES:
-            raise ModelError(f"{path}: tensor '{name}' has dtype {dtype}, which localchat cannot convert")
-        begin, end = entry["data_offsets"]
-        ref = TensorRef(name, dtype, tuple(entry["shape"]), path, data_start + begin, end - begin)
-        if ref.n_elements * STORED_DTYPES[dtype].itemsize != ref.n_bytes:
-            raise ModelError(f"{path}: tensor '{name}' has {ref.n_bytes} bytes for shape {list(ref.shape)}; the file is corrupt")
-        if data_start + end > size:
-            raise ModelError(
-                f"{path} is truncated: tensor '{name}' ends at byte {data_start + end:,} but the file has {size:,}; "
-                "download it again"
-            )
-        refs.append(ref)
+    refs = [_tensor_ref(path, name, entry, data_start, size - data_start) for name, entry in header.items() if name != "__metadata__"]
+    # Tensors tile the data section in order, without gaps or overlaps, to its end.
+    expected = data_start
+    for ref in sorted(refs, key=lambda r: (r.start, r.n_bytes)):
+        if ref.start != expected:
+            raise ModelError(f"{path}: tensor '{ref.name}' starts at byte {ref.start:,}, expected {expected:,}; the file is corrupt, download it again")
+        expected += ref.n_bytes
+    if expected != size:
+        raise ModelError(f"{path} has {size - expected:,} bytes after its last tensor; the file is corrupt, download it again")
     return refs
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from a checkpoint file; anything else is a ModelError saying which file."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ModelError(f"{path} is not valid JSON ({error}); download it again") from None
+    if not isinstance(value, dict):
+        raise ModelError(f"{path} holds a JSON {type(value).__name__}, not an object; download it again")
+    return value
+
+
+# Tensors of the decoders localchat converts (Llama, Mistral, Qwen 2/3 and Gemma 3 share these
+# names): their shapes from the config. Layer tensors are keyed by the name after "model.layers.N.".
+def _expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    hidden, ffn, vocab, head = config.hidden_size, config.intermediate_size, config.vocab_size, config.head_dim
+    q, kv = config.n_heads * head, config.n_kv_heads * head
+    return {
+        "model.embed_tokens.weight": (vocab, hidden),
+        "lm_head.weight": (vocab, hidden),
+        "model.norm.weight": (hidden,),
+        "input_layernorm.weight": (hidden,),
+        "post_attention_layernorm.weight": (hidden,),
+        "pre_feedforward_layernorm.weight": (hidden,),
+        "post_feedforward_layernorm.weight": (hidden,),
+        "self_attn.q_proj.weight": (q, hidden),
+        "self_attn.k_proj.weight": (kv, hidden),
+        "self_attn.v_proj.weight": (kv, hidden),
+        "self_attn.o_proj.weight": (hidden, q),
+        "self_attn.q_proj.bias": (q,),
+        "self_attn.k_proj.bias": (kv,),
+        "self_attn.v_proj.bias": (kv,),
+        "self_attn.q_norm.weight": (head,),
+        "self_attn.k_norm.weight": (head,),
+        "mlp.gate_proj.weight": (ffn, hidden),
+        "mlp.up_proj.weight": (ffn, hidden),
+        "mlp.down_proj.weight": (hidden, ffn),
+    }
+
+
+# What every layer of every supported decoder has.
+REQUIRED_LAYER_TENSORS = (
+    "input_layernorm.weight",
+    "self_attn.q_proj.weight",
+    "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight",
+    "mlp.gate_proj.weight",
+    "mlp.up_proj.weight",
+    "mlp.down_proj.weight",
+)
+FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
+LAYER_PREFIX = "model.layers."
+
+
+def _check_tensors(folder: Path, config: ModelConfig, tensors: dict[str, TensorRef]) -> None:
+    """Known tensors have the config's shapes and a float dtype; every layer has the same tensors."""
+    expected = _expected_shapes(config)
+    layers: dict[int, set[str]] = {i: set() for i in range(config.n_layers)}
+    for name, ref in tensors.items():
+        key = name
+        if name.startswith(LAYER_PREFIX):
+            index, _, key = name[len(LAYER_PREFIX):].partition(".")
+            if not index.isdigit() or int(index) >= config.n_layers:
+                raise ModelError(f"{folder} has tensor '{name}' but config.json says {config.n_layers} layers; the checkpoint is inconsistent")
+            layers[int(index)].add(key)
+        if key not in expected:
+            continue  # the converters refuse or ignore tensors they do not know
+        if ref.dtype not in FLOAT_DTYPES:
+            raise ModelError(f"{ref.file}: tensor '{name}' is {ref.dtype}; weights must be float ({', '.join(FLOAT_DTYPES)})")
+        if ref.shape != expected[key]:
+            raise ModelError(
+                f"{ref.file}: tensor '{name}' has shape {list(ref.shape)} but config.json implies {list(expected[key])}; "
+                "the checkpoint is inconsistent"
+            )
+    if "model.embed_tokens.weight" not in tensors:
+        raise ModelError(f"{folder} has no token embeddings (model.embed_tokens.weight); are all weight files there?")
+    first = layers.get(0, set())
+    for index, names in layers.items():
+        missing = sorted({*REQUIRED_LAYER_TENSORS, *first} - names)
+        if missing:
+            raise ModelError(f"{folder} lacks {LAYER_PREFIX}{index}.{missing[0]}; are all weight files there?")
 
 
 def _weight_files(folder: Path) -> list[Path]:
     index = folder / SAFETENSORS_INDEX
     if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        weight_map = read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(name, str) for name in weight_map.values()):
+            raise ModelError(f"{index} has no valid 'weight_map'; download it again")
         files = sorted({folder / name for name in weight_map.values()})
         missing = [f.name for f in files if not f.is_file()]
         if missing:
@@ -228,15 +389,14 @@ class Checkpoint:
             raise ModelError(f"{folder} is not a folder; give a Hugging Face checkpoint folder or a hub repo id")
         if not config_path.is_file():
             raise ModelError(f"{folder} has no config.json; is it a Hugging Face checkpoint folder?")
-        try:
-            raw = json.loads(config_path.read_text())
-        except json.JSONDecodeError as error:
-            raise ModelError(f"{config_path} is not valid JSON ({error}); download it again") from None
-        self.config = ModelConfig.from_dict(raw, config_path)
+        self.config = ModelConfig.from_dict(read_json(config_path), config_path)
         self.tensors: dict[str, TensorRef] = {}
         for path in _weight_files(folder):
             for ref in _read_safetensors_header(path):
+                if ref.name in self.tensors:
+                    raise ModelError(f"{folder}: tensor '{ref.name}' is in both {self.tensors[ref.name].file.name} and {path.name}; remove stray weight files")
                 self.tensors[ref.name] = ref
+        _check_tensors(folder, self.config, self.tensors)
         self._files: dict[Path, _MappedFile] = {}
 
     @property
@@ -244,8 +404,9 @@ class Checkpoint:
         return sum(ref.n_bytes for ref in self.tensors.values())
 
     def json_file(self, name: str) -> dict[str, Any] | None:
+        """A JSON object file of the checkpoint, None if absent; a corrupt one is a ModelError."""
         path = self.folder / name
-        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+        return read_json(path) if path.is_file() else None
 
     def _mapped(self, ref: TensorRef) -> _MappedFile:
         if ref.file not in self._files:
@@ -307,15 +468,14 @@ def locate_checkpoint(spec: str) -> CheckpointSource:
         return CheckpointSource(path, path.resolve().name, path.resolve().parent)
     if spec.count("/") != 1 or spec.startswith((".", "/", "~")):
         raise ModelError(f"{spec} is neither a folder nor a Hugging Face repo id (owner/name); check the path")
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+    from localchat.hub import pull_files
+    from localchat.settings import Settings
 
     try:
-        folder = Path(snapshot_download(spec, allow_patterns=HUB_PATTERNS))
-    except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as error:
+        folder = pull_files(spec, HUB_PATTERNS, Settings())  # resumable, checksummed, as `localchat pull`
+    except ModelError as error:
         files = ", ".join(HUB_PATTERNS[:6])
         raise ModelError(
-            f"cannot fetch {spec} from the Hugging Face hub ({type(error).__name__}); download {files} "
-            f"from https://huggingface.co/{spec} into a folder and pass that folder instead"
+            f"{error}; or download {files} from https://huggingface.co/{spec} into a folder and pass that folder instead"
         ) from None
     return CheckpointSource(folder, spec.split("/")[1], Path.cwd())

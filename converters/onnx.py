@@ -464,7 +464,11 @@ def tokenizer_facts(checkpoint: Checkpoint) -> dict[str, object]:
     folder = checkpoint.folder
     if not (folder / "tokenizer.json").is_file():
         raise ModelError(f"{folder} has no tokenizer.json; the ONNX runtime needs the fast tokenizer file")
-    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    checkpoint.json_file("tokenizer.json")  # not JSON: a ModelError naming the file
+    try:
+        tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    except Exception as error:  # noqa: BLE001 - the tokenizers library raises plain Exception for a file it cannot use
+        raise ModelError(f"{folder / 'tokenizer.json'} is not a tokenizer the tokenizers library can load ({error}); download it again") from None
     config = checkpoint.config.raw
     generation = checkpoint.json_file("generation_config.json") or {}
     tok_config = checkpoint.json_file("tokenizer_config.json") or {}

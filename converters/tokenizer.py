@@ -1,14 +1,17 @@
 """A checkpoint's tokenizer as GGUF metadata: vocabulary, merges or scores, special tokens,
 add-bos/eos flags, end-of-turn ids and the chat template.
 
-Two kinds are read: byte-level BPE from tokenizer.json (llama.cpp's "gpt2" model) and
-SentencePiece from tokenizer.model (llama.cpp's "llama" model). llama.cpp's own converter picks a
-BPE pre-tokenizer by hashing the tokenization of a test string; here it is read from
-tokenizer.json's pre-tokenizer regex, which must be one llama.cpp implements.
+Three kinds are read: byte-level BPE from tokenizer.json (llama.cpp's "gpt2" model),
+SentencePiece from tokenizer.model, and SentencePiece-style BPE from tokenizer.json (byte fallback,
+"▁" for spaces: what transformers 5 saves for Gemma, Llama 2 or Mistral without tokenizer.model);
+both of the latter become llama.cpp's "llama" model. llama.cpp's own converter picks a BPE
+pre-tokenizer by hashing the tokenization of a test string; here it is read from tokenizer.json's
+pre-tokenizer regex, which must be one llama.cpp implements.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +39,11 @@ PRE_TOKENIZER_REGEXES: dict[str, str] = {
 GPT2_PRE_TOKENIZER = "gpt-2"
 # Normalizers that leave the text llama.cpp sees unchanged for practical purposes (Qwen2 uses NFC).
 ACCEPTED_NORMALIZERS = (None, "NFC")
+# JSON files gguf's SpecialVocab reads (with json.load, which would raise a traceback).
+SPECIAL_VOCAB_FILES = ("tokenizer.json", "tokenizer_config.json", "config.json", "chat_template.json")
+# SentencePiece's stand-in for a space, and its byte-fallback pieces.
+SPM_SPACE = "\u2581"
+BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 
 
 class TokenizerError(ModelError):
@@ -93,17 +101,135 @@ def bpe_pre_tokenizer(tokenizer_json: dict[str, Any]) -> str:
     return PRE_TOKENIZER_REGEXES[regex]
 
 
+@dataclass(frozen=True)
+class BpeModel:
+    """tokenizer.json's BPE model and added tokens, checked for the shapes this module reads."""
+
+    vocab: dict[str, int]
+    merges: list[tuple[str, str]]
+    added: list[tuple[int, str, bool]]  # (id, content, special)
+    unk_token: str | None
+
+    @classmethod
+    def read(cls, tokenizer_json: dict[str, Any]) -> BpeModel:
+        model = tokenizer_json["model"]
+        vocab = model.get("vocab")
+        if not isinstance(vocab, dict) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in vocab.values()):
+            raise TokenizerError("tokenizer.json's model has no valid vocab (token -> id); download it again")
+        merges: list[tuple[str, str]] = []
+        for merge in model.get("merges") or []:
+            # Two layouts: "left right" (older), ["left", "right"] (transformers 4.45 and later).
+            pair = merge.split(" ", 1) if isinstance(merge, str) else merge
+            if not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(part, str) for part in pair):
+                raise TokenizerError(f"tokenizer.json has a malformed merge {merge!r}; download it again")
+            merges.append((pair[0], pair[1]))
+        added = []
+        for entry in tokenizer_json.get("added_tokens") or []:
+            fields = entry if isinstance(entry, dict) else {}
+            token_id, content = fields.get("id"), fields.get("content")
+            if not isinstance(token_id, int) or token_id < 0 or not isinstance(content, str):
+                raise TokenizerError(f"tokenizer.json has a malformed added token {entry!r}; download it again")
+            added.append((token_id, content, bool(fields.get("special"))))
+        unk = model.get("unk_token")
+        return cls(vocab, merges, added, unk if isinstance(unk, str) else None)
+
+
 def _bpe_vocabulary(tokenizer_json: dict[str, Any], n_vocab: int) -> Vocabulary:
-    model = tokenizer_json["model"]
+    model = BpeModel.read(tokenizer_json)
     pre = bpe_pre_tokenizer(tokenizer_json)
-    by_id: dict[int, tuple[str, int]] = {i: (text, TokenType.NORMAL) for text, i in model["vocab"].items()}
-    for added in tokenizer_json.get("added_tokens", []):
-        kind = TokenType.CONTROL if added.get("special") else TokenType.USER_DEFINED
-        by_id[added["id"]] = (added["content"], kind)
+    by_id: dict[int, tuple[str, int]] = {i: (text, TokenType.NORMAL) for text, i in model.vocab.items()}
+    for token_id, content, special in model.added:
+        by_id[token_id] = (content, TokenType.CONTROL if special else TokenType.USER_DEFINED)
     return _in_id_order(by_id, n_vocab, model="gpt2", pre=pre)
 
 
+def _steps(step: object) -> list[dict[str, Any]]:
+    """A normalizer or pre-tokenizer as a list of steps (a Sequence unrolled)."""
+    if not step:
+        return []
+    steps = (step.get("normalizers") or step.get("pretokenizers") or []) if isinstance(step, dict) and step.get("type") == "Sequence" else [step]
+    if not all(isinstance(s, dict) for s in steps):
+        raise TokenizerError("tokenizer.json has a malformed normalizer or pre-tokenizer; download it again")
+    return steps
+
+
+def spm_space_prefix(tokenizer_json: dict[str, Any]) -> bool:
+    """Whether a SentencePiece-style tokenizer.json puts "▁" before the text (llama.cpp's
+    add_space_prefix); a TokenizerError unless it maps spaces to "▁" as SentencePiece does."""
+    normalizers = _steps(tokenizer_json.get("normalizer"))
+    pre_tokenizers = _steps(tokenizer_json.get("pre_tokenizer"))
+    kinds = [step.get("type") for step in (*normalizers, *pre_tokenizers)]
+    # transformers writes either a normalizer (Prepend "▁", then Replace " " -> "▁") or a Metaspace
+    # pre-tokenizer that does both; llama.cpp's SentencePiece tokenizer does the same, unsplit.
+    replaces = any(
+        step.get("type") == "Replace" and step.get("pattern", {}).get("String") == " " and step.get("content") == SPM_SPACE
+        for step in normalizers
+    )
+    prepends = any(step.get("type") == "Prepend" and step.get("prepend") == SPM_SPACE for step in normalizers)
+    # transformers 5 adds a Split on " " after that Replace: it never matches the normalized text.
+    inert = [step for step in pre_tokenizers if step.get("type") == "Split" and step.get("pattern") == {"String": " "}]
+    metaspace = [step for step in pre_tokenizers if step.get("type") == "Metaspace"]
+    if replaces and len(normalizers) == 1 + prepends and len(inert) == len(pre_tokenizers):
+        return prepends
+    if metaspace and len(kinds) == 1 and metaspace[0].get("replacement") == SPM_SPACE and not metaspace[0].get("split", True):
+        return metaspace[0].get("prepend_scheme", "always") != "never"
+    raise TokenizerError(
+        f"tokenizer.json is a byte-fallback BPE whose normalizer and pre-tokenizer ({', '.join(map(str, kinds)) or 'none'}) "
+        f"do not map spaces to {SPM_SPACE!r} as SentencePiece does; llama.cpp cannot reproduce it"
+    )
+
+
+def merge_scores(merges: list[tuple[str, str]], vocab: dict[str, int]) -> dict[int, float]:
+    """SentencePiece scores that make llama.cpp's merge order the BPE's.
+
+    llama.cpp's SentencePiece tokenizer merges, at each step, the adjacent pair whose joined text
+    is the vocabulary piece with the highest score; BPE merges the pair of lowest rank. A piece
+    scores minus the rank of its first merge. llama.cpp's own converter gives every piece -1000
+    here (gguf's LlamaHfVocab), which merges left to right instead. Pieces no merge makes score
+    below all others: only single characters and bytes should be among them, and those are
+    never the result of a merge.
+    """
+    scores: dict[int, float] = {}
+    for rank, (left, right) in enumerate(merges):
+        token_id = vocab.get(left + right)
+        if token_id is not None:
+            scores.setdefault(token_id, -float(rank))
+    unreachable = -float(len(merges) + 1)
+    return {i: scores.get(i, unreachable) for i in vocab.values()}
+
+
+def _spm_bpe_vocabulary(tokenizer_json: dict[str, Any], n_vocab: int) -> Vocabulary:
+    model = BpeModel.read(tokenizer_json)
+    add_space_prefix = spm_space_prefix(tokenizer_json)
+    scores = merge_scores(model.merges, model.vocab)
+    by_id: dict[int, tuple[str, int]] = {}
+    for text, token_id in model.vocab.items():
+        kind = TokenType.BYTE if BYTE_PIECE.fullmatch(text) else TokenType.NORMAL
+        by_id[token_id] = (text, kind)
+    for token_id, content, special in model.added:
+        if special:
+            by_id[token_id] = (content, TokenType.CONTROL)
+        else:
+            # llama.cpp finds user-defined tokens in the text before spaces become "▁".
+            by_id[token_id] = (content.replace(SPM_SPACE, " "), TokenType.USER_DEFINED)
+    unk_id = model.vocab.get(model.unk_token) if model.unk_token else None
+    if unk_id is not None:
+        by_id[unk_id] = (model.unk_token, TokenType.UNKNOWN)
+    vocab = _in_id_order(by_id, n_vocab, model="llama", pre="default")
+    lowest = min(scores.values(), default=0.0)
+    return Vocabulary(
+        model=vocab.model,
+        pre=vocab.pre,
+        tokens=vocab.tokens,
+        types=vocab.types,
+        scores=[scores.get(i, lowest) for i in range(n_vocab)],
+        add_space_prefix=add_space_prefix,
+    )
+
+
 def _in_id_order(by_id: dict[int, tuple[str, int]], n_vocab: int, **fields: Any) -> Vocabulary:
+    if not by_id:
+        raise TokenizerError("the tokenizer has no tokens; download the model's tokenizer files again")
     if max(by_id) >= n_vocab:
         raise TokenizerError(f"the tokenizer has token id {max(by_id)} but the model's embeddings have {n_vocab} rows")
     # Embedding rows past the tokenizer (padding for matrix sizes) get placeholder tokens.
@@ -112,8 +238,7 @@ def _in_id_order(by_id: dict[int, tuple[str, int]], n_vocab: int, **fields: Any)
 
 
 def _sentencepiece_vocabulary(checkpoint: Checkpoint, n_vocab: int) -> Vocabulary:
-    from sentencepiece import SentencePieceProcessor
-    from sentencepiece import sentencepiece_model_pb2
+    from sentencepiece import SentencePieceProcessor, sentencepiece_model_pb2
 
     path = checkpoint.folder / "tokenizer.model"
     proto = sentencepiece_model_pb2.ModelProto()
@@ -161,23 +286,20 @@ def read_vocabulary(checkpoint: Checkpoint, n_vocab: int) -> Vocabulary:
     tokenizer_json = checkpoint.json_file("tokenizer.json")
     if tokenizer_json is None:
         raise TokenizerError(f"{folder} has no tokenizer.json or tokenizer.model; download the model's tokenizer files")
-    model = tokenizer_json.get("model", {})
-    if model.get("type") != "BPE":
-        raise TokenizerError(f"tokenizer.json holds a {model.get('type')} model; localchat converts BPE (tokenizer.json) and SentencePiece (tokenizer.model)")
-    if model.get("byte_fallback"):
-        raise TokenizerError(
-            "tokenizer.json is a SentencePiece-style BPE (byte fallback) whose scores only tokenizer.model has; "
-            f"put the model's tokenizer.model in {folder}"
-        )
-    return _bpe_vocabulary(tokenizer_json, n_vocab)
+    model = tokenizer_json.get("model")
+    kind = model.get("type") if isinstance(model, dict) else None
+    if kind != "BPE":
+        raise TokenizerError(f"tokenizer.json holds a {kind} model; localchat converts BPE (tokenizer.json) and SentencePiece (tokenizer.model)")
+    # Byte fallback marks a SentencePiece-style BPE ("▁" for spaces, <0xXX> pieces).
+    return (_spm_bpe_vocabulary if model.get("byte_fallback") else _bpe_vocabulary)(tokenizer_json, n_vocab)
 
 
-def _end_of_turn_ids(checkpoint: Checkpoint, eos_id: int | None) -> list[int]:
+def _end_of_turn_ids(checkpoint: Checkpoint, eos_id: int | None, n_vocab: int) -> list[int]:
     """generation_config's other stop ids (Gemma's <end_of_turn>, Llama 3's <|eot_id|>)."""
     generation = checkpoint.json_file("generation_config.json") or {}
     ids = generation.get("eos_token_id")
-    ids = ids if isinstance(ids, list) else [ids] if isinstance(ids, int) else []
-    return [i for i in ids if i != eos_id]
+    ids = ids if isinstance(ids, list) else [ids]
+    return [i for i in ids if isinstance(i, int) and not isinstance(i, bool) and 0 <= i < n_vocab and i != eos_id]
 
 
 def add_tokenizer(writer: GGUFWriter, checkpoint: Checkpoint, n_vocab: int) -> Vocabulary:
@@ -191,11 +313,18 @@ def add_tokenizer(writer: GGUFWriter, checkpoint: Checkpoint, n_vocab: int) -> V
         writer.add_token_scores(vocab.scores)
     if vocab.add_space_prefix is not None:
         writer.add_add_space_prefix(vocab.add_space_prefix)
-    special = SpecialVocab(checkpoint.folder, load_merges=vocab.model == "gpt2", n_vocab=n_vocab)
+    for name in SPECIAL_VOCAB_FILES:
+        checkpoint.json_file(name)  # a corrupt one is a ModelError naming it, before gguf reads it
+    try:
+        special = SpecialVocab(checkpoint.folder, load_merges=vocab.model == "gpt2", n_vocab=n_vocab)
+    except (ValueError, TypeError, AttributeError, KeyError) as error:  # gguf's ad-hoc parsing of these files
+        raise TokenizerError(
+            f"{checkpoint.folder}'s tokenizer files have a malformed entry ({error}); download tokenizer_config.json and tokenizer.json again"
+        ) from None
     if vocab.model == "gpt2" and not special.merges:
         raise TokenizerError(f"{checkpoint.folder}/tokenizer.json has no BPE merges; download the model's tokenizer again")
     special.add_to_gguf(writer, quiet=True)
-    eot = _end_of_turn_ids(checkpoint, special.special_token_ids.get("eos"))
+    eot = _end_of_turn_ids(checkpoint, special.special_token_ids.get("eos"), n_vocab)
     if eot and "eot" not in special.special_token_ids:
         writer.add_eot_token_id(eot[0])
     return vocab
