@@ -3,6 +3,7 @@ could not run is SKIPPED (never a pass), and the perplexity check catches a wron
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import shutil
@@ -21,7 +22,7 @@ from localchat.cli import main
 def test_every_gguf_type_has_bounds_that_widen_as_bits_shrink() -> None:
     assert set(BOUNDS) == set(QUANT_TYPES)
     by_bits = sorted(BOUNDS, key=lambda quant: -QUANT_TYPES[quant].bits_per_weight)
-    for wider, narrower in zip(by_bits, by_bits[1:]):
+    for wider, narrower in itertools.pairwise(by_bits):
         assert BOUNDS[narrower].perplexity >= BOUNDS[wider].perplexity, (wider, narrower)
         assert BOUNDS[narrower].top1 <= BOUNDS[wider].top1, (wider, narrower)
 
