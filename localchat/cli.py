@@ -6,19 +6,26 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from localchat.backends.base import SamplerSettings
-from localchat.errors import LocalchatError
+from localchat.errors import LocalchatError, ModelError
 from localchat.hardware import MIB, peak_rss_bytes
 from localchat.planner import PlanRequest
 from localchat.settings import Settings
+
+if TYPE_CHECKING:
+    from localchat.hub import HubModelName
+    from localchat.models import InstalledModel
 
 Handler = Callable[[argparse.Namespace], int]
 
 
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-m", "--model", help="a .gguf file, an ONNX model folder, or a model name (default: gemma-3-270m)")
+    parser.add_argument("-m", "--model", help="a .gguf file, an ONNX model folder, a name from `localchat list`, or a "
+                        "Hugging Face GGUF repo as user/repo[:QUANT], pulled on first use (default: gemma-3-270m)")
     parser.add_argument("--ctx", type=int, help="context size in tokens (default: chosen from the model and memory)")
     parser.add_argument("--threads", type=int, help="CPU threads (default: the physical cores)")
     parser.add_argument("--gpu-layers", type=int, help="layers to offload to the GPU (default: as many as fit)")
@@ -171,6 +178,107 @@ def cmd_chat(args: argparse.Namespace) -> int:
     return run_chat_app(args.model, Settings(), _plan_request(args))
 
 
+def _pull(name: HubModelName, settings: Settings) -> None:
+    """Pull and say what happened on stderr; Ctrl-C says that the next pull resumes."""
+    from localchat.hub import pull
+
+    try:
+        result = pull(name, settings)
+    except KeyboardInterrupt:
+        print(f"\nlocalchat: pull interrupted; `localchat pull {name}` resumes where it stopped", file=sys.stderr)
+        raise
+    model, files = result.model, len(result.model.model.files)
+    what = f"{model.name} ({files} file{'s' if files > 1 else ''}, {_size(model.size)})"
+    if not result.checked_hub:
+        print(f"localchat: {what} is in the cache (offline: not compared with the hub): {model.path}", file=sys.stderr)
+    elif result.fetched_bytes:
+        print(f"localchat: pulled {what}, fetched {_size(result.fetched_bytes)}, checksums verified: {model.path}", file=sys.stderr)
+    else:
+        print(f"localchat: {what} is up to date in the cache, nothing fetched: {model.path}", file=sys.stderr)
+
+
+def _pull_on_first_use(model: str | None) -> None:
+    """A Hugging Face model not yet in the cache is pulled before it loads, saying so."""
+    from localchat.hub import find_cached
+    from localchat.models import hub_model_name
+
+    settings = Settings()
+    name = hub_model_name(model, settings)
+    if name is None or settings.hf_offline or find_cached(name, settings) is not None:
+        return  # offline, loading it says what is missing
+    print(f"localchat: {name} is not in the cache yet; pulling it from the Hugging Face hub", file=sys.stderr, flush=True)
+    _pull(name, settings)
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    from localchat.hub import HubModelName
+
+    name = HubModelName.parse(args.name)
+    if name is None:
+        raise ModelError(f"'{args.name}' is not a Hugging Face model name: write user/repo or user/repo:QUANT (hf.co/user/repo:QUANT works too)")
+    _pull(name, Settings())
+    return 0
+
+
+def _size(n_bytes: int) -> str:
+    return f"{n_bytes / 2**30:.1f} GiB" if n_bytes >= 2**30 else f"{n_bytes / 2**20:.1f} MiB"
+
+
+def _count(n: int | None) -> str:
+    if n is None:
+        return "-"
+    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M" if n >= 1e6 else f"{n / 1e3:.0f}K"
+
+
+def _since(when: float | None, now: float) -> str:
+    if when is None:
+        return "never"
+    seconds = max(now - when, 0)
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= size:
+            n = int(seconds // size)
+            return f"{n} {unit}{'s' if n > 1 else ''} ago"
+    return "just now"
+
+
+def _list_row(model: InstalledModel, now: float) -> tuple[str, ...]:
+    return (
+        model.name, model.quantization or "-", _size(model.size), _count(model.parameters),
+        str(model.context_length or "-"), model.architecture or "-", _since(model.last_used, now), str(model.path),
+    )
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from localchat.models import installed_models
+
+    models = installed_models(Settings())
+    if args.json:
+        print(json.dumps([{**asdict(m), "path": str(m.path)} for m in models]))
+        return 0
+    if not models:
+        print("no models yet: `localchat pull user/repo:QUANT` fetches one from the Hugging Face hub")
+        return 0
+    now = time.time()
+    rows = [("NAME", "QUANT", "SIZE", "PARAMS", "CONTEXT", "ARCH", "LAST USED", "WHERE"), *(_list_row(m, now) for m in models)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
+    for model in models:
+        if model.problem:
+            print(f"! {model.name}: {model.problem}")
+    return 0
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    from localchat.models import remove_model
+
+    removed = remove_model(args.name, Settings())
+    print(f"removed {', '.join(removed.names)}: {_size(removed.freed_bytes)} freed")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="localchat", description="Chat with a language model on your own machine.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -209,6 +317,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_options(info)
     info.set_defaults(handler=cmd_info)
 
+    pull = commands.add_parser("pull", help="download a GGUF model from the Hugging Face hub (resumes, checks sha256)")
+    pull.add_argument("name", metavar="NAME", help="user/repo or user/repo:QUANT, e.g. ggml-org/gemma-3-270m-it-GGUF:Q8_0 (default quant: Q4_K_M or the nearest)")
+    pull.set_defaults(handler=cmd_pull)
+
+    list_ = commands.add_parser("list", help="the models on this machine: local files and the Hugging Face cache")
+    list_.add_argument("--json", action="store_true", help="print a JSON array instead of a table")
+    list_.set_defaults(handler=cmd_list)
+
+    rm = commands.add_parser("rm", help="delete a model (a name from `localchat list`) and say what it freed")
+    rm.add_argument("name", metavar="NAME", help="a name from `localchat list`; user/repo without :QUANT removes all of its models")
+    rm.set_defaults(handler=cmd_rm)
+
     from converters.cli import add_parser as add_convert_parser
 
     add_convert_parser(commands)
@@ -221,6 +341,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         args = parser.parse_args(["chat", *(argv or sys.argv[1:])])
     try:
+        if "model" in args:
+            _pull_on_first_use(args.model)
         return args.handler(args)
     except LocalchatError as error:
         print(f"localchat: error: {error}", file=sys.stderr)

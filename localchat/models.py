@@ -1,13 +1,22 @@
-"""Finding and naming models: the default model, paths to GGUF files and ONNX folders."""
+"""Finding and naming models: the default model, paths to GGUF files and ONNX folders, local
+models by name, GGUF repos of the Hugging Face hub (localchat/hub.py), and what is installed."""
 
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
+import math
 import os
+import shutil
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from gguf.constants import TokenType
+
+from localchat import hub
 from localchat.errors import ModelError
 from localchat.gguf_file import GgufHeader, read_gguf_header
 from localchat.planner import ModelFacts
@@ -18,15 +27,20 @@ DEFAULT_MODEL_FILE = "gemma-3-270m-q4_k_m.gguf"
 # The marker file an ONNX model folder made by `localchat convert --to onnx` carries.
 ONNX_MARKER = "localchat_onnx.json"
 GGUF_KV_BYTES = 2  # f16 K and V cache entries
+# llama.cpp's keys for a model split over several files (gguf-split, llama_split_path).
+SPLIT_COUNT_KEY = "split.count"
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class ModelRef:
-    """A model found on disk, before it is loaded."""
+    """A model found on disk, before it is loaded; a split GGUF model by its first part."""
 
     path: Path
     format: str  # "gguf" or "onnx"
     name: str
+    from_hub: bool = False  # in the Hugging Face cache; `name` is its hub name, user/repo:QUANT
 
 
 def _write_default_model(target: Path) -> None:
@@ -92,8 +106,19 @@ def local_models(settings: Settings) -> list[ModelRef]:
     return found
 
 
-def resolve_model(model: str | None, settings: Settings) -> ModelRef:
-    """A model name, a path to a .gguf file or an ONNX folder, or None for the default model."""
+def _local_model(name: str, settings: Settings) -> ModelRef | None:
+    return next((ref for ref in local_models(settings) if ref.name == name), None)
+
+
+def hub_model_name(model: str | None, settings: Settings) -> hub.HubModelName | None:
+    """The Hugging Face name `model` is, when it is not a known or local model's name nor a path
+    that exists (`user/repo`, `user/repo:QUANT`, `hf.co/user/repo:QUANT`)."""
+    if model is None or model in KNOWN_MODELS or Path(model).expanduser().exists() or _local_model(model, settings):
+        return None
+    return hub.HubModelName.parse(model)
+
+
+def _find_model(model: str | None, settings: Settings) -> ModelRef:
     if model is None or model in KNOWN_MODELS:
         name = model or DEFAULT_MODEL_NAME
         return ModelRef(KNOWN_MODELS[name](settings), "gguf", name)
@@ -107,14 +132,188 @@ def resolve_model(model: str | None, settings: Settings) -> ModelRef:
         )
     if path.is_file():
         return ModelRef(path, "gguf", path.stem)
-    if path.suffix or os.sep in model:
+    local = _local_model(model, settings)
+    if local is not None:
+        return local
+    name = hub.HubModelName.parse(model)
+    if name is not None:
+        cached = hub.find_cached(name, settings) or hub.pull(name, settings).model
+        return ModelRef(cached.path, "gguf", cached.name, from_hub=True)
+    if path.suffix or os.sep in model or model.count("/") > 1:
         raise ModelError(f"model file {path} does not exist; check the path")
-    known = ", ".join(sorted(KNOWN_MODELS))
-    local = ", ".join(str(m.path) for m in local_models(settings)) or "none"
+    known = ", ".join([*KNOWN_MODELS, *(m.name for m in local_models(settings) if m.path.name != DEFAULT_MODEL_FILE)])
     raise ModelError(
-        f"unknown model '{model}': give a path to a .gguf file or an ONNX folder, or one of: {known} "
-        f"(local models: {local})"
+        f"unknown model '{model}': give a path to a .gguf file or an ONNX folder, a GGUF repo of the "
+        f"Hugging Face hub as user/repo or user/repo:QUANT, or a local model: {known}"
     )
+
+
+def resolve_model(model: str | None, settings: Settings) -> ModelRef:
+    """A model name (the default, a local model, a Hugging Face GGUF repo, fetched on first use),
+    a path to a .gguf file or an ONNX folder, or None for the default model. Records its use."""
+    ref = _find_model(model, settings)
+    ModelUsage(settings.model_usage_path).record(usage_key(ref))
+    return ref
+
+
+def usage_key(ref: ModelRef) -> str:
+    """What `localchat list` knows a model by: its hub name (stable across new commits), else its file."""
+    return ref.name if ref.from_hub else str(ref.path.resolve())
+
+
+class ModelUsage:
+    """When each model was last loaded: a small JSON object {key: unix time}, replaced whole on
+    each write, so a crash leaves the old file; an unreadable one counts as empty. File access
+    times are no help: most systems mount with relatime or noatime."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def read(self) -> dict[str, float]:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            return {}
+        if not isinstance(data, dict):
+            return {}
+        return {k: float(v) for k, v in data.items() if isinstance(v, (int, float)) and math.isfinite(v)}
+
+    def record(self, key: str, when: float | None = None) -> None:
+        """Note a use; a data folder that cannot be written only loses the note."""
+        usage = self.read()
+        usage[key] = time.time() if when is None else when
+        partial = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            partial.write_text(json.dumps(usage, indent=0, sort_keys=True), encoding="utf-8")
+            os.replace(partial, self.path)
+        except OSError as error:
+            logger.debug("cannot record the use of %s in %s: %s", key, self.path, error)
+            partial.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class InstalledModel:
+    """A row of `localchat list`: facts from the GGUF header (or the ONNX marker) where readable."""
+
+    name: str  # what -m takes
+    format: str
+    path: Path
+    size: int
+    quantization: str | None = None
+    parameters: int | None = None
+    context_length: int | None = None
+    architecture: str | None = None
+    last_used: float | None = None
+    problem: str | None = None  # why the facts could not be read
+
+
+def split_parts(path: Path, header: GgufHeader) -> list[Path]:
+    """Every file of a GGUF model: the first part's siblings by llama.cpp's naming, or the file alone."""
+    count = header.get(SPLIT_COUNT_KEY, 1)
+    if not isinstance(count, int) or count <= 1:
+        return [path]
+    prefix = path.name.removesuffix(f"-00001-of-{count:05d}.gguf")
+    if prefix == path.name:
+        raise ModelError(f"{path} is part of a {count}-part model but not named like its first part (NAME-00001-of-{count:05d}.gguf)")
+    parts = [path.with_name(f"{prefix}-{no:05d}-of-{count:05d}.gguf") for no in range(1, count + 1)]
+    missing = [p.name for p in parts if not p.is_file()]
+    if missing:
+        raise ModelError(f"{path} is the first of {count} parts but {', '.join(missing)} is missing beside it; download every part")
+    return parts
+
+
+def _read_parts(path: Path) -> tuple[GgufHeader, list[Path], GgufHeader]:
+    """The first part's header, every part, and a header whose tensor table spans all parts."""
+    header = read_gguf_header(path)
+    parts = split_parts(path, header)
+    tensors = [t for part in parts[1:] for t in read_gguf_header(part).tensors]
+    return header, parts, replace(header, tensors=header.tensors + tuple(tensors))
+
+
+def _file_type_name(header: GgufHeader) -> str | None:
+    from gguf import LlamaFileType
+
+    file_type = header.get("general.file_type")
+    try:
+        return LlamaFileType(file_type).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+    except ValueError:
+        return None
+
+
+def _describe_gguf(name: str, path: Path, last_used: float | None) -> InstalledModel:
+    try:
+        first, parts, whole = _read_parts(path)
+    except ModelError as error:
+        return InstalledModel(name, "gguf", path, path.stat().st_size, last_used=last_used, problem=str(error))
+    context = first.arch_value("context_length")
+    return InstalledModel(
+        name, "gguf", path,
+        size=sum(part.stat().st_size for part in parts),
+        quantization=_file_type_name(first) or hub.quant_label(path.name),
+        parameters=sum(math.prod(t.shape) for t in whole.tensors),
+        context_length=context if isinstance(context, int) else None,
+        architecture=first.architecture,
+        last_used=last_used,
+    )
+
+
+def _describe_onnx(name: str, folder: Path, last_used: float | None) -> InstalledModel:
+    from localchat.backends.onnx import read_metadata
+
+    size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+    try:
+        meta = read_metadata(folder)
+    except ModelError as error:
+        return InstalledModel(name, "onnx", folder, size, last_used=last_used, problem=str(error))
+    context = meta.get("n_ctx_train")
+    return InstalledModel(
+        name, "onnx", folder, size,
+        quantization=str(meta["quant"]),
+        context_length=context if isinstance(context, int) else None,
+        architecture=str(meta["architecture"]),
+        last_used=last_used,
+    )
+
+
+def installed_models(settings: Settings) -> list[InstalledModel]:
+    """The models on this machine: the models folder (the default model once made) and the GGUF
+    models in the Hugging Face cache, with what their headers say and when each was last used."""
+    usage = ModelUsage(settings.model_usage_path).read()
+    rows = []
+    for ref in local_models(settings):
+        name = DEFAULT_MODEL_NAME if ref.path.name == DEFAULT_MODEL_FILE else ref.name
+        describe = _describe_gguf if ref.format == "gguf" else _describe_onnx
+        rows.append(describe(name, ref.path, usage.get(usage_key(ref))))
+    for cached in hub.cached_models(settings):
+        rows.append(_describe_gguf(cached.name, cached.path, usage.get(cached.name)))
+    return rows
+
+
+@dataclass(frozen=True)
+class RemovedModel:
+    names: tuple[str, ...]
+    freed_bytes: int
+
+
+def remove_model(model: str, settings: Settings) -> RemovedModel:
+    """Delete a model from the models folder or the Hugging Face cache, by the name `localchat list` shows."""
+    local = DEFAULT_MODEL_FILE.removesuffix(".gguf") if model == DEFAULT_MODEL_NAME else model
+    ref = _local_model(local, settings)
+    if ref is not None:
+        if ref.format == "onnx":
+            freed = sum(p.stat().st_size for p in ref.path.rglob("*") if p.is_file())
+            shutil.rmtree(ref.path)
+        else:
+            freed = ref.path.stat().st_size
+            ref.path.unlink()
+            _verified_marker(ref.path).unlink(missing_ok=True)
+        return RemovedModel((model,), freed)
+    name = hub.HubModelName.parse(model)
+    if name is None:
+        raise ModelError(f"no model named '{model}' is installed; `localchat list` shows the names to give")
+    removal = hub.remove(name, settings)
+    return RemovedModel(removal.names, removal.freed_bytes)
 
 
 def gguf_facts(header: GgufHeader) -> ModelFacts:
@@ -143,7 +342,9 @@ def gguf_facts(header: GgufHeader) -> ModelFacts:
 
 
 def inspect_gguf(path: Path) -> tuple[GgufHeader, ModelFacts]:
+    """The header and planner facts of a GGUF model (its tensors counted over every part of a split
+    one), refusing one llama.cpp could not load safely."""
     if path.stat().st_size == 0:
         raise ModelError(f"{path} is empty; download or convert it again")
-    header = read_gguf_header(path)
-    return header, gguf_facts(header)
+    header, _, whole = _read_parts(path)
+    return header, gguf_facts(whole)

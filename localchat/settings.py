@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 import platformdirs
 
@@ -19,6 +20,13 @@ def _home_from_env() -> tuple[Path, Path]:
     return Path(platformdirs.user_data_dir("localchat")), Path(platformdirs.user_cache_dir("localchat"))
 
 
+def _hub_constants() -> ModuleType:
+    """huggingface_hub's reading of HF_HOME, HF_HUB_CACHE, HF_ENDPOINT and HF_HUB_OFFLINE (done at its import)."""
+    from huggingface_hub import constants
+
+    return constants
+
+
 @dataclass(frozen=True)
 class Settings:
     data_dir: Path = field(default_factory=lambda: _home_from_env()[0])
@@ -27,10 +35,19 @@ class Settings:
     prefix_cache_ram_bytes: int = 1024 * MIB
     # Saved KV states spilled to disk when RAM is full; 0 turns the disk tier off.
     prefix_cache_disk_bytes: int = 4096 * MIB
+    # Models pulled from the Hugging Face hub live in its own cache, shared with other tools.
+    hf_cache_dir: Path = field(default_factory=lambda: Path(_hub_constants().HF_HUB_CACHE))
+    hf_endpoint: str = field(default_factory=lambda: _hub_constants().ENDPOINT)
+    hf_offline: bool = field(default_factory=lambda: _hub_constants().is_offline_mode())
 
     @property
     def models_dir(self) -> Path:
         return self.cache_dir / "models"
+
+    @property
+    def model_usage_path(self) -> Path:
+        """When each model was last loaded (`localchat list`)."""
+        return self.data_dir / "model-usage.json"
 
     @property
     def prefix_cache_dir(self) -> Path:
