@@ -20,7 +20,7 @@ import time
 import llama_cpp
 import numpy as np
 
-from localchat.backends.base import SamplerSettings
+from localchat.backends.base import ARGMAX
 from localchat.backends.llamacpp import PROMPT_BATCH
 from localchat.engine import Engine
 from localchat.planner import PlanRequest
@@ -65,7 +65,7 @@ def localchat_tok_s(engine: Engine, n_tokens: int) -> float:
     session = engine.sessions[0]
     session.reset()
     prompt = engine.backend.tokenize(PROMPT, add_bos=True, special=False)
-    settings = GenerationSettings(max_tokens=n_tokens + 1, sampler=SamplerSettings(temperature=0), ignore_eos=True)
+    settings = GenerationSettings(max_tokens=n_tokens + 1, sampler=ARGMAX, ignore_eos=True)
     generation = session.generate(prompt, settings)
     generation.text()
     assert generation.stats is not None

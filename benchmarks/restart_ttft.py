@@ -11,13 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 
-from localchat.backends.base import SamplerSettings
+from localchat.backends.base import ARGMAX
 from localchat.engine import Engine
 from localchat.planner import PlanRequest
 from localchat.session import Chat, GenerationSettings, GenerationStats
 from localchat.templates import Message
 
-GREEDY = GenerationSettings(max_tokens=32, sampler=SamplerSettings(temperature=0))
+GREEDY = GenerationSettings(max_tokens=32, sampler=ARGMAX)
 SYSTEM = "You are the keeper of a lighthouse and answer questions about its history. " * 60
 REQUEST = PlanRequest(n_ctx=4096)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from importlib.resources import files
 
-from localchat.backends.base import SamplerSettings
+from localchat.backends.base import ARGMAX
 from localchat.engine import Engine
 from localchat.hardware import MIB, peak_rss_bytes
 from localchat.session import Chat, GenerationSettings, GenerationStats
@@ -22,7 +22,7 @@ TURN_QUESTIONS = (
     "What did visiting children learn at the tower?",
     "What does the last entry in the notebook say?",
 )
-GREEDY = SamplerSettings(temperature=0)
+GREEDY = ARGMAX
 
 
 def bench_text() -> str:

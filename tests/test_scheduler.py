@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from localchat.backends.base import SamplerSettings
+from localchat.backends.base import ARGMAX
 from localchat.engine import Engine
 from localchat.planner import PlanRequest
 from localchat.scheduler import QueueFullError, ReplyDone, ReplyEvent, Scheduler, TextDelta
@@ -17,7 +17,7 @@ from localchat.session import GenerationSettings, GenerationStats, tokenize_chat
 from localchat.settings import Settings
 from localchat.templates import Message
 
-GREEDY = GenerationSettings(max_tokens=16, sampler=SamplerSettings(temperature=0))
+GREEDY = GenerationSettings(max_tokens=16, sampler=ARGMAX)
 
 
 @pytest.fixture(scope="module")

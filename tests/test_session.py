@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from localchat.backends.base import SamplerSettings
+from localchat.backends.base import ARGMAX, SamplerSettings
 from localchat.backends.llamacpp import LlamaSampler
 from localchat.bench import bench_text
 import localchat.engine as engine_module
@@ -22,7 +22,7 @@ from localchat.session import PREFILL_CHUNK, Chat, GenerationSettings
 from localchat.settings import Settings
 from localchat.templates import Message
 
-GREEDY = GenerationSettings(max_tokens=24, sampler=SamplerSettings(temperature=0))
+GREEDY = GenerationSettings(max_tokens=24, sampler=ARGMAX)
 SYSTEM = "You answer questions about geography. " * 12
 
 
@@ -96,7 +96,7 @@ def test_a_new_chat_with_a_known_system_prompt_restores_it_from_the_prefix_cache
 
 def test_cancel_keeps_the_kv_cache_consistent(fresh: Engine) -> None:
     chat = fresh.new_chat(SYSTEM)
-    generation = chat.send("Describe the Alps.", GenerationSettings(max_tokens=200, sampler=SamplerSettings(temperature=0)))
+    generation = chat.send("Describe the Alps.", GenerationSettings(max_tokens=200, sampler=ARGMAX))
     pieces = []
     for piece in generation:
         pieces.append(piece)
@@ -231,7 +231,7 @@ def test_plain_greedy_picks_what_llamas_greedy_sampler_picks(fresh: Engine, monk
 
     def reply() -> tuple[int, ...]:
         fresh.sessions[0].reset()
-        generation = fresh.sessions[0].generate(prompt, GenerationSettings(max_tokens=32, sampler=SamplerSettings(temperature=0)))
+        generation = fresh.sessions[0].generate(prompt, GenerationSettings(max_tokens=32, sampler=ARGMAX))
         generation.text()
         assert generation.stats is not None
         return generation.stats.completion_ids
@@ -252,7 +252,7 @@ def test_penalties_run_in_llamas_sampler_chain_and_change_a_repetitive_reply(fre
         assert generation.stats is not None
         return generation.stats.completion_ids
 
-    plain = reply(SamplerSettings(temperature=0))
+    plain = reply(ARGMAX)
     penalised = reply(SamplerSettings(temperature=0, repeat_penalty=1.5, presence_penalty=1.0, frequency_penalty=1.0))
     assert penalised != plain
     # Each repeated token is penalised: the penalised reply repeats its most frequent token less.

@@ -36,18 +36,32 @@ class ModelInfo:
     extra: dict[str, str] = field(default_factory=dict)
 
 
+# DRY's sequence breakers (llama.cpp's defaults): a repeat is never matched across a token that
+# holds one of them, so lines, key/value pairs and quotes may start alike.
+DRY_SEQUENCE_BREAKERS = ("\n", ":", '"', "*")
+
+
 @dataclass(frozen=True)
 class SamplerSettings:
-    """Sampling parameters; `temperature == 0` means greedy."""
+    """Sampling parameters; `temperature == 0` means greedy (penalties still apply: see ARGMAX).
+
+    The defaults stop small models' loops: a repeat penalty of 1.1 over the last 64 tokens
+    (Ollama's default) and DRY ("don't repeat yourself", llama.cpp's suggested 0.8 / 1.75 / 2),
+    which penalises a token that would extend a sequence already seen, the more the longer.
+    """
 
     temperature: float = 0.8
     top_k: int = 40
     top_p: float = 0.95
     min_p: float = 0.05
-    repeat_penalty: float = 1.0
+    repeat_penalty: float = 1.1
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     penalty_last_n: int = 64
+    dry_multiplier: float = 0.8
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = -1
     seed: int | None = None
 
     def __post_init__(self) -> None:
@@ -60,6 +74,10 @@ class SamplerSettings:
             (-2 <= self.presence_penalty <= 2, "presence_penalty must be in [-2, 2]"),
             (-2 <= self.frequency_penalty <= 2, "frequency_penalty must be in [-2, 2]"),
             (self.penalty_last_n >= -1, "penalty_last_n must be >= -1 (-1 means the whole context)"),
+            (self.dry_multiplier >= 0, "dry_multiplier must be >= 0 (0 disables DRY)"),
+            (self.dry_base >= 1, "dry_base must be >= 1"),
+            (self.dry_allowed_length >= 1, "dry_allowed_length must be >= 1"),
+            (self.dry_penalty_last_n >= -1, "dry_penalty_last_n must be >= -1 (-1 means the whole context)"),
             (self.seed is None or 0 <= self.seed < 2**32, "seed must be in [0, 2**32)"),
         ]
         for ok, message in checks:
@@ -71,9 +89,28 @@ class SamplerSettings:
         return self.temperature == 0
 
     @property
+    def repeat_penalized(self) -> bool:
+        """Whether the repeat, frequency or presence penalty is on."""
+        return self.penalty_last_n != 0 and (self.repeat_penalty, self.frequency_penalty, self.presence_penalty) != (1.0, 0.0, 0.0)
+
+    @property
+    def dry(self) -> bool:
+        return self.dry_multiplier > 0 and self.dry_penalty_last_n != 0
+
+    @property
     def penalized(self) -> bool:
         """Whether a penalty is on: the sampler must then remember the tokens it has seen."""
-        return (self.repeat_penalty, self.frequency_penalty, self.presence_penalty) != (1.0, 0.0, 0.0)
+        return self.repeat_penalized or self.dry
+
+    @property
+    def history_window(self) -> int:
+        """How many of the latest tokens the penalties look at (-1: all of them)."""
+        windows = [n for n, on in ((self.penalty_last_n, self.repeat_penalized), (self.dry_penalty_last_n, self.dry)) if on]
+        return -1 if -1 in windows else max(windows, default=0)
+
+
+# The model's own top token at every step, no penalty: for exactness checks and speed figures.
+ARGMAX = SamplerSettings(temperature=0, repeat_penalty=1.0, dry_multiplier=0.0)
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,13 @@ import struct
 import threading
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
-from localchat.backends.base import ModelInfo, SamplerSettings, TokenScores, score_rows
+from localchat.backends.base import DRY_SEQUENCE_BREAKERS, ModelInfo, SamplerSettings, TokenScores, score_rows
 from localchat.errors import ContextOverflowError, InferenceError, ModelError
 from localchat.models import ONNX_MARKER
 from localchat.planner import BuildFeatures, ModelFacts, Plan
@@ -29,6 +30,8 @@ PROMPT_CHUNK = 512
 SCORE_CHUNK = 64
 # Candidates for sampling: logits this far below the best have a relative weight under e^-30.
 CANDIDATE_MARGIN = 30.0
+# About ln(FLT_MAX): DRY's exponent is capped so that base^exponent stays a finite float32.
+FLOAT_MAX_LOG = 88.7228391
 SUPPORTED_FORMAT = 1
 _STATE_MAGIC = b"LCOX1"
 CUDA = "CUDAExecutionProvider"
@@ -78,19 +81,24 @@ def onnx_facts(folder: Path) -> ModelFacts:
 
 
 class NumpySampler:
-    """Temperature, top-k, top-p, min-p and penalties over one logits row, on a few candidates.
+    """Penalties, DRY, temperature, top-k, top-p and min-p over one logits row, as llama.cpp's
+    chain does them, on a few candidates.
 
     Only tokens within CANDIDATE_MARGIN of the best logit are looked at, so after one pass over
     the vocabulary the work scales with the candidates, not the vocabulary."""
 
-    def __init__(self, settings: SamplerSettings) -> None:
+    def __init__(self, settings: SamplerSettings, dry_breakers: np.ndarray | None = None) -> None:
+        """`dry_breakers`: a mask over the vocabulary of the tokens that hold a DRY sequence breaker."""
         self.settings = settings
         self.rng = np.random.default_rng(settings.seed)
-        window = settings.penalty_last_n
+        window = settings.history_window
         self.history: deque[int] = deque(maxlen=None if window < 0 else window)
+        self.dry_breakers = dry_breakers
+        if settings.dry and dry_breakers is None:
+            raise ValueError("DRY needs the mask of the tokens that break a sequence")
 
     def accept(self, tokens: Sequence[int]) -> None:
-        if self.settings.penalized and self.history.maxlen != 0:
+        if self.settings.penalized:
             self.history.extend(int(t) for t in tokens)
 
     def reset(self) -> None:
@@ -99,9 +107,20 @@ class NumpySampler:
     def close(self) -> None:
         pass
 
-    def _penalise(self, logits: np.ndarray) -> None:
-        """Penalties on the recent tokens, in place (the row is rewritten by the next run)."""
-        counts = Counter(self.history)
+    def _recent(self, n: int) -> list[int]:
+        """The last `n` tokens seen (-1: all)."""
+        start = 0 if n < 0 else max(len(self.history) - n, 0)
+        return list(islice(self.history, start, None))
+
+    def penalise(self, logits: np.ndarray) -> None:
+        """The penalties and DRY, in place (the row is rewritten by the next run)."""
+        if self.settings.repeat_penalized and self.history:
+            self._repeat_penalties(logits)
+        if self.settings.dry:
+            self._dry(logits)
+
+    def _repeat_penalties(self, logits: np.ndarray) -> None:
+        counts = Counter(self._recent(self.settings.penalty_last_n))
         ids = np.fromiter(counts, dtype=np.int64, count=len(counts))
         n = np.fromiter(counts.values(), dtype=np.float32, count=len(counts))
         values = logits[ids]
@@ -110,15 +129,50 @@ class NumpySampler:
         values -= n * s.frequency_penalty + s.presence_penalty
         logits[ids] = values
 
+    def _dry(self, logits: np.ndarray) -> None:
+        """DRY, as llama.cpp's `llama_sampler_dry_apply` does it, in place: a token that would
+        extend a repeat of the text's end (since its last sequence breaker) by at least
+        `dry_allowed_length` tokens loses multiplier * base^(length - allowed_length)."""
+        s, breakers = self.settings, self.dry_breakers
+        assert breakers is not None
+        tail = np.asarray(self._recent(s.dry_penalty_last_n), dtype=np.int64)
+        n = len(tail)
+        if n <= s.dry_allowed_length:
+            return
+        stops = np.flatnonzero(breakers[tail])
+        limit = n - 1 - int(stops[-1]) if len(stops) else n
+        if limit < s.dry_allowed_length:
+            return
+        # length[e]: how many tokens ending at e equal the tokens at the end (at most `limit`).
+        length = np.zeros(n - 1, dtype=np.int64)
+        alive = np.arange(n - 1)
+        for k in range(limit):
+            alive = alive[alive >= k]
+            alive = alive[tail[alive - k] == tail[n - 1 - k]]
+            if not len(alive):
+                break
+            length[alive] = k + 1
+        ends = np.flatnonzero(length >= s.dry_allowed_length)
+        if not len(ends):
+            return
+        ids, where = np.unique(tail[ends + 1], return_inverse=True)
+        longest = np.zeros(len(ids), dtype=np.int64)
+        np.maximum.at(longest, where, length[ends])
+        keep = ~breakers[ids]
+        exponent = longest[keep] - s.dry_allowed_length
+        if s.dry_base > 1.000001:  # llama.cpp's guard against float overflow
+            exponent = np.minimum(exponent, int(FLOAT_MAX_LOG / np.log(s.dry_base)))
+        logits[ids[keep]] -= (s.dry_multiplier * s.dry_base ** exponent.astype(np.float64)).astype(np.float32)
+
     def pick(self, logits: np.ndarray) -> int:
         s = self.settings
-        if s.penalized and self.history:
-            self._penalise(logits)
+        if s.penalized:
+            self.penalise(logits)
         if s.greedy:
             token = int(logits.argmax())
         else:
             token = self._sample(logits)
-        if s.penalized and self.history.maxlen != 0:
+        if s.penalized:
             self.history.append(token)
         return token
 
@@ -202,6 +256,7 @@ class OnnxBackend:
         self._special = {i for i, t in self._tokenizer.get_added_tokens_decoder().items() if t.special}
         self._decoder_kind = self._detect_decoder(path)
         self._piece_cache: dict[int, bytes] = {}
+        self._breaker_mask: np.ndarray | None = None
         self.info = ModelInfo(
             path=path,
             name=str(meta.get("name") or path.name),
@@ -335,7 +390,16 @@ class OnnxBackend:
     # -- sampling ------------------------------------------------------------------
 
     def make_sampler(self, settings: SamplerSettings) -> NumpySampler:
-        return NumpySampler(settings)
+        return NumpySampler(settings, self._dry_breakers() if settings.dry else None)
+
+    def _dry_breakers(self) -> np.ndarray:
+        """Which tokens hold a DRY sequence breaker (computed once: one pass over the vocabulary)."""
+        if self._breaker_mask is None:
+            marks = [b.encode() for b in DRY_SEQUENCE_BREAKERS]
+            self._breaker_mask = np.fromiter(
+                (any(m in self._piece(t) for m in marks) for t in range(self.info.n_vocab)), dtype=bool, count=self.info.n_vocab
+            )
+        return self._breaker_mask
 
     def sample(self, seq: int, sampler: NumpySampler) -> int:  # type: ignore[override]
         return sampler.pick(self._logits[seq])

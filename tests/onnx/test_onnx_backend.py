@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from converters.verify import reference_tokenize, verify_text
-from localchat.backends.base import SamplerSettings
+from localchat.backends.base import ARGMAX, SamplerSettings
 from localchat.cli import main
 from localchat.engine import Engine
 from localchat.session import GenerationSettings
 
-GREEDY = SamplerSettings(temperature=0)
+GREEDY = ARGMAX
 
 
 def _tokens(engine: Engine, n: int) -> list[int]:
@@ -84,7 +85,7 @@ def test_sampling_is_seeded_and_respects_top_k(gemma_engine: Engine) -> None:
         runs.append(generation.stats.completion_ids)
     assert runs[0] == runs[1]
     session.reset()
-    top1 = session.generate(prompt, GenerationSettings(max_tokens=8, sampler=SamplerSettings(temperature=0.7, top_k=1), ignore_eos=True))
+    top1 = session.generate(prompt, GenerationSettings(max_tokens=8, sampler=replace(ARGMAX, temperature=0.7, top_k=1), ignore_eos=True))
     top1.text()
     session.reset()
     greedy = session.generate(prompt, GenerationSettings(max_tokens=8, sampler=GREEDY, ignore_eos=True))
@@ -99,7 +100,7 @@ def test_repeat_penalty_changes_a_repetitive_continuation(gemma_engine: Engine) 
     outputs = []
     for penalty in (1.0, 1.8):
         session.reset()
-        sampler = SamplerSettings(temperature=0, repeat_penalty=penalty)
+        sampler = replace(ARGMAX, repeat_penalty=penalty)
         generation = session.generate(prompt, GenerationSettings(max_tokens=6, sampler=sampler, ignore_eos=True))
         generation.text()
         outputs.append(generation.stats.completion_ids)

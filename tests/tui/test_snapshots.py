@@ -1,17 +1,22 @@
 """Layout snapshots at 80x24 in the dark and light themes (pytest-textual-snapshot).
 
-Live numbers (process memory) are pinned before the snapshot so the pictures are stable;
+Live numbers (process memory, a reply's speed) are pinned before the snapshot so the pictures are stable;
 update them with `pytest tests/tui/test_snapshots.py --snapshot-update` after a deliberate change.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 
+from pilot_steps import wait_until
 from textual.pilot import Pilot
 
+from localchat.engine import Engine
 from localchat.history import ConversationStore
-from tui.app import ChatApp
+from tui.app import ChatApp, ReplyStats, ReplyText
+from tui.widgets.messages import AssistantMessage
 from tui.widgets.status import StatusBar
 
 SIZE = (80, 24)
@@ -64,3 +69,42 @@ def test_help_screen_light(snap_compare, make_app: Callable[..., ChatApp]) -> No
 
 def test_model_picker_dark(snap_compare, make_app: Callable[..., ChatApp]) -> None:
     assert snap_compare(make_app(), terminal_size=SIZE, press=["ctrl+o"], run_before=pinned())
+
+
+HAIKU = "Waves fold into foam\nsalt wind carries the gulls home\nthe tide keeps its time"
+
+
+async def writing(pilot: Pilot) -> None:
+    """A reply being written, with the widest figures of a 2k context: its worker is held back
+    (see below), so the text and numbers are ones the app is given."""
+    app = pilot.app
+    assert isinstance(app, ChatApp)
+    await pinned()(pilot)
+    app.query_one(StatusBar).rss_bytes = int(1.2 * 1024**3)
+    app.prompt.text = "Write a haiku about the sea."
+    await pilot.press("enter")
+    await wait_until(pilot, lambda: app.reply is not None)
+    app.post_message(ReplyText(HAIKU))
+    app.post_message(ReplyStats(tokens_per_s=123.4, ttft_s=0.25, context_used=1536))
+    reply = app.query(AssistantMessage).last()
+    await wait_until(pilot, lambda: reply.source == HAIKU and app.query_one(StatusBar).context_used == 1536)
+
+
+def test_reply_being_written_dark(snap_compare, make_app: Callable[..., ChatApp], engine: Engine) -> None:
+    """While a reply streams at 80 columns, speed, context and memory stay whole (issue 14)."""
+    app = make_app()
+    lock, done = engine.sessions[0].lock, threading.Event()
+
+    def release_on_exit() -> None:
+        while app.return_value is None and not done.is_set():  # the screenshot is the return value
+            time.sleep(0.01)
+        lock.release()
+
+    lock.acquire()  # the reply's worker waits for the session until the screenshot is taken
+    releaser = threading.Thread(target=release_on_exit)
+    releaser.start()
+    try:
+        assert snap_compare(app, terminal_size=SIZE, run_before=writing)
+    finally:
+        done.set()
+        releaser.join()

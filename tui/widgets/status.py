@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from rich.cells import cell_len
 from rich.console import RenderableType
-from rich.table import Table
+from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
 MIB = 1024**2
+GAP = "  "
 
 
 def _size(n_bytes: int) -> str:
@@ -15,7 +17,10 @@ def _size(n_bytes: int) -> str:
 
 
 class StatusBar(Widget):
-    """Live numbers on the left, backend and model on the right (cut first when narrow)."""
+    """Live numbers on the left, backend and model on the right.
+
+    When the bar is too narrow, the backend's name goes first, then the time to first token,
+    then the model's name is cut: speed, context and memory always stay whole."""
 
     state: reactive[str] = reactive("starting")
     tokens_per_s: reactive[float | None] = reactive(None)
@@ -27,11 +32,11 @@ class StatusBar(Widget):
     backend: reactive[str] = reactive("")
     model: reactive[str] = reactive("")
 
-    def numbers(self) -> str:
+    def numbers(self, *, ttft: bool = True) -> str:
         parts = [self.state]
         if self.tokens_per_s is not None:
             parts.append(f"{self.tokens_per_s:.1f} tok/s")
-        if self.ttft_s is not None:
+        if ttft and self.ttft_s is not None:
             parts.append(f"TTFT {self.ttft_s:.2f}s")
         if self.context_size:
             parts.append(f"ctx {self.context_used}/{self.context_size}")
@@ -39,11 +44,25 @@ class StatusBar(Widget):
             parts.append(f"RAM {_size(self.rss_bytes)}")
         if self.gpu_bytes is not None:
             parts.append(f"GPU {_size(self.gpu_bytes)}")
-        return "  ".join(parts)
+        return GAP.join(parts)
+
+    def line(self, width: int) -> Text:
+        """The bar's text for `width` cells: the first layout that fits, else the last one with
+        the model's name cut to the room left."""
+        full = self.numbers()
+        layouts = [(full, f"{self.backend} · {self.model}"), (full, self.model), (self.numbers(ttft=False), self.model)]
+        if not self.backend:  # no model loaded yet
+            layouts = [(full, "")]
+        for left, right in layouts:
+            if cell_len(left) + len(GAP) * bool(right) + cell_len(right) <= width:
+                break
+        room = width - cell_len(left) - len(GAP)
+        right_text = Text(right if room > 1 else "", no_wrap=True)
+        right_text.truncate(max(room, 0), overflow="ellipsis")
+        text = Text(left, no_wrap=True, overflow="ellipsis")
+        text.append(" " * max(width - cell_len(left) - right_text.cell_len, 0))
+        text.append_text(right_text)
+        return text
 
     def render(self) -> RenderableType:
-        grid = Table.grid(expand=True, padding=(0, 0, 0, 2))
-        grid.add_column(no_wrap=True)
-        grid.add_column(justify="right", no_wrap=True, overflow="ellipsis")
-        grid.add_row(self.numbers(), f"{self.backend} · {self.model}" if self.backend else "")
-        return grid
+        return self.line(self.content_size.width)

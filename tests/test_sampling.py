@@ -1,0 +1,149 @@
+"""Sampler settings, the penalties both backends apply (llama.cpp's chain and the ONNX backend's
+numpy sampler) and the default settings against a small model's loops."""
+
+from __future__ import annotations
+
+import ctypes
+
+import llama_cpp
+import numpy as np
+import pytest
+
+from localchat.backends.base import ARGMAX, DRY_SEQUENCE_BREAKERS, SamplerSettings
+from localchat.backends.onnx import NumpySampler
+from localchat.engine import Engine
+from localchat.errors import InvalidSettingError
+from localchat.session import Chat, GenerationSettings
+
+# A text whose end repeats what came before, across lines and after a colon.
+REPEATS = (
+    "Note: the sea is deep and the sea is wide.\n"
+    "The sea is deep and the sea is wide and the sea is deep and the sea is\n"
+    "the sea is deep\nthe sea is deep\nthe sea is deep and the sea is deep and the sea"
+)
+
+
+def dry_only(**changes: object) -> SamplerSettings:
+    return SamplerSettings(temperature=0, repeat_penalty=1.0, **changes)  # type: ignore[arg-type]
+
+
+def test_the_defaults_penalise_repeats_and_argmax_does_not() -> None:
+    defaults = SamplerSettings()
+    assert defaults.repeat_penalized and defaults.dry and defaults.penalized
+    assert (defaults.repeat_penalty, defaults.penalty_last_n) == (1.1, 64)
+    assert (defaults.dry_multiplier, defaults.dry_base, defaults.dry_allowed_length) == (0.8, 1.75, 2)
+    assert defaults.history_window == -1  # DRY looks at the whole context
+    assert ARGMAX.greedy and not ARGMAX.penalized and ARGMAX.history_window == 0
+    assert SamplerSettings(temperature=0).penalized  # greedy alone keeps the penalties
+    assert SamplerSettings(dry_multiplier=0).history_window == 64
+    assert not SamplerSettings(dry_multiplier=0, penalty_last_n=0).penalized  # a window of 0 disables them
+
+
+@pytest.mark.parametrize("field", ["dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n"])
+def test_bad_dry_settings_are_refused(field: str) -> None:
+    with pytest.raises(InvalidSettingError, match=field):
+        SamplerSettings(**{field: -2})
+
+
+def test_dry_penalises_the_token_that_would_extend_a_repeat() -> None:
+    breaker = 9
+    mask = np.zeros(10, dtype=bool)
+    mask[breaker] = True
+
+    def penalised(history: list[int], settings: SamplerSettings | None = None) -> np.ndarray:
+        sampler = NumpySampler(settings or dry_only(), mask)
+        sampler.accept(history)
+        logits = np.zeros(10, dtype=np.float32)
+        sampler.penalise(logits)
+        return logits
+
+    # "1 2 3" ends the text and came before, followed by 4: emitting 4 would make it 4 long.
+    expected = np.zeros(10, dtype=np.float32)
+    expected[4] = -0.8 * 1.75 ** (3 - 2)
+    np.testing.assert_allclose(penalised([1, 2, 3, 4, 5, 1, 2, 3]), expected, rtol=1e-6)
+    # The longest repeat counts; a repeat of 1 token is allowed.
+    expected[4] = -0.8 * 1.75 ** (4 - 2)
+    np.testing.assert_allclose(penalised([0, 1, 2, 3, 4, 0, 1, 2, 3]), expected, rtol=1e-6)
+    # A breaker since the repeat began limits it to the tokens after the breaker...
+    assert penalised([0, 1, 2, 3, 4, 0, 9, 2, 3])[4] == pytest.approx(-0.8)
+    assert not penalised([0, 1, 2, 3, 4, 0, 1, 9, 3]).any()
+    # ...and a token holding a breaker is never penalised.
+    assert not penalised([1, 2, 9, 5, 1, 2]).any()
+    assert not penalised([1, 2, 3, 4, 5, 1, 2, 3], dry_only(dry_multiplier=0.0)).any()
+    # Only the last dry_penalty_last_n tokens are looked at.
+    assert not penalised([1, 2, 3, 4, 5, 1, 2, 3], dry_only(dry_penalty_last_n=5)).any()
+
+
+def test_the_numpy_sampler_picks_after_the_penalties() -> None:
+    mask = np.zeros(10, dtype=bool)
+    sampler = NumpySampler(SamplerSettings(temperature=0, dry_multiplier=0.0, repeat_penalty=2.0), mask)
+    sampler.accept([3])
+    logits = np.array([0, 0, 0, 3, 2, 0, 0, 0, 0, 0], dtype=np.float32)
+    assert sampler.pick(logits) == 4  # 3's logit halved to 1.5
+    assert sampler.pick(np.array([0, 0, 0, 3, 2.5, 0, 0, 0, 0, 0], dtype=np.float32)) == 3  # 4 now penalised too
+
+
+def llama_penalised(engine: Engine, settings: SamplerSettings, history: list[int], logits: np.ndarray) -> np.ndarray:
+    """The logits after llama.cpp's chain for `settings` (greedy, so its last step changes none)."""
+    sampler = engine.backend.make_sampler(settings)
+    try:
+        sampler.accept(history)
+        data = (llama_cpp.llama_token_data * len(logits))()
+        rows = np.frombuffer(data, dtype=np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")]))
+        rows["id"], rows["logit"], rows["p"] = np.arange(len(logits)), logits, 0
+        candidates = llama_cpp.llama_token_data_array(data=data, size=len(logits), selected=-1, sorted=False)
+        llama_cpp.llama_sampler_apply(sampler.chain, ctypes.byref(candidates))  # type: ignore[attr-defined]
+        return rows["logit"][np.argsort(rows["id"])].copy()
+    finally:
+        sampler.close()
+
+
+def llama_breakers(engine: Engine, tokens: list[int]) -> np.ndarray:
+    """A mask of the tokens whose text holds a sequence breaker, as llama.cpp's DRY finds them;
+    right for `tokens` (all the numpy sampler looks at when it has seen only those)."""
+    mask = np.zeros(engine.backend.info.n_vocab, dtype=bool)
+    for token in set(tokens):
+        mask[token] = any(b in engine.backend.token_text(token) for b in DRY_SEQUENCE_BREAKERS)
+    return mask
+
+
+@pytest.mark.parametrize(
+    "sampler",
+    [
+        SamplerSettings(temperature=0),
+        SamplerSettings(temperature=0, repeat_penalty=1.3, frequency_penalty=0.2, presence_penalty=0.1, penalty_last_n=16),
+        dry_only(dry_multiplier=1.5, dry_base=2.0, dry_allowed_length=3, dry_penalty_last_n=40),
+    ],
+    ids=["defaults", "repeat", "dry"],
+)
+def test_the_numpy_sampler_penalises_as_llamas_chain_does(engine: Engine, sampler: SamplerSettings) -> None:
+    backend = engine.backend
+    history = backend.tokenize(REPEATS, add_bos=True, special=False)
+    logits = np.random.default_rng(0).normal(0, 4, backend.info.n_vocab).astype(np.float32)
+    ours = logits.copy()
+    numpy_sampler = NumpySampler(sampler, llama_breakers(engine, history))
+    numpy_sampler.accept(history)
+    numpy_sampler.penalise(ours)
+    theirs = llama_penalised(engine, sampler, history, logits)
+    assert (ours != logits).any()  # the text does get penalised
+    np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-5)
+
+
+def test_greedy_takes_the_argmax_shortcut_only_without_penalties(engine: Engine) -> None:
+    assert engine.backend.make_sampler(ARGMAX).argmax_only  # type: ignore[attr-defined]
+    for settings in (SamplerSettings(temperature=0), dry_only(), SamplerSettings(temperature=0, dry_multiplier=0)):
+        assert not engine.backend.make_sampler(settings).argmax_only  # type: ignore[attr-defined]
+
+
+def test_the_default_penalties_stop_a_loop_of_the_default_model(engine: Engine) -> None:
+    """Issue 14: the default model answered "Write a haiku about the sea." with the same lines over and over."""
+
+    def loops(sampler: SamplerSettings) -> bool:
+        """Whether a run of up to 4 non-empty lines comes 3 times in a row in the reply."""
+        chat = Chat(engine.sessions[0], engine.template)
+        text = chat.send("Write a haiku about the sea.", GenerationSettings(max_tokens=64, sampler=sampler)).text()
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        return any(lines[i : i + n] * 3 == lines[i : i + 3 * n] for n in range(1, 5) for i in range(len(lines)))
+
+    assert loops(ARGMAX)
+    assert not loops(SamplerSettings(temperature=0))
