@@ -41,7 +41,9 @@ def _add_sampler_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=defaults.top_k, help="(default: %(default)s)")
     parser.add_argument("--top-p", type=float, default=defaults.top_p, help="(default: %(default)s)")
     parser.add_argument("--min-p", type=float, default=defaults.min_p, help="(default: %(default)s)")
-    parser.add_argument("--repeat-penalty", type=float, default=defaults.repeat_penalty, help="(default: %(default)s)")
+    parser.add_argument("--repeat-penalty", type=float, default=defaults.repeat_penalty, help="1 disables it (default: %(default)s)")
+    parser.add_argument("--dry-multiplier", type=float, default=defaults.dry_multiplier,
+                        help="DRY repetition penalty; 0 disables it (default: %(default)s)")
     parser.add_argument("--seed", type=int, help="random seed, for repeatable sampling")
 
 
@@ -52,6 +54,7 @@ def _sampler_settings(args: argparse.Namespace) -> SamplerSettings:
         top_p=args.top_p,
         min_p=args.min_p,
         repeat_penalty=args.repeat_penalty,
+        dry_multiplier=args.dry_multiplier,
         seed=args.seed,
     )
 

@@ -33,7 +33,8 @@ def test_run_streams_an_answer_and_reports_stats(localchat_home: Path, default_m
 @pytest.mark.slow  # runs the real model without the default_model fixture
 def test_raw_greedy_runs_are_repeatable_and_read_stdin(localchat_home: Path) -> None:
     outputs = [
-        localchat("run", "--raw", "-n", "8", "--temperature", "0", "-", home=localchat_home, stdin="The capital of France is").stdout
+        localchat("run", "--raw", "-n", "8", "--temperature", "0", "--repeat-penalty", "1", "--dry-multiplier", "0", "-",
+                  home=localchat_home, stdin="The capital of France is").stdout
         for _ in range(2)
     ]
     assert outputs[0] == outputs[1] and "France" in outputs[0]
