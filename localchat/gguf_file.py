@@ -1,36 +1,66 @@
-"""Reads a GGUF file's header: metadata and tensor table, without touching tensor data.
+"""Reads and checks a GGUF file's header: metadata and tensor table, without touching tensor data.
 
 `gguf.GGUFReader` builds numpy views of every metadata array (Gemma's 262k-token vocabulary) and
-takes about 11 s for the default model; this reader skips arrays and takes milliseconds. It also
-checks the file is whole, so a truncated download is reported before llama.cpp sees it.
+takes about 11 s for the default model; this reader skips arrays and takes a fraction of a second.
+It refuses what llama.cpp's gguf.cpp refuses (truncation, absurd counts and lengths, unknown types,
+bad shapes, tensor data out of place), and a vocabulary with a repeated entry, on which llama.cpp's
+loader aborts the process: a damaged file is one ModelError naming the problem, never a crash.
 """
 
 from __future__ import annotations
 
+import mmap
+import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+import numpy as np
+from gguf.constants import GGML_QUANT_SIZES, GGUFValueType
 
 from localchat.errors import ModelError
 
 GGUF_MAGIC = b"GGUF"
+SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
+# llama.cpp maps the file and asserts that every tensor's data is 32-byte aligned in memory.
+MIN_ALIGNMENT = 32
+# llama.cpp's limits (ggml.h, gguf.cpp).
+MAX_DIMS = 4
+MAX_NAME_BYTES = 63  # GGML_MAX_NAME, less the terminating NUL
+MAX_STRING_BYTES = 1 << 30
+MAX_ARRAY_ITEMS = 1 << 30
+INT64_MAX = (1 << 63) - 1
+# The smallest a metadata entry (key length, a 1-byte key, type, a 1-byte value) and a tensor
+# info (name length, n_dims, type, offset) can be: a count the file cannot hold is refused
+# before it is looped over.
+MIN_KV_BYTES = 8 + 1 + 4 + 1
+MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8
+# Numeric arrays up to this length are kept (per-layer head counts); longer ones only counted.
+MAX_KEPT_ARRAY = 1024
+# llama.cpp maps each entry of the vocabulary to its id and asserts that none repeats.
+VOCABULARY_KEY = "tokenizer.ggml.tokens"
 
-_SCALAR_FORMATS: dict[GGUFValueType, str] = {
-    GGUFValueType.UINT8: "<B",
-    GGUFValueType.INT8: "<b",
-    GGUFValueType.UINT16: "<H",
-    GGUFValueType.INT16: "<h",
-    GGUFValueType.UINT32: "<I",
-    GGUFValueType.INT32: "<i",
-    GGUFValueType.FLOAT32: "<f",
-    GGUFValueType.BOOL: "<?",
-    GGUFValueType.UINT64: "<Q",
-    GGUFValueType.INT64: "<q",
-    GGUFValueType.FLOAT64: "<d",
+# ggml type id -> (values per block, bytes per block).
+_TYPE_SIZES: dict[int, tuple[int, int]] = {int(t): sizes for t, sizes in GGML_QUANT_SIZES.items()}
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+_I64 = struct.Struct("<q")
+# A tensor info after its name and n_dims: the shape (n_dims int64), the ggml type and the data offset.
+_TENSOR_FIELDS = [struct.Struct(f"<{n}qIQ") for n in range(MAX_DIMS + 1)]
+_SCALAR_FORMATS: dict[GGUFValueType, struct.Struct] = {
+    GGUFValueType.UINT8: struct.Struct("<B"),
+    GGUFValueType.INT8: struct.Struct("<b"),
+    GGUFValueType.UINT16: struct.Struct("<H"),
+    GGUFValueType.INT16: struct.Struct("<h"),
+    GGUFValueType.UINT32: _U32,
+    GGUFValueType.INT32: struct.Struct("<i"),
+    GGUFValueType.FLOAT32: struct.Struct("<f"),
+    GGUFValueType.BOOL: struct.Struct("<?"),
+    GGUFValueType.UINT64: _U64,
+    GGUFValueType.INT64: _I64,
+    GGUFValueType.FLOAT64: struct.Struct("<d"),
 }
 
 
@@ -53,9 +83,28 @@ class GgufHeader:
     array_lengths: dict[str, int]
     tensors: tuple[GgufTensor, ...]
     data_offset: int
+    # Numeric arrays: item type and where the values start in the file.
+    numeric_arrays: dict[str, tuple[GGUFValueType, int]] = field(default_factory=dict)
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(key, default)
+
+    def numeric_array(self, key: str) -> np.ndarray | None:
+        """The values of the numeric array `key`, read from the file (`metadata` keeps short ones)."""
+        if key not in self.numeric_arrays:
+            return None
+        item_type, offset = self.numeric_arrays[key]
+        dtype = np.dtype(_SCALAR_FORMATS[item_type].format)
+        size = self.array_lengths[key] * dtype.itemsize
+        try:
+            with self.path.open("rb") as stream:
+                stream.seek(offset)
+                data = stream.read(size)
+        except OSError as error:
+            raise ModelError(f"{self.path} cannot be read: {error.strerror or error}") from None
+        if len(data) != size:
+            raise ModelError(f"{self.path} changed while it was being read; try again")
+        return np.frombuffer(data, dtype=dtype)
 
     @property
     def architecture(self) -> str:
@@ -66,105 +115,230 @@ class GgufHeader:
         return self.metadata.get(f"{self.architecture}.{key}", default)
 
 
-class _Reader:
-    def __init__(self, stream: BinaryIO, path: Path, size: int) -> None:
-        self._stream = stream
-        self._path = path
-        self._size = size
-
-    def read(self, n: int) -> bytes:
-        # A corrupt length must not turn into a huge allocation.
-        if n > self._size - self._stream.tell():
-            raise ModelError(f"{self._path} is truncated or corrupt: its GGUF header runs past the end of the file")
-        data = self._stream.read(n)
-        if len(data) != n:
-            raise ModelError(f"{self._path} is truncated: its GGUF header ends early; download or convert it again")
-        return data
-
-    def unpack(self, fmt: str) -> Any:
-        return struct.unpack(fmt, self.read(struct.calcsize(fmt)))[0]
-
-    def string(self) -> str:
-        return self.read(self.unpack("<Q")).decode("utf-8", errors="replace")
-
-    def skip(self, n: int) -> None:
-        self._stream.seek(n, 1)
-
-    def value(self, value_type: GGUFValueType) -> Any:
-        if value_type == GGUFValueType.STRING:
-            return self.string()
-        return self.unpack(_SCALAR_FORMATS[value_type])
+def _quote(name: str) -> str:
+    """A key or tensor name for a message: escaped, and cut if long (a damaged one may be neither)."""
+    return repr(name[:60]) + ("..." if len(name) > 60 else "")
 
 
-def _value_type(raw: int, path: Path) -> GGUFValueType:
+def _corrupt(path: Path, detail: str) -> ModelError:
+    return ModelError(f"{path} is corrupt: {detail}; download or convert it again")
+
+
+def _past_end(path: Path, detail: str) -> ModelError:
+    return ModelError(
+        f"{path} is truncated or corrupt: its GGUF header runs past the end of the file ({detail}); "
+        "download or convert it again"
+    )
+
+
+class _Cursor:
+    """Bounds-checked little-endian reads over the mapped file."""
+
+    def __init__(self, data: mmap.mmap, path: Path) -> None:
+        self.data = data
+        self.path = path
+        self.pos = 0
+
+    def remaining(self) -> int:
+        return len(self.data) - self.pos
+
+    def skip(self, n: int, what: str) -> int:
+        """Move past the `n` bytes of `what`; returns where they start."""
+        start = self.pos
+        if n > len(self.data) - start:
+            raise _past_end(self.path, f"{what}, {n:,} bytes at byte {start:,}")
+        self.pos = start + n
+        return start
+
+    def unpack(self, fmt: struct.Struct, what: str) -> Any:
+        return fmt.unpack_from(self.data, self.skip(fmt.size, what))[0]
+
+    def raw_string(self, what: str) -> bytes:
+        n = self.unpack(_U64, f"the length of {what}")
+        if n > MAX_STRING_BYTES:
+            raise _corrupt(self.path, f"{what} claims to be {n:,} bytes long")
+        start = self.skip(n, what)
+        return self.data[start : start + n]
+
+    def text(self, what: str) -> str:
+        raw = self.raw_string(what)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise _corrupt(self.path, f"{what} is not valid UTF-8 ({raw[:40]!r})") from None
+
+    def skip_strings(self, count: int, key: str, *, unique: bool) -> None:
+        """Move past an array of `count` strings; with `unique`, refuse a repeated entry."""
+        if count * _U64.size > self.remaining():
+            raise _past_end(self.path, f"{_quote(key)} claims {count:,} strings")
+        data, pos, end = self.data, self.pos, len(self.data)
+        unpack = _U64.unpack_from
+        seen: set[bytes] = set()
+        for index in range(count):
+            if pos + 8 > end:
+                raise _past_end(self.path, f"{_quote(key)} ends in the middle of string {index}")
+            n = unpack(data, pos)[0]
+            pos += 8
+            if n > end - pos or n > MAX_STRING_BYTES:
+                raise _past_end(self.path, f"string {index} of {_quote(key)} claims {n:,} bytes")
+            if unique:
+                # As llama.cpp maps them: up to the first NUL (it reads a C string), and an empty
+                # entry named "[EMPTY_<id>]".
+                entry = data[pos : pos + n]
+                if b"\0" in entry:
+                    entry = entry[: entry.index(b"\0")]
+                entry = entry or b"[EMPTY_%d]" % index
+                seen.add(entry)
+                if len(seen) != index + 1:
+                    raise _corrupt(self.path, f"entry {index} of {_quote(key)} repeats an earlier one ({entry[:40]!r})")
+            pos += n
+        self.pos = pos
+
+
+def _value_type(raw: int, path: Path, key: str) -> GGUFValueType:
     try:
         return GGUFValueType(raw)
     except ValueError:
-        raise ModelError(f"{path} is not a valid GGUF file (unknown metadata type {raw})") from None
+        raise _corrupt(path, f"metadata {_quote(key)} has an unknown type {raw}") from None
 
 
-def read_gguf_header(path: Path) -> GgufHeader:
-    """Parse and validate `path`'s header; raises ModelError naming what is wrong."""
-    size = path.stat().st_size
-    with path.open("rb") as stream:
-        reader = _Reader(stream, path, size)
-        if stream.read(4) != GGUF_MAGIC:
-            raise ModelError(f"{path} is not a GGUF file (it does not start with 'GGUF'); give a .gguf model file")
-        version = reader.unpack("<I")
-        if version not in (2, 3):
-            raise ModelError(f"{path} is GGUF version {version}; localchat reads versions 2 and 3")
-        n_tensors = reader.unpack("<Q")
-        n_kv = reader.unpack("<Q")
-        metadata: dict[str, Any] = {}
-        array_lengths: dict[str, int] = {}
-        for _ in range(n_kv):
-            key = reader.string()
-            value_type = _value_type(reader.unpack("<I"), path)
-            if value_type != GGUFValueType.ARRAY:
-                metadata[key] = reader.value(value_type)
-                continue
-            item_type = _value_type(reader.unpack("<I"), path)
-            count = reader.unpack("<Q")
-            array_lengths[key] = count
+_Metadata = tuple[dict[str, Any], dict[str, int], dict[str, tuple[GGUFValueType, int]], dict[str, GGUFValueType]]
+
+
+def _read_metadata(cursor: _Cursor, n_kv: int) -> _Metadata:
+    """Values, array lengths, numeric arrays' places and every key's type."""
+    path = cursor.path
+    metadata: dict[str, Any] = {}
+    array_lengths: dict[str, int] = {}
+    numeric_arrays: dict[str, tuple[GGUFValueType, int]] = {}
+    types: dict[str, GGUFValueType] = {}
+    for index in range(n_kv):
+        key = cursor.text(f"metadata key {index}")
+        if not key or "\0" in key:
+            raise _corrupt(path, f"metadata key {index} is empty or holds a NUL byte ({_quote(key)})")
+        if key in types:
+            raise _corrupt(path, f"metadata key {_quote(key)} appears twice")
+        value_type = types[key] = _value_type(cursor.unpack(_U32, f"the type of {_quote(key)}"), path, key)
+        if value_type == GGUFValueType.STRING:
+            metadata[key] = cursor.text(f"the value of {_quote(key)}")
+        elif value_type != GGUFValueType.ARRAY:
+            metadata[key] = cursor.unpack(_SCALAR_FORMATS[value_type], f"the value of {_quote(key)}")
+        else:
+            item_type = _value_type(cursor.unpack(_U32, f"the item type of {_quote(key)}"), path, key)
+            count = array_lengths[key] = cursor.unpack(_U64, f"the length of {_quote(key)}")
+            if count > MAX_ARRAY_ITEMS:
+                raise _corrupt(path, f"array {_quote(key)} claims {count:,} items")
             if item_type == GGUFValueType.STRING:
-                for _ in range(count):
-                    reader.skip(reader.unpack("<Q"))
-            elif item_type in _SCALAR_FORMATS:
-                values_size = count * struct.calcsize(_SCALAR_FORMATS[item_type])
-                # Small numeric arrays (per-layer head counts) are worth keeping.
-                if count <= 1024:
-                    metadata[key] = list(struct.unpack(f"<{count}{_SCALAR_FORMATS[item_type][1]}", reader.read(values_size)))
-                else:
-                    reader.skip(values_size)
+                cursor.skip_strings(count, key, unique=key == VOCABULARY_KEY)
+            elif item_type == GGUFValueType.ARRAY:
+                raise _corrupt(path, f"array {_quote(key)} holds arrays, which GGUF does not allow")
             else:
-                raise ModelError(f"{path} is not a valid GGUF file (nested array in '{key}')")
-        raw_tensors = []
-        for _ in range(n_tensors):
-            name = reader.string()
-            n_dims = reader.unpack("<I")
-            shape = tuple(reader.unpack("<Q") for _ in range(n_dims))
-            ggml_type = reader.unpack("<I")
-            offset = reader.unpack("<Q")
-            raw_tensors.append((name, shape, ggml_type, offset))
-        header_end = stream.tell()
-    alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
-    if not isinstance(alignment, int) or alignment <= 0:
-        raise ModelError(f"{path} is not a valid GGUF file (general.alignment is {alignment!r})")
-    data_offset = -(-header_end // alignment) * alignment
-    tensors = []
-    for name, shape, ggml_type, offset in raw_tensors:
-        try:
-            block_size, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
-        except (ValueError, KeyError):
-            raise ModelError(f"{path}: tensor '{name}' has an unknown type {ggml_type}") from None
-        n_elements = 1
-        for dim in shape:
-            n_elements *= dim
-        tensors.append(GgufTensor(name, ggml_type, shape, offset, n_elements // block_size * type_size))
+                item = _SCALAR_FORMATS[item_type]
+                start = cursor.skip(count * item.size, f"the values of {_quote(key)}")
+                numeric_arrays[key] = (item_type, start)
+                if count <= MAX_KEPT_ARRAY:
+                    metadata[key] = list(struct.unpack_from(f"<{count}{item.format[-1]}", cursor.data, start))
+    return metadata, array_lengths, numeric_arrays, types
+
+
+def _alignment(metadata: dict[str, Any], types: dict[str, GGUFValueType], path: Path) -> int:
+    if "general.alignment" not in metadata:
+        return DEFAULT_ALIGNMENT
+    alignment = metadata["general.alignment"]
+    if types["general.alignment"] != GGUFValueType.UINT32 or alignment <= 0 or alignment & (alignment - 1):
+        raise _corrupt(path, f"general.alignment is {alignment!r}, not a power of 2 stored as uint32")
+    if alignment < MIN_ALIGNMENT:
+        raise _corrupt(path, f"general.alignment is {alignment}; llama.cpp needs tensor data aligned to {MIN_ALIGNMENT} bytes")
+    return int(alignment)
+
+
+def _read_tensor_info(cursor: _Cursor, index: int, names: set[str]) -> GgufTensor:
+    path = cursor.path
+    raw_name = cursor.raw_string(f"the name of tensor {index}")
+    if len(raw_name) > MAX_NAME_BYTES:
+        raise _corrupt(path, f"the name of tensor {index} is {len(raw_name):,} bytes long (llama.cpp allows {MAX_NAME_BYTES})")
+    if b"\0" in raw_name:
+        # llama.cpp keeps names as C strings: two could become one.
+        raise _corrupt(path, f"the name of tensor {index} holds a NUL byte ({raw_name!r})")
+    try:
+        name = raw_name.decode("utf-8")
+    except UnicodeDecodeError:
+        raise _corrupt(path, f"the name of tensor {index} is not valid UTF-8 ({raw_name!r})") from None
+    quoted = _quote(name)
+    if name in names:
+        raise _corrupt(path, f"tensor {quoted} appears twice")
+    names.add(name)
+    n_dims = cursor.unpack(_U32, f"the dimension count of tensor {quoted}")
+    if n_dims > MAX_DIMS:
+        raise _corrupt(path, f"tensor {quoted} has {n_dims:,} dimensions (at most {MAX_DIMS})")
+    fields = _TENSOR_FIELDS[n_dims]
+    *shape, ggml_type, offset = fields.unpack_from(cursor.data, cursor.skip(fields.size, f"the shape of tensor {quoted}"))
+    if any(dim <= 0 for dim in shape):
+        raise _corrupt(path, f"tensor {quoted} has shape {shape}: every dimension must be positive")
+    n_elements = 1
+    for dim in shape:
+        n_elements *= dim
+    if n_elements > INT64_MAX:
+        raise _corrupt(path, f"tensor {quoted} has shape {shape}, too many elements")
+    if ggml_type not in _TYPE_SIZES:
+        raise _corrupt(path, f"tensor {quoted} has an unknown type {ggml_type}")
+    block_size, type_size = _TYPE_SIZES[ggml_type]
+    row = shape[0] if shape else 1
+    if row % block_size:
+        raise _corrupt(path, f"tensor {quoted} has rows of {row:,} values, not a multiple of its type's block of {block_size}")
+    return GgufTensor(name, ggml_type, tuple(shape), offset, n_elements // block_size * type_size)
+
+
+def _check_layout(tensors: list[GgufTensor], alignment: int, data_offset: int, size: int, path: Path) -> None:
+    """Tensor data follows the header in table order, each tensor padded to the alignment (the
+    only layout llama.cpp accepts), and lies within the file."""
+    expected = 0
+    for tensor in tensors:
+        if tensor.offset != expected:
+            raise _corrupt(
+                path,
+                f"tensor {_quote(tensor.name)} starts at data offset {tensor.offset:,}, expected {expected:,} "
+                "(tensor data must follow one another without overlap or gaps)",
+            )
+        expected += -(-tensor.n_bytes // alignment) * alignment
     end = max((data_offset + t.offset + t.n_bytes for t in tensors), default=data_offset)
     if end > size:
         raise ModelError(
             f"{path} is truncated: its tensors need {end:,} bytes but the file has {size:,}; "
             "download or convert it again"
         )
-    return GgufHeader(path, version, metadata, array_lengths, tuple(tensors), data_offset)
+
+
+def _parse(data: mmap.mmap, path: Path) -> GgufHeader:
+    cursor = _Cursor(data, path)
+    if data[: len(GGUF_MAGIC)] != GGUF_MAGIC:
+        raise ModelError(f"{path} is not a GGUF file (it does not start with 'GGUF'); give a .gguf model file")
+    cursor.skip(len(GGUF_MAGIC), "the magic")
+    version = cursor.unpack(_U32, "the version")
+    if version not in SUPPORTED_VERSIONS:
+        raise ModelError(f"{path} is GGUF version {version}; localchat reads versions 2 and 3")
+    n_tensors = cursor.unpack(_U64, "the tensor count")
+    n_kv = cursor.unpack(_U64, "the metadata count")
+    if n_kv * MIN_KV_BYTES > cursor.remaining():
+        raise _past_end(path, f"it claims {n_kv:,} metadata entries")
+    if n_tensors * MIN_TENSOR_INFO_BYTES > cursor.remaining():
+        raise _past_end(path, f"it claims {n_tensors:,} tensors")
+    metadata, array_lengths, numeric_arrays, types = _read_metadata(cursor, n_kv)
+    alignment = _alignment(metadata, types, path)
+    names: set[str] = set()
+    tensors = [_read_tensor_info(cursor, index, names) for index in range(n_tensors)]
+    data_offset = -(-cursor.pos // alignment) * alignment
+    _check_layout(tensors, alignment, data_offset, len(data), path)
+    return GgufHeader(path, version, metadata, array_lengths, tuple(tensors), data_offset, numeric_arrays)
+
+
+def read_gguf_header(path: Path) -> GgufHeader:
+    """Parse and check `path`'s header; raises ModelError naming what is wrong."""
+    try:
+        with path.open("rb") as stream:
+            if os.fstat(stream.fileno()).st_size == 0:
+                raise ModelError(f"{path} is empty; download or convert it again")
+            with mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                return _parse(data, path)
+    except OSError as error:
+        raise ModelError(f"{path} cannot be read: {error.strerror or error}") from None

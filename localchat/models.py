@@ -316,24 +316,83 @@ def remove_model(model: str, settings: Settings) -> RemovedModel:
     return RemovedModel(removal.names, removal.freed_bytes)
 
 
+# llama.cpp asserts on these while loading (a failed assert aborts the process), so a damaged
+# value must be refused before it gets there.
+LLAMA_MAX_LAYERS = 512
+LLAMA_MAX_EXPERTS = 1024
+ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")
+UINT32_MAX = (1 << 32) - 1
+
+
+def _invalid(header: GgufHeader, key: str, value: object) -> ModelError:
+    return ModelError(
+        f"{header.path} has an invalid {f'{header.architecture}.{key}'[:80]!r} ({str(value)[:80]!r}); "
+        "download or convert it again"
+    )
+
+
+def _arch_int(header: GgufHeader, key: str, default: int, low: int = 0, high: int = UINT32_MAX) -> int:
+    value = header.arch_value(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise _invalid(header, key, value)
+    return value
+
+
+def _per_layer(header: GgufHeader, key: str, n_layers: int, default: int) -> list[int]:
+    """A value that may be given once or per layer, as llama.cpp reads it."""
+    value = header.arch_value(key, default)
+    values = value if isinstance(value, list) else [value]
+    if isinstance(value, list) and len(value) != n_layers:
+        raise _invalid(header, key, f"{len(value)} values for {n_layers} layers")
+    if any(isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= UINT32_MAX for v in values):
+        raise _invalid(header, key, value)
+    return values if isinstance(value, list) else values * n_layers
+
+
+def _check_llama_cpp_asserts(header: GgufHeader, n_layers: int) -> None:
+    """The other metadata llama.cpp asserts on while loading (expert counts, rope scaling, the
+    vocabulary's kind)."""
+    n_expert = _arch_int(header, "expert_count", 0, 0, LLAMA_MAX_EXPERTS)
+    used = max(_per_layer(header, "expert_used_count", n_layers, 0))
+    groups = _arch_int(header, "expert_group_count", 0)
+    group_used = _arch_int(header, "expert_group_used_count", 0)
+    if n_expert:
+        valid = 0 < used <= n_expert and groups < n_expert
+        if groups > 1:
+            valid = valid and n_expert % groups == 0 and 0 < group_used < groups
+    else:
+        valid = used == 0 and groups == 0
+    if not valid:
+        raise _invalid(header, "expert_count", f"{n_expert} experts, {used} used, {groups} groups, {group_used} used")
+    _arch_int(header, "nextn_predict_layers", 0, 0, n_layers)
+    scaling = header.arch_value("rope.scaling.type", "linear")
+    if scaling not in ROPE_SCALING_TYPES:
+        raise _invalid(header, "rope.scaling.type", scaling)
+    # A WPM ("bert") vocabulary has no way to spell a byte token: llama.cpp aborts on one.
+    if header.get("tokenizer.ggml.model") == "bert":
+        types = header.numeric_array("tokenizer.ggml.token_type")
+        if types is not None and bool((types == TokenType.BYTE).any()):
+            raise ModelError(f"{header.path} has byte tokens in a 'bert' vocabulary, which has none; download or convert it again")
+
+
 def gguf_facts(header: GgufHeader) -> ModelFacts:
     """Planner facts from a GGUF header: sizes per layer and of the KV cache per token."""
-    n_layers = int(header.arch_value("block_count", 0))
-    if n_layers <= 0:
-        raise ModelError(f"{header.path} has no '{header.architecture}.block_count': is it a language model?")
-    n_embd = int(header.arch_value("embedding_length", 0))
-    n_head = int(header.arch_value("attention.head_count", 1) or 1)
-    head_kv = header.arch_value("attention.head_count_kv", n_head)
-    head_kv_per_layer = head_kv if isinstance(head_kv, list) else [head_kv] * n_layers
-    key_length = int(header.arch_value("attention.key_length", n_embd // max(n_head, 1)))
-    value_length = int(header.arch_value("attention.value_length", key_length))
-    kv_per_token = sum(int(h) for h in head_kv_per_layer) * (key_length + value_length) * GGUF_KV_BYTES
+    if header.arch_value("block_count") is None:
+        raise ModelError(f"{header.path} has no {f'{header.architecture}.block_count'[:80]!r}: is it a language model?")
+    n_layers = _arch_int(header, "block_count", 0, 1, LLAMA_MAX_LAYERS)
+    _check_llama_cpp_asserts(header, n_layers)
+    n_embd = _arch_int(header, "embedding_length", 0)
+    n_head = max(_per_layer(header, "attention.head_count", n_layers, 1)[0], 1)
+    head_kv_per_layer = _per_layer(header, "attention.head_count_kv", n_layers, n_head)
+    key_length = _arch_int(header, "attention.key_length", n_embd // n_head)
+    value_length = _arch_int(header, "attention.value_length", key_length)
+    kv_per_token = sum(head_kv_per_layer) * (key_length + value_length) * GGUF_KV_BYTES
     layer_bytes = sum(t.n_bytes for t in header.tensors if t.name.startswith("blk."))
     other_bytes = sum(t.n_bytes for t in header.tensors if not t.name.startswith("blk."))
     return ModelFacts(
         format="gguf",
         n_layers=n_layers,
-        n_ctx_train=int(header.arch_value("context_length", 0)),
+        n_ctx_train=_arch_int(header, "context_length", 0),
         layer_bytes=layer_bytes // n_layers,
         other_bytes=other_bytes,
         kv_bytes_per_token=kv_per_token,
@@ -344,7 +403,5 @@ def gguf_facts(header: GgufHeader) -> ModelFacts:
 def inspect_gguf(path: Path) -> tuple[GgufHeader, ModelFacts]:
     """The header and planner facts of a GGUF model (its tensors counted over every part of a split
     one), refusing one llama.cpp could not load safely."""
-    if path.stat().st_size == 0:
-        raise ModelError(f"{path} is empty; download or convert it again")
     header, _, whole = _read_parts(path)
     return header, gguf_facts(whole)

@@ -16,7 +16,7 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
-from localchat.backends.base import DRY_SEQUENCE_BREAKERS, ModelInfo, SamplerSettings, TokenScores, score_rows
+from localchat.backends.base import ModelInfo, SamplerSettings, TokenScores, score_rows
 from localchat.errors import ContextOverflowError, InferenceError, ModelError
 from localchat.planner import BuildFeatures, Plan
 
@@ -25,7 +25,7 @@ PROMPT_BATCH = 512
 # Rows of logits read back per decode when scoring (each row is n_vocab floats).
 SCORE_CHUNK = 64
 
-GGML_LOG_LEVEL_ERROR = 3  # enum ggml_log_level
+GGML_LOG_LEVEL_ERROR = 4  # enum ggml_log_level (NONE, DEBUG, INFO, WARN, ERROR, CONT)
 _init_lock = threading.Lock()
 _initialized = False
 # llama.cpp's logger is process-global; keep its recent errors to explain a failed load.
@@ -57,19 +57,28 @@ def build_features() -> BuildFeatures:
     )
 
 
+def _missing_special_token(vocab: llama_cpp.llama_vocab_p) -> str | None:
+    """The special token llama.cpp would add while tokenizing but the vocabulary lacks: it asserts
+    on that, aborting the process (WPM vocabularies always add BOS and SEP)."""
+    wpm = llama_cpp.llama_vocab_type(vocab) == llama_cpp.LLAMA_VOCAB_TYPE_WPM
+    needed = {
+        "BOS": (wpm or llama_cpp.llama_vocab_get_add_bos(vocab), llama_cpp.llama_vocab_bos(vocab)),
+        "EOS": (not wpm and llama_cpp.llama_vocab_get_add_eos(vocab), llama_cpp.llama_vocab_eos(vocab)),
+        "SEP": (wpm, llama_cpp.llama_vocab_sep(vocab)),
+    }
+    return next((name for name, (added, token) in needed.items() if added and token < 0), None)
+
+
 class LlamaSampler:
     """A llama.cpp sampler chain; owns its C object."""
 
-    def __init__(self, settings: SamplerSettings, n_vocab: int, dry: llama_cpp.llama_sampler_p | None = None) -> None:
-        """`dry`: a DRY sampler with `settings`' parameters, copied into the chain (see
-        `LlamaCppBackend.make_sampler`)."""
+    def __init__(self, settings: SamplerSettings, n_vocab: int) -> None:
         params = llama_cpp.llama_sampler_chain_default_params()
         params.no_perf = True
         self.chain = llama_cpp.llama_sampler_chain_init(params)
         self.settings = settings
         add = lambda sampler: llama_cpp.llama_sampler_chain_add(self.chain, sampler)  # noqa: E731
-        # llama.cpp's own order: penalties, DRY, then the truncations, temperature and the draw.
-        if settings.repeat_penalized:
+        if settings.penalized:
             add(
                 # This build's C API still takes n_vocab first (see its include/llama.h).
                 llama_cpp.llama_sampler_init_penalties(
@@ -80,10 +89,6 @@ class LlamaSampler:
                     settings.presence_penalty,
                 )
             )
-        if settings.dry:
-            if dry is None:
-                raise ValueError("DRY is on but no DRY sampler was given")
-            add(llama_cpp.llama_sampler_clone(dry))
         if settings.greedy:
             add(llama_cpp.llama_sampler_init_greedy())
             return
@@ -107,8 +112,8 @@ class LlamaSampler:
     def accept(self, tokens: Sequence[int]) -> None:
         """Show the sampler tokens it did not pick (the prompt), for its penalties."""
         if self.settings.penalized:
-            window = self.settings.history_window
-            for token in tokens if window < 0 else tokens[max(len(tokens) - window, 0) :]:
+            window = self.settings.penalty_last_n
+            for token in tokens if window < 0 else tokens[len(tokens) - window :]:
                 llama_cpp.llama_sampler_accept(self.chain, token)
 
     def reset(self) -> None:
@@ -142,6 +147,10 @@ class LlamaCppBackend:
         if not self._model:
             detail = "; ".join(_recent_errors) or "no detail from llama.cpp"
             raise ModelError(f"llama.cpp could not load {path}: {detail}")
+        if missing := _missing_special_token(llama_cpp.llama_model_get_vocab(self._model)):
+            llama_cpp.llama_model_free(self._model)
+            self._model = None
+            raise ModelError(f"{path}'s tokenizer adds a {missing} token it does not have; download or convert it again")
 
         ctx_params = llama_cpp.llama_context_default_params()
         ctx_params.n_ctx = plan.n_ctx
@@ -172,7 +181,6 @@ class LlamaCppBackend:
         self._output_index: dict[int, int] = {}
         self._piece_cache: dict[int, bytes] = {}
         self._piece_buffer = ctypes.create_string_buffer(256)
-        self._dry_samplers: dict[tuple[float, float, int, int], llama_cpp.llama_sampler_p] = {}
         self.info = self._read_info(path)
 
     # -- model facts ---------------------------------------------------------------
@@ -285,22 +293,7 @@ class LlamaCppBackend:
     # -- sampling ------------------------------------------------------------------
 
     def make_sampler(self, settings: SamplerSettings) -> LlamaSampler:
-        return LlamaSampler(settings, self.info.n_vocab, self._dry_sampler(settings) if settings.dry else None)
-
-    def _dry_sampler(self, settings: SamplerSettings) -> llama_cpp.llama_sampler_p:
-        """A DRY sampler for these parameters, made once: llama.cpp finds the tokens holding a
-        sequence breaker by reading the whole vocabulary (0.2 s for 262k tokens), a copy takes 0.2 ms."""
-        # This build's DRY takes no context size to stand for -1: the window is given whole.
-        window = self.n_ctx if settings.dry_penalty_last_n < 0 else settings.dry_penalty_last_n
-        key = (settings.dry_multiplier, settings.dry_base, settings.dry_allowed_length, window)
-        sampler = self._dry_samplers.get(key)
-        if sampler is None:
-            breakers = (ctypes.c_char_p * len(DRY_SEQUENCE_BREAKERS))(*(b.encode() for b in DRY_SEQUENCE_BREAKERS))
-            sampler = self._dry_samplers[key] = llama_cpp.llama_sampler_init_dry(
-                self._vocab, settings.dry_multiplier, settings.dry_base, settings.dry_allowed_length, window,
-                breakers, len(breakers),
-            )
-        return sampler
+        return LlamaSampler(settings, self.info.n_vocab)
 
     def sample(self, seq: int, sampler: LlamaSampler) -> int:  # type: ignore[override]
         index = self._output_index[seq]
@@ -344,9 +337,6 @@ class LlamaCppBackend:
             raise InferenceError("llama.cpp refused a saved KV state (different model or context?)")
 
     def close(self) -> None:
-        for sampler in getattr(self, "_dry_samplers", {}).values():
-            llama_cpp.llama_sampler_free(sampler)
-        self._dry_samplers = {}
         if getattr(self, "_ctx", None):
             llama_cpp.llama_batch_free(self._batch)
             llama_cpp.llama_free(self._ctx)
