@@ -16,7 +16,7 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
-from localchat.backends.base import ModelInfo, SamplerSettings, TokenScores, score_rows
+from localchat.backends.base import DRY_SEQUENCE_BREAKERS, ModelInfo, SamplerSettings, TokenScores, score_rows
 from localchat.errors import ContextOverflowError, InferenceError, ModelError
 from localchat.planner import BuildFeatures, Plan
 
@@ -72,13 +72,16 @@ def _missing_special_token(vocab: llama_cpp.llama_vocab_p) -> str | None:
 class LlamaSampler:
     """A llama.cpp sampler chain; owns its C object."""
 
-    def __init__(self, settings: SamplerSettings, n_vocab: int) -> None:
+    def __init__(self, settings: SamplerSettings, n_vocab: int, dry: llama_cpp.llama_sampler_p | None = None) -> None:
+        """`dry`: a DRY sampler with `settings`' parameters, copied into the chain (see
+        `LlamaCppBackend.make_sampler`)."""
         params = llama_cpp.llama_sampler_chain_default_params()
         params.no_perf = True
         self.chain = llama_cpp.llama_sampler_chain_init(params)
         self.settings = settings
         add = lambda sampler: llama_cpp.llama_sampler_chain_add(self.chain, sampler)  # noqa: E731
-        if settings.penalized:
+        # llama.cpp's own order: penalties, DRY, then the truncations, temperature and the draw.
+        if settings.repeat_penalized:
             add(
                 # This build's C API still takes n_vocab first (see its include/llama.h).
                 llama_cpp.llama_sampler_init_penalties(
@@ -89,6 +92,10 @@ class LlamaSampler:
                     settings.presence_penalty,
                 )
             )
+        if settings.dry:
+            if dry is None:
+                raise ValueError("DRY is on but no DRY sampler was given")
+            add(llama_cpp.llama_sampler_clone(dry))
         if settings.greedy:
             add(llama_cpp.llama_sampler_init_greedy())
             return
@@ -112,8 +119,8 @@ class LlamaSampler:
     def accept(self, tokens: Sequence[int]) -> None:
         """Show the sampler tokens it did not pick (the prompt), for its penalties."""
         if self.settings.penalized:
-            window = self.settings.penalty_last_n
-            for token in tokens if window < 0 else tokens[len(tokens) - window :]:
+            window = self.settings.history_window
+            for token in tokens if window < 0 else tokens[max(len(tokens) - window, 0) :]:
                 llama_cpp.llama_sampler_accept(self.chain, token)
 
     def reset(self) -> None:
@@ -181,6 +188,7 @@ class LlamaCppBackend:
         self._output_index: dict[int, int] = {}
         self._piece_cache: dict[int, bytes] = {}
         self._piece_buffer = ctypes.create_string_buffer(256)
+        self._dry_samplers: dict[tuple[float, float, int, int], llama_cpp.llama_sampler_p] = {}
         self.info = self._read_info(path)
 
     # -- model facts ---------------------------------------------------------------
@@ -293,7 +301,22 @@ class LlamaCppBackend:
     # -- sampling ------------------------------------------------------------------
 
     def make_sampler(self, settings: SamplerSettings) -> LlamaSampler:
-        return LlamaSampler(settings, self.info.n_vocab)
+        return LlamaSampler(settings, self.info.n_vocab, self._dry_sampler(settings) if settings.dry else None)
+
+    def _dry_sampler(self, settings: SamplerSettings) -> llama_cpp.llama_sampler_p:
+        """A DRY sampler for these parameters, made once: llama.cpp finds the tokens holding a
+        sequence breaker by reading the whole vocabulary (0.2 s for 262k tokens), a copy takes 0.2 ms."""
+        # This build's DRY takes no context size to stand for -1: the window is given whole.
+        window = self.n_ctx if settings.dry_penalty_last_n < 0 else settings.dry_penalty_last_n
+        key = (settings.dry_multiplier, settings.dry_base, settings.dry_allowed_length, window)
+        sampler = self._dry_samplers.get(key)
+        if sampler is None:
+            breakers = (ctypes.c_char_p * len(DRY_SEQUENCE_BREAKERS))(*(b.encode() for b in DRY_SEQUENCE_BREAKERS))
+            sampler = self._dry_samplers[key] = llama_cpp.llama_sampler_init_dry(
+                self._vocab, settings.dry_multiplier, settings.dry_base, settings.dry_allowed_length, window,
+                breakers, len(breakers),
+            )
+        return sampler
 
     def sample(self, seq: int, sampler: LlamaSampler) -> int:  # type: ignore[override]
         index = self._output_index[seq]
@@ -337,6 +360,9 @@ class LlamaCppBackend:
             raise InferenceError("llama.cpp refused a saved KV state (different model or context?)")
 
     def close(self) -> None:
+        for sampler in getattr(self, "_dry_samplers", {}).values():
+            llama_cpp.llama_sampler_free(sampler)
+        self._dry_samplers = {}
         if getattr(self, "_ctx", None):
             llama_cpp.llama_batch_free(self._batch)
             llama_cpp.llama_free(self._ctx)
