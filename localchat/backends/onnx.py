@@ -46,15 +46,97 @@ def build_features() -> BuildFeatures:
     )
 
 
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _positive(value: object) -> bool:
+    return _count(value) and value > 0  # type: ignore[operator]
+
+
+def _file_name(value: object) -> bool:
+    """A file directly in the model folder (a marker must not point elsewhere)."""
+    return isinstance(value, str) and value not in ("", ".", "..") and Path(value).name == value
+
+
+# The marker's fields the runtime reads: (check, what the value must be, required).
+MARKER_FIELDS: dict[str, tuple[Callable[[object], bool], str, bool]] = {
+    "graph": (_file_name, "a file name in the folder", True),
+    "architecture": (lambda v: isinstance(v, str), "a string", True),
+    "source_architecture": (lambda v: isinstance(v, str), "a string", True),
+    "quant": (lambda v: isinstance(v, str), "a string", True),
+    "n_layers": (_positive, "a positive integer", True),
+    "n_kv_heads": (_positive, "a positive integer", True),
+    "head_dim": (_positive, "a positive integer", True),
+    "n_vocab": (_positive, "a positive integer", True),
+    "max_positions": (_positive, "a positive integer", True),
+    "n_ctx_train": (lambda v: v is None or _count(v), "an integer or null", True),
+    "kv_bytes_per_token": (_count, "an integer >= 0", True),
+    "layer_bytes": (_count, "an integer >= 0", True),
+    "other_bytes": (_count, "an integer >= 0", True),
+    "weight_bytes": (_count, "an integer >= 0", True),
+    "operators": (lambda v: isinstance(v, dict) and all(_count(n) for n in v.values()), "operator counts", True),
+    "name": (lambda v: v is None or isinstance(v, str), "a string", False),
+    "bos_id": (lambda v: v is None or _count(v), "a token id or null", False),
+    "eos_id": (lambda v: v is None or _count(v), "a token id or null", False),
+    "add_bos": (lambda v: isinstance(v, bool), "true or false", False),
+    "eog_ids": (lambda v: isinstance(v, list) and all(_count(t) for t in v), "a list of token ids", False),
+    "chat_template": (lambda v: v is None or isinstance(v, str), "a string or null", False),
+}
+TOKENIZER_FILE = "tokenizer.json"
+
+
 def read_metadata(folder: Path) -> dict[str, object]:
+    """The folder's marker, checked field by field; raises ModelError naming what is wrong."""
     path = folder / ONNX_MARKER
     try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as error:
+        meta = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ModelError(f"{path} cannot be read ({error}); convert the model again") from None
+    if not isinstance(meta, dict):
+        raise ModelError(f"{path} is not a localchat ONNX marker (not a JSON object); convert the model again")
     if meta.get("format_version") != SUPPORTED_FORMAT:
-        raise ModelError(f"{folder} was made by another localchat version (format {meta.get('format_version')}); convert it again")
+        version = str(meta.get("format_version"))[:40]
+        raise ModelError(f"{folder} was made by another localchat version (format {version}); convert it again")
+    for key, (valid, expected, required) in MARKER_FIELDS.items():
+        if key not in meta:
+            if required:
+                raise ModelError(f"{path} has no '{key}'; convert the model again")
+        elif not valid(meta[key]):
+            raise ModelError(f"{path}: '{key}' must be {expected}, not {str(meta[key])[:60]!r}; convert the model again")
+    n_vocab = int(meta["n_vocab"])  # type: ignore[call-overload]
+    for key in ("bos_id", "eos_id"):
+        if isinstance(meta.get(key), int) and meta[key] >= n_vocab:
+            raise ModelError(f"{path}: '{key}' {meta[key]} is beyond the {n_vocab}-token vocabulary; convert the model again")
     return meta
+
+
+def _load_error(path: Path, error: Exception) -> ModelError:
+    # onnxruntime's and tokenizers' messages may span lines: one line for the user.
+    detail = " ".join(str(error).split())[:400]
+    return ModelError(f"onnxruntime could not load {path}: {detail}; convert the model again")
+
+
+def _check_graph(session: ort.InferenceSession, meta: dict[str, object], path: Path) -> None:
+    """The graph's inputs and outputs are the ones the marker describes (the KV buffers and the
+    logits row are bound by these names and shapes)."""
+    n_layers, kv_heads, head_dim, n_vocab = (int(meta[k]) for k in ("n_layers", "n_kv_heads", "head_dim", "n_vocab"))  # type: ignore[call-overload]
+    kv = [f"{kind}.{i}.{part}" for kind in ("past_key_values", "present") for i in range(n_layers) for part in ("key", "value")]
+    shapes = {arg.name: arg.shape for arg in (*session.get_inputs(), *session.get_outputs())}
+    wanted = {"input_ids", "seqlens_k", "total_sequence_length", "logits_count", "logits", *kv}
+    graph_kv = {name for name in shapes if name.startswith(("past_key_values.", "present."))}
+    if missing := sorted(wanted - shapes.keys()) or sorted(graph_kv - set(kv)):
+        raise ModelError(
+            f"{path}: the graph does not match {ONNX_MARKER} ({n_layers} layers; the graph lacks or adds {missing[0]}); "
+            "convert the model again"
+        )
+    expected = {**{name: (None, kv_heads, None, head_dim) for name in kv}, "logits": (None, None, n_vocab)}
+    for name, dims in expected.items():
+        shape = shapes[name]
+        if len(shape) != len(dims) or any(isinstance(s, int) and d is not None and s != d for s, d in zip(shape, dims)):
+            raise ModelError(
+                f"{path}: the graph's {name} has shape {shape}, which does not match {ONNX_MARKER}; convert the model again"
+            )
 
 
 def onnx_facts(folder: Path) -> ModelFacts:
@@ -78,6 +160,21 @@ def onnx_facts(folder: Path) -> ModelFacts:
             f"fused operators: {counts}; {others} other nodes",
         ),
     )
+
+
+def _check_rotary_tables(graph: Path, max_positions: int, path: Path) -> None:
+    """GroupQueryAttention's cos/sin tables cover `max_positions` (a larger context fails mid-reply)."""
+    import onnx
+
+    model = onnx.load(str(graph), load_external_data=False)
+    rows = {tensor.name: tensor.dims[0] for tensor in model.graph.initializer if tensor.dims}
+    for node in model.graph.node:
+        # Input 7 of GroupQueryAttention is its cos cache, (positions, rotary_dim / 2).
+        if node.op_type == "GroupQueryAttention" and len(node.input) > 7 and rows.get(node.input[7], max_positions) < max_positions:
+            raise ModelError(
+                f"{path}: {ONNX_MARKER} claims {max_positions} positions but the graph's rotary tables cover "
+                f"{rows[node.input[7]]}; convert the model again"
+            )
 
 
 class NumpySampler:
@@ -224,10 +321,15 @@ class OnnxBackend:
             providers.insert(0, (CUDA, {"device_id": plan.gpu_index or 0}))
         if on_progress is not None:
             on_progress(0.0)
+        for name in (str(meta["graph"]), TOKENIZER_FILE):
+            if not (path / name).is_file():
+                raise ModelError(f"{path} has no {name}; convert the model again")
         try:
             self._session = ort.InferenceSession(str(path / str(meta["graph"])), options, providers=providers)
         except Exception as error:  # onnxruntime raises its own exception types with the detail
-            raise ModelError(f"onnxruntime could not load {path}: {error}") from None
+            raise _load_error(path, error) from None
+        _check_graph(self._session, meta, path)
+        _check_rotary_tables(path / str(meta["graph"]), int(meta["max_positions"]), path)  # type: ignore[call-overload]
         if on_progress is not None:
             on_progress(1.0)
         self.device = "cuda" if use_cuda else "cpu"
@@ -252,9 +354,16 @@ class OnnxBackend:
         self._batch_binding = self._make_binding(None) if self.n_seq > 1 else None
         self._lock = threading.Lock()
 
-        self._tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+        try:
+            self._tokenizer = Tokenizer.from_file(str(path / TOKENIZER_FILE))
+            self._decoder_kind = self._detect_decoder(path)
+        except Exception as error:  # the tokenizers library raises plain Exception
+            detail = " ".join(str(error).split())[:200]
+            raise ModelError(f"{path / TOKENIZER_FILE} is not a tokenizer the model can use ({detail}); convert it again") from None
+        # A token id past the embedding would fail in the middle of a reply.
+        if (n_tokens := self._tokenizer.get_vocab_size(with_added_tokens=True)) > n_vocab:
+            raise ModelError(f"{path / TOKENIZER_FILE} has {n_tokens} tokens but the model only {n_vocab}; convert it again")
         self._special = {i for i, t in self._tokenizer.get_added_tokens_decoder().items() if t.special}
-        self._decoder_kind = self._detect_decoder(path)
         self._piece_cache: dict[int, bytes] = {}
         self._breaker_mask: np.ndarray | None = None
         self.info = ModelInfo(
