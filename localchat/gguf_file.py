@@ -173,26 +173,36 @@ class _Cursor:
             raise _past_end(self.path, f"{_quote(key)} claims {count:,} strings")
         data, pos, end = self.data, self.pos, len(self.data)
         unpack = _U64.unpack_from
-        seen: set[bytes] = set()
-        for index in range(count):
-            if pos + 8 > end:
-                raise _past_end(self.path, f"{_quote(key)} ends in the middle of string {index}")
-            n = unpack(data, pos)[0]
-            pos += 8
-            if n > end - pos or n > MAX_STRING_BYTES:
-                raise _past_end(self.path, f"string {index} of {_quote(key)} claims {n:,} bytes")
-            if unique:
-                # As llama.cpp maps them: up to the first NUL (it reads a C string), and an empty
-                # entry named "[EMPTY_<id>]".
-                entry = data[pos : pos + n]
-                if b"\0" in entry:
-                    entry = entry[: entry.index(b"\0")]
-                entry = entry or b"[EMPTY_%d]" % index
-                seen.add(entry)
-                if len(seen) != index + 1:
-                    raise _corrupt(self.path, f"entry {index} of {_quote(key)} repeats an earlier one ({entry[:40]!r})")
-            pos += n
+        entries: list[bytes] = []
+        index = 0
+        try:
+            for index in range(count):
+                n = unpack(data, pos)[0]
+                pos += 8
+                if n > end - pos or n > MAX_STRING_BYTES:
+                    raise _past_end(self.path, f"string {index} of {_quote(key)} claims {n:,} bytes")
+                if unique:
+                    entries.append(data[pos : pos + n])
+                pos += n
+        except struct.error:
+            raise _past_end(self.path, f"{_quote(key)} ends in the middle of string {index}") from None
         self.pos = pos
+        if unique and (repeat := _first_repeat(entries)) is not None:
+            raise _corrupt(self.path, f"entry {repeat} of {_quote(key)} repeats an earlier one ({entries[repeat][:40]!r})")
+
+
+def _first_repeat(entries: list[bytes]) -> int | None:
+    """The first entry equal to an earlier one as llama.cpp maps them: up to the first NUL (it
+    reads C strings), an empty one named "[EMPTY_<id>]"."""
+    if b"" not in entries and b"\0" not in b"".join(entries) and len(set(entries)) == len(entries):
+        return None  # the common case, at C speed
+    seen: set[bytes] = set()
+    for index, entry in enumerate(entries):
+        entry = entry.split(b"\0", 1)[0] or b"[EMPTY_%d]" % index
+        if entry in seen:
+            return index
+        seen.add(entry)
+    return None
 
 
 def _value_type(raw: int, path: Path, key: str) -> GGUFValueType:
