@@ -8,15 +8,17 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from localchat.backends.base import SamplerSettings
-from localchat.errors import LocalchatError, ModelError
+from localchat.errors import InvalidSettingError, LocalchatError, ModelError
 from localchat.hardware import MIB, peak_rss_bytes
 from localchat.planner import PlanRequest
 from localchat.settings import Settings
 
 if TYPE_CHECKING:
+    from localchat.constraints import Constraint
     from localchat.hub import HubModelName
     from localchat.models import InstalledModel
 
@@ -59,12 +61,29 @@ def _sampler_settings(args: argparse.Namespace) -> SamplerSettings:
     )
 
 
+def _json_schema(path: Path) -> Constraint:
+    """The reply's constraint from a JSON schema file; a file that cannot be used is one error line."""
+    from localchat.constraints import Constraint
+
+    try:
+        source = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise InvalidSettingError(f"--json-schema: cannot read {path} ({error})") from None
+    try:
+        return Constraint("json_schema", source)
+    except InvalidSettingError as error:
+        raise InvalidSettingError(f"--json-schema {path}: {error}") from None
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from localchat.engine import Engine
     from localchat.session import GenerationSettings
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    settings = GenerationSettings(max_tokens=args.n, sampler=_sampler_settings(args), stop=tuple(args.stop or ()))
+    constraint = _json_schema(args.json_schema) if args.json_schema is not None else None
+    settings = GenerationSettings(
+        max_tokens=args.n, sampler=_sampler_settings(args), stop=tuple(args.stop or ()), constraint=constraint
+    )
     with Engine.load(args.model, Settings(), _plan_request(args)) as engine:
         if args.raw:
             tokens = engine.backend.tokenize(prompt, add_bos=engine.backend.info.add_bos, special=True)
@@ -298,6 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--system", help="a system prompt")
     run.add_argument("--stop", action="append", help="stop at this text (repeatable)")
     run.add_argument("--stats", action="store_true", help="print one JSON line of statistics on stderr at the end")
+    run.add_argument("--json-schema", type=Path, metavar="FILE", help="the reply is JSON following this JSON schema file")
     run.add_argument("prompt", help="the prompt, or - to read it from stdin")
     run.set_defaults(handler=cmd_run)
 

@@ -241,7 +241,7 @@ class Scheduler:
                     slot.request = None
                     return False
                 reply.prefilled(*session.prefill(request.prompt))
-            slot.sampler = self._backend.make_sampler(request.settings.sampler)
+            slot.sampler = self._backend.make_sampler(request.settings.sampler, reply.guide)
             slot.sampler.accept(request.prompt)
             self._sample(slot)
         except Exception as error:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from localchat.backends.base import Backend, SamplerSettings
+from localchat.constraints import Constraint, token_guide
 from localchat.errors import ContextOverflowError, InferenceError, InvalidSettingError
 from localchat.prefix_cache import PrefixCache, common_prefix_length
 from localchat.templates import ChatTemplate, Message
@@ -31,6 +32,8 @@ class GenerationSettings:
     stop: tuple[str, ...] = ()
     sampler: SamplerSettings = field(default_factory=SamplerSettings)
     ignore_eos: bool = False
+    # The grammar the reply must follow (a JSON schema, a tool call's shape), by constrained decoding.
+    constraint: Constraint | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None and self.max_tokens < 1:
@@ -199,6 +202,8 @@ class Reply:
         self.started_at = time.perf_counter()
         self.prefilled_at = self.started_at
         self.first_token_at: float | None = None
+        # The sampler consumes tokens into it; once its grammar is complete only an end token is allowed.
+        self.guide = token_guide(backend, settings.constraint)
 
     def prefilled(self, cached_tokens: int, prefix_cache_tokens: int) -> None:
         """The prompt is in the KV cache, `cached_tokens` of it reused."""
@@ -286,7 +291,7 @@ class Generation:
 
     def _run(self) -> Iterator[str]:
         session, backend, seq, reply = self.session, self.session.backend, self.session.seq, self._reply
-        sampler = backend.make_sampler(self.settings.sampler)
+        sampler = backend.make_sampler(self.settings.sampler, reply.guide)
         try:
             reply.prefilled(*session.prefill(self.prompt, self._cancelled.is_set))
             sampler.accept(self.prompt)

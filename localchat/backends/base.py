@@ -10,11 +10,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from localchat.errors import InvalidSettingError
+
+if TYPE_CHECKING:
+    from localchat.constraints import TokenGuide
 
 
 @dataclass(frozen=True)
@@ -177,7 +180,9 @@ class Backend(Protocol):
         """Drop `seq`'s KV cache from position `start` on (`start == 0` clears it)."""
         ...
 
-    def make_sampler(self, settings: SamplerSettings) -> Sampler: ...
+    def make_sampler(self, settings: SamplerSettings, guide: TokenGuide | None = None) -> Sampler:
+        """A sampler with `settings`; with a `guide`, only tokens its grammar allows are picked."""
+        ...
 
     def sample(self, seq: int, sampler: Sampler) -> int:
         """Pick the next token for `seq` from the logits of its last evaluated token."""

@@ -17,6 +17,7 @@ import llama_cpp
 import numpy as np
 
 from localchat.backends.base import DRY_SEQUENCE_BREAKERS, ModelInfo, SamplerSettings, TokenScores, score_rows
+from localchat.constraints import TokenGuide
 from localchat.errors import ContextOverflowError, InferenceError, ModelError
 from localchat.planner import BuildFeatures, Plan
 
@@ -72,9 +73,12 @@ def _missing_special_token(vocab: llama_cpp.llama_vocab_p) -> str | None:
 class LlamaSampler:
     """A llama.cpp sampler chain; owns its C object."""
 
-    def __init__(self, settings: SamplerSettings, n_vocab: int, dry: llama_cpp.llama_sampler_p | None = None) -> None:
+    def __init__(
+        self, settings: SamplerSettings, n_vocab: int, dry: llama_cpp.llama_sampler_p | None = None, guide: TokenGuide | None = None
+    ) -> None:
         """`dry`: a DRY sampler with `settings`' parameters, copied into the chain (see
-        `LlamaCppBackend.make_sampler`)."""
+        `LlamaCppBackend.make_sampler`); `guide`: the grammar the reply must follow."""
+        self.guide = guide
         params = llama_cpp.llama_sampler_chain_default_params()
         params.no_perf = True
         self.chain = llama_cpp.llama_sampler_chain_init(params)
@@ -300,8 +304,8 @@ class LlamaCppBackend:
 
     # -- sampling ------------------------------------------------------------------
 
-    def make_sampler(self, settings: SamplerSettings) -> LlamaSampler:
-        return LlamaSampler(settings, self.info.n_vocab, self._dry_sampler(settings) if settings.dry else None)
+    def make_sampler(self, settings: SamplerSettings, guide: TokenGuide | None = None) -> LlamaSampler:
+        return LlamaSampler(settings, self.info.n_vocab, self._dry_sampler(settings) if settings.dry else None, guide)
 
     def _dry_sampler(self, settings: SamplerSettings) -> llama_cpp.llama_sampler_p:
         """A DRY sampler for these parameters, made once: llama.cpp finds the tokens holding a
@@ -320,11 +324,19 @@ class LlamaCppBackend:
 
     def sample(self, seq: int, sampler: LlamaSampler) -> int:  # type: ignore[override]
         index = self._output_index[seq]
+        guide = sampler.guide
+        if guide is not None:
+            # The chain reads the logits in place: the grammar's -inf are written there first.
+            guide.mask(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx, index), shape=(self.info.n_vocab,)))
         if sampler.argmax_only:
             # Ties go to the lowest id, as in llama.cpp's greedy sampler.
             row = llama_cpp.llama_get_logits_ith(self._ctx, index)
-            return int(np.ctypeslib.as_array(row, shape=(self.info.n_vocab,)).argmax())
-        return llama_cpp.llama_sampler_sample(sampler.chain, self._ctx, index)
+            token = int(np.ctypeslib.as_array(row, shape=(self.info.n_vocab,)).argmax())
+        else:
+            token = llama_cpp.llama_sampler_sample(sampler.chain, self._ctx, index)
+        if guide is not None:
+            guide.consume(token)
+        return token
 
     def score(self, seq: int, tokens: Sequence[int]) -> TokenScores:
         self.truncate(seq, 0)

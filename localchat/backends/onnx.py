@@ -20,6 +20,7 @@ import numpy as np
 import onnxruntime as ort
 
 from localchat.backends.base import DRY_SEQUENCE_BREAKERS, ModelInfo, SamplerSettings, TokenScores, score_rows
+from localchat.constraints import TokenGuide
 from localchat.errors import ContextOverflowError, InferenceError, ModelError
 from localchat.models import ONNX_MARKER
 from localchat.planner import BuildFeatures, ModelFacts, Plan
@@ -184,9 +185,11 @@ class NumpySampler:
     Only tokens within CANDIDATE_MARGIN of the best logit are looked at, so after one pass over
     the vocabulary the work scales with the candidates, not the vocabulary."""
 
-    def __init__(self, settings: SamplerSettings, dry_breakers: np.ndarray | None = None) -> None:
-        """`dry_breakers`: a mask over the vocabulary of the tokens that hold a DRY sequence breaker."""
+    def __init__(self, settings: SamplerSettings, dry_breakers: np.ndarray | None = None, guide: TokenGuide | None = None) -> None:
+        """`dry_breakers`: a mask over the vocabulary of the tokens that hold a DRY sequence breaker;
+        `guide`: the grammar the reply must follow."""
         self.settings = settings
+        self.guide = guide
         self.rng = np.random.default_rng(settings.seed)
         window = settings.history_window
         self.history: deque[int] = deque(maxlen=None if window < 0 else window)
@@ -263,6 +266,8 @@ class NumpySampler:
 
     def pick(self, logits: np.ndarray) -> int:
         s = self.settings
+        if self.guide is not None:
+            self.guide.mask(logits)
         if s.penalized:
             self.penalise(logits)
         if s.greedy:
@@ -271,6 +276,8 @@ class NumpySampler:
             token = self._sample(logits)
         if s.penalized:
             self.history.append(token)
+        if self.guide is not None:
+            self.guide.consume(token)
         return token
 
     def _sample(self, logits: np.ndarray) -> int:
@@ -498,8 +505,8 @@ class OnnxBackend:
 
     # -- sampling ------------------------------------------------------------------
 
-    def make_sampler(self, settings: SamplerSettings) -> NumpySampler:
-        return NumpySampler(settings, self._dry_breakers() if settings.dry else None)
+    def make_sampler(self, settings: SamplerSettings, guide: TokenGuide | None = None) -> NumpySampler:
+        return NumpySampler(settings, self._dry_breakers() if settings.dry else None, guide)
 
     def _dry_breakers(self) -> np.ndarray:
         """Which tokens hold a DRY sequence breaker (computed once: one pass over the vocabulary)."""
