@@ -11,7 +11,16 @@ import numpy as np
 import pytest
 
 from checkpoint_fixtures import TINY_ARCHITECTURES
-from converters.onnx import UnsupportedModelError, convert_to_onnx
+from converters.checkpoint import Checkpoint
+from converters.onnx import (
+    QUANT_PLANS,
+    UnsupportedModelError,
+    activation_statistics,
+    architecture_for,
+    calibration_tokens,
+    convert_to_onnx,
+    tokenizer_facts,
+)
 from converters.verify import ReferenceModel, greedy_continuation, reference_tokenize, verify_text
 from localchat.engine import Engine
 from localchat.errors import ModelError
@@ -21,11 +30,13 @@ from localchat.settings import Settings
 
 GREEDY_TOKENS = 24
 SCORED_TOKENS = 256
-# Perplexity allowed above fp32's on the verification text.
-PERPLEXITY_MARGIN = {"int8": 0.02, "int4": 0.05}
-# Least share of positions whose top-1 token agrees with fp32's (measured: int8 91%, int4 80%
-# on this short multilingual text; 96% and 87% on the 1k-token benchmark text).
-AGREEMENT_FLOOR = {"int8": 0.88, "int4": 0.75}
+# Perplexity allowed above fp32's on the verification text. int4 measured +2.2% on an AMD EPYC
+# (AVX-512 VNNI), +1.8% on the benchmark text; most of what is left comes from the int8
+# activations of accuracy level 4, which differ between CPUs (AVX-512 VNNI, AMX).
+PERPLEXITY_MARGIN = {"int8": 0.02, "int4": 0.04}
+# Least share of positions whose top-1 token agrees with fp32's (measured: int8 91%, int4 87.5%
+# on this short multilingual text; 96% and 91% on the 1k-token benchmark text).
+AGREEMENT_FLOOR = {"int8": 0.88, "int4": 0.80}
 
 
 def prompt_and_text(checkpoint: Path, bos_id: int | None) -> tuple[list[int], list[int]]:
@@ -77,6 +88,35 @@ def test_gemma_quantized_perplexity_near_fp32(quant: str, onnx_model: Callable[[
     print(f"{quant}: perplexity {ours.perplexity:.3f} vs fp32 {base.perplexity:.3f}, top-1 agreement {agreement:.1%}")
     assert ours.perplexity <= base.perplexity * (1 + PERPLEXITY_MARGIN[quant])
     assert agreement >= AGREEMENT_FLOOR[quant]
+
+
+def test_int4_calibration_measures_what_transformers_computes(tiny_checkpoint: Callable[[str], Path], tmp_path: Path) -> None:
+    """The calibration model's statistics of the MLP inputs against transformers' own: second
+    moments where the MLP is at 4 bits (layers past the 8-bit edges), mean squares elsewhere."""
+    import torch
+
+    source = tiny_checkpoint("gemma3")
+    checkpoint = Checkpoint(source)
+    tokens = calibration_tokens(checkpoint, tokenizer_facts(checkpoint))[:200]
+    plan = QUANT_PLANS["int4"]
+    arch = architecture_for(checkpoint.config)
+    stats = activation_statistics(checkpoint, arch, plan, tokens, tmp_path / "calibration", lambda done, total, what: None)
+    checkpoint.close()
+    model = ReferenceModel(source).model
+    seen: dict[int, np.ndarray] = {}
+    for i, layer in enumerate(model.model.layers):
+        layer.mlp.register_forward_pre_hook(lambda _, args, i=i: seen.__setitem__(i, args[0][0].double().numpy()))
+    with torch.inference_mode():
+        model(torch.tensor([tokens]))
+    n_layers = len(seen)
+    for i, inputs in seen.items():
+        measured = stats[f"layers.{i}.mlp_norm/output_0"]
+        four_bit = plan.bits("gate_proj", i, n_layers) == 4
+        assert measured.ndim == (2 if four_bit else 1)
+        expected = inputs.T @ inputs / len(inputs) if four_bit else np.mean(inputs**2, axis=0)
+        # The calibration model is the 8-bit one: close to float, not equal.
+        np.testing.assert_allclose(measured, expected, rtol=0.05, atol=0.02 * float(np.abs(expected).max()))
+    assert any(plan.bits("gate_proj", i, n_layers) == 4 for i in seen)
 
 
 def test_graph_uses_fused_operators(onnx_model: Callable[[str, str], Path]) -> None:
