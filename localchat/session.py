@@ -32,6 +32,9 @@ class GenerationSettings:
     stop: tuple[str, ...] = ()
     sampler: SamplerSettings = field(default_factory=SamplerSettings)
     ignore_eos: bool = False
+    # Control tokens the reply's text shows (they print nothing otherwise): the tool-call and
+    # reasoning markers a reply parser reads (localchat.chat_formats).
+    shown_tokens: frozenset[int] = frozenset()
     # The grammar the reply must follow (a JSON schema, a tool call's shape), by constrained decoding.
     constraint: Constraint | None = None
 
@@ -189,6 +192,8 @@ class Reply:
 
     def __init__(self, backend: Backend, settings: GenerationSettings, prompt_tokens: int) -> None:
         self._token_bytes = backend.token_bytes
+        self._token_text = backend.token_text
+        self._shown = settings.shown_tokens
         self._eog = frozenset() if settings.ignore_eos else backend.info.eog_ids
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._stops = _StopMatcher(settings.stop)
@@ -219,7 +224,8 @@ class Reply:
             self.finish_reason = "stop"
             return ""
         self.token_ids.append(token)
-        text, self._stopped_by_string = self._stops.feed(self._decoder.decode(self._token_bytes(token)))
+        piece = self._token_text(token).encode() if token in self._shown else self._token_bytes(token)
+        text, self._stopped_by_string = self._stops.feed(self._decoder.decode(piece))
         if self._stopped_by_string:
             self.finish_reason = "stop"
         elif len(self.token_ids) >= self._limit:
@@ -325,7 +331,11 @@ class Generation:
 
 def tokenize_chat(backend: Backend, template: ChatTemplate, messages: Sequence[Message]) -> list[int]:
     """The prompt for the assistant's next message, as the model's chat template renders it."""
-    text = template.render(messages)
+    return tokenize_prompt(backend, template, template.render(messages))
+
+
+def tokenize_prompt(backend: Backend, template: ChatTemplate, text: str) -> list[int]:
+    """A prompt `template` rendered, as tokens (BOS added unless the template wrote it)."""
     add_bos = backend.info.add_bos and not (template.bos_token and text.startswith(template.bos_token))
     return backend.tokenize(text, add_bos=add_bos, special=True)
 

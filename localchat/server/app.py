@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from types import FrameType
 from typing import Any
 
@@ -27,13 +28,15 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from localchat.backends.base import SamplerSettings
+from localchat.constraints import tokenizer_for
 from localchat.engine import Engine
 from localchat.errors import ContextOverflowError, InvalidSettingError
 from localchat.scheduler import QueueFullError, Scheduler
+from localchat.server.chat import ChatPlan, ChatReplyReader, ModelChat, plan_chat
+from localchat.server.errors import APIError, error_response
 from localchat.server.metrics import CONTENT_TYPE, RequestCounter, ServerMetrics
 from localchat.server.replies import PendingReply, ReplyFailedError
 from localchat.server.schemas import (
-    AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
     ChatCompletion,
@@ -51,11 +54,12 @@ from localchat.server.schemas import (
     PromptTokensDetails,
     SamplingFields,
     Usage,
+    unsupported_field,
 )
 from localchat.server.security import ApiKeyGuard, BodySizeLimit
 from localchat.server.settings import ServerSettings
-from localchat.session import GenerationSettings, GenerationStats, tokenize_chat
-from localchat.templates import Message, TemplateError
+from localchat.session import GenerationSettings, GenerationStats, tokenize_prompt
+from localchat.templates import TemplateError
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse, "description": description}
@@ -71,26 +75,6 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 # `data` is a JSON chunk, then `[DONE]`.
 SSE_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}
 EVENT_STREAM = {200: {"content": {"text/event-stream": {"schema": SSE_EVENT}}}}
-# OpenAI clients send the role "developer" for what templates call "system".
-TEMPLATE_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-
-
-class APIError(Exception):
-    """An error answered with OpenAI's error body."""
-
-    def __init__(self, status: int, message: str, *, code: str | None = None, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.code = code
-        self.param = param
-
-
-def error_response(status: int, message: str, *, code: str | None = None, param: str | None = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
-    error_type = "invalid_request_error" if status < 500 else "server_error"
-    body = {"error": {"message": message, "type": error_type, "param": param, "code": code}}
-    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def _validation_message(error: RequestValidationError) -> tuple[str, str | None]:
@@ -135,13 +119,19 @@ class CompletionService:
         # Names a request may give for the one model served.
         self.model_names = frozenset({model.name, model.path.name, model.path.stem})
         self.created = int(model.path.stat().st_mtime)
+        self.chat = ModelChat.of(engine.backend, engine.template)
 
-    def check_model(self, name: str | None) -> None:
-        if name is not None and name not in self.model_names:
-            raise APIError(404, f"the model '{name}' is not served here; this server has '{self.model_id}'",
+    def check_request(self, body: SamplingFields, endpoint: str) -> None:
+        """The model named is this one; no field asks for what localchat does not do."""
+        if body.model is not None and body.model not in self.model_names:
+            raise APIError(404, f"the model '{body.model}' is not served here; this server has '{self.model_id}'",
                            code="model_not_found", param="model")
+        refused = unsupported_field(endpoint, body.model_extra)
+        if refused is not None:
+            raise APIError(400, refused[1], code="unsupported_parameter", param=refused[0])
 
-    def generation_settings(self, body: SamplingFields, reply_limit: int | None) -> GenerationSettings:
+    def generation_settings(self, body: SamplingFields, reply_limit: int | None,
+                            shown_tokens: frozenset[int] = frozenset()) -> GenerationSettings:
         limit = self.settings.max_reply_tokens
         if reply_limit is not None and reply_limit > limit:
             raise APIError(400, f"max_tokens is {reply_limit} but this server allows at most {limit}", param="max_tokens")
@@ -154,13 +144,18 @@ class CompletionService:
             seed=body.seed,
         )
         return GenerationSettings(max_tokens=reply_limit or limit, stop=body.stop_strings, sampler=sampler,
-                                  ignore_eos=body.ignore_eos)
+                                  ignore_eos=body.ignore_eos, shown_tokens=shown_tokens)
 
-    async def chat_prompt(self, body: ChatCompletionRequest) -> list[int]:
-        messages = [Message(TEMPLATE_ROLES[m.role], m.text) for m in body.messages]  # type: ignore[arg-type]
+    async def chat_prompt(self, body: ChatCompletionRequest) -> tuple[ChatPlan, list[int]]:
+        """How the request is answered, and the prompt's tokens (a forced call's opening included)."""
+
+        def prepare() -> tuple[ChatPlan, list[int]]:
+            plan = plan_chat(body, self.chat, default_thinking=self.settings.enable_thinking)
+            return plan, tokenize_prompt(self.engine.backend, self.engine.template, plan.prompt + plan.forced)
+
         # Rendering and tokenizing take a while for long histories: off the event loop. Tokenizing
         # reads only the vocabulary, so it may run beside the scheduler's thread.
-        return await run_in_threadpool(tokenize_chat, self.engine.backend, self.engine.template, messages)
+        return await run_in_threadpool(prepare)
 
     async def text_prompt(self, body: CompletionRequest) -> list[int]:
         if isinstance(body.prompt, list):
@@ -174,11 +169,12 @@ class CompletionService:
     def submit(self, prompt: Sequence[int], settings: GenerationSettings) -> PendingReply:
         return PendingReply(self.scheduler, prompt, settings, self.metrics.observe_reply)
 
-    async def whole_text(self, reply: PendingReply, request: Request) -> str:
-        """The reply's whole text; a client that disconnects meanwhile cancels it."""
+    async def read_whole(self, reply: PendingReply, request: Request, read: Callable[[str], None]) -> None:
+        """Passes the reply's text to `read` until it ends; a client that disconnects meanwhile cancels it."""
         watcher = asyncio.create_task(_cancel_on_disconnect(request, reply))
         try:
-            return "".join([piece async for piece in reply.text()])
+            async for piece in reply.text():
+                read(piece)
         finally:
             watcher.cancel()
 
@@ -190,14 +186,15 @@ async def _cancel_on_disconnect(request: Request, reply: PendingReply) -> None:
     reply.cancel()
 
 
-async def _event_stream(reply: PendingReply, first: Sequence[str], piece: Callable[[str], str],
+async def _event_stream(reply: PendingReply, first: Sequence[str], piece: Callable[[str], Sequence[str]],
                         last: Callable[[GenerationStats], Sequence[str]]) -> AsyncIterator[str]:
-    """Server-sent events: `first`, one `piece` per text piece, `last` events, then [DONE]."""
+    """Server-sent events: `first`, the `piece` events of each text piece, `last` events, then [DONE]."""
     for event in first:
         yield event
     try:
         async for text in reply.text():
-            yield piece(text)
+            for event in piece(text):
+                yield event
     except ReplyFailedError as error:
         yield _sse(ErrorResponse.model_validate({"error": {"message": str(error), "type": "server_error"}}))
         yield _sse("[DONE]")
@@ -287,10 +284,23 @@ def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
 
     @app.post("/v1/chat/completions", response_model=ChatCompletion, responses={**ERROR_RESPONSES, **EVENT_STREAM})
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        service.check_model(body.model)
-        generation = service.generation_settings(body, body.reply_limit)
-        reply = service.submit(await service.chat_prompt(body), generation)
+        service.check_request(body, "chat")
+        generation = service.generation_settings(body, body.reply_limit, service.chat.shown_tokens)
+        plan, prompt = await service.chat_prompt(body)
+        constraint = plan.constraint or (body.response_format.constraint() if body.response_format is not None else None)
+        if constraint is not None:
+            generation = replace(generation, constraint=constraint)
+            # The vocabulary is read into llguidance once (seconds for a large one): off the event loop.
+            await run_in_threadpool(tokenizer_for, service.engine.backend)
+        reader = ChatReplyReader(plan)
+        reply = service.submit(prompt, generation)
         reply_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+
+        def read(text: str) -> list[ChatDelta]:
+            deltas = reader.feed(text)
+            if reader.complete:
+                reply.cancel()  # the calls wanted are made: the rest of the reply is not needed
+            return deltas
 
         def chunk(delta: ChatDelta, finish: FinishReason | None = None) -> ChatCompletionChunk:
             return ChatCompletionChunk(id=reply_id, created=created, model=service.model_id,
@@ -298,27 +308,30 @@ def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
 
         if body.stream:
             def last(stats: GenerationStats) -> list[str]:
-                events = [_sse(chunk(ChatDelta(), _finish_reason(stats)))]
+                events = [_sse(chunk(delta)) for delta in reader.finish()]
+                events.append(_sse(chunk(ChatDelta(), reader.finish_reason(stats))))
                 if body.include_usage:
                     events.append(_sse(ChatCompletionChunk(id=reply_id, created=created, model=service.model_id,
                                                            choices=[], usage=_usage(stats))))
                 return events
 
-            stream = _event_stream(reply, [_sse(chunk(ChatDelta(role="assistant", content="")))],
-                                   lambda text: _sse(chunk(ChatDelta(content=text))), last)
+            first = [_sse(chunk(ChatDelta(role="assistant", content="")))] + [_sse(chunk(d)) for d in reader.start()]
+            stream = _event_stream(reply, first, lambda text: [_sse(chunk(d)) for d in read(text)], last)
             return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
-        text = await service.whole_text(reply, request)
+        reader.start()
+        await service.read_whole(reply, request, read)
+        reader.finish()
         assert reply.stats is not None
         completion = ChatCompletion(
             id=reply_id, created=created, model=service.model_id, usage=_usage(reply.stats),
-            choices=[ChatChoice(message=AssistantMessage(content=text), finish_reason=_finish_reason(reply.stats))],
+            choices=[ChatChoice(message=reader.message(), finish_reason=reader.finish_reason(reply.stats))],
         )
         return JSONResponse(completion.model_dump())
 
     @app.post("/v1/completions", response_model=Completion, responses={**ERROR_RESPONSES, **EVENT_STREAM})
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        service.check_model(body.model)
+        service.check_request(body, "completion")
         generation = service.generation_settings(body, body.reply_limit)
         reply = service.submit(await service.text_prompt(body), generation)
         reply_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
@@ -335,12 +348,13 @@ def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
                                                   usage=_usage(stats))))
                 return events
 
-            stream = _event_stream(reply, [], lambda text: _sse(event(text)), last)
+            stream = _event_stream(reply, [], lambda text: [_sse(event(text))], last)
             return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
-        text = await service.whole_text(reply, request)
+        pieces: list[str] = []
+        await service.read_whole(reply, request, pieces.append)
         assert reply.stats is not None
-        completion = event(text, _finish_reason(reply.stats))
+        completion = event("".join(pieces), _finish_reason(reply.stats))
         completion.usage = _usage(reply.stats)
         return JSONResponse(completion.model_dump())
 

@@ -1,19 +1,77 @@
 """Request and response bodies of the OpenAI-compatible API; they also make its OpenAPI schema.
 
-Requests ignore fields they do not know (`extra="ignore"`, unlike localchat's option models):
-OpenAI clients send many optional fields, and the API promises to ignore the unknown ones.
+Fields a request may send: the ones declared here are honoured. OpenAI's fields that localchat
+does not implement and that change what the answer means (`UNSUPPORTED_FIELDS`: logit_bias,
+logprobs, the legacy functions, audio...) get a 400 naming the
+field when set, rather than an answer that ignored them. Any other field is accepted and ignored:
+OpenAI's harmless ones (user, metadata, store, service_tier, prediction...) and other servers'
+extensions, so that clients written for them work (`extra="allow"` keeps them for that check).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+)
+
+from localchat.constraints import JSON_OBJECT_SCHEMA, Constraint
+from localchat.errors import InvalidSettingError
+from localchat.server.errors import APIError
 
 # OpenAI takes at most 4 stop sequences.
 MAX_STOP_STRINGS = 4
 StopString = Annotated[str, Field(min_length=1)]
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "tool_calls"]
+# OpenAI's rule for function names: letters, digits, underscores and dashes, at most 64.
+FunctionName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """A request field localchat does not implement: accepted only with one of `unused` (what
+    the field is when it asks for nothing)."""
+
+    unused: tuple[Any, ...]
+    hint: str = ""
+
+
+UNSUPPORTED_FIELDS: dict[str, dict[str, Unsupported]] = {
+    "chat": {
+        "logit_bias": Unsupported((None, {})),
+        "logprobs": Unsupported((None, False)),
+        "top_logprobs": Unsupported((None, 0)),
+        "functions": Unsupported((None, []), "use tools"),
+        "function_call": Unsupported((None,), "use tool_choice"),
+        "audio": Unsupported((None,), "text only"),
+        "modalities": Unsupported((None, ["text"]), "text only"),
+        "web_search_options": Unsupported((None,)),
+    },
+    "completion": {
+        "logit_bias": Unsupported((None, {})),
+        "logprobs": Unsupported((None, 0)),
+        "echo": Unsupported((None, False)),
+        "best_of": Unsupported((None, 1)),
+        "suffix": Unsupported((None, "")),
+    },
+}
+
+
+def unsupported_field(endpoint: str, extra: dict[str, Any] | None) -> tuple[str, str] | None:
+    """The first field of `extra` (a request's undeclared fields) that asks for something
+    `endpoint` does not implement, with the message to answer it."""
+    for name, value in (extra or {}).items():
+        field = UNSUPPORTED_FIELDS[endpoint].get(name)
+        if field is not None and not any(value == unused and type(value) is type(unused) for unused in field.unused):
+            hint = f" ({field.hint})" if field.hint else ""
+            return name, f"{name} is not supported by localchat{hint}; leave it out"
+    return None
 
 
 class _Request(BaseModel):
@@ -21,11 +79,17 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
 
+class _TopRequest(_Request):
+    """A whole request body: its undeclared fields are kept for `unsupported_field`."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
 class StreamOptions(_Request):
     include_usage: bool = False
 
 
-class SamplingFields(_Request):
+class SamplingFields(_TopRequest):
     """What both completion endpoints take besides the prompt."""
 
     model: str | None = Field(None, description="the served model's id (see /v1/models); omitted means that one")
@@ -57,9 +121,26 @@ class TextPart(_Request):
     text: str
 
 
+class FunctionCall(_Request):
+    name: str
+    arguments: str = Field(description="a JSON object, as text")
+
+
+class ToolCall(_Request):
+    """A call an earlier assistant message made."""
+
+    id: str = Field(min_length=1)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Request):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = Field(None, description="on an assistant message: the calls it made")
+    tool_call_id: str | None = Field(None, description="on a tool message: the call whose result it is")
+    reasoning_content: str | None = Field(None, description="on an assistant message: its reasoning")
 
     @property
     def text(self) -> str:
@@ -70,9 +151,66 @@ class ChatMessage(_Request):
         return "".join(part.text for part in self.content)
 
 
+class FunctionDefinition(_Request):
+    name: FunctionName
+    description: str | None = None
+    parameters: dict[str, Any] | None = Field(None, description="a JSON schema of the arguments")
+    strict: bool | None = None
+
+
+class Tool(_Request):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Request):
+    name: FunctionName
+
+
+class NamedToolChoice(_Request):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaFormat(_Request):
+    name: str = Field(min_length=1, max_length=64, description="the schema's name")
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema", description="a JSON schema; {} allows any JSON")
+    strict: bool | None = Field(None, description="the reply always follows the schema (constrained decoding), whatever this says")
+
+
+class ResponseFormat(_Request):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    def constraint(self) -> Constraint | None:
+        """The grammar the reply must follow; raises APIError (400, naming response_format) when
+        the schema is missing or llguidance cannot use it."""
+        if self.type == "text":
+            return None
+        if self.type == "json_object":
+            return Constraint("json_schema", JSON_OBJECT_SCHEMA)
+        if self.json_schema is None:
+            raise APIError(400, "response_format of type json_schema needs a json_schema object", param="response_format")
+        try:
+            return Constraint.json_schema(self.json_schema.schema_)
+        except InvalidSettingError as error:
+            raise APIError(400, f"response_format: {error}", param="response_format") from None
+
+
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1, description="the newer name of max_tokens; wins over it")
+    tools: list[Tool] | None = Field(None, description="functions the model may call")
+    response_format: ResponseFormat | None = Field(
+        None, description="json_object or json_schema: the reply is JSON (following the schema), by constrained decoding")
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        None, description="auto (the default with tools): the model decides; required or a named function: it must call")
+    parallel_tool_calls: bool = Field(True, description="false: at most one call per reply")
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = Field(
+        None, description="none turns thinking off (enable_thinking=false); the others reach the template as reasoning_effort")
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="variables for the chat template (llama.cpp's and vLLM's extension), e.g. {\"enable_thinking\": false}")
 
     @property
     def reply_limit(self) -> int | None:
@@ -103,9 +241,31 @@ class Usage(BaseModel):
     prompt_tokens_details: PromptTokensDetails
 
 
+class _WithoutNone(BaseModel):
+    """Leaves out fields that are None: the openai SDK adds up streamed tool-call pieces key by
+    key, and a null `type` would overwrite the "function" of an earlier piece."""
+
+    @model_serializer(mode="wrap")
+    def _without_none(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {key: value for key, value in handler(self).items() if value is not None}
+
+
+class CalledFunction(BaseModel):
+    name: str
+    arguments: str = Field(description="a JSON object, as text")
+
+
+class CalledTool(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None = Field(description="null when the reply is only tool calls")
+    reasoning_content: str | None = Field(None, description="the model's thinking before its answer, when it has some")
+    tool_calls: list[CalledTool] | None = None
 
 
 class ChatChoice(BaseModel):
@@ -124,9 +284,25 @@ class ChatCompletion(BaseModel):
     usage: Usage
 
 
+class FunctionDelta(_WithoutNone):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(_WithoutNone):
+    """A piece of a streamed tool call: its id, type and name come first, then argument pieces."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionDelta
+
+
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(BaseModel):

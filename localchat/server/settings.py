@@ -22,6 +22,8 @@ class ServerSettings:
     # The most tokens one reply may ask for, and what a request that names no limit gets.
     max_reply_tokens: int = 4096
     retry_after_s: int = 1
+    # The template's enable_thinking when a request does not set it (None: the template's default).
+    enable_thinking: bool | None = None
 
     def __post_init__(self) -> None:
         checks = [

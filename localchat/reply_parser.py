@@ -1,0 +1,702 @@
+"""Splits a model's reply into content, reasoning and tool calls as it streams, by the family's
+format (localchat.chat_formats): one parser for every family, fed piece by piece, holding back
+text that may be the start of a marker until it is decided.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from localchat.chat_formats import ChatFormat, Section, SectionKind
+
+# JSON keys that hold a call's function name and its arguments (Llama and Command R say
+# "parameters", Command R "tool_name"); a call object must begin with one of CALL_KEYS.
+NAME_KEYS = frozenset({"name", "tool_name"})
+ARGUMENT_KEYS = frozenset({"arguments", "parameters"})
+CALL_KEYS = NAME_KEYS | ARGUMENT_KEYS | {"type", "id", "tool_call_id"}
+# Fenced JSON (```json ... ```) is accepted around calls written as JSON, with these labels.
+FENCE_LABELS = frozenset({"", "json", "tool_code", "tool_call"})
+# A header longer than this never ends: its text was not a header.
+MAX_HEADER = 256
+
+
+# -- what the parser yields ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ContentDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class ReasoningDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class CallStart:
+    index: int
+    name: str
+
+
+@dataclass(frozen=True)
+class ArgumentsDelta:
+    """A piece of a call's arguments, a JSON object's text."""
+
+    index: int
+    text: str
+
+
+@dataclass(frozen=True)
+class CallEnd:
+    index: int
+
+
+ReplyPart = ContentDelta | ReasoningDelta | CallStart | ArgumentsDelta | CallEnd
+
+
+@dataclass
+class ParsedCall:
+    name: str
+    arguments: str = ""
+
+
+@dataclass
+class ParsedReply:
+    """A reply's parts put together."""
+
+    content: str = ""
+    reasoning: str = ""
+    calls: list[ParsedCall] = dataclasses.field(default_factory=list)
+
+    def add(self, part: ReplyPart) -> None:
+        if isinstance(part, ContentDelta):
+            self.content += part.text
+        elif isinstance(part, ReasoningDelta):
+            self.reasoning += part.text
+        elif isinstance(part, CallStart):
+            self.calls.append(ParsedCall(part.name))
+        elif isinstance(part, ArgumentsDelta):
+            self.calls[part.index].arguments += part.text
+
+
+def parse_reply(fmt: ChatFormat, text: str, *, calls: bool = True, prompt: str = "") -> ParsedReply:
+    """A whole reply's parts."""
+    parser = ReplyParser(fmt, calls=calls, prompt=prompt)
+    reply = ParsedReply()
+    for part in [*parser.feed(text), *parser.finish()]:
+        reply.add(part)
+    return reply
+
+
+# -- reading JSON a character at a time -------------------------------------------------------
+
+Step = Literal["more", "done", "before", "error"]  # before: the value ended just before this character
+
+
+class _ValueSpan:
+    """Finds where one JSON value ends: strings, escapes and nesting are tracked, nothing checked."""
+
+    def __init__(self) -> None:
+        self.first = ""
+        self.depth = 0
+        self.in_string = False
+        self.escape = False
+
+    def feed(self, char: str) -> Step:
+        if not self.first:
+            self.first = char
+            if char == '"':
+                self.in_string = True
+            elif char in "{[":
+                self.depth = 1
+            elif char in ",:}]":
+                return "error"
+            return "more"
+        if self.first not in '"{[':  # a number or a literal ends at a delimiter
+            return "before" if char in ",}]" or char.isspace() else "more"
+        if self.in_string:
+            if self.escape:
+                self.escape = False
+            elif char == "\\":
+                self.escape = True
+            elif char == '"':
+                self.in_string = False
+                return "done" if self.depth == 0 else "more"
+            return "more"
+        if char == '"':
+            self.in_string = True
+        elif char in "{[":
+            self.depth += 1
+        elif char in "}]":
+            self.depth -= 1
+            if self.depth == 0:
+                return "done"
+        return "more"
+
+
+class _Calls(Protocol):
+    """What a reader tells the parser: a call began, a piece of its arguments, it ended."""
+
+    def start(self, name: str) -> None: ...
+
+    def arguments(self, text: str) -> None: ...
+
+    def end(self) -> None: ...
+
+
+class _ArgumentsReader:
+    """A call's arguments as the body of a section: one JSON value, streamed as it comes (a
+    JSON string holding the arguments' text is decoded first)."""
+
+    def __init__(self, calls: _Calls) -> None:
+        self.calls = calls
+        self.span: _ValueSpan | None = None
+        self.raw = ""
+
+    def feed(self, char: str) -> Step:
+        if self.span is None:
+            if char.isspace():
+                return "more"
+            self.span = _ValueSpan()
+        step = self.span.feed(char)
+        if step == "error":
+            return step
+        if step != "before":
+            self.raw += char
+            if self.span.first != '"':
+                self.calls.arguments(char)
+        if step in ("done", "before"):
+            self.close()
+        return step
+
+    def close(self) -> None:
+        """The value is complete (or the reply ended in it)."""
+        if not self.raw:
+            self.calls.arguments("{}")
+        elif self.span is not None and self.span.first == '"':
+            try:
+                self.calls.arguments(str(json.loads(self.raw)))
+            except json.JSONDecodeError:
+                self.calls.arguments(self.raw)
+        self.calls.end()
+
+
+class _CallsReader:
+    """Calls written as JSON, a character at a time: an object naming the function and holding its
+    arguments, or an array of them, maybe fenced. A call begins once its name is read; arguments
+    read before the name wait for it."""
+
+    def __init__(self, calls: _Calls) -> None:
+        self.calls = calls
+        self.state = "top"
+        self.fence: str | None = None  # the fence's opening text while it is read, then its label
+        self.fenced = False
+        self.in_array = False
+        self.text = ""  # a key or a name being read
+        self.escape = False
+        self.key = ""
+        self.keys_seen = 0
+        self.name: str | None = None
+        self.waiting_arguments = ""  # arguments read before the name
+        self.quoted = ""  # arguments written as a JSON string, as read so far
+        self.arguments_seen = False
+        self.span: _ValueSpan | None = None
+        self.started = False  # a call of this reader has begun (its text can no longer be content)
+        self.open = False  # a call has begun and not ended
+
+    def feed(self, char: str) -> Step:
+        handler = getattr(self, f"_{self.state}")
+        step: Step = handler(char)
+        return step
+
+    def _top(self, char: str) -> Step:
+        if char.isspace():
+            return "more"
+        if char == "`" and not self.fenced:
+            self.state, self.fence = "fence", "`"
+            return "more"
+        if char == "[":
+            self.in_array, self.state = True, "element"
+            return "more"
+        if char == "{":
+            self._begin_object()
+            return "more"
+        return "error"
+
+    def _fence(self, char: str) -> Step:
+        assert self.fence is not None
+        if len(self.fence) < 3:
+            if char != "`":
+                return "error"
+            self.fence += char
+            return "more"
+        if char == "\n":
+            if self.fence[3:].strip() not in FENCE_LABELS:
+                return "error"
+            self.fenced, self.state = True, "top"
+            return "more"
+        if len(self.fence) > 16:
+            return "error"
+        self.fence += char
+        return "more"
+
+    def _element(self, char: str) -> Step:
+        if char.isspace():
+            return "more"
+        if char == "{":
+            self._begin_object()
+            return "more"
+        return "error"
+
+    def _next_element(self, char: str) -> Step:
+        if char.isspace():
+            return "more"
+        if char == ",":
+            self.state = "element"
+            return "more"
+        if char == "]":
+            return self._complete()
+        return "error"
+
+    def _begin_object(self) -> None:
+        self.state, self.keys_seen, self.name = "key_or_close", 0, None
+        self.waiting_arguments, self.quoted, self.arguments_seen = "", "", False
+
+    def _key_or_close(self, char: str) -> Step:
+        if char.isspace():
+            return "more"
+        if char == '"':
+            self.state, self.text = "key", ""
+            return "more"
+        if char == "}" and self.keys_seen:
+            return self._end_object()
+        return "error"
+
+    def _key(self, char: str) -> Step:
+        if self.escape:
+            self.escape = False
+        elif char == "\\":
+            self.escape = True
+        elif char == '"':
+            try:
+                self.key = str(json.loads(f'"{self.text}"'))
+            except json.JSONDecodeError:
+                return "error"
+            if self.keys_seen == 0 and self.key not in CALL_KEYS:
+                return "error"  # not a call: some other JSON
+            self.keys_seen += 1
+            self.state = "colon"
+            return "more"
+        self.text += char
+        return "more"
+
+    def _colon(self, char: str) -> Step:
+        if char.isspace():
+            return "more"
+        if char == ":":
+            self.state = "value"
+            return "more"
+        return "error"
+
+    def _value(self, char: str) -> Step:
+        if char.isspace():
+            return "more"
+        if self.key in NAME_KEYS and self.name is None:
+            if char != '"':
+                return "error"
+            self.state, self.text = "name", ""
+            return "more"
+        self.span = _ValueSpan()
+        self.state = "arguments" if self.key in ARGUMENT_KEYS and not self.arguments_seen else "skip"
+        self.arguments_seen |= self.state == "arguments"
+        return self.feed(char)
+
+    def _name(self, char: str) -> Step:
+        if self.escape:
+            self.escape = False
+        elif char == "\\":
+            self.escape = True
+        elif char == '"':
+            try:
+                name = str(json.loads(f'"{self.text}"'))
+            except json.JSONDecodeError:
+                return "error"
+            if not name:
+                return "error"
+            self.name, self.started, self.open = name, True, True
+            self.calls.start(name)
+            if self.waiting_arguments:
+                self.calls.arguments(self.waiting_arguments)
+            self.state = "after_value"
+            return "more"
+        self.text += char
+        return "more"
+
+    def _arguments(self, char: str) -> Step:
+        assert self.span is not None
+        step = self.span.feed(char)
+        if step == "error":
+            return step
+        if step != "before":
+            if self.span.first == '"':  # the arguments' text as a JSON string: decoded once whole
+                self.quoted += char
+            elif self.name is None:
+                self.waiting_arguments += char
+            else:
+                self.calls.arguments(char)
+        if step == "more":
+            return step
+        if self.span.first == '"':
+            try:
+                decoded = str(json.loads(self.quoted))
+            except json.JSONDecodeError:
+                decoded = self.quoted
+            if self.name is None:
+                self.waiting_arguments = decoded
+            else:
+                self.calls.arguments(decoded)
+        self.state = "after_value"
+        return "more" if step == "done" else self.feed(char)
+
+    def _skip(self, char: str) -> Step:
+        assert self.span is not None
+        step = self.span.feed(char)
+        if step in ("more", "error"):
+            return step
+        self.state = "after_value"
+        return "more" if step == "done" else self.feed(char)
+
+    def _after_value(self, char: str) -> Step:
+        if char.isspace():
+            return "more"
+        if char == ",":
+            self.state = "key_after_comma"
+            return "more"
+        if char == "}":
+            return self._end_object()
+        return "error"
+
+    def _key_after_comma(self, char: str) -> Step:
+        if char.isspace():
+            return "more"
+        if char == '"':
+            self.state, self.text = "key", ""
+            return "more"
+        return "error"
+
+    def _end_object(self) -> Step:
+        if self.name is None:
+            return "error"
+        if not self.arguments_seen:
+            self.calls.arguments("{}")
+        self.open = False
+        self.calls.end()
+        if self.in_array:
+            self.state = "next_element"
+            return "more"
+        return self._complete()
+
+    def _complete(self) -> Step:
+        if not self.started:
+            return "error"  # an empty array
+        if self.fenced:
+            self.state, self.text = "fence_close", ""
+            return "more"
+        self.state = "finished"
+        return "done"
+
+    def _fence_close(self, char: str) -> Step:
+        if not self.text and char.isspace():
+            return "more"
+        if char != "`":
+            return "before"
+        self.text += char
+        if len(self.text) == 3:
+            self.state = "finished"
+            return "done"
+        return "more"
+
+    def close(self) -> None:
+        """The reply ended inside the calls: a call begun ends as written."""
+        if self.open:
+            if not self.arguments_seen:
+                self.calls.arguments("{}")
+            self.open = False
+            self.calls.end()
+
+
+# -- the parser -------------------------------------------------------------------------
+
+
+def _held_prefix(text: str, markers: Sequence[str]) -> int:
+    """The length of the longest end of `text` that is the start of one of `markers`."""
+    for size in range(min(len(text), max((len(m) for m in markers), default=0) - 1), 0, -1):
+        tail = text[-size:]
+        if any(marker.startswith(tail) for marker in markers):
+            return size
+    return 0
+
+
+def _first_marker(text: str, markers: Sequence[str]) -> tuple[int, str] | None:
+    """Where the earliest marker in `text` begins, and which (the longest of those found there)."""
+    found = [(index, -len(marker), marker) for marker in markers if (index := text.find(marker)) >= 0]
+    if not found:
+        return None
+    index, _, marker = min(found)
+    return index, marker
+
+
+class ReplyParser:
+    """Splits a reply into content, reasoning and tool calls as it streams.
+
+    `calls=False` reads no tool calls (their text stays content). `prompt` is the rendered
+    prompt: one that ends with a section's start marker (DeepSeek R1's `<think>`, gpt-oss's
+    `<|start|>assistant`) makes the reply start inside that section. However a reply is split
+    into pieces, its parts put together are the same.
+    """
+
+    def __init__(self, fmt: ChatFormat, *, calls: bool = True, prompt: str = "") -> None:
+        self.format = fmt
+        self.calls_enabled = calls
+        sections = [s for s in fmt.sections if calls or s.kind in ("reasoning", "content") or (s.header and s.header.channels)]
+        self._bare = next((s for s in sections if not s.start), None)
+        self._openers: dict[str, Section | None] = {m: None for m in fmt.dropped} | {s.start: s for s in sections if s.start}
+        self._pending = ""  # received, not yet read
+        self._out: list[ReplyPart] = []
+        self._mode = "content"  # content, header, text, json or after (a section's JSON has ended)
+        self._section: Section | None = None
+        self._kind: SectionKind = "content"  # what a text section's body is
+        self._held = ""  # the current section's text so far: content again if it turns out not to be one
+        self._header = ""
+        self._deferred = ""  # whitespace before any content: dropped if a section follows
+        self._content_seen = False
+        self._skip_space = False  # whitespace after a section is dropped
+        self._body_started = False
+        self._reasoning_space = ""  # whitespace at the end of reasoning so far
+        self._reader: _CallsReader | _ArgumentsReader | None = None
+        self._call_index = -1
+        tail = prompt.rstrip()
+        opened = next((s for s in sections if s.start and tail.endswith(s.start)), None)
+        if opened is not None:
+            self._enter(opened, held="")
+
+    def feed(self, text: str) -> list[ReplyPart]:
+        """The parts `text` completes; what may still turn out otherwise is held back."""
+        self._pending += text
+        self._run(final=False)
+        return self._take()
+
+    def finish(self) -> list[ReplyPart]:
+        """The reply has ended: the rest, as it stands (a call cut short ends as written)."""
+        self._run(final=True)
+        if self._mode == "header" or (self._mode == "json" and not self._committed):
+            self._revert()
+            self._run(final=True)
+        elif self._mode == "json":
+            assert self._reader is not None
+            self._reader.close()
+        self._mode = "content"
+        return self._take()
+
+    # What the readers report, as parts:
+    def start(self, name: str) -> None:
+        self._call_index += 1
+        self._emit(CallStart(self._call_index, name))
+
+    def arguments(self, text: str) -> None:
+        if text:
+            self._emit(ArgumentsDelta(self._call_index, text))
+
+    def end(self) -> None:
+        self._emit(CallEnd(self._call_index))
+
+    def _take(self) -> list[ReplyPart]:
+        out, self._out = self._out, []
+        return out
+
+    def _emit(self, part: ReplyPart) -> None:
+        """Adds a part, merged into the last one when both are text of one kind."""
+        last = self._out[-1] if self._out else None
+        if isinstance(part, ContentDelta) and isinstance(last, ContentDelta):
+            self._out[-1] = ContentDelta(last.text + part.text)
+        elif isinstance(part, ReasoningDelta) and isinstance(last, ReasoningDelta):
+            self._out[-1] = ReasoningDelta(last.text + part.text)
+        elif isinstance(part, ArgumentsDelta) and isinstance(last, ArgumentsDelta) and last.index == part.index:
+            self._out[-1] = ArgumentsDelta(part.index, last.text + part.text)
+        else:
+            self._out.append(part)
+
+    def _content(self, text: str) -> None:
+        if not text:
+            return
+        if not self._content_seen:
+            if text.isspace():
+                self._deferred += text
+                return
+            text, self._deferred, self._content_seen = self._deferred + text, "", True
+        self._emit(ContentDelta(text))
+
+    @property
+    def _committed(self) -> bool:
+        """A call has begun in the current section: its text can no longer be content."""
+        return isinstance(self._reader, _ArgumentsReader) or (isinstance(self._reader, _CallsReader) and self._reader.started)
+
+    def _run(self, *, final: bool) -> None:
+        steps = {"content": self._run_content, "header": self._run_header, "text": self._run_text,
+                 "json": self._run_json, "after": self._run_after}
+        while self._pending and steps[self._mode](final):
+            continue
+
+    def _enter(self, section: Section, *, held: str) -> None:
+        self._section, self._held, self._header, self._body_started = section, held, "", False
+        if section.header is not None:
+            self._mode = "header"
+        elif section.kind == "calls":
+            self._mode, self._reader = "json", _CallsReader(self)
+        else:
+            self._mode, self._kind = "text", section.kind
+
+    def _close_section(self) -> None:
+        self._mode, self._section, self._reader, self._held = "content", None, None, ""
+        self._reasoning_space, self._skip_space = "", True
+
+    def _revert(self) -> None:
+        """The section was not one: its text is content."""
+        held = self._held
+        self._mode, self._section, self._reader, self._held = "content", None, None, ""
+        self._content(held)
+
+    # Each step reads what it can of `_pending`; True when the mode changed and reading goes on.
+
+    def _run_content(self, final: bool) -> bool:
+        text = self._pending
+        if self._skip_space or (self._bare is not None and not self._content_seen):
+            stripped = text.lstrip()
+            if not self._skip_space:
+                self._deferred += text[: len(text) - len(stripped)]
+            text, self._pending = stripped, stripped
+            if not text:
+                return False
+            self._skip_space = False
+            if self._bare is not None and not self._content_seen and text[0] in "{[`":
+                self._enter(self._bare, held=self._deferred)
+                self._deferred = ""
+                return True
+        found = _first_marker(text, list(self._openers))
+        if found is not None:
+            index, marker = found
+            self._content(text[:index])
+            self._pending = text[index + len(marker):]
+            section = self._openers[marker]
+            if section is not None:
+                self._enter(section, held=self._deferred + marker)
+                self._deferred = ""
+            return True
+        keep = 0 if final else _held_prefix(text, list(self._openers))
+        self._content(text[: len(text) - keep])
+        self._pending = text[len(text) - keep:]
+        return False
+
+    def _run_header(self, final: bool) -> bool:
+        assert self._section is not None and self._section.header is not None
+        header = self._section.header
+        seen = self._header + self._pending
+        found = seen.find(header.end)
+        if found < 0:
+            self._held += self._pending
+            self._header, self._pending = seen, ""
+            if len(seen) > MAX_HEADER:
+                self._revert()
+            return False
+        text = seen[:found]
+        read = found + len(header.end) - len(self._header)
+        self._held += self._pending[:read]
+        self._pending = self._pending[read:]
+        named = re.search(header.name, text) if self.calls_enabled else None
+        if named is not None:
+            self._mode, self._reader = "json", _ArgumentsReader(self)
+            self.start(named.group(1))
+            return True
+        kind = next((kind for pattern, kind in header.channels if re.search(pattern, text)), None)
+        if kind is None:
+            self._revert()
+        else:
+            self._mode, self._kind = "text", kind
+        return True
+
+    def _run_text(self, final: bool) -> bool:
+        assert self._section is not None
+        ends = self._section.end
+        found = _first_marker(self._pending, ends)
+        if found is not None:
+            index, marker = found
+            self._body(self._pending[:index], last=True)
+            self._pending = self._pending[index + len(marker):]
+            self._close_section()
+            return True
+        keep = 0 if final else _held_prefix(self._pending, ends)
+        self._body(self._pending[: len(self._pending) - keep], last=final)
+        self._pending = self._pending[len(self._pending) - keep:]
+        return False
+
+    def _body(self, text: str, *, last: bool) -> None:
+        """A text section's body: content as it is; reasoning without the whitespace around it."""
+        if self._kind == "content":
+            self._content(text)
+            return
+        if not self._body_started:
+            text = text.lstrip()
+            self._body_started = bool(text)
+        stripped = text.rstrip()
+        if stripped:
+            self._emit(ReasoningDelta(self._reasoning_space + stripped))
+            self._reasoning_space = ""
+        self._reasoning_space = "" if last else self._reasoning_space + text[len(stripped):]
+
+    def _run_json(self, final: bool) -> bool:
+        reader = self._reader
+        assert reader is not None
+        for position, char in enumerate(self._pending):
+            started = self._committed
+            step = reader.feed(char)
+            if step == "more":
+                continue
+            consumed = position + (1 if step == "done" else 0)
+            self._held += self._pending[:consumed]
+            self._pending = self._pending[consumed:]
+            if step != "error":
+                self._mode = "after"
+            elif started:
+                # The calls' JSON broke off: the call begun ends as written, the rest is content.
+                reader.close()
+                self._close_section()
+                self._skip_space = False
+            else:
+                self._revert()
+            return True
+        self._held += self._pending
+        self._pending = ""
+        return False
+
+    def _run_after(self, final: bool) -> bool:
+        """After a section's JSON: its end marker, if it has one and it follows."""
+        assert self._section is not None
+        ends = self._section.end
+        text = self._pending.lstrip()
+        if ends and not text:
+            self._pending = ""
+            return False
+        if ends and not final and not any(text.startswith(m) for m in ends) and any(m.startswith(text) for m in ends):
+            self._pending = text
+            return False
+        marker = next((m for m in ends if text.startswith(m)), None)
+        if marker is not None:
+            self._pending = text[len(marker):]
+        self._close_section()
+        return True

@@ -1,0 +1,56 @@
+"""The real chat templates (tests/data/chat_templates), the family each belongs to, and the
+conversation pieces the chat-format and reply-parser tests share."""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+from localchat.chat_formats import ChatFormat, detect_format
+from localchat.templates import ChatTemplate, Message, ToolCall
+
+TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
+FAMILY_OF_TEMPLATE = {
+    "command_r7b_tool_use": "command-r7b",
+    "command_r_plus_tool_use": "command-r",
+    "deepseek_r1_distill": "deepseek-r1",
+    "gemma2": "generic",
+    "gemma3": "generic",
+    "glm4": "generic",
+    "gpt_oss": "gpt-oss",
+    "granite3_3": "granite",
+    "llama3_1": "llama-3",
+    "llama3_2": "llama-3",
+    "mistral_nemo": "mistral",
+    "mistral_small3_2": "mistral-v11",
+    "mistral_v0_3": "mistral",
+    "phi3_5": "generic",
+    "phi4": "generic",
+    "phi4_mini": "phi-4-mini",
+    "qwen2_5": "hermes",
+    "qwen3": "hermes",
+    "smollm3": "hermes",
+}
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "City name"}}, "required": ["city"]}}}
+TIME_TOOL = {"type": "function", "function": {
+    "name": "get_time", "description": "The local time in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "City name"}}, "required": ["city"]}}}
+ASK = Message("user", "What's the weather in Zürich? 東京 too.")
+WEATHER = ToolCall("call_abc123def456", "get_weather", {"city": "Zürich"})
+TIME = ToolCall("call_xyz789", "get_time", {"city": "東京"})
+
+
+@cache
+def template(name: str) -> ChatTemplate:
+    return ChatTemplate((TEMPLATES / f"{name}.jinja").read_text(encoding="utf-8"))
+
+
+@cache
+def fmt(name: str) -> ChatFormat:
+    return detect_format(template(name).source)
+
+
+def prompt_of(name: str) -> str:
+    return template(name).render([ASK], tools=[WEATHER_TOOL, TIME_TOOL])

@@ -1,0 +1,244 @@
+"""Tool calls and reasoning through the OpenAI API: the real app, scheduler and templates over a
+scripted model (scripted_app.py) that writes what each family's model writes, driven by the
+openai client, streamed and whole."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from scripted_app import ScriptedBackend, scripted_client
+
+from localchat.server.settings import ServerSettings
+from localchat.templates import fallback_template
+
+TEMPLATES = Path(__file__).parent.parent / "data" / "chat_templates"
+QWEN3 = (TEMPLATES / "qwen3.jinja").read_text(encoding="utf-8")
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "City name"}}, "required": ["city"]}}}
+TIME_TOOL = {"type": "function", "function": {
+    "name": "get_time", "description": "The local time in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "City name"}}, "required": ["city"]}}}
+TOOLS = [WEATHER_TOOL, TIME_TOOL]
+ASK = [{"role": "user", "content": "Weather and time in Zürich?"}]
+QWEN3_CALLS = ('<think>\nThe user wants both.\n</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n'
+               '</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {"city": "Zürich"}}\n</tool_call>')
+
+
+@pytest.fixture
+def qwen3(tmp_path: Path) -> Iterator[tuple[openai.OpenAI, ScriptedBackend]]:
+    backend = ScriptedBackend(QWEN3)
+    with scripted_client(backend, tmp_path) as (client, _):
+        yield client, backend
+
+
+def _calls(message: Any) -> list[tuple[str, dict[str, Any]]]:
+    return [(call.function.name, json.loads(call.function.arguments)) for call in message.tool_calls or ()]
+
+
+def test_calls_and_reasoning_come_back_whole_and_streamed(qwen3: tuple[openai.OpenAI, ScriptedBackend]) -> None:
+    client, backend = qwen3
+    backend.replies.extend([QWEN3_CALLS] * 3)
+    whole = client.chat.completions.create(model="scripted", messages=ASK, tools=TOOLS)
+    message = whole.choices[0].message
+    assert whole.choices[0].finish_reason == "tool_calls"
+    assert message.content is None and message.reasoning_content == "The user wants both."  # type: ignore[attr-defined]
+    assert _calls(message) == [("get_weather", {"city": "Zürich"}), ("get_time", {"city": "Zürich"})]
+    assert all(call.id.startswith("call_") and call.type == "function" for call in message.tool_calls or ())
+    assert "<tools>" in backend.prompts[-1] and '"name": "get_time"' in backend.prompts[-1]
+
+    chunks = list(client.chat.completions.create(model="scripted", messages=ASK, tools=TOOLS, stream=True))
+    deltas = [chunk.choices[0].delta for chunk in chunks]
+    pieces = [(call.index, call) for delta in deltas for call in delta.tool_calls or ()]
+    firsts: dict[int, Any] = {}
+    for index, call in pieces:
+        firsts.setdefault(index, call)
+    assert [(c.id is not None, c.type, c.function.name, c.function.arguments) for c in firsts.values()] == [
+        (True, "function", "get_weather", ""), (True, "function", "get_time", "")]
+    assert all(call.id is None and call.function.name is None for index, call in pieces if call is not firsts[index])
+    assert "".join(d.reasoning_content or "" for d in deltas) == "The user wants both."  # type: ignore[attr-defined]
+    for index, expected in enumerate(message.tool_calls or ()):
+        assert "".join(call.function.arguments or "" for i, call in pieces if i == index) == expected.function.arguments
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+    # The SDK's stream helper assembles the pieces into the same calls.
+    with client.chat.completions.stream(model="scripted", messages=ASK, tools=TOOLS) as stream:
+        final = stream.get_final_completion()
+    assert _calls(final.choices[0].message) == _calls(message)
+
+
+def test_markers_that_are_control_tokens_are_read(tmp_path: Path) -> None:
+    """Mistral's [TOOL_CALLS]/[ARGS] and gpt-oss's channels are control tokens that print nothing:
+    the server has the reply show them, reads them, and none reaches the client."""
+    mistral = ScriptedBackend((TEMPLATES / "mistral_small3_2.jinja").read_text(encoding="utf-8"), ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"))
+    mistral.replies.append('[TOOL_CALLS]get_weather[ARGS]{"city": "Bern"}[TOOL_CALLS]get_time[ARGS]{"city": "Bern"}')
+    with scripted_client(mistral, tmp_path) as (client, _):
+        reply = client.chat.completions.create(model="scripted", messages=ASK, tools=TOOLS)
+    assert _calls(reply.choices[0].message) == [("get_weather", {"city": "Bern"}), ("get_time", {"city": "Bern"})]
+
+    harmony = ("<|channel|>", "<|message|>", "<|end|>", "<|start|>", "<|constrain|>", "<|call|>", "<|return|>")
+    gpt_oss = ScriptedBackend((TEMPLATES / "gpt_oss.jinja").read_text(encoding="utf-8"), harmony)
+    gpt_oss.replies.extend(["<|channel|>analysis<|message|>Simple.<|end|><|start|>assistant<|channel|>final<|message|>Sunny.<|return|>"] * 2)
+    with scripted_client(gpt_oss, tmp_path) as (client, _):
+        whole = client.chat.completions.create(model="scripted", messages=ASK, extra_body={"reasoning_effort": "low"})
+        chunks = list(client.chat.completions.create(model="scripted", messages=ASK, stream=True))
+    assert "Reasoning: low" in gpt_oss.prompts[0] and "Reasoning: medium" in gpt_oss.prompts[1]
+    assert whole.choices[0].message.content == "Sunny." and whole.choices[0].finish_reason == "stop"
+    assert whole.choices[0].message.reasoning_content == "Simple."  # type: ignore[attr-defined]
+    streamed = [(c.choices[0].delta.content or "", c.choices[0].delta.reasoning_content or "") for c in chunks]  # type: ignore[attr-defined]
+    assert ("".join(c for c, _ in streamed), "".join(r for _, r in streamed)) == ("Sunny.", "Simple.")
+
+
+def test_a_named_function_is_forced(qwen3: tuple[openai.OpenAI, ScriptedBackend]) -> None:
+    """The server writes the call's opening through the name: the model only writes arguments."""
+    client, backend = qwen3
+    backend.replies.extend(['{"city": "Oslo"}}\n</tool_call>'] * 2)
+    choice = {"type": "function", "function": {"name": "get_time"}}
+    reply = client.chat.completions.create(model="scripted", messages=ASK, tools=TOOLS, tool_choice=choice)  # type: ignore[arg-type]
+    assert backend.prompts[-1].endswith('<|im_start|>assistant\n<tool_call>\n{"name": "get_time", "arguments": ')
+    assert _calls(reply.choices[0].message) == [("get_time", {"city": "Oslo"})]
+    chunks = list(client.chat.completions.create(model="scripted", messages=ASK, tools=TOOLS, tool_choice=choice, stream=True))  # type: ignore[arg-type]
+    first_call = chunks[1].choices[0].delta.tool_calls  # right after the role, before the model wrote a token
+    assert first_call is not None and first_call[0].function is not None and first_call[0].function.name == "get_time"
+
+
+def test_required_makes_the_model_pick_a_function(qwen3: tuple[openai.OpenAI, ScriptedBackend]) -> None:
+    client, backend = qwen3
+    backend.replies.append('get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>')
+    reply = client.chat.completions.create(model="scripted", messages=ASK, tools=TOOLS, tool_choice="required")
+    assert backend.prompts[-1].endswith('<tool_call>\n{"name": "')
+    assert _calls(reply.choices[0].message) == [("get_weather", {"city": "Oslo"})]
+    assert reply.choices[0].finish_reason == "tool_calls"
+
+
+@pytest.mark.parametrize("choice", [{"type": "function", "function": {"name": "get_weather"}}, "required"])
+def test_a_model_that_would_not_call_still_returns_a_valid_call(qwen3: tuple[openai.OpenAI, ScriptedBackend], choice: Any) -> None:
+    """A forced call is constrained to its grammar: the stand-in model's script (plain text) is
+    refused token by token, and what it may write instead is a call whose arguments follow the schema."""
+    client, backend = qwen3
+    backend.replies.extend(["I would rather chat about the weather."] * 2)
+    reply = client.chat.completions.create(model="scripted", messages=ASK, tools=TOOLS, tool_choice=choice)
+    calls = _calls(reply.choices[0].message)
+    assert len(calls) == 1 and calls[0][0] in ("get_weather", "get_time") and calls[0][1] == {"city": ""}
+    assert reply.choices[0].finish_reason == "tool_calls" and reply.choices[0].message.content is None
+    streamed = list(client.chat.completions.create(model="scripted", messages=ASK, tools=TOOLS, tool_choice=choice, stream=True))
+    arguments = "".join(call.function.arguments or "" for chunk in streamed for call in chunk.choices[0].delta.tool_calls or ()
+                        if call.function is not None)
+    assert json.loads(arguments) == {"city": ""}
+
+
+def test_without_parallel_calls_the_reply_ends_after_its_first_call(tmp_path: Path) -> None:
+    backend = ScriptedBackend(QWEN3, seconds_per_token=0.002)
+    script = QWEN3_CALLS + "\nAnd more text the model goes on writing." * 80  # 3,000 tokens: 6 s unless stopped
+    backend.replies.append(script)
+    with scripted_client(backend, tmp_path) as (client, _):
+        reply = client.chat.completions.create(model="scripted", messages=ASK, tools=TOOLS, parallel_tool_calls=False)
+    assert _calls(reply.choices[0].message) == [("get_weather", {"city": "Zürich"})]
+    assert reply.choices[0].finish_reason == "tool_calls"
+    assert reply.usage is not None and reply.usage.completion_tokens < len(script) / 2  # stopped, not run to its end
+
+
+def test_tool_choice_none_shows_no_tools_and_reads_no_calls(qwen3: tuple[openai.OpenAI, ScriptedBackend]) -> None:
+    client, backend = qwen3
+    backend.replies.append('<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
+    reply = client.chat.completions.create(model="scripted", messages=ASK, tools=TOOLS, tool_choice="none")
+    assert "get_time" not in backend.prompts[-1]
+    assert reply.choices[0].message.tool_calls is None and reply.choices[0].finish_reason == "stop"
+    assert reply.choices[0].message.content == '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+
+
+HISTORY: list[dict[str, Any]] = [
+    *ASK,
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_7f3a9b2c", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Zürich"}'}}]},
+    {"role": "tool", "tool_call_id": "call_7f3a9b2c", "content": "21 °C, clear"},
+]
+
+
+@pytest.mark.parametrize(("template", "control", "expected"), ids=["qwen3", "mistral_small3_2", "llama3_1", "gemma_fallback"], argvalues=[
+    (QWEN3, (), ['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n</tool_call>',
+                 "<tool_response>\n21 °C, clear\n</tool_response>"]),
+    ((TEMPLATES / "mistral_small3_2.jinja").read_text(encoding="utf-8"), (),
+     ['[TOOL_CALLS]get_weather[CALL_ID]', '[ARGS]{"city": "Zürich"}', "[TOOL_CONTENT]21 °C, clear[/TOOL_RESULTS]"]),
+    ((TEMPLATES / "llama3_1.jinja").read_text(encoding="utf-8"), (),
+     ['{"name": "get_weather", "parameters": {"city": "Zürich"}}', "ipython<|end_header_id|>\n\n\"21 °C, clear\""]),
+    (fallback_template("gemma3"), (), ["reply with only a JSON object", '{"name": "get_weather", "arguments": {"city": "Zürich"}}',
+                                       "<start_of_turn>user\n21 °C, clear<end_of_turn>"]),
+])
+def test_tool_results_render_through_the_template_and_the_model_answers(tmp_path: Path, template: str, control: tuple[str, ...],
+                                                                        expected: list[str]) -> None:
+    backend = ScriptedBackend(template, control)
+    backend.replies.append("It is 21 °C and clear.")
+    with scripted_client(backend, tmp_path) as (client, _):
+        reply = client.chat.completions.create(model="scripted", messages=HISTORY, tools=TOOLS)  # type: ignore[arg-type]
+    assert [text for text in expected if text not in backend.prompts[-1]] == []
+    assert reply.choices[0].message.content == "It is 21 °C and clear." and reply.choices[0].finish_reason == "stop"
+
+
+def test_thinking_is_turned_off_by_the_request_or_the_server(tmp_path: Path) -> None:
+    backend = ScriptedBackend(QWEN3)
+    backend.replies.extend(["Hi."] * 4)
+    off = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    with scripted_client(backend, tmp_path) as (client, _):
+        client.chat.completions.create(model="scripted", messages=ASK)
+        client.chat.completions.create(model="scripted", messages=ASK, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        client.chat.completions.create(model="scripted", messages=ASK, extra_body={"reasoning_effort": "none"})
+    with scripted_client(backend, tmp_path, ServerSettings(enable_thinking=False)) as (client, _):
+        client.chat.completions.create(model="scripted", messages=ASK)
+    assert [prompt.endswith(off) for prompt in backend.prompts] == [False, True, True, True]
+
+
+def test_reasoning_is_split_out_without_tools(qwen3: tuple[openai.OpenAI, ScriptedBackend]) -> None:
+    client, backend = qwen3
+    backend.replies.append("<think>\nParis, surely.\n</think>\n\nParis.")
+    reply = client.chat.completions.create(model="scripted", messages=ASK)
+    assert reply.choices[0].message.content == "Paris."
+    assert reply.choices[0].message.reasoning_content == "Paris, surely."  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_moon"}}}, "tool_choice"),
+    ({"tools": [WEATHER_TOOL, WEATHER_TOOL]}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "no spaces allowed"}}]}, "tools.0.function.name"),
+    ({"messages": [*ASK, {"role": "tool", "content": "21"}]}, "messages.1.tool_call_id"),
+    ({"messages": [*ASK, {"role": "assistant", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]}, "messages.1.tool_calls.0.function.arguments"),
+    ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
+    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"d": {"type": "string",
+       "format": "no-such-format"}}}}}], "tool_choice": "required"}, "tools"),
+    ({"logit_bias": {"42": 5}}, "logit_bias"),
+    ({"logprobs": True}, "logprobs"),
+    ({"functions": [{"name": "f"}]}, "functions"),
+    ({"modalities": ["text", "audio"]}, "modalities"),
+])
+def test_requests_localchat_cannot_honour_get_400_naming_the_field(qwen3: tuple[openai.OpenAI, ScriptedBackend], extra: dict[str, Any],
+                                                                   param: str) -> None:
+    client, _ = qwen3
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="scripted", messages=ASK, extra_body=extra)  # type: ignore[arg-type]
+    error = refused.value.body
+    assert isinstance(error, dict) and error["param"] == param, error
+
+
+def test_harmless_fields_are_accepted(qwen3: tuple[openai.OpenAI, ScriptedBackend]) -> None:
+    client, backend = qwen3
+    backend.replies.append("Hi.")
+    reply = client.chat.completions.create(
+        model="scripted", messages=ASK, user="u1", metadata={"k": "v"}, store=False, logprobs=False, response_format={"type": "text"},
+        extra_body={"service_tier": "auto", "some_other_servers_option": 3})
+    assert reply.choices[0].message.content == "Hi."
+
+
+def test_unsupported_completion_fields_get_400(qwen3: tuple[openai.OpenAI, ScriptedBackend]) -> None:
+    client, _ = qwen3
+    for extra in ({"echo": True}, {"best_of": 3}, {"logprobs": 2}, {"suffix": "end"}):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.completions.create(model="scripted", prompt="Hi", extra_body=extra)
+        assert isinstance(refused.value.body, dict) and refused.value.body["param"] == next(iter(extra))

@@ -1,0 +1,88 @@
+"""Tools through the real server and the default model (Gemma 3 270M, a base model with Gemma's
+turn template, which knows no tools: the server writes them into the prompt and reads bare JSON
+calls). The model may not call a tool by itself, so `auto` is checked for shape; a named function
+or `required` is forced (the call's opening written, the rest constrained to its grammar), so a
+valid call is certain."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import openai
+import pytest
+from live_server import LiveServer
+
+MODEL = "gemma-3-270m"
+GREEDY = {"temperature": 0, "seed": 1}
+WEATHER_TOOL: Any = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "City name"}}, "required": ["city"]}}}
+TIME_TOOL: Any = {"type": "function", "function": {
+    "name": "get_time", "description": "The local time in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "City name"}}, "required": ["city"]}}}
+ASK: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
+CALLED: Any = [*ASK, {"role": "assistant", "content": None, "tool_calls": [
+    {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]}]
+ANSWERED: Any = [*CALLED, {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 24 degrees."}]
+
+
+@pytest.mark.parametrize("choice", [{"type": "function", "function": {"name": "get_weather"}}, "required"])
+def test_a_forced_call_is_valid_whole_and_streamed(server: LiveServer, choice: Any) -> None:
+    client = server.client()
+    whole = client.chat.completions.create(model=MODEL, messages=ASK, tools=[TIME_TOOL, WEATHER_TOOL], tool_choice=choice,
+                                           max_tokens=60, **GREEDY)
+    calls = whole.choices[0].message.tool_calls or []
+    assert len(calls) == 1 and whole.choices[0].finish_reason == "tool_calls", whole
+    name, arguments = calls[0].function.name, json.loads(calls[0].function.arguments)  # type: ignore[union-attr]
+    assert name == "get_weather" if isinstance(choice, dict) else name in ("get_weather", "get_time")
+    assert list(arguments) == ["city"] and isinstance(arguments["city"], str)
+    assert calls[0].id.startswith("call_")
+    # The SDK's stream helper adds the streamed pieces up to the same call.
+    with client.chat.completions.stream(model=MODEL, messages=ASK, tools=[TIME_TOOL, WEATHER_TOOL], tool_choice=choice,
+                                        max_tokens=60, **GREEDY) as stream:
+        final = stream.get_final_completion()
+    streamed = final.choices[0].message.tool_calls or []
+    assert [(c.function.name, c.function.arguments) for c in streamed] == [(name, calls[0].function.arguments)]  # type: ignore[union-attr]
+
+
+def test_tools_with_auto_choice_answer_in_shape(server: LiveServer) -> None:
+    reply = server.client().chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER_TOOL], max_tokens=40, **GREEDY)
+    choice = reply.choices[0]
+    if choice.message.tool_calls:
+        assert choice.finish_reason in ("tool_calls", "length")
+        assert all(call.type == "function" and call.function.name for call in choice.message.tool_calls)  # type: ignore[union-attr]
+    else:
+        assert choice.finish_reason in ("stop", "length") and choice.message.content is not None
+
+
+def test_a_tool_result_is_rendered_and_answered(server: LiveServer) -> None:
+    client = server.client()
+    answered = client.chat.completions.create(model=MODEL, messages=ANSWERED, tools=[WEATHER_TOOL], max_tokens=24, **GREEDY)
+    asked = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER_TOOL], max_tokens=1, **GREEDY)
+    assert answered.usage is not None and asked.usage is not None
+    # The call and its result are in the prompt (the call's JSON and the result add well over 10 tokens).
+    assert answered.usage.prompt_tokens > asked.usage.prompt_tokens + 10
+    message = answered.choices[0].message
+    assert message.content or message.tool_calls
+
+
+@pytest.mark.parametrize(("field", "value"), [("logit_bias", {"10": 5}), ("logprobs", True),
+                                              ("functions", [{"name": "f", "parameters": {}}])])
+def test_fields_localchat_does_not_implement_get_400(server: LiveServer, field: str, value: object) -> None:
+    response = server.post("/v1/chat/completions", {"messages": ASK, "max_tokens": 2, field: value})
+    assert response.status_code == 400 and response.json()["error"]["param"] == field
+    assert field in response.json()["error"]["message"]
+
+
+def test_harmless_fields_are_accepted(server: LiveServer) -> None:
+    body = {"messages": ASK, "max_tokens": 2, "user": "u1", "store": False, "metadata": {"a": "b"}, "logprobs": False}
+    response = server.post("/v1/chat/completions", body)
+    assert response.status_code == 200, response.text
+    assert json.loads(response.text)["choices"][0]["message"]["role"] == "assistant"
+
+
+def test_an_unknown_named_function_is_refused(server: LiveServer) -> None:
+    with pytest.raises(openai.BadRequestError):
+        server.client().chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER_TOOL],
+                                                tool_choice={"type": "function", "function": {"name": "get_time"}})

@@ -1,0 +1,203 @@
+"""Replies split into content, reasoning and tool calls, family by family (pure logic, real
+templates): replies are written as each family's model writes them (the forms the families' own
+templates render for an assistant's calls), and every case gives the same parts whichever way the
+reply is split into streamed pieces."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+from chat_format_cases import ASK, fmt, prompt_of, template
+
+from localchat.reply_parser import (
+    ArgumentsDelta,
+    CallEnd,
+    CallStart,
+    ContentDelta,
+    ParsedCall,
+    ParsedReply,
+    ReasoningDelta,
+    ReplyParser,
+    ReplyPart,
+    parse_reply,
+)
+
+
+@dataclass(frozen=True)
+class Case:
+    template: str
+    reply: str
+    expected: ParsedReply
+    calls: bool = True
+    prompt: str | None = None  # default: the template's own generation prompt
+
+    def parse(self) -> ParsedReply:
+        prompt = prompt_of(self.template) if self.prompt is None else self.prompt
+        return parse_reply(fmt(self.template), self.reply, calls=self.calls, prompt=prompt)
+
+
+WEATHER_ARGS = '{"city": "Zürich"}'
+TIME_ARGS = '{"city": "東京"}'
+TWO_CALLS = [ParsedCall("get_weather", WEATHER_ARGS), ParsedCall("get_time", TIME_ARGS)]
+ONE_CALL = [ParsedCall("get_weather", WEATHER_ARGS)]
+
+
+def reply(content: str = "", reasoning: str = "", calls: list[ParsedCall] | None = None) -> ParsedReply:
+    return ParsedReply(content, reasoning, list(calls or []))
+
+
+CASES: dict[str, Case] = {
+    # Hermes (Qwen 2.5/3, SmolLM3): <tool_call> blocks, maybe after reasoning or text.
+    "hermes": Case("qwen2_5", f'<tool_call>\n{{"name": "get_weather", "arguments": {WEATHER_ARGS}}}\n</tool_call>\n'
+                              f'<tool_call>\n{{"name": "get_time", "arguments": {TIME_ARGS}}}\n</tool_call>', reply(calls=TWO_CALLS)),
+    "hermes_text_first": Case("qwen2_5", f'Let me check.\n<tool_call>\n{{"name": "get_weather", "arguments": {WEATHER_ARGS}}}\n</tool_call>',
+                              reply("Let me check.\n", calls=ONE_CALL)),
+    "qwen3_thinking": Case("qwen3", f'<think>\nThe user wants the weather.\n</think>\n\n<tool_call>\n{{"name": "get_weather", '
+                                    f'"arguments": {WEATHER_ARGS}}}\n</tool_call>', reply(reasoning="The user wants the weather.", calls=ONE_CALL)),
+    "qwen3_answer": Case("qwen3", "<think>\nEasy.\n\nSunny.\n</think>\n\nIt is sunny.", reply("It is sunny.", "Easy.\n\nSunny.")),
+    "qwen3_no_thinking": Case("qwen3", "It is sunny.", reply("It is sunny."),
+                              prompt=template("qwen3").render([ASK], enable_thinking=False)),
+    "arguments_first": Case("qwen2_5", '<tool_call>{"arguments": {"city": "Zürich"}, "name": "get_weather"}</tool_call>',
+                            reply(calls=ONE_CALL)),
+    "arguments_as_string": Case("qwen2_5", '<tool_call>{"name": "get_weather", "arguments": "{\\"city\\": \\"Zürich\\"}"}</tool_call>',
+                                reply(calls=ONE_CALL)),
+    "no_arguments": Case("qwen2_5", '<tool_call>{"name": "get_time"}</tool_call>', reply(calls=[ParsedCall("get_time", "{}")])),
+    "tricky_strings": Case("qwen2_5", '<tool_call>{"name": "get_weather", "arguments": {"city": "a \\"}\\" <tool_call> ]"}}</tool_call> ok',
+                           reply("ok", calls=[ParsedCall("get_weather", '{"city": "a \\"}\\" <tool_call> ]"}')])),
+    "not_a_call": Case("qwen2_5", "Use <tool_call>tags</tool_call> like this.", reply("Use <tool_call>tags</tool_call> like this.")),
+    "cut_before_the_name": Case("qwen2_5", 'Hi <tool_call>{"name": "get_wea', reply('Hi <tool_call>{"name": "get_wea')),
+    "cut_in_the_arguments": Case("qwen2_5", '<tool_call>{"name": "get_weather", "arguments": {"city": "Zü',
+                                 reply(calls=[ParsedCall("get_weather", '{"city": "Zü')])),
+    "broken_after_the_name": Case("qwen2_5", '<tool_call>{"name": "get_weather" oops', reply("oops", calls=[ParsedCall("get_weather", "{}")])),
+    "calls_off": Case("qwen3", '<think>Hmm.</think><tool_call>{"name": "x"}</tool_call>', reply('<tool_call>{"name": "x"}</tool_call>', "Hmm."),
+                      calls=False),
+    # Llama 3.x: bare JSON with "parameters" where the reply begins, or after <|python_tag|>.
+    "llama": Case("llama3_1", '{"name": "get_weather", "parameters": {"city": "Zürich"}}', reply(calls=ONE_CALL)),
+    "llama_typed": Case("llama3_2", ' {"type": "function", "name": "get_weather", "parameters": {"city": "Zürich"}}', reply(calls=ONE_CALL)),
+    "llama_python_tag": Case("llama3_1", '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Zürich"}}', reply(calls=ONE_CALL)),
+    "llama_json_answer": Case("llama3_1", '{"city": "Zürich"} is the JSON.', reply('{"city": "Zürich"} is the JSON.')),
+    "llama_text": Case("llama3_1", "Sunny, {name}.", reply("Sunny, {name}.")),
+    # Mistral: [TOOL_CALLS] and a JSON array (v0.3, Nemo); v11+: [TOOL_CALLS]name[CALL_ID]id[ARGS]{...}.
+    "mistral": Case("mistral_nemo", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Zürich"}, "id": "a1b2c3d4e"}, '
+                                    '{"name": "get_time", "arguments": {"city": "東京"}, "id": "f5g6h7i8j"}]', reply(calls=TWO_CALLS)),
+    "mistral_v03": Case("mistral_v0_3", ' [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Zürich"}}]', reply(calls=ONE_CALL)),
+    "mistral_v11": Case("mistral_small3_2", '[TOOL_CALLS]get_weather[ARGS]{"city": "Zürich"}[TOOL_CALLS]get_time[CALL_ID]a1b2c3d4e[ARGS]'
+                                            '{"city": "東京"}', reply(calls=TWO_CALLS)),
+    # DeepSeek R1: the prompt leaves the reply inside <think>.
+    "deepseek_r1": Case("deepseek_r1_distill", "Weather and time.\n</think>\n\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>"
+                                               'get_weather\n```json\n{"city": "Zürich"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function'
+                                               '<｜tool▁sep｜>get_time\n```json\n{"city": "東京"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+                        reply(reasoning="Weather and time.", calls=TWO_CALLS)),
+    "deepseek_r1_answer": Case("deepseek_r1_distill", "Easy.\n</think>\n\nSunny.", reply("Sunny.", "Easy.")),
+    # gpt-oss: harmony channels; the prompt ends with <|start|>assistant; <|call|> and <|return|> end the reply.
+    "gpt_oss_call": Case("gpt_oss", "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary "
+                                    'to=functions.get_weather <|constrain|>json<|message|>{"city": "Zürich"}', reply(reasoning="Need the weather.", calls=ONE_CALL)),
+    "gpt_oss_recipient_first": Case("gpt_oss", ' to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Zürich"}<|call|>',
+                                    reply(calls=ONE_CALL)),
+    "gpt_oss_answer": Case("gpt_oss", "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>It is sunny.",
+                           reply("It is sunny.", "Easy.")),
+    "gpt_oss_calls_off": Case("gpt_oss", "<|channel|>analysis<|message|>Hm.<|end|><|start|>assistant<|channel|>final<|message|>Hi.",
+                              reply("Hi.", "Hm."), calls=False),
+    # Granite 3.x: <|tool_call|> and a JSON array; thinking as <think>, the answer in <response>.
+    "granite": Case("granite3_3", f'<|tool_call|>[{{"name": "get_weather", "arguments": {WEATHER_ARGS}}}, '
+                                  f'{{"name": "get_time", "arguments": {TIME_ARGS}}}]', reply(calls=TWO_CALLS)),
+    "granite_thinking": Case("granite3_3", "<think>Sunny, surely.</think><response>Sunny.</response>", reply("Sunny.", "Sunny, surely.")),
+    # Phi-4-mini: <|tool_call|>[...]<|/tool_call|>.
+    "phi4_mini": Case("phi4_mini", f'<|tool_call|>[{{"name": "get_weather", "arguments": {WEATHER_ARGS}}}]<|/tool_call|>', reply(calls=ONE_CALL)),
+    # Command R7B: thinking, then an action list with tool_name/parameters; answers in START_RESPONSE.
+    "command_r7b": Case("command_r7b_tool_use", '<|START_THINKING|>I will look it up.<|END_THINKING|><|START_ACTION|>[\n'
+                                                '    {"tool_call_id": "0", "tool_name": "get_weather", "parameters": {"city": "Zürich"}}\n'
+                                                "]<|END_ACTION|>", reply(reasoning="I will look it up.", calls=ONE_CALL)),
+    "command_r7b_answer": Case("command_r7b_tool_use", "<|START_RESPONSE|>Sunny.<|END_RESPONSE|>", reply("Sunny.")),
+    # Command R+: "Action:" and a fenced JSON list.
+    "command_r_plus": Case("command_r_plus_tool_use", 'Action: ```json\n[\n    {\n        "tool_name": "get_weather",\n'
+                                                      '        "parameters": {"city": "Zürich"}\n    }\n]\n```', reply(calls=ONE_CALL)),
+    # Templates that know no tool syntax: a bare (maybe fenced) JSON object or array where the reply begins.
+    "generic": Case("gemma3", '{"name": "get_weather", "arguments": {"city": "Zürich"}}', reply(calls=ONE_CALL)),
+    "generic_fenced_array": Case("gemma3", f'```json\n[{{"name": "get_weather", "arguments": {WEATHER_ARGS}}}, '
+                                           f'{{"name": "get_time", "arguments": {TIME_ARGS}}}]\n```\nDone.', reply("Done.", calls=TWO_CALLS)),
+    "generic_two_objects": Case("gemma3", f'{{"name": "get_weather", "arguments": {WEATHER_ARGS}}}\n{{"name": "get_time", "arguments": {TIME_ARGS}}}',
+                                reply(calls=TWO_CALLS)),
+    "generic_code": Case("gemma3", "```python\nprint({'a': 1})\n```", reply("```python\nprint({'a': 1})\n```")),
+    "generic_other_json": Case("gemma3", '[1, 2, {"name": "x"}]', reply('[1, 2, {"name": "x"}]')),
+    "generic_empty_array": Case("gemma3", "[] is empty", reply("[] is empty")),
+    "generic_text": Case("gemma3", "  Paris is the capital.\n", reply("  Paris is the capital.\n")),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_reply_splits_into_content_reasoning_and_calls(name: str) -> None:
+    assert CASES[name].parse() == CASES[name].expected
+
+
+def _streamed(case: Case, pieces: list[str]) -> tuple[ParsedReply, list[ReplyPart]]:
+    prompt = prompt_of(case.template) if case.prompt is None else case.prompt
+    parser = ReplyParser(fmt(case.template), calls=case.calls, prompt=prompt)
+    parts = [part for piece in pieces for part in parser.feed(piece)] + parser.finish()
+    assembled = ParsedReply()
+    for part in parts:
+        assembled.add(part)
+    return assembled, parts
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_any_split_of_a_reply_gives_the_same_parts(name: str) -> None:
+    case = CASES[name]
+    text = case.reply
+    for cut in range(len(text) + 1):
+        assert _streamed(case, [text[:cut], text[cut:]])[0] == case.expected, f"split at {cut}: {text[:cut]!r}"
+    assembled, parts = _streamed(case, list(text))
+    assert assembled == case.expected
+    # Calls are well formed as a stream: each starts once, its pieces follow, it ends once.
+    starts = [p.index for p in parts if isinstance(p, CallStart)]
+    ends = [p.index for p in parts if isinstance(p, CallEnd)]
+    assert starts == ends == list(range(len(case.expected.calls)))
+    for part in parts:
+        if isinstance(part, ArgumentsDelta):
+            assert starts.index(part.index) >= 0 and part.index not in ends[: part.index]
+
+
+def test_parts_stream_as_soon_as_they_are_decided() -> None:
+    parser = ReplyParser(fmt("qwen3"), prompt=prompt_of("qwen3"))
+    assert parser.feed("<think>\nPonder") == [ReasoningDelta("Ponder")]
+    assert parser.feed("ing \n") == [ReasoningDelta("ing")]  # trailing whitespace waits
+    assert parser.feed("more</think>\n\nHi <tool") == [ReasoningDelta(" \nmore"), ContentDelta("Hi ")]  # "<tool" may be a marker
+    assert parser.feed("_call>\n") == []
+    assert parser.feed('{"name": "get_weather", "argu') == [CallStart(0, "get_weather")]
+    assert parser.feed('ments": {"city": "Zü') == [ArgumentsDelta(0, '{"city": "Zü')]
+    assert parser.feed('rich"}}\n</tool_call>') == [ArgumentsDelta(0, 'rich"}'), CallEnd(0)]
+    assert parser.finish() == []
+
+
+def test_text_that_only_looks_like_a_marker_start_is_released() -> None:
+    parser = ReplyParser(fmt("qwen2_5"))
+    assert parser.feed("a <") == [ContentDelta("a ")]
+    assert parser.feed("b") == [ContentDelta("<b")]
+    assert parser.feed("<tool_c") == []
+    assert parser.finish() == [ContentDelta("<tool_c")]
+
+
+FRAGMENTS = ["<tool_call>", "</tool_call>", "<think>", "</think>", "<|start|>assistant", "<|channel|>analysis", "<|channel|>final",
+             " to=functions.f", "<|message|>", "<|end|>", "[TOOL_CALLS]", "[ARGS]", '{"name": "f"', '"arguments": ', '{"a": [1, "}"]}',
+             "{", "}", "[", "]", ",", ":", '"', "\\", " ", "\n", "```json\n", "```", "x", "é", "<", "<tool"]
+
+
+@pytest.mark.parametrize("name", ["qwen3", "gpt_oss", "mistral_small3_2", "llama3_1", "gemma3"])
+def test_any_reply_parses_the_same_however_it_is_split(name: str) -> None:
+    """Random replies made of markers and JSON pieces: never an error, the same parts for any split."""
+    hypothesis = pytest.importorskip("hypothesis")
+    strategies = hypothesis.strategies
+
+    @hypothesis.settings(max_examples=150, deadline=None, derandomize=True)
+    @hypothesis.given(strategies.lists(strategies.sampled_from(FRAGMENTS), max_size=30), strategies.data())
+    def check(pieces: list[str], data: hypothesis.strategies.DataObject) -> None:
+        text = "".join(pieces)
+        case = Case(name, text, ParsedReply())
+        whole, _ = _streamed(case, [text])
+        cuts = sorted(data.draw(strategies.lists(strategies.integers(0, len(text)), max_size=4)))
+        split = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+        assert _streamed(case, split)[0] == whole
+        assert _streamed(case, list(text))[0] == whole
+
+    check()
