@@ -181,6 +181,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         api_key=args.api_key or os.environ.get("LOCALCHAT_API_KEY"),
         cors_origins=tuple(args.cors_origin or ()),
         queue_size=args.queue,
+        enable_thinking=False if args.no_think else None,
     )
     with Engine.load(args.model, Settings(), _plan_request(args, n_seq=args.parallel)) as engine:
         print(
@@ -334,6 +335,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--queue", type=int, default=16, help="requests that may wait for a slot; more get 503 (default: %(default)s)")
     serve.add_argument("--api-key", help="require `Authorization: Bearer KEY` (default: $LOCALCHAT_API_KEY, else none)")
     serve.add_argument("--cors-origin", action="append", help="let web pages from this origin call the API (repeatable)")
+    serve.add_argument("--no-think", action="store_true",
+                       help="pass enable_thinking=false to the chat template unless a request says otherwise (Qwen 3, SmolLM3...)")
     serve.set_defaults(handler=cmd_serve)
 
     info = commands.add_parser("info", help="show the hardware, the llama.cpp build and the plan for a model")

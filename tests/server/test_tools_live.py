@@ -7,11 +7,12 @@ valid call is certain."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
-from live_server import LiveServer
+from live_server import LiveServer, start_server
 
 MODEL = "gemma-3-270m"
 GREEDY = {"temperature": 0, "seed": 1}
@@ -86,3 +87,14 @@ def test_an_unknown_named_function_is_refused(server: LiveServer) -> None:
     with pytest.raises(openai.BadRequestError):
         server.client().chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER_TOOL],
                                                 tool_choice={"type": "function", "function": {"name": "get_time"}})
+
+
+def test_serve_takes_no_think(tmp_path: Path, default_model: Path) -> None:
+    """`serve --no-think` starts a server whose replies pass enable_thinking=false (what that does
+    to a prompt: tests/server/test_tool_calls.py); Gemma's template has no thinking to turn off."""
+    running = start_server(tmp_path, "-m", str(default_model), "--no-think")
+    try:
+        reply = running.client().chat.completions.create(model=default_model.stem, messages=ASK, max_tokens=2)
+        assert reply.choices[0].message.role == "assistant"
+    finally:
+        running.stop()
