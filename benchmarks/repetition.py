@@ -53,7 +53,7 @@ CONFIGS = {
     "before": SamplerSettings(repeat_penalty=1.0, dry_multiplier=0.0),
     "repeat": SamplerSettings(repeat_penalty=1.1, penalty_last_n=64, dry_multiplier=0.0),
     "dry": SamplerSettings(repeat_penalty=1.0, dry_multiplier=0.8, dry_base=1.75, dry_allowed_length=2),
-    "after": SamplerSettings(),  # today's defaults
+    "after": SamplerSettings(),  # the defaults now
 }
 MAX_PERIOD = 4  # units in the longest run looked for
 TIMES = 3

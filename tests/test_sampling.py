@@ -108,17 +108,19 @@ def llama_breakers(engine: Engine, tokens: list[int]) -> np.ndarray:
 
 
 @pytest.mark.parametrize(
-    "sampler",
+    ("sampler", "text"),
     [
-        SamplerSettings(temperature=0),
-        SamplerSettings(temperature=0, repeat_penalty=1.3, frequency_penalty=0.2, presence_penalty=0.1, penalty_last_n=16),
-        dry_only(dry_multiplier=1.5, dry_base=2.0, dry_allowed_length=3, dry_penalty_last_n=40),
+        (SamplerSettings(temperature=0), REPEATS),
+        (SamplerSettings(temperature=0, repeat_penalty=1.3, frequency_penalty=0.2, presence_penalty=0.1, penalty_last_n=16), REPEATS),
+        (dry_only(dry_multiplier=1.5, dry_base=2.0, dry_allowed_length=3, dry_penalty_last_n=40), REPEATS),
+        # A repeat longer than the one where llama.cpp stops growing the penalty.
+        (dry_only(), "the sea is deep and the sea is wide and " * 40 + "the sea"),
     ],
-    ids=["defaults", "repeat", "dry"],
+    ids=["defaults", "repeat", "dry", "long-repeat"],
 )
-def test_the_numpy_sampler_penalises_as_llamas_chain_does(engine: Engine, sampler: SamplerSettings) -> None:
+def test_the_numpy_sampler_penalises_as_llamas_chain_does(engine: Engine, sampler: SamplerSettings, text: str) -> None:
     backend = engine.backend
-    history = backend.tokenize(REPEATS, add_bos=True, special=False)
+    history = backend.tokenize(text, add_bos=True, special=False)
     logits = np.random.default_rng(0).normal(0, 4, backend.info.n_vocab).astype(np.float32)
     ours = logits.copy()
     numpy_sampler = NumpySampler(sampler, llama_breakers(engine, history))

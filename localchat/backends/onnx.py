@@ -243,15 +243,26 @@ class NumpySampler:
         limit = n - 1 - int(stops[-1]) if len(stops) else n
         if limit < s.dry_allowed_length:
             return
+        if s.dry_base > 1.000001:
+            # llama.cpp caps the exponent so that the penalty stays a finite float: longer
+            # repeats than this are penalised alike and need not be measured.
+            limit = min(limit, s.dry_allowed_length + int(FLOAT_MAX_LOG / np.log(s.dry_base)))
         # length[e]: how many tokens ending at e equal the tokens at the end (at most `limit`).
+        # Ends still matching are compared a block of tokens at a time, the block doubling, so a
+        # long periodic text costs a few numpy steps, not one per token.
         length = np.zeros(n - 1, dtype=np.int64)
-        alive = np.arange(n - 1)
-        for k in range(limit):
-            alive = alive[alive >= k]
-            alive = alive[tail[alive - k] == tail[n - 1 - k]]
-            if not len(alive):
-                break
-            length[alive] = k + 1
+        alive = np.flatnonzero(tail[:-1] == tail[-1])
+        length[alive] = 1
+        done, width = 1, 1
+        while len(alive) and done < limit:
+            width = min(width * 2, limit - done)
+            back = done + np.arange(width)
+            theirs = alive[:, None] - back
+            same = (theirs >= 0) & (tail[np.maximum(theirs, 0)] == tail[n - 1 - back])
+            run = np.where(same.all(axis=1), width, same.argmin(axis=1))
+            length[alive] += run
+            alive = alive[run == width]
+            done += width
         ends = np.flatnonzero(length >= s.dry_allowed_length)
         if not len(ends):
             return
@@ -260,8 +271,6 @@ class NumpySampler:
         np.maximum.at(longest, where, length[ends])
         keep = ~breakers[ids]
         exponent = longest[keep] - s.dry_allowed_length
-        if s.dry_base > 1.000001:  # llama.cpp's guard against float overflow
-            exponent = np.minimum(exponent, int(FLOAT_MAX_LOG / np.log(s.dry_base)))
         logits[ids[keep]] -= (s.dry_multiplier * s.dry_base ** exponent.astype(np.float64)).astype(np.float32)
 
     def pick(self, logits: np.ndarray) -> int:
