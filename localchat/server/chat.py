@@ -171,9 +171,11 @@ def plan_chat(body: ChatCompletionRequest, chat: ModelChat, *, default_thinking:
     prompt = render_chat(chat.template, chat.format, chat.support, messages, tools=shown,
                          template_kwargs=_template_kwargs(body, default_thinking))
     max_calls = None if body.parallel_tool_calls else 1
+    # A reply held to a response_format is that JSON, never a call (bare JSON calls would read it so).
+    structured = body.response_format is not None and body.response_format.type != "text"
     if choice != "required" and forced_name is None:
-        return ChatPlan(prompt, "", chat.format, read_calls=bool(shown), max_calls=max_calls)
-    if body.response_format is not None and body.response_format.type != "text":
+        return ChatPlan(prompt, "", chat.format, read_calls=bool(shown) and not structured, max_calls=max_calls)
+    if structured:
         raise APIError(400, "response_format cannot constrain a reply that must be a tool call (tool_choice)", param="response_format")
     try:
         constraint = Constraint("lark", call_grammar(chat.format, shown, forced_name, chat.control))

@@ -152,6 +152,17 @@ def test_tool_choice_none_shows_no_tools_and_reads_no_calls(qwen3: tuple[openai.
     assert reply.choices[0].message.content == '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
 
 
+def test_a_reply_held_to_a_response_format_is_never_read_as_a_call(tmp_path: Path) -> None:
+    """With Gemma's template calls are bare JSON where the reply begins, as a JSON answer is."""
+    backend = ScriptedBackend(fallback_template("gemma3"))
+    backend.replies.append('{"name": "Bob"}')
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    with scripted_client(backend, tmp_path) as (client, _):
+        reply = client.chat.completions.create(model="scripted", messages=ASK, tools=TOOLS, response_format={
+            "type": "json_schema", "json_schema": {"name": "person", "schema": schema}})
+    assert reply.choices[0].message.content == '{"name": "Bob"}' and reply.choices[0].message.tool_calls is None
+
+
 HISTORY: list[dict[str, Any]] = [
     *ASK,
     {"role": "assistant", "content": None, "tool_calls": [
