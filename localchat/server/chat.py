@@ -9,9 +9,11 @@ named) and constrain the rest of the reply to one call's grammar (its arguments 
 function's JSON schema), so that the reply is a valid call whatever the model would have
 written. `parallel_tool_calls: false` ends the reply after its first call.
 
-Thinking: `reasoning_effort: "none"` passes `enable_thinking=false` to the template (Qwen 3,
-SmolLM3, Granite...), other efforts pass `reasoning_effort` (gpt-oss reads it);
-`chat_template_kwargs` (llama.cpp's and vLLM's extension) passes any variable and wins over both.
+Thinking: `reasoning_effort: "none"` passes `enable_thinking=false` to the template (Qwen 3 and
+SmolLM3 read it), other efforts pass `reasoning_effort` (gpt-oss reads it);
+`chat_template_kwargs` (llama.cpp's and vLLM's extension) passes any variable (Granite 3.3's
+`thinking`) and wins over both. Whatever the template, reasoning the reply holds comes back as
+reasoning_content.
 """
 
 from __future__ import annotations
