@@ -51,7 +51,7 @@ class ScriptedBackend:
 
     def truncate(self, seq: int, start: int) -> None: ...
 
-    def make_sampler(self, settings: SamplerSettings) -> _Sampler:
+    def make_sampler(self, settings: SamplerSettings, guide: object = None) -> _Sampler:
         return _Sampler()
 
     def sample(self, seq: int, sampler: _Sampler) -> int:
