@@ -30,10 +30,11 @@ from localchat.settings import Settings
 
 GREEDY_TOKENS = 24
 SCORED_TOKENS = 256
-# Perplexity allowed above fp32's on the verification text. int4 measured +2.2% on an AMD EPYC
-# (AVX-512 VNNI), +1.8% on the benchmark text; most of what is left comes from the int8
-# activations of accuracy level 4, which differ between CPUs (AVX-512 VNNI, AMX).
-PERPLEXITY_MARGIN = {"int8": 0.02, "int4": 0.04}
+# Perplexity allowed above fp32's on the first 256 tokens of the verification text. Measured on an
+# AMD EPYC (AVX-512 VNNI): int8 +1.81%, int4 +2.16% (target +3%). Most of either is MatMulNBits'
+# accuracy level 4 (int8 activations: int8 +0.31% and int4 +0.60% at level 0), whose rounding
+# differs between CPU kernels (AMX, AVX-512 VNNI, AVX2), so the bounds keep a point of room.
+PERPLEXITY_MARGIN = {"int8": 0.03, "int4": 0.04}
 # Least share of positions whose top-1 token agrees with fp32's (measured: int8 91%, int4 87.5%
 # on this short multilingual text; 96% and 91% on the 1k-token benchmark text).
 AGREEMENT_FLOOR = {"int8": 0.88, "int4": 0.80}
