@@ -1,0 +1,279 @@
+"""A chat on a remote OpenAI-compatible server (vLLM, llama.cpp's server, Ollama's /v1, another
+`localchat serve`), through the `openai` client: `-m http://HOST:PORT/v1#MODEL`.
+
+It offers what a local `Chat` offers a front end (messages, `send`, `reply`, `commit`, and a
+generation to iterate for text, cancel and read stats from), measured from the stream: the time
+to first token and tokens/s as the chunks arrive, token counts from the server's usage. Every
+failure is a `RemoteError` of one line saying what to do; the client never retries on its own,
+since retrying is the person's call (a 429's Retry-After is passed on).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx2
+import openai
+from openai import OpenAI
+
+from localchat.errors import LocalchatError
+from localchat.session import GenerationSettings, GenerationStats
+from localchat.templates import Message
+
+API_KEY_VARIABLE = "LOCALCHAT_REMOTE_API_KEY"
+# Connecting and each read; a remote's first token may wait behind a long prompt or a model load.
+TIMEOUT_S = 600.0
+
+
+class RemoteError(LocalchatError):
+    """A remote server that cannot be reached, refuses the request or fails mid-reply."""
+
+    def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+@dataclass(frozen=True)
+class RemoteEndpoint:
+    """Where the remote is: `base_url` ends at its API root (`.../v1`); `model` None picks the
+    server's only model."""
+
+    base_url: str
+    model: str | None = None
+    api_key: str | None = None
+
+
+def remote_endpoint(model: str | None, *, remote_model: str | None = None, api_key: str | None = None) -> RemoteEndpoint | None:
+    """The endpoint `model` names when it is an http(s) URL (`http://host:8000/v1#MODEL`), else None.
+    The API key comes from `api_key`, else LOCALCHAT_REMOTE_API_KEY."""
+    if model is None or not model.startswith(("http://", "https://")):
+        return None
+    url, _, fragment = model.partition("#")
+    if not urlsplit(url).hostname:
+        raise RemoteError(f"'{model}' is not a server's address: write it as http://HOST:PORT/v1")
+    return RemoteEndpoint(url.rstrip("/"), remote_model or fragment or None, api_key or os.environ.get(API_KEY_VARIABLE))
+
+
+def _status_error(error: openai.APIStatusError, endpoint: RemoteEndpoint) -> RemoteError:
+    detail = _detail(error)
+    if isinstance(error, (openai.AuthenticationError, openai.PermissionDeniedError)):
+        return RemoteError(f"{endpoint.base_url} refused the API key ({detail}): give the right one with --api-key "
+                           f"or {API_KEY_VARIABLE}")
+    if isinstance(error, openai.RateLimitError):
+        retry_after = _retry_after(error.response.headers.get("retry-after"))
+        when = f"in {retry_after:g} s" if retry_after is not None else "in a moment"
+        return RemoteError(f"{endpoint.base_url} is busy (429: {detail}): try again {when}", retry_after_s=retry_after)
+    if isinstance(error, openai.NotFoundError):
+        return RemoteError(f"{endpoint.base_url} answered 404 ({detail}): check the address (it ends at /v1) and the model name")
+    if error.status_code == 503:
+        retry_after = _retry_after(error.response.headers.get("retry-after"))
+        return RemoteError(f"{endpoint.base_url} is not ready (503: {detail}): try again shortly", retry_after_s=retry_after)
+    return RemoteError(f"{endpoint.base_url} refused the request ({error.status_code}: {detail})")
+
+
+def _detail(error: openai.APIStatusError) -> str:
+    """The server's own message: OpenAI's `{"error": {"message"}}`, or a plain `{"error": "..."}`."""
+    body = error.body.get("error", error.body) if isinstance(error.body, dict) else error.body
+    message = body.get("message") if isinstance(body, dict) else body
+    return str(message) if message else error.message
+
+
+def _retry_after(value: str | None) -> float | None:
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None  # an HTTP date: rare from inference servers
+
+
+def _translate(error: Exception, endpoint: RemoteEndpoint) -> RemoteError:
+    if isinstance(error, openai.APIStatusError):
+        return _status_error(error, endpoint)
+    if isinstance(error, openai.APITimeoutError):
+        return RemoteError(f"{endpoint.base_url} did not answer within {TIMEOUT_S:g} s: check that the server is running")
+    if isinstance(error, openai.APIConnectionError):
+        return RemoteError(f"cannot reach {endpoint.base_url}: is the server running, and is the address right?")
+    if isinstance(error, httpx2.HTTPError):
+        return RemoteError(f"{endpoint.base_url} broke off the reply ({type(error).__name__}): the server may have stopped; "
+                           "try again")
+    return RemoteError(f"{endpoint.base_url} failed: {error}")
+
+
+class RemoteServer:
+    """A connection to one remote server and the model it serves."""
+
+    backend_name = "remote"
+
+    def __init__(self, endpoint: RemoteEndpoint) -> None:
+        self.endpoint = endpoint
+        # The SDK needs some key; servers without auth ignore it.
+        self.client = OpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key or "none", max_retries=0, timeout=TIMEOUT_S)
+        self.model, self.context_size = self._pick_model()
+
+    def _pick_model(self) -> tuple[str, int | None]:
+        """The model to ask for, checked against the server's list, and its context size when
+        the server says it (vLLM's `max_model_len`)."""
+        try:
+            models = list(self.client.models.list())
+        except (openai.OpenAIError, OSError) as error:
+            raise _translate(error, self.endpoint) from None
+        names = [m.id for m in models]
+        wanted = self.endpoint.model
+        if wanted is None:
+            if len(names) != 1:
+                listed = ", ".join(names) or "none"
+                raise RemoteError(f"{self.endpoint.base_url} serves {len(names)} models ({listed}): pick one with "
+                                  f"{self.endpoint.base_url}#MODEL or --remote-model")
+            wanted = names[0]
+        elif wanted not in names:
+            raise RemoteError(f"{self.endpoint.base_url} has no model '{wanted}'; it serves: {', '.join(names) or 'none'}")
+        chosen = next(m for m in models if m.id == wanted)
+        context = getattr(chosen, "max_model_len", None)
+        return wanted, context if isinstance(context, int) else None
+
+    @property
+    def name(self) -> str:
+        return self.model
+
+    def new_chat(self, system_prompt: str | None = None) -> RemoteChat:
+        return RemoteChat(self, [Message("system", system_prompt)] if system_prompt else [])
+
+    def generate(self, messages: list[Message], settings: GenerationSettings) -> RemoteGeneration:
+        return RemoteGeneration(self, messages, settings)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def __enter__(self) -> RemoteServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _request(messages: list[Message], settings: GenerationSettings) -> dict[str, Any]:
+    """The request body: OpenAI's own sampling fields only. localchat's local extras (repeat
+    penalty, DRY, min_p) are left to the remote engine's defaults, which any server accepts."""
+    sampler = settings.sampler
+    body: dict[str, Any] = {
+        "messages": [{"role": m.role, "content": m.content} for m in messages],
+        "temperature": sampler.temperature,
+        "top_p": sampler.top_p,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if settings.max_tokens is not None:
+        body["max_tokens"] = settings.max_tokens
+    if settings.stop:
+        body["stop"] = list(settings.stop)
+    if sampler.seed is not None:
+        body["seed"] = sampler.seed
+    if sampler.presence_penalty:
+        body["presence_penalty"] = sampler.presence_penalty
+    if sampler.frequency_penalty:
+        body["frequency_penalty"] = sampler.frequency_penalty
+    return body
+
+
+@dataclass
+class RemoteGeneration:
+    """A reply streaming from the server: iterate for text pieces; `stats` is set when it ends.
+    `cancel()` (from any thread) closes the stream, so the server stops generating too."""
+
+    server: RemoteServer
+    messages: list[Message]
+    settings: GenerationSettings
+    stats: GenerationStats | None = None
+    started_at: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+    chunks: int = 0  # content chunks received: a token each from llama.cpp, vLLM and localchat
+    _cancelled: threading.Event = field(default_factory=threading.Event)
+    _stream: Any = None
+
+    @property
+    def tokens_per_second(self) -> float:
+        if self.first_token_at is None or self.chunks < 2:
+            return 0.0
+        return (self.chunks - 1) / max(time.perf_counter() - self.first_token_at, 1e-9)
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+        stream = self._stream
+        if stream is not None:
+            stream.close()  # the read in progress ends; the server sees the disconnect
+
+    def __iter__(self) -> Iterator[str]:
+        return self._run()
+
+    def _run(self) -> Iterator[str]:
+        endpoint = self.server.endpoint
+        usage = None
+        finish = None
+        try:
+            self._stream = self.server.client.chat.completions.create(model=self.server.model, **_request(self.messages, self.settings))
+            for chunk in self._stream:
+                if self._cancelled.is_set():
+                    break
+                usage = chunk.usage or usage
+                for choice in chunk.choices:
+                    finish = choice.finish_reason or finish
+                    text = choice.delta.content if choice.delta else None
+                    if text:
+                        if self.first_token_at is None:
+                            self.first_token_at = time.perf_counter()
+                        self.chunks += 1
+                        yield text
+        except (openai.OpenAIError, httpx2.HTTPError, OSError) as error:  # a broken stream raises httpx2's own
+            if not self._cancelled.is_set():
+                raise _translate(error, endpoint) from None
+        finally:
+            if self._stream is not None:
+                self._stream.close()
+            self.stats = self._stats(usage, finish)
+        if finish is None and not self._cancelled.is_set():
+            raise RemoteError(f"{endpoint.base_url} ended the reply without finishing it: the server may have "
+                              "stopped; try again")
+
+    def _stats(self, usage: Any, finish: str | None) -> GenerationStats:
+        end = time.perf_counter()
+        first = self.first_token_at or end
+        cached = getattr(getattr(usage, "prompt_tokens_details", None), "cached_tokens", None) or 0
+        reason = "cancelled" if self._cancelled.is_set() or finish is None else ("length" if finish == "length" else "stop")
+        return GenerationStats(
+            prompt_tokens=usage.prompt_tokens if usage else 0,
+            cached_tokens=cached,
+            prefix_cache_tokens=0,
+            completion_tokens=usage.completion_tokens if usage else self.chunks,
+            completion_ids=(),
+            ttft_s=first - self.started_at,
+            prefill_s=first - self.started_at,
+            decode_s=end - first,
+            finish_reason=reason,
+        )
+
+    def text(self) -> str:
+        return "".join(self)
+
+
+@dataclass
+class RemoteChat:
+    """A conversation kept here and sent whole with each turn (the server's prefix cache, if
+    it has one, reuses what it saw)."""
+
+    server: RemoteServer
+    messages: list[Message]
+
+    def send(self, content: str, settings: GenerationSettings = GenerationSettings()) -> RemoteGeneration:
+        self.messages.append(Message("user", content))
+        return self.reply(settings)
+
+    def reply(self, settings: GenerationSettings = GenerationSettings()) -> RemoteGeneration:
+        return self.server.generate(list(self.messages), settings)
+
+    def commit(self, text: str) -> None:
+        self.messages.append(Message("assistant", text))

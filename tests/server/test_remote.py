@@ -1,0 +1,139 @@
+"""A chat on a remote server: the real `localchat serve` on loopback as the remote, through the
+real `openai` client, as a person would point `-m http://HOST:PORT/v1` at vLLM or llama.cpp."""
+
+from __future__ import annotations
+
+import http.server
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from live_server import API_KEY, LiveServer, start_server
+
+from localchat.backends.base import SamplerSettings
+from localchat.remote import RemoteEndpoint, RemoteError, RemoteServer
+from localchat.session import GenerationSettings
+
+GREEDY = GenerationSettings(max_tokens=12, sampler=SamplerSettings(temperature=0))
+MODEL = "gemma-3-270m"
+
+
+@pytest.fixture
+def remote(server: LiveServer) -> Iterator[RemoteServer]:
+    with RemoteServer(RemoteEndpoint(f"{server.url}/v1", api_key=API_KEY)) as connected:
+        yield connected
+
+
+def test_a_remote_chat_streams_the_reply_the_server_writes(remote: RemoteServer, server: LiveServer) -> None:
+    assert remote.model == MODEL  # the server's only model, picked without being named
+    chat = remote.new_chat("You are brief.")
+    generation = chat.send("Name a colour.", GREEDY)
+    pieces = list(generation)
+    chat.commit("".join(pieces))
+    direct = server.client().chat.completions.create(
+        model=MODEL, messages=[{"role": "system", "content": "You are brief."}, {"role": "user", "content": "Name a colour."}],
+        max_tokens=12, temperature=0,
+    )
+    assert "".join(pieces) == direct.choices[0].message.content
+    stats = generation.stats
+    assert stats is not None and stats.completion_tokens == direct.usage.completion_tokens == len(pieces)
+    assert stats.prompt_tokens == direct.usage.prompt_tokens and stats.finish_reason == "length"
+    assert 0 < stats.ttft_s < 60 and generation.first_token_at is not None
+    assert [m.role for m in chat.messages] == ["system", "user", "assistant"]
+
+
+def test_cancel_closes_the_stream_and_the_server_stops(remote: RemoteServer, server: LiveServer) -> None:
+    generation = remote.new_chat().send("Tell me a long story.", GenerationSettings(max_tokens=2000, sampler=SamplerSettings(seed=1)))
+    received = []
+    for piece in generation:
+        received.append(piece)
+        if len(received) == 3:
+            threading.Timer(0.0, generation.cancel).start()
+    assert 3 <= len(received) < 100
+    assert generation.stats is not None and generation.stats.finish_reason == "cancelled"
+    deadline = threading.Event()
+    for _ in range(100):
+        if server.health()["slots_processing"] == 0:
+            break
+        deadline.wait(0.1)
+    assert server.health()["slots_processing"] == 0
+
+
+def test_a_wrong_key_says_so(server: LiveServer) -> None:
+    with pytest.raises(RemoteError, match="refused the API key.*--api-key"):
+        RemoteServer(RemoteEndpoint(f"{server.url}/v1", api_key="wrong"))
+
+
+def test_an_unknown_model_lists_what_the_server_has(server: LiveServer) -> None:
+    with pytest.raises(RemoteError, match=f"no model 'llama-70b'; it serves: {MODEL}"):
+        RemoteServer(RemoteEndpoint(f"{server.url}/v1", "llama-70b", API_KEY))
+
+
+def test_a_server_that_is_down_says_so() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again: nothing listens there
+    with pytest.raises(RemoteError, match=f"cannot reach http://127.0.0.1:{port}/v1: is the server running"):
+        RemoteServer(RemoteEndpoint(f"http://127.0.0.1:{port}/v1"))
+
+
+def test_a_busy_server_passes_on_its_retry_after(remote: RemoteServer, server: LiveServer) -> None:
+    from live_server import QUEUE, SLOTS
+
+    with server.busy(SLOTS, QUEUE):
+        with pytest.raises(RemoteError, match="busy") as refused:
+            list(remote.new_chat().send("Hello", GREEDY))
+    assert refused.value.retry_after_s is not None and refused.value.retry_after_s >= 0
+
+
+class _RateLimited(http.server.BaseHTTPRequestHandler):
+    """A gateway in front of an engine that rate-limits: the one answer a local server never gives."""
+
+    def do_GET(self) -> None:
+        self._answer(200, b'{"object": "list", "data": [{"id": "m", "object": "model"}]}')
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self._answer(429, b'{"error": {"message": "too many requests"}}', {"Retry-After": "7"})
+
+    def _answer(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        for name, value in {"Content-Type": "application/json", **(headers or {})}.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_429_says_when_to_retry() -> None:
+    gateway = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _RateLimited)
+    threading.Thread(target=gateway.serve_forever, daemon=True).start()
+    try:
+        with RemoteServer(RemoteEndpoint(f"http://127.0.0.1:{gateway.server_address[1]}/v1")) as remote:
+            with pytest.raises(RemoteError, match="busy \\(429: too many requests\\): try again in 7 s") as refused:
+                list(remote.new_chat().send("Hello", GREEDY))
+    finally:
+        gateway.shutdown()
+    assert refused.value.retry_after_s == 7
+
+
+def test_a_server_dying_mid_reply_is_one_error_and_keeps_what_came(localchat_home: Path, default_model: Path) -> None:
+    dying = start_server(localchat_home)
+    try:
+        with RemoteServer(RemoteEndpoint(f"{dying.url}/v1", api_key=API_KEY)) as remote:
+            generation = remote.new_chat().send("Tell me a long story.", GenerationSettings(max_tokens=2000))
+            received = []
+            with pytest.raises(RemoteError, match=dying.url):
+                for piece in generation:
+                    received.append(piece)
+                    if len(received) == 2:
+                        dying.process.kill()
+            assert len(received) >= 2 and generation.stats is not None and generation.stats.finish_reason == "cancelled"
+    finally:
+        dying.process.kill()
+        dying.process.wait(timeout=30)
