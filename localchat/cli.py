@@ -85,11 +85,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         max_tokens=args.n, sampler=_sampler_settings(args), stop=tuple(args.stop or ()), constraint=constraint
     )
     with Engine.load(args.model, Settings(), _plan_request(args)) as engine:
+        left_out = 0
         if args.raw:
             tokens = engine.backend.tokenize(prompt, add_bos=engine.backend.info.add_bos, special=True)
             generation = engine.sessions[0].generate(tokens, settings)
         else:
-            generation = engine.new_chat(args.system).send(prompt, settings)
+            chat = engine.new_chat(args.system)
+            generation = chat.send(prompt, settings)
+            left_out = chat.prompt.left_out if chat.prompt is not None else 0
         for piece in generation:
             sys.stdout.write(piece)
             sys.stdout.flush()
@@ -102,6 +105,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 "n_ctx": engine.backend.n_ctx,
                 "n_threads": engine.plan.n_threads,
                 "prompt_tokens": stats.prompt_tokens,
+                # Messages the prompt left out to fit n_ctx (the TUI marks where its view starts).
+                "messages_left_out": left_out,
                 "completion_tokens": stats.completion_tokens,
                 "completion_ids": list(stats.completion_ids),
                 "finish_reason": stats.finish_reason,

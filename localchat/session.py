@@ -340,39 +340,64 @@ def tokenize_prompt(backend: Backend, template: ChatTemplate, text: str) -> list
     return backend.tokenize(text, add_bos=add_bos, special=True)
 
 
+@dataclass(frozen=True)
+class ChatPrompt:
+    """The prompt for a chat's next reply, and what of the conversation it holds."""
+
+    text: str
+    tokens: list[int]
+    # The oldest user/assistant messages left out so that the prompt fits the context (the
+    # system prompt never is): the model's view of the conversation starts after them.
+    left_out: int
+
+
 @dataclass
 class Chat:
     """Messages rendered through the model's chat template onto a session.
 
     Context policy: when the conversation no longer fits with room for the reply, the oldest
     user/assistant messages are dropped from the prompt (the system prompt and the newest
-    message always stay); the messages themselves are kept.
+    message always stay); the messages themselves are kept, and `prompt.left_out` says how
+    many the last reply's prompt left out, for front ends to show.
     """
 
     session: Session
     template: ChatTemplate
     messages: list[Message] = field(default_factory=list)
+    # Variables for the template beside the messages, such as `enable_thinking=False`.
+    template_kwargs: dict[str, object] = field(default_factory=dict)
+    prompt: ChatPrompt | None = field(default=None, init=False)  # the last reply's
 
     @property
     def backend(self) -> Backend:
         return self.session.backend
 
-    def prompt_tokens(self, reply_room: int) -> list[int]:
-        """The prompt for the next reply, dropping the oldest turns if it must."""
+    def reply_room(self, settings: GenerationSettings) -> int:
+        """Tokens kept free for a reply: its max_tokens, at most half the context."""
+        room = settings.max_tokens if settings.max_tokens is not None else self.session.n_ctx // 4
+        return min(room, self.session.n_ctx // 2)
+
+    def fit(self, reply_room: int) -> ChatPrompt:
+        """The prompt for the next reply, leaving out the oldest turns if it must."""
         system = [m for m in self.messages[:1] if m.role == "system"]
         turns = self.messages[len(system) :]
         while True:
-            tokens = tokenize_chat(self.backend, self.template, system + turns)
+            text = self.template.render(system + turns, **self.template_kwargs)
+            tokens = tokenize_prompt(self.backend, self.template, text)
             if len(tokens) + reply_room <= self.session.n_ctx or len(turns) <= 1:
                 break
-            # Drop the oldest turn: a user message and the assistant reply after it.
+            # Leave out the oldest turn: a user message and the assistant reply after it.
             turns = turns[2:] if len(turns) > 2 and turns[1].role == "assistant" else turns[1:]
         if len(tokens) >= self.session.n_ctx:
             raise ContextOverflowError(
                 f"the message is {len(tokens)} tokens with the system prompt but the context holds "
                 f"{self.session.n_ctx}; shorten it or raise the context size (--ctx)"
             )
-        return tokens
+        return ChatPrompt(text, tokens, len(self.messages) - len(system) - len(turns))
+
+    def prompt_tokens(self, reply_room: int) -> list[int]:
+        """The prompt for the next reply, dropping the oldest turns if it must."""
+        return self.fit(reply_room).tokens
 
     def send(self, content: str, settings: GenerationSettings = GenerationSettings()) -> Generation:
         """Add a user message and start the reply; call `commit` with it when it is done."""
@@ -380,10 +405,12 @@ class Chat:
         return self.reply(settings)
 
     def reply(self, settings: GenerationSettings = GenerationSettings()) -> Generation:
-        room = settings.max_tokens if settings.max_tokens is not None else self.session.n_ctx // 4
-        room = min(room, self.session.n_ctx // 2)
-        return self.session.generate(self.prompt_tokens(room), settings)
+        prompt = self.fit(self.reply_room(settings))
+        generation = self.session.generate(prompt.tokens, settings)
+        self.prompt = prompt
+        return generation
 
-    def commit(self, text: str) -> None:
-        """Record the assistant's reply (whole or, after a cancel, the part written)."""
-        self.messages.append(Message("assistant", text))
+    def commit(self, text: str, reasoning: str | None = None) -> None:
+        """Record the assistant's reply (whole or, after a cancel, the part written), and the
+        thinking written before it, which templates may show again."""
+        self.messages.append(Message("assistant", text, reasoning=reasoning or None))

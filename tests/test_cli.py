@@ -23,7 +23,7 @@ def test_run_streams_an_answer_and_reports_stats(localchat_home: Path, default_m
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip()
     stats = json.loads(result.stderr.strip().splitlines()[-1])
-    required = {"model_path", "backend", "prompt_tokens", "completion_tokens", "completion_ids", "ttft_s", "prefill_tok_s", "decode_tok_s", "peak_rss_mb"}
+    required = {"model_path", "backend", "prompt_tokens", "completion_tokens", "completion_ids", "ttft_s", "prefill_tok_s", "decode_tok_s", "peak_rss_mb", "messages_left_out"}
     assert required <= stats.keys()
     assert stats["backend"] == "llama.cpp" and stats["model_path"] == str(default_model)
     assert stats["completion_tokens"] == len(stats["completion_ids"]) <= 12

@@ -31,7 +31,7 @@ from localchat.session import Chat, Generation, GenerationSettings, GenerationSt
 from localchat.settings import Settings
 from localchat.templates import Message as ChatMessage
 from tui.widgets.dialogs import Confirm, HelpScreen, ModelChoice, ModelPicker, SystemPromptEditor, TextPrompt
-from tui.widgets.messages import AssistantMessage, ConversationView, Notice, UserMessage
+from tui.widgets.messages import AssistantMessage, ContextStart, ConversationView, Notice, UserMessage
 from tui.widgets.prompt import PromptInput
 from tui.widgets.sidebar import ConversationList
 from tui.widgets.status import StatusBar
@@ -261,14 +261,30 @@ class ChatApp(App[int]):
         self._show_context()
 
     def _show_context(self) -> None:
-        """Tokens the open conversation fills in the context (the prompt for its next reply)."""
-        if self.chat is None:
-            self.status.context_used = 0
+        """Tokens the open conversation fills in the context (the prompt for its next reply), and
+        the messages that prompt leaves out."""
+        if self.chat is None or not self.chat.messages:
+            self.status.context_used = self.status.left_out = 0
+            self._mark_context_start(0)
             return
         try:
-            self.status.context_used = len(self.chat.prompt_tokens(0)) if self.chat.messages else 0
+            prompt = self.chat.fit(self.chat.reply_room(self.reply_settings))
         except LocalchatError:
             self.status.context_used = self.status.context_size
+            return
+        self.status.context_used = len(prompt.tokens)
+        self.status.left_out = prompt.left_out
+        self._mark_context_start(prompt.left_out)
+
+    def _mark_context_start(self, left_out: int) -> None:
+        """A line above the first message the model still sees, when older ones are left out of
+        its context (Chat decides which; the view only shows it)."""
+        for old in self.conversation_view.query(ContextStart):
+            old.remove()
+        shown = self.conversation_view.query("UserMessage, AssistantMessage").nodes
+        if left_out <= 0 or left_out >= len(shown) or self.engine is None:
+            return
+        self.conversation_view.mount(ContextStart(left_out, self.engine.backend.n_ctx), before=shown[left_out])
 
     def _sample_memory(self) -> None:
         self.status.rss_bytes = process_rss_bytes()
@@ -425,6 +441,7 @@ class ChatApp(App[int]):
             # so roles keep alternating, as many chat templates require.
             self.store.add_message(self.conversation.id, "assistant", "")
             self.chat.commit("")
+            await self.conversation_view.mount(AssistantMessage())
         try:
             generation = self.chat.send(text, self.reply_settings)
         except LocalchatError as error:
@@ -486,6 +503,9 @@ class ChatApp(App[int]):
         await widget.start_stream()
         self.conversation_view.scroll_end(animate=False)
         self.reply = Reply(self.conversation.id, self.chat, generation, widget, replacing)
+        left_out = self.chat.prompt.left_out if self.chat.prompt is not None else 0
+        self.status.left_out = left_out
+        self._mark_context_start(left_out)
         self.status.state = "writing"
         self.status.tokens_per_s = self.status.ttft_s = None
         self._generate(self.reply)

@@ -36,6 +36,7 @@ def pinned(theme: str = "textual-dark") -> Callable[[Pilot], object]:
         assert isinstance(app, ChatApp)
         app.memory_timer.pause()
         app.query_one(StatusBar).rss_bytes = 400 * 1024**2
+        app.query_one(StatusBar).gpu_bytes = None  # the same picture with or without a GPU
         app.prompt.cursor_blink = False
         app.theme = theme
         await pilot.pause()

@@ -71,6 +71,19 @@ class Notice(Static):
     """A line from the app itself: welcome text, a load error, a stopped reply."""
 
 
+class ContextStart(Static):
+    """Where the model's view of the conversation starts: the messages above it no longer fit
+    its context and are left out of the prompt (they stay in the history)."""
+
+    def __init__(self, left_out: int, n_ctx: int) -> None:
+        plural = "s" if left_out > 1 else ""
+        super().__init__(
+            f"↑ {left_out} earlier message{plural} left out: the model sees from here on "
+            f"(its context holds {n_ctx} tokens)"
+        )
+        self.left_out = left_out
+
+
 class ConversationView(VerticalScroll):
     """The messages of the open conversation, newest at the bottom."""
 

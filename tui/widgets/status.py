@@ -27,6 +27,7 @@ class StatusBar(Widget):
     ttft_s: reactive[float | None] = reactive(None)
     context_used: reactive[int] = reactive(0)
     context_size: reactive[int] = reactive(0)
+    left_out: reactive[int] = reactive(0)  # messages the prompt leaves out to fit the context
     rss_bytes: reactive[int] = reactive(0)
     gpu_bytes: reactive[int | None] = reactive(None)
     backend: reactive[str] = reactive("")
@@ -39,7 +40,7 @@ class StatusBar(Widget):
         if ttft and self.ttft_s is not None:
             parts.append(f"TTFT {self.ttft_s:.2f}s")
         if self.context_size:
-            parts.append(f"ctx {self.context_used}/{self.context_size}")
+            parts.append(f"ctx {self.context_used}/{self.context_size}" + (f" ({self.left_out} left out)" if self.left_out else ""))
         if self.rss_bytes:
             parts.append(f"RAM {_size(self.rss_bytes)}")
         if self.gpu_bytes is not None:
