@@ -10,6 +10,7 @@ since retrying is the person's call (a 429's Retry-After is passed on).
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -157,8 +158,8 @@ class RemoteServer:
 
 
 def _request(messages: list[Message], settings: GenerationSettings) -> dict[str, Any]:
-    """The request body: OpenAI's own sampling fields only. localchat's local extras (repeat
-    penalty, DRY, min_p) are left to the remote engine's defaults, which any server accepts."""
+    """The request body: OpenAI's own fields only. localchat's local sampling extras (repeat
+    penalty, DRY, top_k, min_p) are left to the remote engine's defaults, which any server accepts."""
     sampler = settings.sampler
     body: dict[str, Any] = {
         "messages": [{"role": m.role, "content": m.content} for m in messages],
@@ -177,6 +178,12 @@ def _request(messages: list[Message], settings: GenerationSettings) -> dict[str,
         body["presence_penalty"] = sampler.presence_penalty
     if sampler.frequency_penalty:
         body["frequency_penalty"] = sampler.frequency_penalty
+    constraint = settings.constraint
+    if constraint is not None:
+        if constraint.kind != "json_schema":
+            raise RemoteError(f"a remote server takes a JSON schema as the reply's constraint, not a {constraint.kind} grammar")
+        schema = {"name": "reply", "schema": json.loads(constraint.source), "strict": True}
+        body["response_format"] = {"type": "json_schema", "json_schema": schema}
     return body
 
 

@@ -4,7 +4,10 @@ real `openai` client, as a person would point `-m http://HOST:PORT/v1` at vLLM o
 from __future__ import annotations
 
 import http.server
+import json
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -137,3 +140,24 @@ def test_a_server_dying_mid_reply_is_one_error_and_keeps_what_came(localchat_hom
     finally:
         dying.process.kill()
         dying.process.wait(timeout=30)
+
+
+def test_localchat_run_on_a_remote(server: LiveServer, tmp_path: Path) -> None:
+    """`localchat run -m URL#MODEL --json-schema` through the real CLI: the schema goes as response_format."""
+    schema = tmp_path / "schema.json"
+    schema.write_text('{"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": false}')
+    done = subprocess.run(
+        [sys.executable, "-m", "localchat", "run", "-m", f"{server.url}/v1#{MODEL}", "--api-key", API_KEY, "--temperature", "0",
+         "-n", "20", "--json-schema", str(schema), "--stats", "Is water wet? Answer in JSON."],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) in ({"ok": True}, {"ok": False})
+    stats = json.loads(done.stderr.strip().splitlines()[-1])
+    assert stats["backend"] == "remote" and stats["model"] == MODEL and stats["completion_tokens"] > 0
+
+
+def test_commands_without_remote_support_say_so() -> None:
+    done = subprocess.run([sys.executable, "-m", "localchat", "serve", "-m", "http://127.0.0.1:1/v1"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode != 0 and "runs local models only" in done.stderr and "Traceback" not in done.stderr
