@@ -169,7 +169,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     else:
         print("gpu        none found (NVML)")
     print(f"build      {model_plan.build.description}; GPU offload {'yes' if model_plan.build.gpu_offload else 'no'}")
-    print(f"plan       {plan.backend}, context {plan.n_ctx}, GPU layers {plan.n_gpu_layers}, threads {plan.n_threads}/{plan.n_threads_batch}")
+    print(f"plan       {plan.describe()}")
     for reason in plan.reasons:
         print(f"  - {reason}")
     return 0

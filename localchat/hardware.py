@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +16,7 @@ MIB = 1024**2
 
 @dataclass(frozen=True)
 class Gpu:
+    # The CUDA device number (what llama.cpp's main_gpu and tensor_split index).
     index: int
     name: str
     total_bytes: int
@@ -52,8 +54,31 @@ def _cpu_info() -> tuple[str, frozenset[str]]:
     return name, flags
 
 
+def cuda_visible(setting: str | None, uuids: Sequence[str]) -> list[int]:
+    """The GPUs that CUDA programs see, in CUDA's numbering, as positions in `uuids` (every GPU's
+    UUID in PCI bus order). `setting` is CUDA_VISIBLE_DEVICES: indices or UUID prefixes, read
+    up to the first entry that names no GPU (or names one again), as CUDA reads it; unset means all."""
+    if setting is None:
+        return list(range(len(uuids)))
+    visible: list[int] = []
+    for entry in (part.strip() for part in setting.split(",")):
+        matches = [i for i, uuid in enumerate(uuids) if entry.startswith("GPU-") and uuid.startswith(entry)]
+        if entry.isdigit() and int(entry) < len(uuids):
+            matches = [int(entry)]
+        if len(matches) != 1 or matches[0] in visible:
+            break
+        visible.append(matches[0])
+    return visible
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def nvidia_gpus() -> tuple[Gpu, ...]:
-    """NVIDIA GPUs with their free memory; none when NVML or its driver is absent."""
+    """The NVIDIA GPUs CUDA programs may use, with their free memory; none when NVML or its
+    driver is absent. NVML ignores CUDA_VISIBLE_DEVICES: the GPUs are numbered here as CUDA
+    numbers them under CUDA_DEVICE_ORDER=PCI_BUS_ID, which the llama.cpp backend sets."""
     try:
         import pynvml
     except ImportError:
@@ -63,15 +88,18 @@ def nvidia_gpus() -> tuple[Gpu, ...]:
     except pynvml.NVMLError:
         return ()
     try:
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        # NVML does not promise PCI order; the fixed-width bus ids sort as CUDA orders them.
+        handles.sort(key=lambda handle: _text(pynvml.nvmlDeviceGetPciInfo(handle).busId))
+        uuids = [_text(pynvml.nvmlDeviceGetUUID(handle)) for handle in handles]
         gpus = []
-        for index in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        for cuda_index, nvml_index in enumerate(cuda_visible(os.environ.get("CUDA_VISIBLE_DEVICES"), uuids)):
+            handle = handles[nvml_index]
             memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            name = pynvml.nvmlDeviceGetName(handle)
             gpus.append(
                 Gpu(
-                    index=index,
-                    name=name.decode() if isinstance(name, bytes) else name,
+                    index=cuda_index,
+                    name=_text(pynvml.nvmlDeviceGetName(handle)),
                     total_bytes=int(memory.total),
                     free_bytes=int(memory.free),
                 )

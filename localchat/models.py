@@ -397,6 +397,7 @@ def gguf_facts(header: GgufHeader) -> ModelFacts:
         other_bytes=other_bytes,
         kv_bytes_per_token=kv_per_token,
         n_vocab=int(header.array_lengths.get("tokenizer.ggml.tokens", 0)),
+        kv_head_sizes=(key_length, value_length),
     )
 
 

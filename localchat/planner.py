@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from dataclasses import dataclass, field
+from typing import Literal
 
 from localchat.errors import InsufficientMemoryError, InvalidSettingError
-from localchat.hardware import GIB, MIB, Hardware
+from localchat.hardware import GIB, MIB, Gpu, Hardware
 
 DEFAULT_CONTEXT = 8192
 MIN_AUTO_CONTEXT = 1024
@@ -17,13 +20,29 @@ CPU_OVERHEAD_BYTES = 512 * MIB
 # Keep this share of available RAM for the rest of the machine.
 RAM_HEADROOM = 0.9
 BACKEND_FOR_FORMAT = {"gguf": "llama.cpp", "onnx": "onnxruntime"}
-# How to get a GPU-enabled build of each backend.
-GPU_BUILD_HINT = {
-    "llama.cpp": "reinstall llama-cpp-python with CMAKE_ARGS=-DGGML_CUDA=on",
-    "onnxruntime": "install onnxruntime-gpu in place of onnxruntime",
+# Each backend's package, what its CPU-only build lacks, and the command that installs a CUDA
+# build ({pin}: "==" and the installed version, so nothing else changes).
+GPU_BUILDS: dict[str, tuple[str, str, str]] = {
+    "llama.cpp": (
+        "llama-cpp-python",
+        "was built without CUDA",
+        'CMAKE_ARGS="-DGGML_CUDA=on" pip install --force-reinstall --no-cache-dir llama-cpp-python{pin}',
+    ),
+    # Both wheels install the `onnxruntime` module: the CPU one must go first.
+    "onnxruntime": ("onnxruntime", "has no CUDA execution provider", "pip uninstall -y onnxruntime && pip install onnxruntime-gpu"),
 }
-# Backends that run a model whole on one device: no split of layers between GPU and CPU.
+# Backends that run a model whole on one device: no split of layers between GPU and CPU, or
+# between GPUs.
 WHOLE_MODEL_BACKENDS = frozenset({"onnxruntime"})
+KvType = Literal["f16", "q8_0"]
+# Bytes per cached K or V value (q8_0: blocks of 32 values in 34 bytes).
+KV_VALUE_BYTES: dict[KvType, float] = {"f16": 2.0, "q8_0": 34 / 32}
+Q8_0_BLOCK = 32
+# (K, V) head sizes that llama.cpp's CUDA flash attention has kernels for (ggml-cuda/fattn.cu);
+# for others the attention would fall back to the CPU.
+FLASH_ATTN_HEAD_SIZES = frozenset({(d, d) for d in (40, 64, 72, 80, 96, 112, 128, 256)} | {(576, 512)})
+# "auto" leaves it to llama.cpp (its default, kept for CPU plans); "on" asks for it.
+FlashAttn = Literal["auto", "on"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +56,8 @@ class ModelFacts:
     other_bytes: int
     kv_bytes_per_token: int
     n_vocab: int
+    # The size of one K and one V head, where the format gives them (GGUF's key/value_length).
+    kv_head_sizes: tuple[int, int] | None = None
     # Format-specific lines for `localchat info` (an ONNX graph's fused operators).
     details: tuple[str, ...] = ()
 
@@ -52,6 +73,10 @@ class BuildFeatures:
     gpu_offload: bool
     amx: bool
     description: str = ""
+    # Flash attention kernels on the GPU (a quantized V cache needs them in llama.cpp).
+    flash_attn: bool = False
+    # The installed package's version, to pin a rebuild to it.
+    version: str = ""
 
 
 @dataclass(frozen=True)
@@ -81,12 +106,40 @@ class Plan:
     n_threads_batch: int
     n_seq: int
     use_extra_bufts: bool
+    # The main GPU (with a split, the one with most free memory); None on the CPU.
     gpu_index: int | None
     reasons: tuple[str, ...] = field(default=())
+    kv_type: KvType = "f16"
+    flash_attn: FlashAttn = "auto"
+    # The share of the offloaded layers each GPU holds, by GPU index; empty when one GPU (or
+    # none) holds them all.
+    tensor_split: tuple[float, ...] = ()
 
     @property
     def uses_gpu(self) -> bool:
         return self.n_gpu_layers > 0
+
+    def describe(self) -> str:
+        """One line: backend, context, where the layers go, KV cache and threads."""
+        parts = [self.backend, f"context {self.n_ctx}", f"GPU layers {self.n_gpu_layers}"]
+        if self.tensor_split:
+            shares = " / ".join(f"GPU {i} {share:.0%}" for i, share in enumerate(self.tensor_split) if share > 0)
+            parts.append(f"split {shares}, main GPU {self.gpu_index}")
+        elif self.gpu_index is not None:
+            parts.append(f"on GPU {self.gpu_index}")
+        if self.backend not in WHOLE_MODEL_BACKENDS:
+            parts.append(f"KV cache {self.kv_type}, flash attention {self.flash_attn}")
+        parts.append(f"threads {self.n_threads}/{self.n_threads_batch}")
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class _Placement:
+    """Where the layers go with one KV cache type."""
+
+    kv_type: KvType
+    n_gpu_layers: int
+    tensor_split: tuple[float, ...] = ()
 
 
 def _gib(n: int) -> str:
@@ -99,15 +152,126 @@ def _auto_context(model: ModelFacts, request: PlanRequest) -> int:
     return min(model.n_ctx_train or DEFAULT_CONTEXT, DEFAULT_CONTEXT)
 
 
-def _gpu_layers(model: ModelFacts, n_ctx: int, free_bytes: int) -> int:
-    """How many layers fit in `free_bytes`: weights plus that layer's share of the KV cache.
-    `n_layers + 1` means everything, the output head included."""
-    budget = free_bytes - GPU_RESERVE_BYTES
-    kv_per_layer = model.kv_bytes_per_token * n_ctx // max(model.n_layers, 1)
-    per_layer = model.layer_bytes + kv_per_layer
+def kv_cache_bytes(model: ModelFacts, n_ctx: int, kv_type: KvType = "f16") -> int:
+    """The KV cache of `n_ctx` tokens; `kv_bytes_per_token` is in the backend's default type (f16)."""
+    return int(model.kv_bytes_per_token * n_ctx * KV_VALUE_BYTES[kv_type] / KV_VALUE_BYTES["f16"])
+
+
+def _usable(gpu: Gpu) -> int:
+    return max(gpu.free_bytes - GPU_RESERVE_BYTES, 0)
+
+
+def _gpu_layers(model: ModelFacts, per_layer: int, gpu: Gpu) -> int:
+    """How many layers of `per_layer` bytes (weights and KV) fit on `gpu`. `n_layers + 1` means
+    everything, the output head included."""
+    budget = _usable(gpu)
     if model.n_layers * per_layer + model.other_bytes <= budget:
         return model.n_layers + 1
     return max(0, min(model.n_layers, budget // per_layer)) if per_layer > 0 else 0
+
+
+def split_loads(model: ModelFacts, per_layer: int, n_gpu_layers: int, shares: tuple[float, ...]) -> list[int]:
+    """The bytes each GPU gets when llama.cpp spreads the last `n_gpu_layers` layers (the output
+    head counting as layer `n_layers`) by `shares`, as its load_tensors does: layer i of the
+    offloaded ones goes to the first GPU whose cumulative share exceeds i / n_offloaded."""
+    bounds = list(itertools.accumulate(shares))
+    loads = [0] * len(shares)
+    first = max(model.n_layers - n_gpu_layers, 0)
+    offloaded = min(n_gpu_layers, model.n_layers + 1)
+    for layer in range(first, first + offloaded):
+        gpu = min(bisect.bisect_right(bounds, (layer - first) / offloaded * bounds[-1]), len(loads) - 1)
+        loads[gpu] += per_layer if layer < model.n_layers else model.other_bytes
+    return loads
+
+
+def _shares(gpus: tuple[Gpu, ...]) -> tuple[float, ...]:
+    """Each GPU's share of the offloaded layers, by index: proportional to its usable memory."""
+    total = sum(_usable(gpu) for gpu in gpus)
+    if total == 0:
+        return ()
+    shares = [0.0] * (max(gpu.index for gpu in gpus) + 1)
+    for gpu in gpus:
+        shares[gpu.index] = _usable(gpu) / total
+    return tuple(shares)
+
+
+def _split_layers(model: ModelFacts, per_layer: int, gpus: tuple[Gpu, ...]) -> tuple[int, tuple[float, ...]]:
+    """The most layers several GPUs hold when split by `_shares`."""
+    shares = _shares(gpus)
+    room = {gpu.index: _usable(gpu) for gpu in gpus}
+    for n in range(model.n_layers + 1, 0, -1) if shares else ():
+        loads = split_loads(model, per_layer, n, shares)
+        if all(load <= room.get(index, 0) for index, load in enumerate(loads)):
+            return n, shares
+    return 0, ()
+
+
+def _place(model: ModelFacts, n_ctx: int, kv_type: KvType, gpus: tuple[Gpu, ...], split: bool) -> _Placement:
+    """The most layers the GPUs hold with this KV cache type: on the GPU with most free memory
+    alone when it holds everything (no traffic between GPUs), else split across all of them."""
+    per_layer = model.layer_bytes + kv_cache_bytes(model, n_ctx, kv_type) // max(model.n_layers, 1)
+    single = _gpu_layers(model, per_layer, max(gpus, key=lambda g: g.free_bytes))
+    if single <= model.n_layers and split and len(gpus) > 1:
+        n, shares = _split_layers(model, per_layer, gpus)
+        if n > single:
+            return _Placement(kv_type, n, shares)
+    return _Placement(kv_type, single)
+
+
+def gpu_bytes(model: ModelFacts, plan: Plan) -> dict[int, int]:
+    """What `plan` puts on each GPU, by index, as the planner counts it (layers with their KV
+    cache in the plan's type, the output head); the reserve for the CUDA context is not included."""
+    if plan.gpu_index is None or plan.n_gpu_layers == 0:
+        return {}
+    per_layer = model.layer_bytes + kv_cache_bytes(model, plan.n_ctx, plan.kv_type) // max(model.n_layers, 1)
+    if plan.tensor_split:
+        loads = split_loads(model, per_layer, plan.n_gpu_layers, plan.tensor_split)
+        return {index: load for index, load in enumerate(loads) if load}
+    head = model.other_bytes if plan.n_gpu_layers > model.n_layers else 0
+    return {plan.gpu_index: min(plan.n_gpu_layers, model.n_layers) * per_layer + head}
+
+
+def quantized_kv_possible(model: ModelFacts, build: BuildFeatures) -> bool:
+    """llama.cpp quantizes the V cache only under flash attention, and q8_0 blocks must tile a head."""
+    heads = model.kv_head_sizes
+    return build.flash_attn and heads in FLASH_ATTN_HEAD_SIZES and all(size % Q8_0_BLOCK == 0 for size in heads or ())
+
+
+def gpu_build_advice(backend: str, hardware: Hardware, build: BuildFeatures) -> str | None:
+    """One line for a machine with an NVIDIA GPU that the backend's build cannot use: what is
+    wrong and the command that installs a build that can. None when there is nothing to say."""
+    if not hardware.gpus or build.gpu_offload:
+        return None
+    package, lacks, command = GPU_BUILDS[backend]
+    names = ", ".join(dict.fromkeys(gpu.name for gpu in hardware.gpus))
+    installed = f"{package} {build.version}" if build.version else package
+    pin = f"=={build.version}" if build.version else ""
+    return f"{names} found, but {installed} {lacks}; to use the GPU run: {command.format(pin=pin)}"
+
+
+def _placement_reasons(model: ModelFacts, n_ctx: int, placement: _Placement, gpus: tuple[Gpu, ...], f16: _Placement) -> list[str]:
+    main = max(gpus, key=lambda g: g.free_bytes)
+    kv = kv_cache_bytes(model, n_ctx, placement.kv_type)
+    if placement.tensor_split:
+        shares = ", ".join(f"{gpu.name} (GPU {gpu.index}) {placement.tensor_split[gpu.index]:.0%} of {_gib(gpu.free_bytes)} free"
+                           for gpu in gpus)
+        where = f"across {len(gpus)} GPUs in proportion to free memory, main GPU {main.index}: {shares}"
+    else:
+        where = f"on {main.name}, {_gib(main.free_bytes)} free"
+    if placement.n_gpu_layers > model.n_layers:
+        reasons = [f"all {model.n_layers} layers {where} (the model and its KV cache fit)"]
+    elif placement.n_gpu_layers > 0:
+        weights = _gib(model.weight_bytes)
+        reasons = [f"{placement.n_gpu_layers} of {model.n_layers} layers {where} ({weights} of weights plus {_gib(kv)} of KV cache do not all fit)"]
+    else:
+        return [f"CPU only: {main.name} has {_gib(main.free_bytes)} free, too little for one layer"]
+    if placement.kv_type != "f16":
+        reasons.append(
+            f"KV cache {placement.kv_type} ({_gib(kv)} instead of {_gib(kv_cache_bytes(model, n_ctx))} in f16): "
+            f"in f16 {'no layer fits' if f16.n_gpu_layers == 0 else f'only {min(f16.n_gpu_layers, model.n_layers)} layers fit'} "
+            f"with a {n_ctx}-token context; flash attention on, which llama.cpp needs for a quantized V cache"
+        )
+    return reasons
 
 
 def plan_offload(model: ModelFacts, hardware: Hardware, build: BuildFeatures, request: PlanRequest = PlanRequest()) -> Plan:
@@ -121,39 +285,45 @@ def plan_offload(model: ModelFacts, hardware: Hardware, build: BuildFeatures, re
     elif model.n_ctx_train and n_ctx > model.n_ctx_train:
         reasons.append(f"context {n_ctx}: as asked, beyond the {model.n_ctx_train} tokens the model was trained on")
 
-    gpu = max(hardware.gpus, key=lambda g: g.free_bytes) if hardware.gpus else None
-    if request.n_gpu_layers is not None:
-        n_gpu_layers = request.n_gpu_layers if build.gpu_offload else 0
-        reasons.append(f"GPU layers {n_gpu_layers}: as asked")
+    gpus = hardware.gpus
+    gpu = max(gpus, key=lambda g: g.free_bytes) if gpus else None
+    splits = backend not in WHOLE_MODEL_BACKENDS
+    placement = _Placement("f16", 0)
+    if advice := gpu_build_advice(backend, hardware, build):
+        reasons.append(f"CPU only: {advice}")
+    elif request.n_gpu_layers is not None:
+        n_asked = request.n_gpu_layers if build.gpu_offload else 0
+        shares = _shares(gpus) if n_asked > 0 and splits and len(gpus) > 1 else ()
+        placement = _Placement("f16", n_asked, shares)
+        reasons.append(f"GPU layers {n_asked}: as asked" + (" (split across the GPUs by free memory)" if shares else ""))
     elif gpu is None:
-        n_gpu_layers = 0
         reasons.append("CPU only: no NVIDIA GPU found")
-    elif not build.gpu_offload:
-        n_gpu_layers = 0
-        reasons.append(
-            f"CPU only: {gpu.name} found but this {backend} build has no GPU support ({GPU_BUILD_HINT[backend]})"
-        )
     else:
-        n_gpu_layers = _gpu_layers(model, n_ctx, gpu.free_bytes)
-        if backend in WHOLE_MODEL_BACKENDS and 0 < n_gpu_layers <= model.n_layers:
+        f16 = _place(model, n_ctx, "f16", gpus, splits)
+        placement = f16
+        if f16.n_gpu_layers <= model.n_layers and quantized_kv_possible(model, build):
+            q8 = _place(model, n_ctx, "q8_0", gpus, splits)
+            if q8.n_gpu_layers > f16.n_gpu_layers:
+                placement = q8
+        if not splits and 0 < placement.n_gpu_layers <= model.n_layers:
             reasons.append(f"CPU only: {backend} runs a model whole and it does not fit in {gpu.name}'s {_gib(gpu.free_bytes)} free")
-            n_gpu_layers = 0
-        elif n_gpu_layers > model.n_layers:
-            reasons.append(f"all {model.n_layers} layers on {gpu.name}: {_gib(gpu.free_bytes)} free holds the model and its KV cache")
-        elif n_gpu_layers > 0:
-            reasons.append(
-                f"{n_gpu_layers} of {model.n_layers} layers on {gpu.name}: {_gib(gpu.free_bytes)} free, "
-                f"{_gib(model.weight_bytes)} of weights plus {_gib(model.kv_bytes_per_token * n_ctx)} of KV cache do not all fit"
-            )
+            placement = _Placement("f16", 0)
         else:
-            reasons.append(f"CPU only: {gpu.name} has {_gib(gpu.free_bytes)} free, too little for one layer")
+            reasons += _placement_reasons(model, n_ctx, placement, gpus, f16)
+    n_gpu_layers = placement.n_gpu_layers
+    kv_type = placement.kv_type
+    flash_attn: FlashAttn = "auto"
+    if n_gpu_layers > 0 and build.flash_attn and model.kv_head_sizes in FLASH_ATTN_HEAD_SIZES:
+        flash_attn = "on"
+        if kv_type == "f16":
+            reasons.append(f"flash attention on: this build has GPU kernels for heads of {model.kv_head_sizes[0]}")
 
     gpu_share = min(n_gpu_layers, model.n_layers) / max(model.n_layers, 1)
     head_on_gpu = n_gpu_layers > model.n_layers
 
     def cpu_bytes(ctx: int) -> int:
         layers = int(model.n_layers * model.layer_bytes * (1 - gpu_share))
-        kv = int(model.kv_bytes_per_token * ctx * (1 - gpu_share))
+        kv = int(kv_cache_bytes(model, ctx, kv_type) * (1 - gpu_share))
         # The embedding table stays in RAM even on a GPU; the output head moves with the last layer.
         other = model.other_bytes // 2 if head_on_gpu else model.other_bytes
         logits = model.n_vocab * 4 * request.n_seq
@@ -192,4 +362,7 @@ def plan_offload(model: ModelFacts, hardware: Hardware, build: BuildFeatures, re
         use_extra_bufts=use_extra_bufts,
         gpu_index=gpu.index if gpu is not None and n_gpu_layers > 0 else None,
         reasons=tuple(reasons),
+        kv_type=kv_type,
+        flash_attn=flash_attn,
+        tensor_split=placement.tensor_split,
     )

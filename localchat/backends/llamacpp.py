@@ -8,6 +8,7 @@ logits row; one `llama_token_to_piece` (cached); one `llama_decode` on a preallo
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -19,12 +20,19 @@ import numpy as np
 from localchat.backends.base import DRY_SEQUENCE_BREAKERS, ModelInfo, SamplerSettings, TokenScores, score_rows
 from localchat.constraints import TokenGuide
 from localchat.errors import ContextOverflowError, InferenceError, ModelError
-from localchat.planner import BuildFeatures, Plan
+from localchat.planner import BuildFeatures, FlashAttn, KvType, Plan
 
 # Tokens per llama_decode call when evaluating a prompt.
 PROMPT_BATCH = 512
 # Rows of logits read back per decode when scoring (each row is n_vocab floats).
 SCORE_CHUNK = 64
+
+# The planner's KV cache types and flash attention settings in llama.cpp's terms.
+KV_CACHE_TYPES: dict[KvType, int] = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0}
+FLASH_ATTN_TYPES: dict[FlashAttn, int] = {
+    "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
+    "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+}
 
 GGML_LOG_LEVEL_ERROR = 4  # enum ggml_log_level (NONE, DEBUG, INFO, WARN, ERROR, CONT)
 _init_lock = threading.Lock()
@@ -43,6 +51,9 @@ def ensure_initialized() -> None:
     global _initialized
     with _init_lock:
         if not _initialized:
+            # CUDA numbers GPUs fastest first unless told otherwise; the planner's GPU numbers
+            # (hardware.nvidia_gpus) follow the PCI bus. Read when CUDA starts, below.
+            os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
             llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
             llama_cpp.llama_backend_init()
             _initialized = True
@@ -51,11 +62,32 @@ def ensure_initialized() -> None:
 def build_features() -> BuildFeatures:
     ensure_initialized()
     info = llama_cpp.llama_print_system_info().decode()
+    gpu_offload = bool(llama_cpp.llama_supports_gpu_offload())
     return BuildFeatures(
-        gpu_offload=bool(llama_cpp.llama_supports_gpu_offload()),
+        gpu_offload=gpu_offload,
         amx="AMX_INT8 = 1" in info,
         description=info.strip().rstrip("|").strip(),
+        # llama.cpp's GPU backends (CUDA, Metal, Vulkan, HIP) all implement flash attention.
+        flash_attn=gpu_offload,
+        version=llama_cpp.__version__,
     )
+
+
+def place_layers(params: llama_cpp.llama_model_params, plan: Plan) -> ctypes.Array[ctypes.c_float] | None:
+    """Set where `plan` puts the layers: on one GPU alone, or split across GPUs by
+    `plan.tensor_split`. Returns the split's C array, which must outlive the load."""
+    params.n_gpu_layers = plan.n_gpu_layers
+    if plan.gpu_index is None:
+        return None
+    params.main_gpu = plan.gpu_index
+    if not plan.tensor_split:
+        # Layer mode (the default) would spread the layers over every GPU by free memory.
+        params.split_mode = llama_cpp.LLAMA_SPLIT_MODE_NONE
+        return None
+    params.split_mode = llama_cpp.LLAMA_SPLIT_MODE_LAYER
+    split = (ctypes.c_float * llama_cpp.llama_max_devices())(*plan.tensor_split)
+    params.tensor_split = split
+    return split
 
 
 def _missing_special_token(vocab: llama_cpp.llama_vocab_p) -> str | None:
@@ -145,10 +177,8 @@ class LlamaCppBackend:
         ensure_initialized()
         self.plan = plan
         model_params = llama_cpp.llama_model_default_params()
-        model_params.n_gpu_layers = plan.n_gpu_layers
+        self._tensor_split = place_layers(model_params, plan)
         model_params.use_extra_bufts = plan.use_extra_bufts
-        if plan.gpu_index is not None:
-            model_params.main_gpu = plan.gpu_index
         if on_progress is not None:
             # The C callback must outlive the load call.
             self._progress = llama_cpp.llama_progress_callback(lambda value, _data: (on_progress(value), True)[1])
@@ -171,6 +201,8 @@ class LlamaCppBackend:
         ctx_params.n_threads = plan.n_threads
         ctx_params.n_threads_batch = plan.n_threads_batch
         ctx_params.no_perf = True
+        ctx_params.type_k = ctx_params.type_v = KV_CACHE_TYPES[plan.kv_type]
+        ctx_params.flash_attn_type = FLASH_ATTN_TYPES[plan.flash_attn]
         # A full-size sliding-window cache lets any KV range be dropped, so a turn can always
         # keep its common prefix (a windowed one forgets old positions and cannot roll back).
         ctx_params.swa_full = True
