@@ -18,20 +18,21 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from localchat.backends.base import Backend, Sampler
+from localchat.backends.base import Backend, Sampler, TokenLogprob
 from localchat.engine import Engine
 from localchat.errors import ContextOverflowError, InvalidSettingError, LocalchatError
 from localchat.prefix_cache import common_prefix_length
-from localchat.session import GenerationSettings, GenerationStats, Reply, Session
+from localchat.session import GenerationSettings, GenerationStats, Reply, Session, sample_next
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class TextDelta:
-    """A piece of the reply's text."""
+    """A piece of the reply's text, with the log-probabilities of the tokens it comes from when asked for."""
 
     text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -296,9 +297,9 @@ class Scheduler:
         """Sample `slot`'s next token from the logits just computed and pass its text on."""
         assert slot.request is not None and slot.sampler is not None
         reply = slot.request.reply
-        text = reply.add(self._backend.sample(slot.seq, slot.sampler))
+        text = sample_next(self._backend, slot.seq, slot.sampler, reply)
         if text:
-            slot.request.sink(TextDelta(text))
+            slot.request.sink(TextDelta(text, reply.unsent_logprobs()))
         if reply.finish_reason is None and len(slot.session.tokens) >= self._backend.n_ctx:
             reply.end("length")
         if reply.finish_reason is not None:
@@ -307,9 +308,9 @@ class Scheduler:
     def _finish(self, slot: _Slot) -> None:
         assert slot.request is not None
         request, reply = slot.request, slot.request.reply
-        tail = reply.tail()
-        if tail:
-            request.sink(TextDelta(tail))
+        tail, logprobs = reply.tail(), reply.unsent_logprobs()
+        if tail or logprobs:
+            request.sink(TextDelta(tail, logprobs))
         self._free(slot)
         request.sink(ReplyDone(reply.stats()))
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from localchat.backends.base import Backend, SamplerSettings
+from localchat.backends.base import Backend, Sampler, SamplerSettings, TokenLogprob, token_logprob
 from localchat.constraints import Constraint, token_guide
 from localchat.errors import ContextOverflowError, InferenceError, InvalidSettingError
 from localchat.prefix_cache import PrefixCache, common_prefix_length
@@ -37,10 +37,14 @@ class GenerationSettings:
     shown_tokens: frozenset[int] = frozenset()
     # The grammar the reply must follow (a JSON schema, a tool call's shape), by constrained decoding.
     constraint: Constraint | None = None
+    # None: no log-probabilities (none computed); k: each token's and its k most likely alternatives'.
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None and self.max_tokens < 1:
             raise InvalidSettingError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.logprobs is not None and self.logprobs < 0:
+            raise InvalidSettingError(f"logprobs must be >= 0, got {self.logprobs}")
         if any(not s for s in self.stop):
             raise InvalidSettingError("stop strings must not be empty")
 
@@ -201,6 +205,10 @@ class Reply:
         self._stopped_by_string = False
         self.prompt_tokens = prompt_tokens
         self.token_ids: list[int] = []
+        self.top_logprobs = settings.logprobs
+        # One per token of `token_ids` when asked for; `unsent_logprobs` hands them on with the text.
+        self.logprobs: list[TokenLogprob] = []
+        self._logprobs_sent = 0
         self.finish_reason: str | None = None  # set when the reply has ended
         self.cached_tokens = 0
         self.prefix_cache_tokens = 0
@@ -216,7 +224,7 @@ class Reply:
         self.prefix_cache_tokens = prefix_cache_tokens
         self.prefilled_at = time.perf_counter()
 
-    def add(self, token: int) -> str:
+    def add(self, token: int, logprob: TokenLogprob | None = None) -> str:
         """The text `token` releases; sets `finish_reason` when the reply ends with it."""
         if self.first_token_at is None:
             self.first_token_at = time.perf_counter()
@@ -224,13 +232,26 @@ class Reply:
             self.finish_reason = "stop"
             return ""
         self.token_ids.append(token)
-        piece = self._token_text(token).encode() if token in self._shown else self._token_bytes(token)
-        text, self._stopped_by_string = self._stops.feed(self._decoder.decode(piece))
+        if logprob is not None:
+            self.logprobs.append(logprob)
+        text, self._stopped_by_string = self._stops.feed(self._decoder.decode(self.piece(token)))
         if self._stopped_by_string:
             self.finish_reason = "stop"
         elif len(self.token_ids) >= self._limit:
             self.finish_reason = "length"
         return text
+
+    def piece(self, token: int) -> bytes:
+        """The bytes `token` adds to the text."""
+        return self._token_text(token).encode() if token in self._shown else self._token_bytes(token)
+
+    def unsent_logprobs(self) -> tuple[TokenLogprob, ...]:
+        """The log-probabilities added since the last call: a text piece carries those of the
+        tokens added since the piece before (a token whose text is held back, a partial
+        character or a possible stop string's start, goes with the piece that releases it)."""
+        new = tuple(self.logprobs[self._logprobs_sent :])
+        self._logprobs_sent = len(self.logprobs)
+        return new
 
     def end(self, finish_reason: str) -> None:
         """End the reply for a reason its tokens do not show (a full context, a cancel)."""
@@ -257,6 +278,16 @@ class Reply:
         )
 
 
+def sample_next(backend: Backend, seq: int, sampler: Sampler, reply: Reply) -> str:
+    """Sample `seq`'s next token into `reply` from the logits of its last evaluated token; the text it releases."""
+    if reply.top_logprobs is None:
+        return reply.add(backend.sample(seq, sampler))
+    # The raw row is copied first: the grammar's mask and the penalties rewrite it in place.
+    row = backend.logits(seq).copy()
+    token = backend.sample(seq, sampler)
+    return reply.add(token, token_logprob(row, token, reply.top_logprobs))
+
+
 class Generation:
     """A reply being generated: iterate for text pieces; `stats` is set when it ends.
 
@@ -271,6 +302,7 @@ class Generation:
         self.stats: GenerationStats | None = None
         self._reply = Reply(session.backend, settings, len(prompt))
         self.completion_ids = self._reply.token_ids
+        self.logprobs = self._reply.logprobs  # with settings.logprobs: one per completion token
         self._cancelled = threading.Event()
 
     def cancel(self) -> None:
@@ -302,7 +334,7 @@ class Generation:
             reply.prefilled(*session.prefill(self.prompt, self._cancelled.is_set))
             sampler.accept(self.prompt)
             while not self._cancelled.is_set():
-                text = reply.add(backend.sample(seq, sampler))
+                text = sample_next(backend, seq, sampler, reply)
                 if text:
                     yield text
                 if reply.finish_reason is not None:

@@ -142,6 +142,29 @@ def score_rows(logits: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.
     return logits[np.arange(len(targets)), targets] - log_norm, logits.argmax(axis=1)
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A sampled token's log-probability under the model's raw logits (before penalties and
+    temperature, as vLLM reports them by default), and the `top` most likely tokens' (best first)."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+def token_logprob(logits: np.ndarray, token: int, top: int) -> TokenLogprob:
+    """The log-softmax of one logits row at `token`, and its `top` best entries (ties: lowest id
+    first, as greedy picks). Costs two passes over the vocabulary: only done when asked."""
+    peak = float(logits.max())
+    log_norm = peak + float(np.log(np.exp(logits - peak, dtype=np.float64).sum()))
+    best: tuple[tuple[int, float], ...] = ()
+    if top > 0:
+        ids = np.argpartition(-logits, top - 1)[:top] if top < len(logits) else np.arange(len(logits))
+        ids = ids[np.lexsort((ids, -logits[ids]))]
+        best = tuple((int(i), float(logits[i]) - log_norm) for i in ids)
+    return TokenLogprob(token, float(logits[token]) - log_norm, best)
+
+
 class Sampler(Protocol):
     """A stateful sampler (penalties remember what it produced); made by a backend."""
 
@@ -192,6 +215,11 @@ class Backend(Protocol):
 
     def sample(self, seq: int, sampler: Sampler) -> int:
         """Pick the next token for `seq` from the logits of its last evaluated token."""
+        ...
+
+    def logits(self, seq: int) -> np.ndarray:
+        """The raw logits of `seq`'s last evaluated token (a view, valid until the next
+        evaluation; sampling may rewrite it in place)."""
         ...
 
     def score(self, seq: int, tokens: Sequence[int]) -> TokenScores:

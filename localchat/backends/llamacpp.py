@@ -370,6 +370,10 @@ class LlamaCppBackend:
             guide.consume(token)
         return token
 
+    def logits(self, seq: int) -> np.ndarray:
+        row = llama_cpp.llama_get_logits_ith(self._ctx, self._output_index[seq])
+        return np.ctypeslib.as_array(row, shape=(self.info.n_vocab,))
+
     def score(self, seq: int, tokens: Sequence[int]) -> TokenScores:
         self.truncate(seq, 0)
         logprobs = np.empty(len(tokens) - 1, dtype=np.float64)

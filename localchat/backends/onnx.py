@@ -529,6 +529,9 @@ class OnnxBackend:
     def sample(self, seq: int, sampler: NumpySampler) -> int:  # type: ignore[override]
         return sampler.pick(self._logits[seq])
 
+    def logits(self, seq: int) -> np.ndarray:
+        return self._logits[seq]
+
     def score(self, seq: int, tokens: Sequence[int]) -> TokenScores:
         self.truncate(seq, 0)
         n = len(tokens) - 1

@@ -27,13 +27,14 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
-from localchat.backends.base import SamplerSettings
+from localchat.backends.base import SamplerSettings, TokenLogprob
 from localchat.constraints import tokenizer_for
 from localchat.engine import Engine
 from localchat.errors import ContextOverflowError, InvalidSettingError
-from localchat.scheduler import QueueFullError, Scheduler
+from localchat.scheduler import QueueFullError, Scheduler, TextDelta
 from localchat.server.chat import ChatPlan, ChatReplyReader, ModelChat, plan_chat
 from localchat.server.errors import APIError, error_response
+from localchat.server.logprobs import chat_logprobs, completion_logprobs, token_piece
 from localchat.server.metrics import CONTENT_TYPE, RequestCounter, ServerMetrics
 from localchat.server.replies import PendingReply, ReplyFailedError
 from localchat.server.schemas import (
@@ -45,6 +46,7 @@ from localchat.server.schemas import (
     ChatDelta,
     Completion,
     CompletionChoice,
+    CompletionLogprobs,
     CompletionRequest,
     ErrorResponse,
     FinishReason,
@@ -131,7 +133,7 @@ class CompletionService:
             raise APIError(400, refused[1], code="unsupported_parameter", param=refused[0])
 
     def generation_settings(self, body: SamplingFields, reply_limit: int | None,
-                            shown_tokens: frozenset[int] = frozenset()) -> GenerationSettings:
+                            shown_tokens: frozenset[int] = frozenset(), logprobs: int | None = None) -> GenerationSettings:
         limit = self.settings.max_reply_tokens
         if reply_limit is not None and reply_limit > limit:
             raise APIError(400, f"max_tokens is {reply_limit} but this server allows at most {limit}", param="max_tokens")
@@ -144,7 +146,7 @@ class CompletionService:
             seed=body.seed,
         )
         return GenerationSettings(max_tokens=reply_limit or limit, stop=body.stop_strings, sampler=sampler,
-                                  ignore_eos=body.ignore_eos, shown_tokens=shown_tokens)
+                                  ignore_eos=body.ignore_eos, shown_tokens=shown_tokens, logprobs=logprobs)
 
     async def chat_prompt(self, body: ChatCompletionRequest) -> tuple[ChatPlan, list[int]]:
         """How the request is answered, and the prompt's tokens (a forced call's opening included)."""
@@ -169,11 +171,11 @@ class CompletionService:
     def submit(self, prompt: Sequence[int], settings: GenerationSettings) -> PendingReply:
         return PendingReply(self.scheduler, prompt, settings, self.metrics.observe_reply)
 
-    async def read_whole(self, reply: PendingReply, request: Request, read: Callable[[str], None]) -> None:
-        """Passes the reply's text to `read` until it ends; a client that disconnects meanwhile cancels it."""
+    async def read_whole(self, reply: PendingReply, request: Request, read: Callable[[TextDelta], None]) -> None:
+        """Passes the reply's pieces to `read` until it ends; a client that disconnects meanwhile cancels it."""
         watcher = asyncio.create_task(_cancel_on_disconnect(request, reply))
         try:
-            async for piece in reply.text():
+            async for piece in reply.deltas():
                 read(piece)
         finally:
             watcher.cancel()
@@ -186,14 +188,14 @@ async def _cancel_on_disconnect(request: Request, reply: PendingReply) -> None:
     reply.cancel()
 
 
-async def _event_stream(reply: PendingReply, first: Sequence[str], piece: Callable[[str], Sequence[str]],
+async def _event_stream(reply: PendingReply, first: Sequence[str], piece: Callable[[TextDelta], Sequence[str]],
                         last: Callable[[GenerationStats], Sequence[str]]) -> AsyncIterator[str]:
     """Server-sent events: `first`, the `piece` events of each text piece, `last` events, then [DONE]."""
     for event in first:
         yield event
     try:
-        async for text in reply.text():
-            for event in piece(text):
+        async for delta in reply.deltas():
+            for event in piece(delta):
                 yield event
     except ReplyFailedError as error:
         yield _sse(ErrorResponse.model_validate({"error": {"message": str(error), "type": "server_error"}}))
@@ -285,7 +287,7 @@ def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
     @app.post("/v1/chat/completions", response_model=ChatCompletion, responses={**ERROR_RESPONSES, **EVENT_STREAM})
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         service.check_request(body, "chat")
-        generation = service.generation_settings(body, body.reply_limit, service.chat.shown_tokens)
+        generation = service.generation_settings(body, body.reply_limit, service.chat.shown_tokens, body.logprobs_wanted)
         plan, prompt = await service.chat_prompt(body)
         constraint = plan.constraint or (body.response_format.constraint() if body.response_format is not None else None)
         if constraint is not None:
@@ -302,9 +304,19 @@ def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
                 reply.cancel()  # the calls wanted are made: the rest of the reply is not needed
             return deltas
 
+        piece = token_piece(service.engine.backend, service.chat.shown_tokens)
+        # Log-probabilities of tokens whose text no chunk has carried yet: they go with the next one.
+        unsent: list[TokenLogprob] = []
+
         def chunk(delta: ChatDelta, finish: FinishReason | None = None) -> ChatCompletionChunk:
+            logprobs = chat_logprobs(unsent, piece) if unsent else None
+            unsent.clear()
             return ChatCompletionChunk(id=reply_id, created=created, model=service.model_id,
-                                       choices=[ChatChunkChoice(delta=delta, finish_reason=finish)])
+                                       choices=[ChatChunkChoice(delta=delta, finish_reason=finish, logprobs=logprobs)])
+
+        def read_delta(delta: TextDelta) -> list[ChatDelta]:
+            unsent.extend(delta.logprobs)
+            return read(delta.text)
 
         if body.stream:
             def last(stats: GenerationStats) -> list[str]:
@@ -316,29 +328,39 @@ def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
                 return events
 
             first = [_sse(chunk(ChatDelta(role="assistant", content="")))] + [_sse(chunk(d)) for d in reader.start()]
-            stream = _event_stream(reply, first, lambda text: [_sse(chunk(d)) for d in read(text)], last)
+            stream = _event_stream(reply, first, lambda delta: [_sse(chunk(d)) for d in read_delta(delta)], last)
             return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
         reader.start()
-        await service.read_whole(reply, request, read)
+        await service.read_whole(reply, request, read_delta)
         reader.finish()
         assert reply.stats is not None
+        logprobs = chat_logprobs(unsent, piece) if generation.logprobs is not None else None
         completion = ChatCompletion(
             id=reply_id, created=created, model=service.model_id, usage=_usage(reply.stats),
-            choices=[ChatChoice(message=reader.message(), finish_reason=reader.finish_reason(reply.stats))],
+            choices=[ChatChoice(message=reader.message(), finish_reason=reader.finish_reason(reply.stats), logprobs=logprobs)],
         )
         return JSONResponse(completion.model_dump())
 
     @app.post("/v1/completions", response_model=Completion, responses={**ERROR_RESPONSES, **EVENT_STREAM})
     async def completions(body: CompletionRequest, request: Request) -> Response:
         service.check_request(body, "completion")
-        generation = service.generation_settings(body, body.reply_limit)
+        generation = service.generation_settings(body, body.reply_limit, logprobs=body.logprobs)
         reply = service.submit(await service.text_prompt(body), generation)
         reply_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        piece = token_piece(service.engine.backend, frozenset())
+        text_offset = 0
 
-        def event(text: str, finish: FinishReason | None = None) -> Completion:
+        def legacy(entries: Sequence[TokenLogprob]) -> CompletionLogprobs | None:
+            nonlocal text_offset
+            if generation.logprobs is None:
+                return None
+            logprobs, text_offset = completion_logprobs(entries, piece, text_offset)
+            return logprobs
+
+        def event(text: str, finish: FinishReason | None = None, logprobs: CompletionLogprobs | None = None) -> Completion:
             return Completion(id=reply_id, created=created, model=service.model_id,
-                              choices=[CompletionChoice(text=text, finish_reason=finish)])
+                              choices=[CompletionChoice(text=text, finish_reason=finish, logprobs=logprobs)])
 
         if body.stream:
             def last(stats: GenerationStats) -> list[str]:
@@ -348,13 +370,14 @@ def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
                                                   usage=_usage(stats))))
                 return events
 
-            stream = _event_stream(reply, [], lambda text: [_sse(event(text))], last)
+            stream = _event_stream(reply, [], lambda delta: [_sse(event(delta.text, logprobs=legacy(delta.logprobs)))], last)
             return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
-        pieces: list[str] = []
+        pieces: list[TextDelta] = []
         await service.read_whole(reply, request, pieces.append)
         assert reply.stats is not None
-        completion = event("".join(pieces), _finish_reason(reply.stats))
+        completion = event("".join(p.text for p in pieces), _finish_reason(reply.stats),
+                           legacy([entry for p in pieces for entry in p.logprobs]))
         completion.usage = _usage(reply.stats)
         return JSONResponse(completion.model_dump())
 

@@ -43,13 +43,14 @@ class PendingReply:
     def cancel(self) -> None:
         self._handle.cancel()
 
-    async def text(self) -> AsyncIterator[str]:
-        """The reply's text pieces; `stats` is set once they end. Leaving early cancels the reply."""
+    async def deltas(self) -> AsyncIterator[TextDelta]:
+        """The reply's text pieces (with their tokens' log-probabilities when asked for); `stats`
+        is set once they end. Leaving early cancels the reply."""
         try:
             while True:
                 event = await self._events.get()
                 if isinstance(event, TextDelta):
-                    yield event.text
+                    yield event
                 elif isinstance(event, ReplyDone):
                     self.stats = event.stats
                     return

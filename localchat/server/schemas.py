@@ -2,7 +2,7 @@
 
 Fields a request may send: the ones declared here are honoured. OpenAI's fields that localchat
 does not implement and that change what the answer means (`UNSUPPORTED_FIELDS`: logit_bias,
-logprobs, the legacy functions, audio...) get a 400 naming the
+the legacy functions, audio...) get a 400 naming the
 field when set, rather than an answer that ignored them. Any other field is accepted and ignored:
 OpenAI's harmless ones (user, metadata, store, service_tier, prediction...) and other servers'
 extensions, so that clients written for them work (`extra="allow"` keeps them for that check).
@@ -27,6 +27,9 @@ from localchat.server.errors import APIError
 
 # OpenAI takes at most 4 stop sequences.
 MAX_STOP_STRINGS = 4
+# OpenAI's bounds on the alternatives listed per token: chat's top_logprobs, the legacy logprobs.
+MAX_TOP_LOGPROBS = 20
+MAX_LEGACY_LOGPROBS = 5
 StopString = Annotated[str, Field(min_length=1)]
 FinishReason = Literal["stop", "length", "tool_calls"]
 # OpenAI's rule for function names: letters, digits, underscores and dashes, at most 64.
@@ -45,8 +48,6 @@ class Unsupported:
 UNSUPPORTED_FIELDS: dict[str, dict[str, Unsupported]] = {
     "chat": {
         "logit_bias": Unsupported((None, {})),
-        "logprobs": Unsupported((None, False)),
-        "top_logprobs": Unsupported((None, 0)),
         "functions": Unsupported((None, []), "use tools"),
         "function_call": Unsupported((None,), "use tool_choice"),
         "audio": Unsupported((None,), "text only"),
@@ -55,7 +56,6 @@ UNSUPPORTED_FIELDS: dict[str, dict[str, Unsupported]] = {
     },
     "completion": {
         "logit_bias": Unsupported((None, {})),
-        "logprobs": Unsupported((None, 0)),
         "echo": Unsupported((None, False)),
         "best_of": Unsupported((None, 1)),
         "suffix": Unsupported((None, "")),
@@ -212,15 +212,31 @@ class ChatCompletionRequest(SamplingFields):
     chat_template_kwargs: dict[str, Any] | None = Field(
         None, description="variables for the chat template (llama.cpp's and vLLM's extension), e.g. {\"enable_thinking\": false}")
 
+    logprobs: bool = Field(False, description="each reply token's log-probability (raw logits, before penalties and temperature)")
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS,
+                                     description="with logprobs: also the this many most likely tokens at each position")
+
     @property
     def reply_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    @property
+    def logprobs_wanted(self) -> int | None:
+        """How many alternatives per token (None: no log-probabilities); raises APIError for
+        top_logprobs without logprobs, as OpenAI does."""
+        if not self.logprobs:
+            if self.top_logprobs is not None:
+                raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+            return None
+        return self.top_logprobs or 0
 
 
 class CompletionRequest(SamplingFields):
     prompt: str | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] = Field(
         description="text, or token ids"
     )
+    logprobs: int | None = Field(None, ge=0, le=MAX_LEGACY_LOGPROBS,
+                                 description="each token's log-probability and the this many most likely alternatives")
 
     @property
     def reply_limit(self) -> int | None:
@@ -268,11 +284,35 @@ class AssistantMessage(BaseModel):
     tool_calls: list[CalledTool] | None = None
 
 
+class TopLogprob(BaseModel):
+    token: str = Field(description="the token's bytes as UTF-8 text (invalid sequences replaced)")
+    logprob: float
+    bytes: list[int] = Field(description="the token's bytes (a character may be split across tokens)")
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(description="the most likely tokens at this position, best first")
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprob] | None
+    refusal: list[TokenLogprob] | None = None
+
+
+class CompletionLogprobs(BaseModel):
+    """The legacy completions' shape: one entry per token in each list."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int] = Field(description="where each token's text starts in the completion's text")
+
+
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
     finish_reason: FinishReason
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletion(BaseModel):
@@ -309,7 +349,7 @@ class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: ChatDelta
     finish_reason: FinishReason | None = None
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletionChunk(BaseModel):
@@ -327,7 +367,7 @@ class CompletionChoice(BaseModel):
     index: int = 0
     text: str
     finish_reason: FinishReason | None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class Completion(BaseModel):

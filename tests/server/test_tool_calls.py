@@ -225,7 +225,7 @@ def test_reasoning_is_split_out_without_tools(qwen3: tuple[openai.OpenAI, Script
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"d": {"type": "string",
        "format": "no-such-format"}}}}}], "tool_choice": "required"}, "tools"),
     ({"logit_bias": {"42": 5}}, "logit_bias"),
-    ({"logprobs": True}, "logprobs"),
+    ({"top_logprobs": 2}, "top_logprobs"),
     ({"functions": [{"name": "f"}]}, "functions"),
     ({"modalities": ["text", "audio"]}, "modalities"),
 ])
@@ -249,7 +249,7 @@ def test_harmless_fields_are_accepted(qwen3: tuple[openai.OpenAI, ScriptedBacken
 
 def test_unsupported_completion_fields_get_400(qwen3: tuple[openai.OpenAI, ScriptedBackend]) -> None:
     client, _ = qwen3
-    for extra in ({"echo": True}, {"best_of": 3}, {"logprobs": 2}, {"suffix": "end"}):
+    for extra in ({"echo": True}, {"best_of": 3}, {"logprobs": 6}, {"suffix": "end"}):
         with pytest.raises(openai.BadRequestError) as refused:
             client.completions.create(model="scripted", prompt="Hi", extra_body=extra)
         assert isinstance(refused.value.body, dict) and refused.value.body["param"] == next(iter(extra))
