@@ -7,7 +7,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from localchat.constraints import Constraint
     from localchat.hub import HubModelName
     from localchat.models import InstalledModel
+    from localchat.remote import RemoteEndpoint
+    from localchat.session import GenerationSettings
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -31,6 +33,20 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ctx", type=int, help="context size in tokens (default: chosen from the model and memory)")
     parser.add_argument("--threads", type=int, help="CPU threads (default: the physical cores)")
     parser.add_argument("--gpu-layers", type=int, help="layers to offload to the GPU (default: as many as fit)")
+
+
+def _add_remote_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--remote-model", metavar="NAME", help="with -m http://HOST:PORT/v1: the server's model to use "
+                        "(default: its only one; or write -m http://HOST:PORT/v1#NAME)")
+    parser.add_argument("--api-key", dest="remote_api_key", metavar="KEY",
+                        help="with -m http://HOST:PORT/v1: the server's API key (default: $LOCALCHAT_REMOTE_API_KEY)")
+
+
+def _remote(args: argparse.Namespace) -> RemoteEndpoint | None:
+    """The remote server `-m` names (an http(s) URL), else None."""
+    from localchat.remote import remote_endpoint
+
+    return remote_endpoint(args.model, remote_model=args.remote_model, api_key=args.remote_api_key)
 
 
 def _plan_request(args: argparse.Namespace, n_seq: int = 1) -> PlanRequest:
@@ -76,7 +92,6 @@ def _json_schema(path: Path) -> Constraint:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from localchat.engine import Engine
     from localchat.session import GenerationSettings
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
@@ -84,6 +99,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     settings = GenerationSettings(
         max_tokens=args.n, sampler=_sampler_settings(args), stop=tuple(args.stop or ()), constraint=constraint
     )
+    endpoint = _remote(args)
+    if endpoint is not None:
+        return _run_remote(args, endpoint, prompt, settings)
+    from localchat.engine import Engine
+
     with Engine.load(args.model, Settings(), _plan_request(args)) as engine:
         left_out = 0
         if args.raw:
@@ -93,10 +113,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             chat = engine.new_chat(args.system)
             generation = chat.send(prompt, settings)
             left_out = chat.prompt.left_out if chat.prompt is not None else 0
-        for piece in generation:
-            sys.stdout.write(piece)
-            sys.stdout.flush()
-        sys.stdout.write("\n")
+        _stream(generation)
         stats = generation.stats
         if args.stats and stats is not None:
             record = {
@@ -114,6 +131,39 @@ def cmd_run(args: argparse.Namespace) -> int:
                 "prefill_tok_s": round(stats.prefill_tok_s, 2),
                 "decode_tok_s": round(stats.decode_tok_s, 2),
                 "peak_rss_mb": round(peak_rss_bytes() / MIB, 1),
+            }
+            print(json.dumps(record), file=sys.stderr)
+    return 0
+
+
+def _stream(generation: Iterable[str]) -> None:
+    for piece in generation:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+
+
+def _run_remote(args: argparse.Namespace, endpoint: RemoteEndpoint, prompt: str, settings: GenerationSettings) -> int:
+    """`run` on a remote server: the same reply and statistics, measured from its stream."""
+    from localchat.remote import RemoteServer
+
+    if args.raw:
+        raise InvalidSettingError("--raw works with local models only: a remote server applies its own chat template")
+    with RemoteServer(endpoint) as server:
+        generation = server.new_chat(args.system).send(prompt, settings)
+        _stream(generation)
+        stats = generation.stats
+        if args.stats and stats is not None:
+            record = {
+                "remote": endpoint.base_url,
+                "model": server.model,
+                "backend": server.backend_name,
+                "prompt_tokens": stats.prompt_tokens,
+                "cached_tokens": stats.cached_tokens,
+                "completion_tokens": stats.completion_tokens,
+                "finish_reason": stats.finish_reason,
+                "ttft_s": round(stats.ttft_s, 4),
+                "decode_tok_s": round(generation.tokens_per_second, 2),
             }
             print(json.dumps(record), file=sys.stderr)
     return 0
@@ -324,6 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--stop", action="append", help="stop at this text (repeatable)")
     run.add_argument("--stats", action="store_true", help="print one JSON line of statistics on stderr at the end")
     run.add_argument("--json-schema", type=Path, metavar="FILE", help="the reply is JSON following this JSON schema file")
+    _add_remote_options(run)
     run.add_argument("prompt", help="the prompt, or - to read it from stdin")
     run.set_defaults(handler=cmd_run)
 
@@ -373,7 +424,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(["chat", *(argv or sys.argv[1:])])
     try:
         if "model" in args:
-            _pull_on_first_use(args.model)
+            if not (args.model or "").startswith(("http://", "https://")):
+                _pull_on_first_use(args.model)
+            elif "remote_model" not in args:
+                raise InvalidSettingError(f"`localchat {args.command}` runs local models only; a remote server "
+                                          f"({args.model}) works with `localchat run -m URL` for now")
         return args.handler(args)
     except LocalchatError as error:
         print(f"localchat: error: {error}", file=sys.stderr)
