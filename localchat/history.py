@@ -46,6 +46,10 @@ MIGRATIONS: tuple[str, ...] = (
         value TEXT NOT NULL
     );
     """,
+    # An answer's thinking (the text inside the model's reasoning markers), kept apart from it.
+    """
+    ALTER TABLE messages ADD COLUMN reasoning TEXT;
+    """,
 )
 
 
@@ -67,9 +71,10 @@ class StoredMessage:
     id: int
     role: Role
     content: str
+    reasoning: str | None = None
 
     def as_message(self) -> Message:
-        return Message(self.role, self.content)
+        return Message(self.role, self.content, reasoning=self.reasoning)
 
 
 def title_from(text: str) -> str:
@@ -166,25 +171,27 @@ class ConversationStore:
 
     def messages(self, conversation_id: int) -> list[StoredMessage]:
         rows = self._db.execute(
-            "SELECT id, role, content FROM messages WHERE conversation_id = ? ORDER BY id", (conversation_id,)
+            "SELECT id, role, content, reasoning FROM messages WHERE conversation_id = ? ORDER BY id", (conversation_id,)
         )
         return [StoredMessage(*row) for row in rows]
 
-    def add_message(self, conversation_id: int, role: Role, content: str, *, replacing: int | None = None) -> StoredMessage:
+    def add_message(self, conversation_id: int, role: Role, content: str, *, replacing: int | None = None,
+                    reasoning: str | None = None) -> StoredMessage:
         """Append a finished message in one transaction; `replacing` deletes an earlier one in the same
-        transaction (a regenerated answer replaces the old one only once it exists)."""
+        transaction (a regenerated answer replaces the old one only once it exists). `reasoning` is
+        an answer's thinking, when it had some."""
         now = time.time()
         self._db.execute("BEGIN IMMEDIATE")
         try:
             if replacing is not None:
                 self._db.execute("DELETE FROM messages WHERE id = ? AND conversation_id = ?", (replacing, conversation_id))
             cursor = self._db.execute(
-                "INSERT INTO messages (conversation_id, role, content, created_at) VALUES (?, ?, ?, ?)",
-                (conversation_id, role, content, now),
+                "INSERT INTO messages (conversation_id, role, content, reasoning, created_at) VALUES (?, ?, ?, ?, ?)",
+                (conversation_id, role, content, reasoning or None, now),
             )
             self._db.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (now, conversation_id))
             self._db.execute("COMMIT")
         except BaseException:
             self._db.execute("ROLLBACK")
             raise
-        return StoredMessage(int(cursor.lastrowid or 0), role, content)
+        return StoredMessage(int(cursor.lastrowid or 0), role, content, reasoning or None)

@@ -7,7 +7,7 @@ finished message goes to the conversation store in its own transaction.
 
 from __future__ import annotations
 
-import asyncio
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass, field
@@ -18,6 +18,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.screen import ModalScreen
+from textual.widget import Widget
 from textual.widgets import Footer, Label, ProgressBar
 from textual.worker import get_current_worker
 
@@ -27,11 +28,32 @@ from localchat.hardware import gpu_memory_used_bytes, process_rss_bytes
 from localchat.history import DEFAULT_TITLE, Conversation, ConversationStore, title_from
 from localchat.models import DEFAULT_MODEL_FILE, DEFAULT_MODEL_NAME, local_models
 from localchat.planner import PlanRequest
+from localchat.reply_parser import (
+    ContentDelta,
+    ParsedReply,
+    ReasoningDelta,
+    ReplyParser,
+    ReplyPart,
+)
 from localchat.session import Chat, Generation, GenerationSettings, GenerationStats
 from localchat.settings import Settings
 from localchat.templates import Message as ChatMessage
-from tui.widgets.dialogs import Confirm, HelpScreen, ModelChoice, ModelPicker, SystemPromptEditor, TextPrompt
-from tui.widgets.messages import AssistantMessage, ContextStart, ConversationView, Notice, UserMessage
+from tui.widgets.dialogs import (
+    Confirm,
+    HelpScreen,
+    ModelChoice,
+    ModelPicker,
+    SystemPromptEditor,
+    TextPrompt,
+)
+from tui.widgets.messages import (
+    AssistantMessage,
+    ContextStart,
+    ConversationView,
+    Notice,
+    Reasoning,
+    UserMessage,
+)
 from tui.widgets.prompt import PromptInput
 from tui.widgets.sidebar import ConversationList
 from tui.widgets.status import StatusBar
@@ -47,6 +69,8 @@ UNANSWERED = "This message has no answer: localchat stopped while writing it. Ct
 # Keys handled by the message editor itself, for the help screen.
 EDITOR_KEYS = [("Enter", "send the message"), ("Ctrl+J / Shift+Enter", "new line in the message")]
 THEMES = ("textual-dark", "textual-light")
+# The template variable that turns a model's thinking off (Qwen 3, SmolLM3, DeepSeek V3.1 read it).
+THINKING_SWITCH = "enable_thinking"
 
 
 # Messages from the worker threads to the app.
@@ -94,13 +118,11 @@ class Reply:
     chat: Chat
     generation: Generation
     widget: AssistantMessage
+    parser: ReplyParser  # the text as it reaches the view -> reasoning and content
     replacing: int | None = None  # the stored answer a regenerated one replaces
-    pieces: list[str] = field(default_factory=list)  # appended by the worker as it generates
+    parsed: ParsedReply = field(default_factory=ParsedReply)
+    thinking: Reasoning | None = None  # mounted above the answer once reasoning arrives
     done: threading.Event = field(default_factory=threading.Event)
-
-    @property
-    def text(self) -> str:
-        return "".join(self.pieces)
 
 
 def key_label(keys: str) -> str:
@@ -131,6 +153,7 @@ class ChatApp(App[int]):
         Binding("f8", "delete", "Delete", tooltip="delete this conversation", show=False),
         Binding("ctrl+b", "toggle_sidebar", "Sidebar", tooltip="show or hide the conversation list", show=False, priority=True),
         Binding("ctrl+t", "toggle_theme", "Theme", tooltip="switch between dark and light themes", show=False, priority=True),
+        Binding("f3", "toggle_thinking", "Think", tooltip="turn the model's thinking on or off", show=False),
     ]
 
     def __init__(
@@ -159,6 +182,8 @@ class ChatApp(App[int]):
         self.chat: Chat | None = None
         self.reply: Reply | None = None
         self.loading = False
+        self.thinking = True  # the stored preference replaces it on mount
+        self._quit_after_reply = False
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         # Behind a dialog only quitting works: no second dialog over the first, no hidden sends.
@@ -185,6 +210,7 @@ class ChatApp(App[int]):
             self.theme = theme
         # Ctrl+T or the command palette: either way the next start opens in the same theme.
         self.theme_changed_signal.subscribe(self, lambda chosen: self.store.set_preference("theme", chosen.name))
+        self.thinking = self.store.preference("thinking") != "off"
         self.query_one("#conversations").border_title = "Conversations"
         self.status = self.query_one(StatusBar)
         self.conversation_view = self.query_one(ConversationView)
@@ -284,7 +310,13 @@ class ChatApp(App[int]):
         shown = self.conversation_view.query("UserMessage, AssistantMessage").nodes
         if left_out <= 0 or left_out >= len(shown) or self.engine is None:
             return
-        self.conversation_view.mount(ContextStart(left_out, self.engine.backend.n_ctx), before=shown[left_out])
+        self.conversation_view.mount(ContextStart(left_out, self.engine.backend.n_ctx), before=self._top_of(shown[left_out]))
+
+    def _top_of(self, message: Widget) -> Widget:
+        """A message's first widget in the view: its thinking, when an answer has some."""
+        children = list(self.conversation_view.children)
+        index = children.index(message)
+        return children[index - 1] if index and isinstance(children[index - 1], Reasoning) else message
 
     def _sample_memory(self) -> None:
         self.status.rss_bytes = process_rss_bytes()
@@ -301,7 +333,8 @@ class ChatApp(App[int]):
             return
         messages = [ChatMessage("system", self.conversation.system_prompt)] if self.conversation.system_prompt else []
         messages += [m.as_message() for m in self.store.messages(self.conversation.id)]
-        self.chat = Chat(self.engine.sessions[0], self.engine.template, messages)
+        switch = {} if self.thinking else {THINKING_SWITCH: False}
+        self.chat = Chat(self.engine.sessions[0], self.engine.template, messages, template_kwargs=switch)
 
     def _refresh_list(self) -> None:
         self.query_one(ConversationList).show(
@@ -317,7 +350,11 @@ class ChatApp(App[int]):
         self.conversation = conversation
         self._rebuild_chat()
         stored = self.store.messages(conversation.id)
-        widgets = [UserMessage(m.content) if m.role == "user" else AssistantMessage(m.content) for m in stored]
+        widgets: list[Widget] = []
+        for m in stored:
+            if m.reasoning:
+                widgets.append(Reasoning(m.reasoning, self._token_count(m.reasoning)))
+            widgets.append(UserMessage(m.content) if m.role == "user" else AssistantMessage(m.content))
         await self.conversation_view.remove_children()
         if stored and stored[-1].role == "user":
             widgets.append(Notice(UNANSWERED, id="unanswered"))
@@ -426,6 +463,23 @@ class ChatApp(App[int]):
     def action_toggle_theme(self) -> None:
         self.theme = THEMES[1] if self.theme == THEMES[0] else THEMES[0]
 
+    def action_toggle_thinking(self) -> None:
+        """Thinking on or off for the next replies, kept for the next start; only templates that
+        read `enable_thinking` can turn it off."""
+        if self.reply is not None:
+            self.notify("A reply is being written; Esc stops it.", timeout=3)
+            return
+        self.thinking = not self.thinking
+        self.store.set_preference("thinking", "on" if self.thinking else "off")
+        self._rebuild_chat()
+        if self.engine is not None:
+            self._show_context()
+        said = "Thinking on" if self.thinking else "Thinking off"
+        if self.engine is not None and THINKING_SWITCH not in self.engine.template.source:
+            self.notify(f"{said}, but {self.engine.model_plan.model.name}'s chat template has no switch for it", timeout=5)
+        else:
+            self.notify(said, timeout=2)
+
     # Replies
 
     @on(PromptInput.Submitted)
@@ -443,7 +497,7 @@ class ChatApp(App[int]):
             self.chat.commit("")
             await self.conversation_view.mount(AssistantMessage())
         try:
-            generation = self.chat.send(text, self.reply_settings)
+            generation = self.chat.send(text, self._settings_for(self.chat))
         except LocalchatError as error:
             self.chat.messages.pop()  # send() added the message before it found it too long
             self.notify(str(error), title="Not sent", severity="error", timeout=8)
@@ -484,7 +538,7 @@ class ChatApp(App[int]):
             self.notify("There is no answer to regenerate yet.", timeout=3)
             return
         try:
-            generation = self.chat.reply(self.reply_settings)
+            generation = self.chat.reply(self._settings_for(self.chat))
         except LocalchatError as error:
             if replacing is not None:
                 messages.append(old)
@@ -492,9 +546,19 @@ class ChatApp(App[int]):
             return
         answers = self.conversation_view.query(AssistantMessage)
         if replacing is not None and answers:
-            await answers.last().remove()
+            last = answers.last()
+            top = self._top_of(last)
+            if top is not last:
+                await top.remove()
+            await last.remove()
         await self.conversation_view.query("#unanswered").remove()
         await self._start_reply(generation, replacing)
+
+    def _settings_for(self, chat: Chat) -> GenerationSettings:
+        """The reply settings, with the reasoning markers that are control tokens shown in the
+        text, so that the reply's thinking can be told apart."""
+        shown = self.reply_settings.shown_tokens | chat.reasoning_tokens
+        return dataclasses.replace(self.reply_settings, shown_tokens=shown)
 
     async def _start_reply(self, generation: Generation, replacing: int | None = None) -> None:
         assert self.chat is not None and self.conversation is not None
@@ -502,7 +566,7 @@ class ChatApp(App[int]):
         await self.conversation_view.mount(widget)
         await widget.start_stream()
         self.conversation_view.scroll_end(animate=False)
-        self.reply = Reply(self.conversation.id, self.chat, generation, widget, replacing)
+        self.reply = Reply(self.conversation.id, self.chat, generation, widget, self.chat.reply_parser(), replacing)
         left_out = self.chat.prompt.left_out if self.chat.prompt is not None else 0
         self.status.left_out = left_out
         self._mark_context_start(left_out)
@@ -520,7 +584,6 @@ class ChatApp(App[int]):
         error = None
         try:
             for piece in generation:
-                reply.pieces.append(piece)
                 pending.append(piece)
                 now = time.monotonic()
                 if now - last_text >= FRAME_S:
@@ -546,8 +609,23 @@ class ChatApp(App[int]):
         return ReplyStats(generation.tokens_per_second, ttft, len(generation.session.tokens))
 
     async def on_reply_text(self, message: ReplyText) -> None:
-        if self.reply is not None and self.reply.widget.is_attached:
-            await self.reply.widget.write(message.text)
+        if self.reply is not None:
+            await self._show_parts(self.reply, self.reply.parser.feed(message.text))
+
+    async def _show_parts(self, reply: Reply, parts: list[ReplyPart]) -> None:
+        """Content into the answer, reasoning into the folded block above it."""
+        content = ""
+        for part in parts:
+            reply.parsed.add(part)
+            if isinstance(part, ContentDelta):
+                content += part.text
+            elif isinstance(part, ReasoningDelta) and reply.widget.is_attached:
+                if reply.thinking is None:
+                    reply.thinking = Reasoning()
+                    await self.conversation_view.mount(reply.thinking, before=reply.widget)
+                reply.thinking.write(part.text)
+        if content and reply.widget.is_attached:
+            await reply.widget.write(content)
 
     def on_reply_stats(self, message: ReplyStats) -> None:
         if self.reply is not None and self.conversation and self.reply.conversation_id == self.conversation.id:
@@ -560,9 +638,11 @@ class ChatApp(App[int]):
         if reply is None:
             return
         stats = self.last_stats = reply.generation.stats
-        reply.chat.commit(reply.text)
+        await self._show_parts(reply, reply.parser.finish())
+        content, reasoning = reply.parsed.content, reply.parsed.reasoning
+        reply.chat.commit(content, reasoning)
         if self.store.get(reply.conversation_id) is not None:  # it may have been deleted meanwhile
-            self.store.add_message(reply.conversation_id, "assistant", reply.text, replacing=reply.replacing)
+            self.store.add_message(reply.conversation_id, "assistant", content, replacing=reply.replacing, reasoning=reasoning)
         note = ""
         if message.error:
             note = f"error: {message.error}"
@@ -572,14 +652,24 @@ class ChatApp(App[int]):
         elif stats is not None and stats.finish_reason == "length":
             note = "cut off at the length limit"
         await reply.widget.end_stream()
+        if reply.thinking is not None and reply.thinking.is_attached:
+            reply.thinking.finish(self._token_count(reasoning))
         if reply.widget.is_attached:  # not when the user switched conversations meanwhile
-            await reply.widget.finish(reply.text, note)
+            await reply.widget.finish(content, note)
         self.status.state = "ready" if self.engine is not None else "no model"
         if stats is not None and self.conversation and reply.conversation_id == self.conversation.id:
             self.status.tokens_per_s = stats.decode_tok_s
             self.status.ttft_s = stats.ttft_s
             self.status.context_used = len(reply.chat.session.tokens)
         self._refresh_list()
+        if self._quit_after_reply:
+            self.exit(self.return_code or 0)
+
+    def _token_count(self, text: str) -> int | None:
+        """How many tokens `text` is for the loaded model (None before one is loaded)."""
+        if self.engine is None:
+            return None
+        return len(self.engine.backend.tokenize(text, add_bos=False, special=False))
 
     def _stop_reply(self) -> None:
         if self.reply is not None:
@@ -593,8 +683,8 @@ class ChatApp(App[int]):
 
     def action_copy_answer(self) -> None:
         answers = [m for m in (self.chat.messages if self.chat else []) if m.role == "assistant"]
-        if self.reply is not None and self.reply.text:
-            text = self.reply.text
+        if self.reply is not None and self.reply.parsed.content:
+            text = self.reply.parsed.content
         elif answers:
             text = answers[-1].content
         else:
@@ -636,13 +726,14 @@ class ChatApp(App[int]):
 
     # Shutdown
 
-    async def action_quit(self) -> None:
+    def action_quit(self) -> None:
         if self.reply is not None:
+            # Keep what was written: the worker stops within a token or a prompt chunk, its last
+            # text and its end arrive as messages, the reply is stored, then the app exits. No
+            # timeout: closing the engine under a running worker would crash.
+            self._quit_after_reply = True
             self._stop_reply()
-            # Keep what was written: the worker stops within a token or a prompt chunk, then the
-            # reply is stored. No timeout: closing the engine under a running worker would crash.
-            await asyncio.to_thread(self.reply.done.wait)
-            await self.on_reply_ended(ReplyEnded(None))
+            return
         self.exit(self.return_code or 0)
 
     def on_unmount(self) -> None:

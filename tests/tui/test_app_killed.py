@@ -36,7 +36,7 @@ async def drive(pilot):
     app.reply_settings = GenerationSettings(max_tokens=None, ignore_eos=True, sampler=SamplerSettings(temperature=0))
     app.prompt.text = "Now count to a thousand."
     await pilot.press("enter")
-    while app.reply is None or len(app.reply.pieces) < 4:
+    while app.reply is None or len(app.reply.parsed.content) < 8:
         await pilot.pause(0.02)
     marker.write_text("writing")
     while True:

@@ -112,3 +112,19 @@ def test_a_killed_writer_loses_no_finished_message(history_path: Path) -> None:
     assert contents[: last + 1] == [f"message {i}" for i in range(last + 1)]
     assert store._db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     store.close()
+
+
+def test_an_answer_keeps_its_thinking_and_a_schema_2_file_gains_the_column(history_path: Path) -> None:
+    with sqlite3.connect(history_path) as db:  # a file as localchat wrote it before reasoning was kept
+        for migration in MIGRATIONS[:2]:
+            db.executescript(migration)
+        db.execute("PRAGMA user_version = 2")
+        db.execute("INSERT INTO conversations (title, created_at, updated_at) VALUES ('Old', 0, 0)")
+        db.execute("INSERT INTO messages (conversation_id, role, content, created_at) VALUES (1, 'user', 'hello', 0)")
+    store = ConversationStore(history_path)
+    assert store.schema_version == len(MIGRATIONS) == 3
+    assert [(m.content, m.reasoning) for m in store.messages(1)] == [("hello", None)]
+    answer = store.add_message(1, "assistant", "Hi.", reasoning="A greeting: greet back.")
+    assert store.messages(1)[-1] == answer and answer.as_message().reasoning == "A greeting: greet back."
+    assert store.add_message(1, "assistant", "Hi again.", reasoning="").reasoning is None  # no thinking, not an empty one
+    store.close()

@@ -64,6 +64,13 @@ def test_conversation_light(snap_compare, make_app: Callable[..., ChatApp], stor
     assert snap_compare(make_app(), terminal_size=SIZE, run_before=pinned("textual-light"))
 
 
+def test_folded_thinking_dark(snap_compare, make_app: Callable[..., ChatApp], store: ConversationStore) -> None:
+    conversation = store.create("Adding numbers in Python")
+    store.add_message(conversation.id, "user", "Write a Python function that adds two numbers.")
+    store.add_message(conversation.id, "assistant", ANSWER, reasoning="The user wants a function.\nTwo arguments, typed.")
+    assert snap_compare(make_app(), terminal_size=SIZE, run_before=pinned())
+
+
 def test_help_screen_light(snap_compare, make_app: Callable[..., ChatApp]) -> None:
     assert snap_compare(make_app(), terminal_size=SIZE, press=["f1"], run_before=pinned("textual-light"))
 

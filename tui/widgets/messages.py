@@ -5,7 +5,7 @@ from __future__ import annotations
 from markdown_it import MarkdownIt
 from markdown_it.rules_core import StateCore
 from textual.containers import VerticalScroll
-from textual.widgets import Markdown, Static
+from textual.widgets import Collapsible, Markdown, Static
 from textual.widgets._markdown import MarkdownStream
 
 EMPTY_REPLY = "*(no answer)*"
@@ -65,6 +65,27 @@ class AssistantMessage(Markdown):
         self.text = text
         self.remove_class("-writing")
         await self.update((text or EMPTY_REPLY) + (f"\n\n*{note}*" if note else ""))
+
+
+class Reasoning(Collapsible):
+    """An answer's thinking, folded above it: closed, it says how long the model thought; Enter
+    or a click opens it."""
+
+    def __init__(self, text: str = "", tokens: int | None = None) -> None:
+        self.text = text
+        self._body = Static(text, markup=False)
+        super().__init__(self._body, title=self._heading(tokens) if text else "Thinking…", collapsed=True)
+
+    @staticmethod
+    def _heading(tokens: int | None) -> str:
+        return "Thought" if tokens is None else f"Thought for {tokens} token{'s' if tokens != 1 else ''}"
+
+    def write(self, fragment: str) -> None:
+        self.text += fragment
+        self._body.update(self.text)
+
+    def finish(self, tokens: int | None) -> None:
+        self.title = self._heading(tokens)
 
 
 class Notice(Static):
