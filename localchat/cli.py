@@ -225,9 +225,22 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _log_model_changes() -> None:
+    """The server's line per model load and unload goes to stderr, beside its other messages."""
+    import logging
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("localchat: %(message)s"))
+    log = logging.getLogger("localchat.server.app")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from localchat.engine import Engine
     from localchat.server.app import serve
+    from localchat.server.served_models import EngineLoader
     from localchat.server.settings import ServerSettings
 
     settings = ServerSettings(
@@ -237,16 +250,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
         cors_origins=tuple(args.cors_origin or ()),
         queue_size=args.queue,
         enable_thinking=False if args.no_think else None,
+        max_models=args.max_models,
+        allow_pull=args.allow_pull,
     )
-    with Engine.load(args.model, Settings(), _plan_request(args, n_seq=args.parallel)) as engine:
+    app_settings, request = Settings(), _plan_request(args, n_seq=args.parallel)
+    with Engine.load(args.model, app_settings, request) as engine:
+        # Every other model is planned on the machine as it was before this one loaded.
+        loader = EngineLoader(app_settings, request, engine.model_plan.hardware, queue_size=settings.queue_size,
+                              allow_pull=settings.allow_pull)
         print(
             f"localchat: serving {engine.model_plan.model.name} on http://{settings.host}:{settings.port}/v1 "
             f"({args.parallel} slots, context {engine.backend.n_ctx}"
-            f"{', API key required' if settings.api_key else ''})",
+            f"{', API key required' if settings.api_key else ''}); a request naming another local model loads it"
+            f"{f' (at most {settings.max_models} loaded)' if settings.max_models else ''}",
             file=sys.stderr,
             flush=True,
         )
-        serve(engine, settings)
+        _log_model_changes()
+        serve(engine, settings, loader)
     return 0
 
 
@@ -393,6 +414,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--cors-origin", action="append", help="let web pages from this origin call the API (repeatable)")
     serve.add_argument("--no-think", action="store_true",
                        help="pass enable_thinking=false to the chat template unless a request says otherwise (Qwen 3, SmolLM3...)")
+    serve.add_argument("--max-models", type=int, metavar="N",
+                       help="keep at most N models loaded, the least recently used idle one unloaded first "
+                            "(default: as many as fit in memory, at least 1)")
+    serve.add_argument("--allow-pull", action="store_true",
+                       help="let a request naming a Hugging Face model not in the cache pull it (default: only cached models)")
     serve.set_defaults(handler=cmd_serve)
 
     info = commands.add_parser("info", help="show the hardware, the llama.cpp build and the plan for a model")

@@ -53,11 +53,13 @@ def _model_facts(model: ModelRef) -> ModelFacts:
     raise ModelError(f"localchat cannot run {model.format} models; give a .gguf file or an ONNX model folder")
 
 
-def plan_model(model: str | None, settings: Settings, request: PlanRequest = PlanRequest()) -> ModelPlan:
-    """Find the model and decide how to run it, without loading it."""
+def plan_model(model: str | None, settings: Settings, request: PlanRequest = PlanRequest(),
+               hardware: Hardware | None = None) -> ModelPlan:
+    """Find the model and decide how to run it, without loading it; on `hardware` as given (a
+    server plans every model on the machine as it was before the first loaded), else as it is now."""
     ref = resolve_model(model, settings)
     facts = _model_facts(ref)
-    hardware = detect_hardware()
+    hardware = hardware or detect_hardware()
     build = _build_features(ref.format)
     return ModelPlan(ref, facts, hardware, build, plan_offload(facts, hardware, build, request))
 
@@ -101,7 +103,11 @@ class Engine:
         on_progress: Callable[[float], None] | None = None,
     ) -> Engine:
         settings = settings or Settings()
-        model_plan = plan_model(model, settings, request)
+        return cls.from_plan(plan_model(model, settings, request), settings, on_progress=on_progress)
+
+    @classmethod
+    def from_plan(cls, model_plan: ModelPlan, settings: Settings, *,
+                  on_progress: Callable[[float], None] | None = None) -> Engine:
         backend: Backend
         if model_plan.plan.backend == "onnxruntime":
             from localchat.backends.onnx import OnnxBackend

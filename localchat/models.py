@@ -276,15 +276,25 @@ def _describe_onnx(name: str, folder: Path, last_used: float | None) -> Installe
     )
 
 
+def _list_name(ref: ModelRef) -> str:
+    return DEFAULT_MODEL_NAME if ref.path.name == DEFAULT_MODEL_FILE else ref.name
+
+
+def installed_model_names(settings: Settings) -> list[tuple[str, Path]]:
+    """What `localchat list` shows as names, with where each model is, without reading the files."""
+    return [(_list_name(ref), ref.path) for ref in local_models(settings)] + [
+        (cached.name, cached.path) for cached in hub.cached_models(settings)
+    ]
+
+
 def installed_models(settings: Settings) -> list[InstalledModel]:
     """The models on this machine: the models folder (the default model once made) and the GGUF
     models in the Hugging Face cache, with what their headers say and when each was last used."""
     usage = ModelUsage(settings.model_usage_path).read()
     rows = []
     for ref in local_models(settings):
-        name = DEFAULT_MODEL_NAME if ref.path.name == DEFAULT_MODEL_FILE else ref.name
         describe = _describe_gguf if ref.format == "gguf" else _describe_onnx
-        rows.append(describe(name, ref.path, usage.get(usage_key(ref))))
+        rows.append(describe(_list_name(ref), ref.path, usage.get(usage_key(ref))))
     for cached in hub.cached_models(settings):
         rows.append(_describe_gguf(cached.name, cached.path, usage.get(cached.name)))
     return rows

@@ -1,13 +1,16 @@
-"""The OpenAI-compatible HTTP API over an engine: `create_app(engine, settings)`.
+"""The OpenAI-compatible HTTP API over an engine: `create_app(engine, settings, loader)`.
 
 Endpoints: /v1/chat/completions and /v1/completions (streamed as server-sent events or whole),
 /v1/models, /health, /metrics. Replies come from a Scheduler that decodes the engine's slots
-together; the handlers only translate between HTTP and it.
+together; the handlers only translate between HTTP and it. With a loader, a request may name any
+model of this machine: the model pool (localchat/model_pool.py) loads it beside the others or in
+place of an idle one, and each loaded model has its own engine and scheduler.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import socket
 import time
@@ -26,13 +29,22 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from localchat.backends.base import SamplerSettings, TokenLogprob
 from localchat.constraints import tokenizer_for
 from localchat.engine import Engine
-from localchat.errors import ContextOverflowError, InvalidSettingError
-from localchat.scheduler import QueueFullError, Scheduler, TextDelta
-from localchat.server.chat import ChatPlan, ChatReplyReader, ModelChat, plan_chat
+from localchat.errors import ContextOverflowError, InvalidSettingError, LocalchatError
+from localchat.model_pool import (
+    Lease,
+    MemoryBudget,
+    MemoryNeed,
+    ModelBusyError,
+    ModelPool,
+    PoolEvent,
+)
+from localchat.scheduler import QueueFullError, TextDelta
+from localchat.server.chat import ChatPlan, ChatReplyReader, plan_chat
 from localchat.server.errors import APIError, error_response
 from localchat.server.logprobs import chat_logprobs, completion_logprobs, token_piece
 from localchat.server.metrics import CONTENT_TYPE, RequestCounter, ServerMetrics
@@ -59,6 +71,7 @@ from localchat.server.schemas import (
     unsupported_field,
 )
 from localchat.server.security import ApiKeyGuard, BodySizeLimit
+from localchat.server.served_models import CatalogModel, EngineLoader, ServedModel
 from localchat.server.settings import ServerSettings
 from localchat.session import GenerationSettings, GenerationStats, tokenize_prompt
 from localchat.templates import TemplateError
@@ -70,9 +83,13 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (401, "Missing or wrong API key"),
         (404, "Unknown model"),
         (413, "Request body too large"),
-        (503, "Every slot is busy and the queue is full; retry after Retry-After seconds"),
+        (500, "The model named could not be loaded"),
+        (503, ("Every slot is busy and the queue is full, or the model named needs the room of models that are "
+               "busy; retry after Retry-After seconds")),
     ]
 }
+# One line per model load and unload, with why (`localchat serve` shows this logger's INFO lines).
+logger = logging.getLogger(__name__)
 # With "stream": true the answer is server-sent events (the schema describes one event): each
 # `data` is a JSON chunk, then `[DONE]`.
 SSE_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}
@@ -109,28 +126,15 @@ def _finish_reason(stats: GenerationStats) -> FinishReason:
 
 
 class CompletionService:
-    """What the completion endpoints share: checking a request, queueing it, relaying the reply."""
+    """What the completion endpoints share for one loaded model: queueing a request, relaying the reply."""
 
-    def __init__(self, engine: Engine, scheduler: Scheduler, settings: ServerSettings, metrics: ServerMetrics) -> None:
-        self.engine = engine
-        self.scheduler = scheduler
+    def __init__(self, served: ServedModel, settings: ServerSettings, metrics: ServerMetrics) -> None:
+        self.engine = served.engine
+        self.scheduler = served.scheduler
         self.settings = settings
         self.metrics = metrics
-        model = engine.model_plan.model
-        self.model_id = model.name
-        # Names a request may give for the one model served.
-        self.model_names = frozenset({model.name, model.path.name, model.path.stem})
-        self.created = int(model.path.stat().st_mtime)
-        self.chat = ModelChat.of(engine.backend, engine.template)
-
-    def check_request(self, body: SamplingFields, endpoint: str) -> None:
-        """The model named is this one; no field asks for what localchat does not do."""
-        if body.model is not None and body.model not in self.model_names:
-            raise APIError(404, f"the model '{body.model}' is not served here; this server has '{self.model_id}'",
-                           code="model_not_found", param="model")
-        refused = unsupported_field(endpoint, body.model_extra)
-        if refused is not None:
-            raise APIError(400, refused[1], code="unsupported_parameter", param=refused[0])
+        self.model_id = served.id
+        self.chat = served.chat
 
     def generation_settings(self, body: SamplingFields, reply_limit: int | None,
                             shown_tokens: frozenset[int] = frozenset(), logprobs: int | None = None) -> GenerationSettings:
@@ -207,6 +211,119 @@ async def _event_stream(reply: PendingReply, first: Sequence[str], piece: Callab
     yield _sse("[DONE]")
 
 
+class _FirstModelOnly:
+    """The loader of an app made without one: the model it was made with is all it serves, so the
+    pool only ever unloads that one."""
+
+    def estimate(self, name: str) -> MemoryNeed:
+        raise AssertionError(f"an app without a loader was asked to load {name}")
+
+    def load(self, name: str) -> ServedModel:
+        raise AssertionError(f"an app without a loader was asked to load {name}")
+
+    def unload(self, model: ServedModel) -> None:
+        model.close()
+
+
+LEASES = "localchat_model_leases"
+
+
+class ModelRouter:
+    """Which model answers a request: the one it names, loaded first if need be, else the server's
+    first model. The lease on it lasts until the response has been sent (see LeaseRelease)."""
+
+    def __init__(self, first: ServedModel, pool: ModelPool[ServedModel], loader: EngineLoader | None,
+                 settings: ServerSettings, metrics: ServerMetrics) -> None:
+        self.first = first
+        self.pool = pool
+        self.loader = loader
+        self.settings = settings
+        self.metrics = metrics
+
+    async def service_for(self, request: Request, body: SamplingFields, endpoint: str) -> CompletionService:
+        """Checks the request's fields, then leases the model it names."""
+        refused = unsupported_field(endpoint, body.model_extra)
+        if refused is not None:
+            raise APIError(400, refused[1], code="unsupported_parameter", param=refused[0])
+        model_id = await self.model_id(body.model)
+        try:
+            lease = await self.pool.acquire(model_id)
+        except ModelBusyError:
+            raise
+        except Exception as error:
+            raise APIError(500, f"the model '{model_id}' could not be loaded: {error}", code="model_load_failed",
+                           param="model") from error
+        request.scope["state"][LEASES].append(lease)
+        return CompletionService(lease.model, self.settings, self.metrics)
+
+    async def model_id(self, requested: str | None) -> str:
+        """The pool's name for the model `requested` names; APIError 404 when there is none."""
+        if not requested:
+            return self.first.id
+        for served in [self.first, *self.pool.loaded().values()]:
+            if requested in served.aliases:
+                return served.id
+        hint = ""
+        if self.loader is not None:
+            try:
+                found = await run_in_threadpool(self.loader.model_id, requested)
+            except LocalchatError as error:
+                raise APIError(404, f"{error}; GET /v1/models lists the models this server has", code="model_not_found",
+                               param="model") from None
+            if found is not None:
+                return found
+            if not self.loader.allow_pull:
+                hint = " (a Hugging Face model not in its cache is fetched on request only with `localchat serve --allow-pull`)"
+        raise APIError(404, f"The model '{requested}' does not exist on this server: GET /v1/models lists the models "
+                            f"it has, `localchat list` on its machine too{hint}", code="model_not_found", param="model")
+
+    def cards(self, catalog: Sequence[CatalogModel]) -> list[ModelCard]:
+        """Every model a request may name, loaded ones marked: those outside the catalog (a path the
+        server started with) first, then the catalog's order."""
+        states = self.pool.states()
+        loaded = self.pool.loaded()
+        cards = {served.id: ModelCard(id=served.id, created=served.created) for served in loaded.values()}
+        for model in catalog:
+            cards.pop(model.id, None)
+            cards[model.id] = ModelCard(id=model.id, created=model.created, status=states.get(model.id, "unloaded"))
+        if self.first.id not in cards:
+            cards[self.first.id] = ModelCard(id=self.first.id, created=self.first.created,
+                                             status=states.get(self.first.id, "unloaded"))
+        outside = [card for card in cards.values() if card.id not in {m.id for m in catalog}]
+        return outside + [cards[m.id] for m in catalog]
+
+
+def _log_pool_event(event: PoolEvent) -> None:
+    if event.kind == "loaded":
+        logger.info("loaded %s in %.2f s (%s)", event.name, event.seconds, event.reason)
+    elif event.kind == "load_failed":
+        logger.warning("loading %s failed after %.2f s: %s", event.name, event.seconds, event.reason)
+    elif event.kind == "busy":
+        logger.warning("did not load %s: %s", event.name, event.reason)
+    else:
+        logger.info("unloaded %s (%s)", event.name, event.reason)
+
+
+class LeaseRelease:
+    """Releases the model leases a request took once its response has been sent, a stream's last
+    event included, or the client has gone: only then may the pool unload the model."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        leases: list[Lease[ServedModel]] = []
+        scope.setdefault("state", {})[LEASES] = leases
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            for lease in leases:
+                lease.release()
+
+
 def _install_error_handlers(app: FastAPI, settings: ServerSettings) -> None:
     async def api_error(_: Request, error: Exception) -> Response:
         assert isinstance(error, APIError)
@@ -234,6 +351,10 @@ def _install_error_handlers(app: FastAPI, settings: ServerSettings) -> None:
     async def reply_failed(_: Request, error: Exception) -> Response:
         return error_response(500, f"generation failed: {error}")
 
+    async def model_busy(_: Request, error: Exception) -> Response:
+        return error_response(503, str(error), code="model_busy", param="model",
+                              headers={"Retry-After": str(settings.retry_after_s)})
+
     handlers: dict[type[Exception], Callable[[Request, Exception], Awaitable[Response]]] = {
         APIError: api_error,
         RequestValidationError: validation_error,
@@ -243,6 +364,7 @@ def _install_error_handlers(app: FastAPI, settings: ServerSettings) -> None:
         TemplateError: invalid_setting,
         QueueFullError: queue_full,
         ReplyFailedError: reply_failed,
+        ModelBusyError: model_busy,
     }
     for error_class, handler in handlers.items():
         app.add_exception_handler(error_class, handler)
@@ -263,30 +385,43 @@ def _openapi_with_400(app: FastAPI) -> Callable[[], dict[str, Any]]:
     return openapi
 
 
-def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
-    """The API over `engine`; its scheduler thread runs while the app does (its lifespan)."""
-    scheduler = Scheduler(engine, max_waiting=settings.queue_size)
+def create_app(engine: Engine, settings: ServerSettings, loader: EngineLoader | None = None) -> FastAPI:
+    """The API over `engine`, the first model, and with a loader every other model of this machine.
+    Models' scheduler threads run while the app does (its lifespan); at its end every model is
+    unloaded, `engine` included."""
+    first_id, need = loader.first(engine) if loader is not None else (engine.model_plan.model.name, MemoryNeed(0))
+    first = ServedModel.of(first_id, engine, settings.queue_size)
+    routes = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"})
+    metrics = ServerMetrics(lambda: {name: (m.scheduler, m.engine.prefix_cache) for name, m in pool.loaded().items()},
+                            routes)
+
+    def pool_event(event: PoolEvent) -> None:
+        metrics.observe_pool(event)
+        _log_pool_event(event)
+
+    pool: ModelPool[ServedModel] = ModelPool(
+        loader or _FirstModelOnly(), loader.budget if loader is not None else MemoryBudget(0),
+        max_models=settings.max_models, wait_s=settings.model_wait_s, on_event=pool_event,
+    )
+    router = ModelRouter(first, pool, loader, settings, metrics)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        scheduler.start()
+        pool.add_loaded(first.id, first.start(), need)
         try:
             yield
         finally:
-            await run_in_threadpool(scheduler.close)
+            await pool.close()
 
     app = FastAPI(title="localchat", summary="OpenAI-compatible API for a model on this machine", version="1",
                   lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.state.scheduler = scheduler
-    routes = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"})
-    metrics = ServerMetrics(scheduler, engine.prefix_cache, routes)
-    service = CompletionService(engine, scheduler, settings, metrics)
+    app.state.pool = pool
     _install_error_handlers(app, settings)
     app.openapi = _openapi_with_400(app)  # type: ignore[method-assign]
 
     @app.post("/v1/chat/completions", response_model=ChatCompletion, responses={**ERROR_RESPONSES, **EVENT_STREAM})
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        service.check_request(body, "chat")
+        service = await router.service_for(request, body, "chat")
         generation = service.generation_settings(body, body.reply_limit, service.chat.shown_tokens, body.logprobs_wanted)
         plan, prompt = await service.chat_prompt(body)
         constraint = plan.constraint or (body.response_format.constraint() if body.response_format is not None else None)
@@ -344,7 +479,7 @@ def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
 
     @app.post("/v1/completions", response_model=Completion, responses={**ERROR_RESPONSES, **EVENT_STREAM})
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        service.check_request(body, "completion")
+        service = await router.service_for(request, body, "completion")
         generation = service.generation_settings(body, body.reply_limit, logprobs=body.logprobs)
         reply = service.submit(await service.text_prompt(body), generation)
         reply_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
@@ -383,14 +518,17 @@ def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
 
     @app.get("/v1/models", response_model=ModelList, responses=ERROR_RESPONSES)
     async def models() -> ModelList:
-        return ModelList(data=[ModelCard(id=service.model_id, created=service.created)])
+        catalog = await run_in_threadpool(loader.catalog) if loader is not None else []
+        return ModelList(data=router.cards(catalog))
 
     @app.get("/health", response_model=Health, responses={503: {"model": Health, "description": "The scheduler has stopped"}})
     async def health() -> Response:
-        busy = scheduler.busy_slots
-        state = Health(status="ok" if scheduler.running else "error", slots_idle=scheduler.n_slots - busy,
-                       slots_processing=busy, requests_waiting=scheduler.waiting)
-        return JSONResponse(state.model_dump(), status_code=200 if scheduler.running else 503)
+        schedulers = [served.scheduler for served in pool.loaded().values()]
+        running = all(scheduler.running for scheduler in schedulers)
+        busy = sum(scheduler.busy_slots for scheduler in schedulers)
+        state = Health(status="ok" if running else "error", slots_idle=sum(s.n_slots for s in schedulers) - busy,
+                       slots_processing=busy, requests_waiting=sum(s.waiting for s in schedulers))
+        return JSONResponse(state.model_dump(), status_code=200 if running else 503)
 
     @app.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE: {"schema": {"type": "string"}}}}})
     async def prometheus_metrics() -> Response:
@@ -405,6 +543,7 @@ def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"])
     app.add_middleware(RequestCounter, metrics=metrics)
+    app.add_middleware(LeaseRelease)
     return app
 
 
@@ -412,12 +551,13 @@ class _Server(uvicorn.Server):
     """Ends the replies in flight when shutdown starts, so that their streams close with [DONE]
     before uvicorn waits for the connections (else it cuts them after its grace period)."""
 
-    def __init__(self, config: uvicorn.Config, scheduler: Scheduler) -> None:
+    def __init__(self, config: uvicorn.Config, pool: ModelPool[ServedModel]) -> None:
         super().__init__(config)
-        self.scheduler = scheduler
+        self.pool = pool
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        await run_in_threadpool(self.scheduler.close)
+        for served in self.pool.loaded().values():
+            await run_in_threadpool(served.scheduler.close)
         await super().shutdown(sockets)
 
 
@@ -425,19 +565,20 @@ def _interrupt(_signal: int, _frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-def serve(engine: Engine, settings: ServerSettings) -> None:
+def serve(engine: Engine, settings: ServerSettings, loader: EngineLoader | None = None) -> None:
     """Run the API until interrupted (Ctrl-C or SIGTERM: both raise KeyboardInterrupt after the
-    shutdown, so that the caller closes the engine and its prefix cache reaches the disk)."""
-    app = create_app(engine, settings)
-    scheduler: Scheduler = app.state.scheduler
+    shutdown, which unloads every model so that their prefix caches reach the disk)."""
+    app = create_app(engine, settings, loader)
+    pool: ModelPool[ServedModel] = app.state.pool
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", timeout_graceful_shutdown=5)
     # uvicorn handles SIGTERM while it runs, then raises it again, which by default kills the
     # process on the spot.
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        _Server(config, scheduler).run()
+        _Server(config, pool).run()
     finally:
         signal.signal(signal.SIGTERM, previous)
-        # A second Ctrl-C makes uvicorn skip its shutdown; the scheduler's thread must still stop
-        # before the caller frees the engine under it.
-        scheduler.close()
+        # A second Ctrl-C makes uvicorn skip its shutdown: the models it left loaded are freed here,
+        # each scheduler's thread stopped before its engine is freed under it.
+        for served in pool.loaded().values():
+            served.close()

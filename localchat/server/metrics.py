@@ -1,17 +1,19 @@
-"""What /metrics shows, in Prometheus' text format: requests, tokens, latency, slots, prefix cache.
+"""What /metrics shows, in Prometheus' text format: requests, tokens, latency, slots and prefix
+cache per loaded model, model loads and unloads.
 
 Each app has its own registry (no process-global metrics), so tests can build several apps.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from localchat.model_pool import PoolEvent
 from localchat.prefix_cache import PrefixCache
 from localchat.scheduler import Scheduler
 from localchat.session import GenerationStats
@@ -19,30 +21,40 @@ from localchat.session import GenerationStats
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 PER_TOKEN_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
+LOAD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+LOAD_RESULTS = {"loaded": "loaded", "load_failed": "failed", "busy": "busy"}
+# The loaded models by id, each with its scheduler and prefix cache; read at scrape time.
+LoadedModels = Callable[[], Mapping[str, tuple[Scheduler, PrefixCache]]]
 
 
 class _EngineCollector(Collector):
-    """Read at scrape time: slots and queue from the scheduler, hits from the prefix cache."""
+    """Read at scrape time, one sample per loaded model: slots and queue from its scheduler, hits
+    from its prefix cache."""
 
-    def __init__(self, scheduler: Scheduler, prefix_cache: PrefixCache) -> None:
-        self.scheduler = scheduler
-        self.prefix_cache = prefix_cache
+    def __init__(self, loaded: LoadedModels) -> None:
+        self.loaded = loaded
 
     def collect(self) -> Iterator[Metric]:
-        yield GaugeMetricFamily("localchat_slots", "Parallel sequences (slots) in the batch", value=self.scheduler.n_slots)
-        yield GaugeMetricFamily("localchat_slots_busy", "Slots producing a reply", value=self.scheduler.busy_slots)
-        yield GaugeMetricFamily("localchat_requests_waiting", "Requests queued for a slot", value=self.scheduler.waiting)
-        yield CounterMetricFamily(
-            "localchat_prefix_cache_hits", "Prompts that found a saved KV prefix", value=self.prefix_cache.hits
-        )
-        yield CounterMetricFamily(
-            "localchat_prefix_cache_misses", "Prompts that found no saved KV prefix", value=self.prefix_cache.misses
-        )
-        yield GaugeMetricFamily("localchat_prefix_cache_entries", "Saved KV prefixes", value=len(self.prefix_cache))
+        loaded = self.loaded()
+        yield GaugeMetricFamily("localchat_models_loaded", "Models loaded", value=len(loaded))
+        families = [
+            (GaugeMetricFamily, "localchat_slots", "Parallel sequences (slots) in the batch", lambda s, _: s.n_slots),
+            (GaugeMetricFamily, "localchat_slots_busy", "Slots producing a reply", lambda s, _: s.busy_slots),
+            (GaugeMetricFamily, "localchat_requests_waiting", "Requests queued for a slot", lambda s, _: s.waiting),
+            (CounterMetricFamily, "localchat_prefix_cache_hits", "Prompts that found a saved KV prefix", lambda _, c: c.hits),
+            (CounterMetricFamily, "localchat_prefix_cache_misses", "Prompts that found no saved KV prefix",
+             lambda _, c: c.misses),
+            (GaugeMetricFamily, "localchat_prefix_cache_entries", "Saved KV prefixes", lambda _, c: len(c)),
+        ]
+        for family_class, name, documentation, read in families:
+            family = family_class(name, documentation, labels=["model"])
+            for model, (scheduler, prefix_cache) in loaded.items():
+                family.add_metric([model], read(scheduler, prefix_cache))
+            yield family
 
 
 class ServerMetrics:
-    def __init__(self, scheduler: Scheduler, prefix_cache: PrefixCache, routes: frozenset[str]) -> None:
+    def __init__(self, loaded: LoadedModels, routes: frozenset[str]) -> None:
         self.registry = CollectorRegistry()
         self.routes = routes
         self.requests = Counter(
@@ -62,7 +74,20 @@ class ServerMetrics:
             "localchat_time_per_output_token_seconds", "Decode time per generated token after the first, per reply",
             buckets=PER_TOKEN_BUCKETS, registry=self.registry,
         )
-        self.registry.register(_EngineCollector(scheduler, prefix_cache))
+        self.model_loads = Counter("localchat_model_loads", "Model loads, by result (loaded, failed, busy: no room freed in time)",
+                                   ["model", "result"], registry=self.registry)
+        self.model_load_seconds = Histogram("localchat_model_load_seconds", "Time to load a model (successful loads)",
+                                            ["model"], buckets=LOAD_BUCKETS, registry=self.registry)
+        self.model_unloads = Counter("localchat_model_unloads", "Models unloaded", ["model"], registry=self.registry)
+        self.registry.register(_EngineCollector(loaded))
+
+    def observe_pool(self, event: PoolEvent) -> None:
+        if event.kind == "unloaded":
+            self.model_unloads.labels(event.name).inc()
+            return
+        self.model_loads.labels(event.name, LOAD_RESULTS[event.kind]).inc()
+        if event.kind == "loaded":
+            self.model_load_seconds.labels(event.name).observe(event.seconds)
 
     def observe_reply(self, stats: GenerationStats) -> None:
         """Called on the scheduler's thread when a reply ends (prometheus_client is thread-safe)."""

@@ -382,10 +382,13 @@ class Completion(BaseModel):
 
 
 class ModelCard(BaseModel):
-    id: str
+    id: str = Field(description="the name a request gives as `model`")
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "localchat"
+    # llama.cpp's router mode reports the same (as status.value); a request loads an unloaded model.
+    status: Literal["loaded", "loading", "unloading", "unloaded"] = Field(
+        "loaded", description="whether the model is in memory now")
 
 
 class ModelList(BaseModel):

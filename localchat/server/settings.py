@@ -24,6 +24,13 @@ class ServerSettings:
     retry_after_s: int = 1
     # The template's enable_thinking when a request does not set it (None: the template's default).
     enable_thinking: bool | None = None
+    # The most models loaded at once; None: as many as fit in memory (at least one).
+    max_models: int | None = None
+    # How long a request for a model waits for busy models (replies in flight) to make room for it
+    # before a 503; idle models are unloaded at once.
+    model_wait_s: float = 30.0
+    # Whether a request may name a hub model not yet in the Hugging Face cache and have it pulled.
+    allow_pull: bool = False
 
     def __post_init__(self) -> None:
         checks = [
@@ -32,6 +39,8 @@ class ServerSettings:
             (self.queue_size >= 0, f"the queue size must be >= 0, got {self.queue_size}"),
             (self.max_body_bytes > 0, "the request size limit must be > 0"),
             (self.max_reply_tokens >= 1, "the reply token limit must be >= 1"),
+            (self.max_models is None or self.max_models >= 1, f"--max-models must be >= 1, got {self.max_models}"),
+            (self.model_wait_s >= 0, f"the wait for a model must be >= 0 s, got {self.model_wait_s}"),
         ]
         for ok, message in checks:
             if not ok:
