@@ -18,11 +18,11 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from localchat.backends.base import Backend, Sampler, TokenLogprob
+from localchat.backends.base import Backend, TokenLogprob
 from localchat.engine import Engine
 from localchat.errors import ContextOverflowError, InvalidSettingError, LocalchatError
 from localchat.prefix_cache import common_prefix_length
-from localchat.session import GenerationSettings, GenerationStats, Reply, Session, sample_next
+from localchat.session import Decoder, GenerationSettings, GenerationStats, Reply, Session
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class ScheduledReply:
 class _Slot:
     session: Session
     request: ScheduledReply | None = None
-    sampler: Sampler | None = None
+    decoder: Decoder | None = None
     last_used: int = 0  # the step it last finished a reply, to pick the least recently used
 
     @property
@@ -242,8 +242,7 @@ class Scheduler:
                     slot.request = None
                     return False
                 reply.prefilled(*session.prefill(request.prompt))
-            slot.sampler = self._backend.make_sampler(request.settings.sampler, reply.guide)
-            slot.sampler.accept(request.prompt)
+            slot.decoder = Decoder(session, reply, request.settings.sampler, request.prompt)
             self._sample(slot)
         except Exception as error:
             # One request's failure (a backend error, a bug its settings reach) must not stop the others.
@@ -265,8 +264,8 @@ class Scheduler:
             return
         batch = []
         for slot in active:
-            assert slot.request is not None
-            batch.append((slot.seq, slot.request.reply.token_ids[-1], len(slot.session.tokens)))
+            assert slot.decoder is not None
+            batch.append(slot.decoder.pending)
         try:
             self._backend.evaluate_batch(batch)
         except ContextOverflowError:
@@ -277,8 +276,9 @@ class Scheduler:
             for slot in active:
                 self._fail(slot, str(error) or type(error).__name__)
             return
-        for slot, (_, token, _) in zip(active, batch, strict=True):
-            slot.session.tokens.append(token)
+        for slot in active:
+            assert slot.decoder is not None
+            slot.decoder.evaluated()
             try:
                 self._sample(slot)
             except Exception as error:
@@ -295,13 +295,11 @@ class Scheduler:
 
     def _sample(self, slot: _Slot) -> None:
         """Sample `slot`'s next token from the logits just computed and pass its text on."""
-        assert slot.request is not None and slot.sampler is not None
+        assert slot.request is not None and slot.decoder is not None
         reply = slot.request.reply
-        text = sample_next(self._backend, slot.seq, slot.sampler, reply)
+        text = slot.decoder.sample()
         if text:
             slot.request.sink(TextDelta(text, reply.unsent_logprobs()))
-        if reply.finish_reason is None and len(slot.session.tokens) >= self._backend.n_ctx:
-            reply.end("length")
         if reply.finish_reason is not None:
             self._finish(slot)
 
@@ -323,6 +321,6 @@ class Scheduler:
         request.sink(ReplyFailed(message))
 
     def _free(self, slot: _Slot) -> None:
-        if slot.sampler is not None:
-            slot.sampler.close()
-        slot.request, slot.sampler, slot.last_used = None, None, self._step
+        if slot.decoder is not None:
+            slot.decoder.close()
+        slot.request, slot.decoder, slot.last_used = None, None, self._step

@@ -11,14 +11,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
 
 from localchat.backends.base import Backend, Sampler, SamplerSettings, TokenLogprob, token_logprob
-from localchat.chat_formats import ChatFormat, detect_format
 from localchat.constraints import Constraint, token_guide
 from localchat.errors import ContextOverflowError, InferenceError, InvalidSettingError
 from localchat.prefix_cache import PrefixCache, common_prefix_length
-from localchat.reply_parser import ReplyParser
 from localchat.templates import ChatTemplate, Message
 
 # Live KV tokens about to be overwritten are saved to the prefix cache when at least this many.
@@ -281,14 +278,51 @@ class Reply:
         )
 
 
-def sample_next(backend: Backend, seq: int, sampler: Sampler, reply: Reply) -> str:
-    """Sample `seq`'s next token into `reply` from the logits of its last evaluated token; the text it releases."""
-    if reply.top_logprobs is None:
-        return reply.add(backend.sample(seq, sampler))
-    # The raw row is copied first: the grammar's mask and the penalties rewrite it in place.
-    row = backend.logits(seq).copy()
-    token = backend.sample(seq, sampler)
-    return reply.add(token, token_logprob(row, token, reply.top_logprobs))
+class Decoder:
+    """The decode loop's step for one reply on one session, shared by `Generation` and the batch
+    scheduler: sample a token into the reply, end it, feed the token back. The one place that
+    keeps `session.tokens` equal to what the KV cache holds while a reply is decoded."""
+
+    def __init__(self, session: Session, reply: Reply, settings: SamplerSettings, prompt: Sequence[int]) -> None:
+        """Call once `prompt` is in the KV cache (the sampler's penalties see it)."""
+        self.session = session
+        self.reply = reply
+        self.sampler: Sampler = session.backend.make_sampler(settings, reply.guide)
+        self.sampler.accept(prompt)
+
+    def sample(self) -> str:
+        """Sample the next token into the reply from the logits of the last evaluated one; the
+        text it releases. Ends the reply when the context has no room left to evaluate it."""
+        session, reply = self.session, self.reply
+        backend, seq = session.backend, session.seq
+        if reply.top_logprobs is None:
+            text = reply.add(backend.sample(seq, self.sampler))
+        else:
+            # The raw row is copied first: the grammar's mask and the penalties rewrite it in place.
+            row = backend.logits(seq).copy()
+            token = backend.sample(seq, self.sampler)
+            text = reply.add(token, token_logprob(row, token, reply.top_logprobs))
+        if reply.finish_reason is None and len(session.tokens) >= session.n_ctx:
+            reply.end("length")
+        return text
+
+    @property
+    def pending(self) -> tuple[int, int, int]:
+        """`(seq, token, position)`: the token just sampled, to evaluate before the next `sample`."""
+        return self.session.seq, self.reply.token_ids[-1], len(self.session.tokens)
+
+    def evaluated(self) -> None:
+        """The pending token is in the KV cache now (evaluated alone or in a batch)."""
+        self.session.tokens.append(self.reply.token_ids[-1])
+
+    def feed(self) -> None:
+        """Evaluate the pending token alone (the batch scheduler evaluates several at once)."""
+        seq, token, position = self.pending
+        self.session.backend.evaluate(seq, [token], position)
+        self.evaluated()
+
+    def close(self) -> None:
+        self.sampler.close()
 
 
 class Generation:
@@ -331,23 +365,22 @@ class Generation:
             yield from self._run()
 
     def _run(self) -> Iterator[str]:
-        session, backend, seq, reply = self.session, self.session.backend, self.session.seq, self._reply
-        sampler = backend.make_sampler(self.settings.sampler, reply.guide)
+        session, reply = self.session, self._reply
+        decoder: Decoder | None = None
         try:
             reply.prefilled(*session.prefill(self.prompt, self._cancelled.is_set))
-            sampler.accept(self.prompt)
-            while not self._cancelled.is_set():
-                text = sample_next(backend, seq, sampler, reply)
-                if text:
-                    yield text
-                if reply.finish_reason is not None:
-                    break
-                if len(session.tokens) >= session.n_ctx:
-                    reply.end("length")
-                    break
-                token = reply.token_ids[-1]
-                backend.evaluate(seq, [token], len(session.tokens))
-                session.tokens.append(token)
+            if not self._cancelled.is_set():
+                decoder = Decoder(session, reply, self.settings.sampler, self.prompt)
+                text = decoder.sample()
+                while True:
+                    if text:
+                        yield text
+                    if reply.finish_reason is not None:
+                        break
+                    decoder.feed()
+                    if self._cancelled.is_set():
+                        break
+                    text = decoder.sample()
             tail = reply.tail()
             if tail:
                 yield tail
@@ -356,7 +389,8 @@ class Generation:
             session.reset()
             raise
         finally:
-            sampler.close()
+            if decoder is not None:
+                decoder.close()
             self.stats = reply.stats()
 
     def text(self) -> str:
@@ -406,26 +440,6 @@ class Chat:
     @property
     def backend(self) -> Backend:
         return self.session.backend
-
-    @cached_property
-    def format(self) -> ChatFormat:
-        """The model family's reply syntax, from its template: where reasoning starts and ends."""
-        return detect_format(self.template.source)
-
-    @cached_property
-    def reasoning_tokens(self) -> frozenset[int]:
-        """The control tokens among the reasoning markers (gpt-oss's channels): a reply's text
-        must show them (GenerationSettings.shown_tokens) for `reply_parser` to find its reasoning."""
-        markers = [m for s in self.format.sections if s.kind == "reasoning" or (s.header and s.header.channels)
-                   for m in (s.start, *s.end, s.header.end if s.header else "") if m]
-        tokens = [t for m in markers for t in self.backend.tokenize(m, add_bos=False, special=True)]
-        return frozenset(t for t in tokens if not self.backend.token_bytes(t) and self.backend.token_text(t))
-
-    def reply_parser(self) -> ReplyParser:
-        """Reads the last reply's text as it streams: its reasoning apart from its content (a
-        prompt that ends inside a reasoning marker starts the reply in reasoning); tool calls
-        stay text."""
-        return ReplyParser(self.format, calls=False, prompt=self.prompt.text if self.prompt else "")
 
     def reply_room(self, settings: GenerationSettings) -> int:
         """Tokens kept free for a reply: its max_tokens, at most half the context."""
