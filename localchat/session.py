@@ -11,11 +11,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from localchat.backends.base import Backend, Sampler, SamplerSettings, TokenLogprob, token_logprob
+from localchat.chat_formats import ChatFormat, detect_format
 from localchat.constraints import Constraint, token_guide
 from localchat.errors import ContextOverflowError, InferenceError, InvalidSettingError
 from localchat.prefix_cache import PrefixCache, common_prefix_length
+from localchat.reply_parser import ReplyParser
 from localchat.templates import ChatTemplate, Message
 
 # Live KV tokens about to be overwritten are saved to the prefix cache when at least this many.
@@ -440,6 +443,26 @@ class Chat:
     @property
     def backend(self) -> Backend:
         return self.session.backend
+
+    @cached_property
+    def format(self) -> ChatFormat:
+        """The model family's reply syntax, from its template: where reasoning starts and ends."""
+        return detect_format(self.template.source)
+
+    @cached_property
+    def reasoning_tokens(self) -> frozenset[int]:
+        """The control tokens among the reasoning markers (gpt-oss's channels): a reply's text
+        must show them (GenerationSettings.shown_tokens) for `reply_parser` to find its reasoning."""
+        markers = [m for s in self.format.sections if s.kind == "reasoning" or (s.header and s.header.channels)
+                   for m in (s.start, *s.end, s.header.end if s.header else "") if m]
+        tokens = [t for m in markers for t in self.backend.tokenize(m, add_bos=False, special=True)]
+        return frozenset(t for t in tokens if not self.backend.token_bytes(t) and self.backend.token_text(t))
+
+    def reply_parser(self) -> ReplyParser:
+        """Reads the last reply's text as it streams: its reasoning apart from its content (a
+        prompt that ends inside a reasoning marker starts the reply in reasoning); tool calls
+        stay text."""
+        return ReplyParser(self.format, calls=False, prompt=self.prompt.text if self.prompt else "")
 
     def reply_room(self, settings: GenerationSettings) -> int:
         """Tokens kept free for a reply: its max_tokens, at most half the context."""
