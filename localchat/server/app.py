@@ -301,7 +301,7 @@ def _log_pool_event(event: PoolEvent) -> None:
     elif event.kind == "busy":
         logger.warning("did not load %s: %s", event.name, event.reason)
     else:
-        logger.info("unloaded %s (%s)", event.name, event.reason)
+        logger.info("unloaded %s in %.2f s (%s)", event.name, event.seconds, event.reason)
 
 
 class LeaseRelease:

@@ -82,7 +82,9 @@ class EngineLoader:
         return MemoryBudget.of(self.hardware)
 
     def first(self, engine: Engine) -> tuple[str, MemoryNeed]:
-        """The id of the model the server started with (its catalog name when it is there) and its need."""
+        """The id of the model the server started with (its catalog name when it is there) and its
+        need; it is warmed up as the models loaded later are."""
+        _warm_up(engine)
         path = engine.model_plan.model.path.resolve()
         model_id = next((m.id for m in self.catalog() if m.path.resolve() == path), engine.model_plan.model.name)
         self._sources[model_id] = str(path)
