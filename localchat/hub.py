@@ -15,16 +15,18 @@ that fails the check is deleted.
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import os
 import re
 import shutil
-from collections.abc import Iterable, Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from fnmatch import fnmatch
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Self
 from urllib.parse import urlsplit
 
 from localchat.errors import ModelError
@@ -68,6 +70,34 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _GIT_SHA1 = re.compile(r"^[0-9a-f]{40}$")
 HASH_BLOCK = 1 << 20
 RESUME_HINT = "; what was fetched is kept and the next pull resumes from there"
+
+
+# Told the bytes of a model's files that are in the cache (done, total when the hub says) as they arrive.
+PullProgress = Callable[[int, int | None], None]
+
+
+class PullCancelled(ModelError):
+    """A pull its caller stopped: what was fetched stays in `.incomplete` and the next pull resumes."""
+
+
+class _ByteCount:
+    """What huggingface_hub's http_get takes as its progress bar class: the bytes of one file so
+    far (the resumed part included) go to `report`, which may raise to stop the transfer."""
+
+    def __init__(self, report: Callable[[int], None], *, initial: int = 0, **_: object) -> None:
+        self.n = initial
+        self.report = report
+        report(self.n)
+
+    def update(self, n: int) -> None:
+        self.n += n
+        self.report(self.n)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
 
 
 @dataclass(frozen=True)
@@ -401,7 +431,8 @@ def _adopt_orphans(partial: Path, etag: str) -> None:
         orphan.unlink(missing_ok=True)
 
 
-def _fetch_blob(repo_id: str, url: str, meta: HfFileMetadata, remote: RemoteFile, blob: Path, settings: Settings) -> int:
+def _fetch_blob(repo_id: str, url: str, meta: HfFileMetadata, remote: RemoteFile, blob: Path, settings: Settings,
+                on_bytes: Callable[[int], None] | None = None) -> int:
     """Download into `<blob>.incomplete`, continuing what is there, check it, then move it into
     place. Returns the bytes fetched."""
     from huggingface_hub.file_download import http_get
@@ -422,7 +453,8 @@ def _fetch_blob(repo_id: str, url: str, meta: HfFileMetadata, remote: RemoteFile
         headers.pop("authorization", None)  # a signed CDN address: the token stays with the hub
     try:
         with _hub_errors(repo_id, remote.path, settings, hint=RESUME_HINT), partial.open("ab") as stream:
-            http_get(location, stream, resume_size=resume, headers=headers, expected_size=size, displayed_filename=remote.path)
+            bar = {"tqdm_class": functools.partial(_ByteCount, on_bytes)} if on_bytes is not None else {}
+            http_get(location, stream, resume_size=resume, headers=headers, expected_size=size, displayed_filename=remote.path, **bar)
     except OSError as error:  # what the hub's errors do not cover: the disk, a wrong length
         kept = partial.stat().st_size
         if error.errno == errno.ENOSPC:
@@ -459,9 +491,11 @@ def _link(blob: Path, entry: Path) -> None:
         os.link(blob, entry)
 
 
-def download_file(repo_id: str, commit: str, remote: RemoteFile, settings: Settings) -> tuple[Path, int]:
+def download_file(repo_id: str, commit: str, remote: RemoteFile, settings: Settings,
+                  on_bytes: Callable[[int], None] | None = None) -> tuple[Path, int]:
     """One file of a commit into the cache, unless it is there; returns its snapshot entry and the
-    bytes fetched. A blob another tool downloaded is linked, not fetched again."""
+    bytes fetched. A blob another tool downloaded is linked, not fetched again. `on_bytes` is told
+    the file's bytes so far as they arrive (and replaces the terminal's progress bar)."""
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
     from huggingface_hub.utils import WeakFileLock
 
@@ -480,7 +514,7 @@ def download_file(repo_id: str, commit: str, remote: RemoteFile, settings: Setti
         # The lock huggingface_hub takes for the same blob, so a concurrent hf_hub_download waits.
         with WeakFileLock(settings.hf_cache_dir / ".locks" / storage.name / f"{meta.etag}.lock"):
             if not blob.is_file():
-                fetched = _fetch_blob(repo_id, url, meta, remote, blob, settings)
+                fetched = _fetch_blob(repo_id, url, meta, remote, blob, settings, on_bytes)
             _link(blob, entry)
     return entry, fetched
 
@@ -495,10 +529,13 @@ def _write_ref(storage: Path, commit: str) -> None:
     os.replace(partial, ref)
 
 
-def pull(name: HubModelName, settings: Settings) -> PullResult:
+def pull(name: HubModelName, settings: Settings, *, progress: PullProgress | None = None,
+         cancel: threading.Event | None = None) -> PullResult:
     """Bring the model a name picks into the cache (all its split parts), fetching only what is missing.
 
-    Offline, a cached copy is the answer and anything else is a ModelError."""
+    Offline, a cached copy is the answer and anything else is a ModelError. `progress` follows the
+    bytes; setting `cancel` stops the pull at its next chunk (10 MiB) with PullCancelled, and no
+    file it did not finish and check is taken into the cache."""
     if settings.hf_offline:
         cached = find_cached(name, settings)
         if cached is None:
@@ -509,12 +546,26 @@ def pull(name: HubModelName, settings: Settings) -> PullResult:
     model = select_model(name, models)
     if model is None:
         raise missing_model_error(name, models)
+    total = sum(files[path].size or 0 for path in model.files) if all(files[path].size for path in model.files) else None
+    done = 0
+
+    def on_bytes(n_bytes: int) -> None:
+        if cancel is not None and cancel.is_set():
+            raise PullCancelled(f"the pull of {name} was cancelled{RESUME_HINT}")
+        if progress is not None:
+            progress(done + n_bytes, total)
+
     fetched = 0
     entries = []
     for path in model.files:
-        entry, n_bytes = download_file(name.repo_id, commit, files[path], settings)
+        on_bytes(0)
+        watched = on_bytes if progress is not None or cancel is not None else None
+        entry, n_bytes = download_file(name.repo_id, commit, files[path], settings, watched)
         entries.append(entry)
         fetched += n_bytes
+        done += files[path].size or 0
+    if progress is not None:
+        progress(done, total)
     _write_ref(_storage(name.repo_id, settings), commit)
     return PullResult(CachedModel(name.repo_id, commit, model, entries[0]), fetched, checked_hub=True)
 

@@ -26,6 +26,7 @@ from localchat.engine import Engine
 from localchat.errors import LocalchatError
 from localchat.hardware import gpu_memory_used_bytes, process_rss_bytes
 from localchat.history import DEFAULT_TITLE, Conversation, ConversationStore, title_from
+from localchat.hub import HubModelName, PullCancelled, cached_models, pull
 from localchat.models import DEFAULT_MODEL_FILE, DEFAULT_MODEL_NAME, local_models
 from localchat.planner import PlanRequest
 from localchat.reply_parser import (
@@ -111,6 +112,19 @@ class ModelFailed(Message):
 
 
 @dataclass
+class PullProgress(Message):
+    done: int
+    total: int | None
+
+
+@dataclass
+class PullEnded(Message):
+    name: str  # the model's name in the cache once pulled, else the name asked for
+    error: str | None
+    cancelled: bool = False
+
+
+@dataclass
 class Reply:
     """A reply being generated, and where it belongs once it ends."""
 
@@ -183,11 +197,13 @@ class ChatApp(App[int]):
         self.reply: Reply | None = None
         self.loading = False
         self.thinking = True  # the stored preference replaces it on mount
+        self._pull_cancel: threading.Event | None = None  # set to stop the pull under way
         self._quit_after_reply = False
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        # Behind a dialog only quitting works: no second dialog over the first, no hidden sends.
-        if isinstance(self.screen, ModalScreen) and action != "quit":
+        # Behind a dialog only quitting and moving the focus work: no second dialog over the first,
+        # no hidden sends.
+        if isinstance(self.screen, ModalScreen) and action not in ("quit", "focus_next", "focus_previous"):
             return False
         return True
 
@@ -705,12 +721,15 @@ class ChatApp(App[int]):
         self.push_screen(HelpScreen(rows))
 
     def model_choices(self) -> list[ModelChoice]:
-        """The default model and every GGUF file and ONNX folder in the models directory."""
+        """The default model, every GGUF file and ONNX folder in the models directory, and the
+        GGUF models in the Hugging Face cache (by their hub names, which load without the network)."""
         choices = [ModelChoice(DEFAULT_MODEL_NAME, None, "default")]
         for ref in local_models(self.settings):
             if ref.path.name == DEFAULT_MODEL_FILE:
                 continue  # the default model's own file
             choices.append(ModelChoice(ref.name, str(ref.path), ref.format))
+        for cached in cached_models(self.settings):
+            choices.append(ModelChoice(cached.name, cached.name, f"hub · {cached.size / 2**20:,.0f} MiB"))
         return choices
 
     def action_pick_model(self) -> None:
@@ -723,6 +742,61 @@ class ChatApp(App[int]):
                 self.load_model(choice.model, choice.label)
 
         self.push_screen(ModelPicker(self.model_choices(), self.model_label), done)
+
+    # Pulls from the hub, asked for in the model picker
+
+    def _picker(self) -> ModelPicker | None:
+        return self.screen if isinstance(self.screen, ModelPicker) else None
+
+    @on(ModelPicker.PullAsked)
+    def _pull_asked(self, message: ModelPicker.PullAsked) -> None:
+        picker = self._picker()
+        name = HubModelName.parse(message.name)
+        if picker is None:
+            return
+        if name is None:
+            picker.pull_ended(f"'{message.name}' is not a hub model name: write user/repo or user/repo:QUANT", failed=True)
+            return
+        self._pull_cancel = threading.Event()
+        picker.pull_started(str(name))
+        self._pull(name, self._pull_cancel)
+
+    @on(ModelPicker.CancelAsked)
+    def _pull_cancel_asked(self) -> None:
+        if self._pull_cancel is not None:
+            self._pull_cancel.set()
+
+    @work(thread=True, exclusive=True, group="pull")
+    def _pull(self, name: HubModelName, cancel: threading.Event) -> None:
+        """Pulls into the Hugging Face cache; a cancelled or failed pull takes no file for a model."""
+        try:
+            result = pull(name, self.settings, progress=lambda done, total: self.post_message(PullProgress(done, total)), cancel=cancel)
+        except PullCancelled as error:
+            self.post_message(PullEnded(str(name), str(error), cancelled=True))
+        except (LocalchatError, OSError) as error:
+            self.post_message(PullEnded(str(name), str(error)))
+        else:
+            self.post_message(PullEnded(result.model.name, None))
+
+    def on_pull_progress(self, message: PullProgress) -> None:
+        if (picker := self._picker()) is not None and picker.pulling is not None:
+            picker.pull_progress(message.done, message.total)
+
+    def on_pull_ended(self, message: PullEnded) -> None:
+        self._pull_cancel = None
+        if message.cancelled:
+            text = f"Pull cancelled: {message.error}"
+        elif message.error:
+            text = f"Could not pull {message.name}: {message.error}"
+        else:
+            text = f"Pulled {message.name}: Enter loads it"
+        picker = self._picker()
+        if picker is None:  # the dialog was closed meanwhile
+            self.notify(text, severity="error" if message.error and not message.cancelled else "information", timeout=6)
+            return
+        if message.error is None:
+            picker.show_choices(self.model_choices(), message.name)
+        picker.pull_ended(text, failed=message.error is not None)
 
     # Shutdown
 

@@ -1,7 +1,10 @@
-"""Fixtures for the chat app: a fresh history file per test and an app around the real engine."""
+"""Fixtures for the chat app: a fresh history file per test, an app around the real engine, and
+the stand-in Hugging Face hub of tests/hub holding the default model for the model picker's pulls."""
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -12,6 +15,12 @@ from localchat.history import ConversationStore
 from localchat.settings import Settings
 from pilot_steps import SHORT
 from tui.app import ChatApp
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "hub"))
+from stand_in_hub import HubFile, StandInHub, start_hub  # noqa: E402  (tests/hub's stand-in, shared)
+
+GEMMA_REPO = "stand-in/gemma-3-270m-GGUF"
+GEMMA_FILE = "gemma-3-270m-Q4_K_M.gguf"
 
 
 @pytest.fixture
@@ -44,3 +53,20 @@ def make_app(engine: Engine, settings: Settings, store: ConversationStore) -> Ca
         return ChatApp(settings, **kwargs)  # type: ignore[arg-type]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def model_hub(default_model: Path) -> Iterator[StandInHub]:
+    """The stand-in hub on loopback with the default model as a one-file GGUF repo."""
+    hub, stop = start_hub()
+    hub.add_repo(GEMMA_REPO, [HubFile.from_disk(GEMMA_FILE, default_model)])
+    yield hub
+    stop()
+
+
+@pytest.fixture
+def pull_settings(model_hub: StandInHub, settings: Settings, tmp_path: Path) -> Iterator[Settings]:
+    """The session's settings with this test's own Hugging Face cache, on the stand-in hub."""
+    model_hub.reset()
+    yield dataclasses.replace(settings, hf_cache_dir=tmp_path / "hf" / "hub", hf_endpoint=model_hub.endpoint, hf_offline=False)
+    model_hub.reset()  # ends a stall a test left

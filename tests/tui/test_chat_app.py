@@ -182,7 +182,7 @@ async def test_help_screen_lists_the_keys(make_app: MakeApp) -> None:
 
 
 async def test_a_model_that_fails_to_load_is_a_readable_error(make_app: MakeApp, tmp_path: Path) -> None:
-    settings = Settings(data_dir=tmp_path / "data", cache_dir=tmp_path / "cache")
+    settings = Settings(data_dir=tmp_path / "data", cache_dir=tmp_path / "cache", hf_cache_dir=tmp_path / "hf")
     settings.models_dir.mkdir(parents=True)
     (settings.models_dir / "broken.gguf").write_bytes(b"not a model" * 100)
     app = make_app()

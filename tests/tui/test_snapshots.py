@@ -6,9 +6,11 @@ update them with `pytest tests/tui/test_snapshots.py --snapshot-update` after a 
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from pilot_steps import wait_until
 from textual.pilot import Pilot
@@ -75,8 +77,10 @@ def test_help_screen_light(snap_compare, make_app: Callable[..., ChatApp]) -> No
     assert snap_compare(make_app(), terminal_size=SIZE, press=["f1"], run_before=pinned("textual-light"))
 
 
-def test_model_picker_dark(snap_compare, make_app: Callable[..., ChatApp]) -> None:
-    assert snap_compare(make_app(), terminal_size=SIZE, press=["ctrl+o"], run_before=pinned())
+def test_model_picker_dark(snap_compare, make_app: Callable[..., ChatApp], tmp_path: Path) -> None:
+    app = make_app()
+    app.settings = dataclasses.replace(app.settings, hf_cache_dir=tmp_path / "hf")  # not this machine's models
+    assert snap_compare(app, terminal_size=SIZE, press=["ctrl+o"], run_before=pinned())
 
 
 HAIKU = "Waves fold into foam\nsalt wind carries the gulls home\nthe tide keeps its time"
