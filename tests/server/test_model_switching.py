@@ -20,11 +20,12 @@ from localchat.models import DEFAULT_MODEL_FILE, DEFAULT_MODEL_NAME, installed_m
 from localchat.settings import Settings
 
 SECOND = "gemma-3-270m-copy"
+BROKEN = "broken"
 HELLO = [{"role": "user", "content": "Say hello."}]
 
 
 def _home_with_two_models(home: Path, default_model: Path) -> Path:
-    """A localchat home whose models folder holds the default model and a second name for it."""
+    """A localchat home whose models folder holds the default model, a second name for it and a damaged file."""
     models = home / "cache" / "models"
     models.mkdir(parents=True)
     for name in (DEFAULT_MODEL_FILE, f"{SECOND}.gguf"):
@@ -33,6 +34,7 @@ def _home_with_two_models(home: Path, default_model: Path) -> Path:
         except OSError:  # another file system: a copy, with its modification time (the marker checks it)
             shutil.copy2(default_model, models / name)
     shutil.copy2(default_model.with_name(DEFAULT_MODEL_FILE + ".verified"), models / (DEFAULT_MODEL_FILE + ".verified"))
+    (models / f"{BROKEN}.gguf").write_bytes(default_model.read_bytes()[:4096])  # cut short: a download gone wrong
     return home
 
 
@@ -92,9 +94,9 @@ def test_a_request_for_another_model_loads_it_while_the_first_model_streams(swit
     load_s = switching.metric(f'localchat_model_load_seconds_sum{{model="{SECOND}"}}')
     ttft = first_token - asked
     print(f"\nload {load_s:.2f} s, first token of the new model after {ttft:.2f} s")
-    # The target is the load + 1 s (measured +0.9 s with the load average at 6 on 2 cores, both
-    # models' llama.cpp threads sharing them); the bound leaves room for a busier machine.
-    assert ttft <= load_s + 2.0
+    # The target is the load + 1 s: measured +0.65 to +1.5 s with the load average at 6 on 2 cores,
+    # the new model's prefill sharing them with the streaming model's threads; the bound leaves room.
+    assert ttft <= load_s + 3.0
     # The first model's stream went on during the load, and ended whole.
     during = [line for at, line in first if asked <= at <= asked + load_s]
     assert during, f"no token of the first model arrived during the {load_s:.2f} s load"
@@ -119,6 +121,17 @@ def test_an_unknown_model_is_404_model_not_found(switching: LiveServer) -> None:
     # No model named: the server's first model, as with one model.
     completion = switching.client().chat.completions.create(model="", messages=HELLO, max_tokens=4)
     assert completion.model == DEFAULT_MODEL_NAME
+
+
+def test_a_model_that_cannot_load_is_one_error_and_the_others_go_on(switching: LiveServer, two_models: Path) -> None:
+    response = switching.post("/v1/chat/completions", {"model": BROKEN, "messages": HELLO, "max_tokens": 4})
+    assert response.status_code == 500
+    error = response.json()["error"]
+    assert error["code"] == "model_load_failed" and error["message"].startswith(f"the model '{BROKEN}' could not be loaded: ")
+    assert "\n" not in error["message"] and "Traceback" not in _log(switching, two_models)
+    assert f"localchat: loading {BROKEN} failed after " in _log(switching, two_models)
+    assert switching.metric(f'localchat_model_loads_total{{model="{BROKEN}",result="failed"}}') == 1
+    assert switching.client().chat.completions.create(model=DEFAULT_MODEL_NAME, messages=HELLO, max_tokens=2).choices
 
 
 def test_with_max_models_1_the_idle_model_is_unloaded_and_a_busy_one_waits(two_models: Path) -> None:
