@@ -89,14 +89,14 @@ def _free_loopback_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def start_server(home: Path, *extra_args: str) -> LiveServer:
-    """`localchat serve` with the default model; returns once /health answers."""
+def start_server(home: Path, *extra_args: str, env: dict[str, str] | None = None) -> LiveServer:
+    """`localchat serve` with the default model (`env` added to the environment); returns once /health answers."""
     port = _free_loopback_port()
     command = [sys.executable, "-m", "localchat", "serve", "--port", str(port), "--parallel", str(SLOTS),
                "--queue", str(QUEUE), "--ctx", str(CONTEXT), "--api-key", API_KEY, *extra_args]
     log = home / f"serve-{port}.log"
     with log.open("wb") as stream:
-        process = subprocess.Popen(command, env={**os.environ, "LOCALCHAT_HOME": str(home)},
+        process = subprocess.Popen(command, env={**os.environ, "LOCALCHAT_HOME": str(home), **(env or {})},
                                    stdout=stream, stderr=subprocess.STDOUT)
     server = LiveServer(f"http://127.0.0.1:{port}", process)
     deadline = time.monotonic() + 120

@@ -21,6 +21,8 @@ from localchat.settings import Settings
 
 SECOND = "gemma-3-270m-copy"
 BROKEN = "broken"
+HUB = "local/gemma-3-270m-GGUF"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
 HELLO = [{"role": "user", "content": "Say hello."}]
 
 
@@ -29,13 +31,25 @@ def _home_with_two_models(home: Path, default_model: Path) -> Path:
     models = home / "cache" / "models"
     models.mkdir(parents=True)
     for name in (DEFAULT_MODEL_FILE, f"{SECOND}.gguf"):
-        try:
-            os.link(default_model, models / name)
-        except OSError:  # another file system: a copy, with its modification time (the marker checks it)
-            shutil.copy2(default_model, models / name)
+        _link_or_copy(default_model, models / name)
     shutil.copy2(default_model.with_name(DEFAULT_MODEL_FILE + ".verified"), models / (DEFAULT_MODEL_FILE + ".verified"))
     (models / f"{BROKEN}.gguf").write_bytes(default_model.read_bytes()[:4096])  # cut short: a download gone wrong
+    # The default model as a hub repo in this home's own Hugging Face cache, as a pull leaves it.
+    repo = home / "hf" / "models--local--gemma-3-270m-GGUF"
+    (repo / "blobs").mkdir(parents=True)
+    _link_or_copy(default_model, repo / "blobs" / "d3f4017")
+    (repo / "snapshots" / COMMIT).mkdir(parents=True)
+    (repo / "snapshots" / COMMIT / "gemma-3-270m-Q4_K_M.gguf").symlink_to(Path("../../blobs/d3f4017"))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(COMMIT)
     return home
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    try:
+        os.link(source, target)
+    except OSError:  # another file system: a copy, with its modification time (the marker checks it)
+        shutil.copy2(source, target)
 
 
 @pytest.fixture(scope="module")
@@ -45,10 +59,14 @@ def two_models(tmp_path_factory: pytest.TempPathFactory, default_model: Path) ->
 
 @pytest.fixture(scope="module")
 def switching(two_models: Path) -> Iterator[LiveServer]:
-    """Models loaded as memory allows (both fit)."""
-    running = start_server(two_models)
+    """Models loaded as memory allows (all fit)."""
+    running = start_server(two_models, env=_hub_cache(two_models))
     yield running
     running.stop()
+
+
+def _hub_cache(home: Path) -> dict[str, str]:
+    return {"HF_HUB_CACHE": str(home / "hf"), "HF_HUB_OFFLINE": "1"}
 
 
 def _models(server: LiveServer) -> dict[str, str]:
@@ -70,8 +88,9 @@ def _stream_raw(server: LiveServer, body: dict[str, object], arrivals: list[tupl
 
 def test_models_lists_every_local_model_and_marks_the_loaded_one(switching: LiveServer, two_models: Path) -> None:
     listed = _models(switching)
-    settings = Settings(data_dir=two_models / "data", cache_dir=two_models / "cache")
-    assert set(listed) == {model.name for model in installed_models(settings)} >= {DEFAULT_MODEL_NAME, SECOND}
+    settings = Settings(data_dir=two_models / "data", cache_dir=two_models / "cache", hf_cache_dir=two_models / "hf")
+    assert set(listed) == {model.name for model in installed_models(settings)} == {DEFAULT_MODEL_NAME, SECOND, BROKEN,
+                                                                                   f"{HUB}:Q4_K_M"}
     assert listed[DEFAULT_MODEL_NAME] == "loaded" and listed[SECOND] == "unloaded"
 
 
@@ -123,6 +142,11 @@ def test_an_unknown_model_is_404_model_not_found(switching: LiveServer) -> None:
     assert completion.model == DEFAULT_MODEL_NAME
 
 
+def test_a_hub_model_in_the_cache_loads_by_its_name(switching: LiveServer) -> None:
+    completion = switching.client().chat.completions.create(model=f"hf.co/{HUB}", messages=HELLO, max_tokens=2)
+    assert completion.model == f"{HUB}:Q4_K_M" and _models(switching)[f"{HUB}:Q4_K_M"] == "loaded"
+
+
 def test_a_model_that_cannot_load_is_one_error_and_the_others_go_on(switching: LiveServer, two_models: Path) -> None:
     response = switching.post("/v1/chat/completions", {"model": BROKEN, "messages": HELLO, "max_tokens": 4})
     assert response.status_code == 500
@@ -135,7 +159,7 @@ def test_a_model_that_cannot_load_is_one_error_and_the_others_go_on(switching: L
 
 
 def test_with_max_models_1_the_idle_model_is_unloaded_and_a_busy_one_waits(two_models: Path) -> None:
-    server = start_server(two_models, "--max-models", "1")
+    server = start_server(two_models, "--max-models", "1", env=_hub_cache(two_models))
     try:
         client = server.client()
         assert client.chat.completions.create(model=SECOND, messages=HELLO, max_tokens=4).model == SECOND
