@@ -4,10 +4,11 @@ A request leases a model by name: a loaded one at once; one being loaded after t
 per model at a time); another after room is made for it. Room is memory (each model's RAM and VRAM
 as the planner estimates them, against what the machine had free before any model was loaded) and
 an optional cap on the count. Idle models are unloaded least recently used first; a model with a
-lease out (a reply in flight) is never unloaded: the request waits for one to end, up to a bound,
-then gets ModelBusyError (a client retries later) rather than waiting without end, as Ollama's
-scheduler can (ollama#17408). Loads and unloads run in worker threads, so requests for loaded
-models go on while another model loads. State changes only on the event loop's thread.
+lease out (a reply in flight) is never unloaded: the load waits for leases to end, up to a bound,
+then every request waiting on it gets ModelBusyError (a client retries later) rather than waiting
+without end, as Ollama's scheduler can (ollama#17408). Loads and unloads run in worker threads, so
+requests for loaded models go on while another model loads. State changes only on the event
+loop's thread.
 """
 
 from __future__ import annotations

@@ -278,19 +278,13 @@ class ModelRouter:
                             f"it has, `localchat list` on its machine too{hint}", code="model_not_found", param="model")
 
     def cards(self, catalog: Sequence[CatalogModel]) -> list[ModelCard]:
-        """Every model a request may name, loaded ones marked: those outside the catalog (a path the
+        """Every model a request may name, with its status: those outside the catalog (a path the
         server started with) first, then the catalog's order."""
         states = self.pool.states()
-        loaded = self.pool.loaded()
-        cards = {served.id: ModelCard(id=served.id, created=served.created) for served in loaded.values()}
-        for model in catalog:
-            cards.pop(model.id, None)
-            cards[model.id] = ModelCard(id=model.id, created=model.created, status=states.get(model.id, "unloaded"))
-        if self.first.id not in cards:
-            cards[self.first.id] = ModelCard(id=self.first.id, created=self.first.created,
-                                             status=states.get(self.first.id, "unloaded"))
-        outside = [card for card in cards.values() if card.id not in {m.id for m in catalog}]
-        return outside + [cards[m.id] for m in catalog]
+        listed = {model.id for model in catalog}
+        outside = {served.id: served for served in [self.first, *self.pool.loaded().values()] if served.id not in listed}
+        return [ModelCard(id=model.id, created=model.created, status=states.get(model.id, "unloaded"))
+                for model in [*outside.values(), *catalog]]
 
 
 def _log_pool_event(event: PoolEvent) -> None:
