@@ -233,3 +233,17 @@ async def test_a_question_left_unanswered_by_a_kill(make_app: MakeApp, store: Co
         roles = [m.role for m in store.messages(conversation.id)]
         assert roles == ["user", "assistant", "user", "assistant"]  # an empty answer keeps roles alternating
         assert not app.query("#unanswered")
+
+
+async def test_quitting_while_a_reply_is_written_keeps_what_was_written(make_app: MakeApp, store: ConversationStore) -> None:
+    app = make_app(reply_settings=ENDLESS)
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.prompt.text = "Count from one to one thousand."
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: app.reply is not None and len(app.reply.parsed.content) > 20)
+        await pilot.press("ctrl+q")
+        await wait_until(pilot, lambda: app.return_code is not None, timeout=10)
+        assert app.reply is None and app.last_stats is not None and app.last_stats.finish_reason == "cancelled"
+    written = store.messages(store.conversations()[0].id)
+    assert [m.role for m in written] == ["user", "assistant"]
+    assert len(written[-1].content) > 20 and written[-1].content == app.chat.messages[-1].content  # type: ignore[union-attr]

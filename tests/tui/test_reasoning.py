@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from pilot_steps import send, wait_until
+from pilot_steps import press_and_wait_for_reply, send, wait_until
 from textual.widgets._collapsible import CollapsibleTitle
 
 from localchat.engine import Engine
@@ -56,6 +56,9 @@ async def test_a_prompt_that_opens_thinking_folds_the_reply_into_it(make_app: Ma
         assert app.query(AssistantMessage).last().text == stored.content  # only what follows the thinking
         await open_thinking(pilot, thinking)
         assert not thinking.collapsed and thinking.query_one("Contents").display
+        await press_and_wait_for_reply(pilot, "ctrl+r")  # the new answer replaces the old one, thinking and all
+        assert len(app.query(Reasoning)) == len(app.query(AssistantMessage)) == 1
+        assert app.query_one(Reasoning).text == store.messages(app.conversation.id)[-1].reasoning  # type: ignore[union-attr]
 
 
 async def test_thinking_split_across_pieces_is_folded_stored_and_shown_again(
