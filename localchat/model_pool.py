@@ -29,6 +29,8 @@ from localchat.planner import (
     RAM_HEADROOM,
     ModelFacts,
     Plan,
+    gpu_bytes,
+    kv_cache_bytes,
 )
 
 logger = logging.getLogger(__name__)
@@ -41,11 +43,10 @@ PoolEventKind = Literal["loaded", "load_failed", "busy", "unloaded"]
 
 @dataclass(frozen=True)
 class MemoryNeed:
-    """What one loaded model holds: RAM, and VRAM on one GPU."""
+    """What one loaded model holds: RAM, and VRAM by GPU index."""
 
     ram_bytes: int
-    gpu_bytes: int = 0
-    gpu_index: int | None = None
+    gpu_bytes: Mapping[int, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -64,24 +65,22 @@ class MemoryBudget:
         ram, gpu = 0, dict.fromkeys(self.gpu_bytes, 0)
         for need in needs:
             ram += need.ram_bytes
-            if need.gpu_index is not None and need.gpu_bytes:
-                gpu[need.gpu_index] = gpu.get(need.gpu_index, 0) + need.gpu_bytes
+            for index, used in need.gpu_bytes.items():
+                gpu[index] = gpu.get(index, 0) + used
         return ram <= self.ram_bytes and all(used <= self.gpu_bytes.get(index, 0) for index, used in gpu.items())
 
 
 def memory_need(facts: ModelFacts, plan: Plan) -> MemoryNeed:
-    """The planner's estimate of what `plan` holds once loaded (the sums plan_offload checks)."""
-    n_layers = max(facts.n_layers, 1)
-    on_gpu = min(plan.n_gpu_layers, facts.n_layers)
+    """The planner's estimate of what `plan` holds once loaded: its VRAM by GPU (`gpu_bytes`), and
+    the RAM sum plan_offload checks (the layers and KV cache left on the CPU, the embedding table,
+    logits, compute buffers)."""
+    on_gpu = min(plan.n_gpu_layers, facts.n_layers) / max(facts.n_layers, 1)
     head_on_gpu = plan.n_gpu_layers > facts.n_layers
-    kv_per_layer = facts.kv_bytes_per_token * plan.n_ctx // n_layers
-    cpu_layers = facts.n_layers - on_gpu
-    # The embedding table stays in RAM even on a GPU; the output head moves with the last layer.
-    other_ram = facts.other_bytes // 2 if head_on_gpu else facts.other_bytes
-    ram = (cpu_layers * (facts.layer_bytes + kv_per_layer) + other_ram + facts.n_vocab * 4 * plan.n_seq
-           + CPU_OVERHEAD_BYTES)
-    gpu = on_gpu * (facts.layer_bytes + kv_per_layer) + (facts.other_bytes - other_ram)
-    return MemoryNeed(ram, gpu, plan.gpu_index if gpu else None)
+    layers = int(facts.n_layers * facts.layer_bytes * (1 - on_gpu))
+    kv = int(kv_cache_bytes(facts, plan.n_ctx, plan.kv_type) * (1 - on_gpu))
+    other = facts.other_bytes // 2 if head_on_gpu else facts.other_bytes
+    ram = layers + kv + other + facts.n_vocab * 4 * plan.n_seq + CPU_OVERHEAD_BYTES
+    return MemoryNeed(ram, gpu_bytes(facts, plan))
 
 
 class ModelBusyError(LocalchatError):

@@ -189,10 +189,13 @@ def test_the_first_model_is_admitted_even_if_the_estimate_exceeds_the_budget() -
 def test_memory_need_splits_ram_and_vram_as_the_planner_does() -> None:
     facts = ModelFacts("gguf", n_layers=10, n_ctx_train=4096, layer_bytes=100 * MIB, other_bytes=200 * MIB,
                        kv_bytes_per_token=10 * 1024, n_vocab=1000)
-    cpu = Plan("llama.cpp", 4096, 0, 2, 2, 1, True, None)
     kv = 10 * 1024 * 4096
+    cpu = Plan("llama.cpp", 4096, 0, 2, 2, 1, True, None)
     assert memory_need(facts, cpu) == MemoryNeed(1000 * MIB + kv + 200 * MIB + 4000 + CPU_OVERHEAD_BYTES)
     gpu = Plan("llama.cpp", 4096, 11, 2, 2, 1, True, 0)  # every layer and the head
-    assert memory_need(facts, gpu) == MemoryNeed(100 * MIB + 4000 + CPU_OVERHEAD_BYTES, 1000 * MIB + kv + 100 * MIB, 0)
+    assert memory_need(facts, gpu) == MemoryNeed(100 * MIB + 4000 + CPU_OVERHEAD_BYTES, {0: 1000 * MIB + kv + 200 * MIB})
+    q8 = Plan("llama.cpp", 4096, 11, 2, 2, 1, True, 0, kv_type="q8_0")  # a smaller KV cache in the same VRAM
+    assert memory_need(facts, q8).gpu_bytes[0] < memory_need(facts, gpu).gpu_bytes[0]
     budget = MemoryBudget(2 * GIB, {0: 1 * GIB})
     assert budget.holds([memory_need(facts, cpu)]) and not budget.holds([memory_need(facts, gpu)])
+    assert not MemoryBudget(100 * GIB).holds([memory_need(facts, gpu)])  # no such GPU here
