@@ -165,6 +165,10 @@ def token_logprob(logits: np.ndarray, token: int, top: int) -> TokenLogprob:
     return TokenLogprob(token, float(logits[token]) - log_norm, best)
 
 
+# Rows of one `evaluate_all` that `sample(row=...)` can read: every row of a call this long or shorter.
+ROW_LIMIT = 64
+
+
 class Sampler(Protocol):
     """A stateful sampler (penalties remember what it produced); made by a backend."""
 
@@ -205,6 +209,13 @@ class Backend(Protocol):
         """One decode step for several sequences: `(seq, token, position)` each, logits kept for all."""
         ...
 
+    def evaluate_all(self, seq: int, tokens: Sequence[int], start: int) -> np.ndarray:
+        """Write `tokens` into `seq`'s KV cache at positions `start...` and return every position's
+        logits, `(len(tokens), n_vocab)`: row i follows `tokens[i]` (one call verifies a draft).
+        `sample` and `logits` then read row `row` of it; for more than `ROW_LIMIT` tokens only the
+        last rows remain readable that way. The rows may be a view, valid until the next evaluation."""
+        ...
+
     def truncate(self, seq: int, start: int) -> None:
         """Drop `seq`'s KV cache from position `start` on (`start == 0` clears it)."""
         ...
@@ -213,13 +224,14 @@ class Backend(Protocol):
         """A sampler with `settings`; with a `guide`, only tokens its grammar allows are picked."""
         ...
 
-    def sample(self, seq: int, sampler: Sampler) -> int:
-        """Pick the next token for `seq` from the logits of its last evaluated token."""
+    def sample(self, seq: int, sampler: Sampler, row: int = -1) -> int:
+        """Pick the next token for `seq` from the logits of its last evaluated token (or of row
+        `row` of the last `evaluate_all`)."""
         ...
 
-    def logits(self, seq: int) -> np.ndarray:
-        """The raw logits of `seq`'s last evaluated token (a view, valid until the next
-        evaluation; sampling may rewrite it in place)."""
+    def logits(self, seq: int, row: int = -1) -> np.ndarray:
+        """The raw logits `sample` reads (a view, valid until the next evaluation; sampling may
+        rewrite it in place)."""
         ...
 
     def score(self, seq: int, tokens: Sequence[int]) -> TokenScores:

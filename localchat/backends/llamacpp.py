@@ -17,7 +17,7 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
-from localchat.backends.base import DRY_SEQUENCE_BREAKERS, ModelInfo, SamplerSettings, TokenScores, score_rows
+from localchat.backends.base import DRY_SEQUENCE_BREAKERS, ROW_LIMIT, ModelInfo, SamplerSettings, TokenScores, score_rows
 from localchat.constraints import TokenGuide
 from localchat.errors import ContextOverflowError, InferenceError, ModelError
 from localchat.planner import BuildFeatures, FlashAttn, KvType, Plan
@@ -222,6 +222,7 @@ class LlamaCppBackend:
         self.n_seq = plan.n_seq
         self._batch = llama_cpp.llama_batch_init(max(PROMPT_BATCH, plan.n_seq), 0, 1)
         self._output_index: dict[int, int] = {}
+        self._first_row: dict[int, int] = {}
         self._piece_cache: dict[int, bytes] = {}
         self._piece_buffer = ctypes.create_string_buffer(256)
         self._dry_samplers: dict[tuple[float, float, int, int], llama_cpp.llama_sampler_p] = {}
@@ -328,6 +329,20 @@ class LlamaCppBackend:
         self._decode(len(items))
         self._output_index = {seq: i for i, (seq, _, _) in enumerate(items)}
 
+    def evaluate_all(self, seq: int, tokens: Sequence[int], start: int) -> np.ndarray:
+        n_vocab = self.info.n_vocab
+        chunk = min(ROW_LIMIT, self._n_batch)
+        rows = []
+        for offset in range(0, len(tokens), chunk):
+            part = tokens[offset : offset + chunk]
+            self.evaluate(seq, part, start + offset, all_logits=True)
+            view = np.ctypeslib.as_array(llama_cpp.llama_get_logits(self._ctx), shape=(len(part), n_vocab))
+            # Earlier chunks' rows are overwritten by the next decode: copied.
+            rows.append(view if offset + chunk >= len(tokens) else view.copy())
+        # Row r of the call is output r - first of llama.cpp's last decode.
+        self._first_row = {seq: len(tokens) - len(rows[-1])}
+        return rows[0] if len(rows) == 1 else np.concatenate(rows)
+
     def truncate(self, seq: int, start: int) -> None:
         if not llama_cpp.llama_memory_seq_rm(self._memory, seq, start, -1):
             # Cannot happen with swa_full; clearing the whole sequence always works.
@@ -354,8 +369,17 @@ class LlamaCppBackend:
             )
         return sampler
 
-    def sample(self, seq: int, sampler: LlamaSampler) -> int:  # type: ignore[override]
-        index = self._output_index[seq]
+    def _index(self, seq: int, row: int) -> int:
+        """llama.cpp's output index of `seq`'s last token, or of row `row` of `evaluate_all`."""
+        if row < 0:
+            return self._output_index[seq]
+        index = row - self._first_row[seq]
+        if index < 0:
+            raise ValueError(f"row {row} of the last evaluation is no longer held (only the last {ROW_LIMIT} are)")
+        return index
+
+    def sample(self, seq: int, sampler: LlamaSampler, row: int = -1) -> int:  # type: ignore[override]
+        index = self._index(seq, row)
         guide = sampler.guide
         if guide is not None:
             # The chain reads the logits in place: the grammar's -inf are written there first.
@@ -370,9 +394,9 @@ class LlamaCppBackend:
             guide.consume(token)
         return token
 
-    def logits(self, seq: int) -> np.ndarray:
-        row = llama_cpp.llama_get_logits_ith(self._ctx, self._output_index[seq])
-        return np.ctypeslib.as_array(row, shape=(self.info.n_vocab,))
+    def logits(self, seq: int, row: int = -1) -> np.ndarray:
+        pointer = llama_cpp.llama_get_logits_ith(self._ctx, self._index(seq, row))
+        return np.ctypeslib.as_array(pointer, shape=(self.info.n_vocab,))
 
     def score(self, seq: int, tokens: Sequence[int]) -> TokenScores:
         self.truncate(seq, 0)

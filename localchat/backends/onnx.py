@@ -366,6 +366,8 @@ class OnnxBackend:
         self._seq_stride = int(np.prod(self._kv_shape[1:])) * 4
         self.lengths = [0] * self.n_seq
         self._logits = np.zeros((self.n_seq, n_vocab), dtype=np.float32)
+        # Each sequence's rows of its last `evaluate_all`, for `sample(row=...)`.
+        self._rows: dict[int, np.ndarray] = {}
         self._bindings = [self._make_binding(seq) for seq in range(self.n_seq)]
         self._batch_binding = self._make_binding(None) if self.n_seq > 1 else None
         self._lock = threading.Lock()
@@ -509,6 +511,12 @@ class OnnxBackend:
         for seq, _, position in items:
             self.lengths[seq] = position + 1
 
+    def evaluate_all(self, seq: int, tokens: Sequence[int], start: int) -> np.ndarray:
+        rows = self.evaluate(seq, tokens, start, all_logits=True)
+        assert rows is not None
+        self._rows[seq] = rows
+        return rows
+
     def truncate(self, seq: int, start: int) -> None:
         self.lengths[seq] = min(self.lengths[seq], start)
 
@@ -526,11 +534,11 @@ class OnnxBackend:
             )
         return self._breaker_mask
 
-    def sample(self, seq: int, sampler: NumpySampler) -> int:  # type: ignore[override]
-        return sampler.pick(self._logits[seq])
+    def sample(self, seq: int, sampler: NumpySampler, row: int = -1) -> int:  # type: ignore[override]
+        return sampler.pick(self.logits(seq, row))
 
-    def logits(self, seq: int) -> np.ndarray:
-        return self._logits[seq]
+    def logits(self, seq: int, row: int = -1) -> np.ndarray:
+        return self._logits[seq] if row < 0 else self._rows[seq][row]
 
     def score(self, seq: int, tokens: Sequence[int]) -> TokenScores:
         self.truncate(seq, 0)
