@@ -25,6 +25,9 @@ from localchat.prefix_cache import common_prefix_length
 from localchat.session import Decoder, GenerationSettings, GenerationStats, Reply, Session
 
 logger = logging.getLogger(__name__)
+# Tokens by which a continued conversation may part from its last prompt before its end without a
+# rewrite: the prompt's last tokens may merge with the reply's first when the history is retokenized.
+REWRITE_SLACK_TOKENS = 4
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,7 @@ class _Slot:
     request: ScheduledReply | None = None
     decoder: Decoder | None = None
     last_used: int = 0  # the step it last finished a reply, to pick the least recently used
+    prompt_length: int = 0  # its last request's prompt: a continuation that parts from it inside was rewritten
 
     @property
     def seq(self) -> int:
@@ -105,6 +109,7 @@ class Scheduler:
         self._wake = threading.Condition()
         self._stopping = False
         self._step = 0
+        self._rewrite_logged = False
         self._thread = threading.Thread(target=self._run, name="localchat-scheduler", daemon=True)
 
     # -- the front side (any thread) ------------------------------------------------
@@ -242,6 +247,7 @@ class Scheduler:
                     slot.request = None
                     return False
                 reply.prefilled(*session.prefill(request.prompt))
+            self._note_rewritten_history(slot, request.prompt, reply.cached_tokens)
             slot.decoder = Decoder(session, reply, request.settings.sampler, request.prompt)
             self._sample(slot)
         except Exception as error:
@@ -249,6 +255,21 @@ class Scheduler:
             logger.exception("a reply failed while starting")
             self._fail(slot, str(error) or type(error).__name__)
         return True
+
+    def _note_rewritten_history(self, slot: _Slot, prompt: list[int], cached: int) -> None:
+        """Say once why a conversation's turns recompute more than their new tokens: its new prompt
+        continues the slot's last one but parts from it inside (by more than a few tokens of
+        retokenization where the reply began), so the template rewrote an earlier turn."""
+        previous, slot.prompt_length = slot.prompt_length, len(prompt)
+        if self._rewrite_logged or not previous // 2 <= cached < previous - REWRITE_SLACK_TOKENS or len(prompt) <= previous:
+            return
+        self._rewrite_logged = True
+        logger.warning(
+            "a conversation's new prompt rewrites its earlier turns: it matches the %d tokens of the last prompt only "
+            "for %d, so %d tokens were computed instead of its %d new ones. The chat template renders earlier turns "
+            "differently from how they were written (Qwen 3 and DeepSeek R1 drop their thinking, or the empty block "
+            "of enable_thinking=false). Each reply's usage.prompt_tokens_details.cached_tokens shows what was reused. "
+            "Logged once.", previous, cached, len(prompt) - cached, len(prompt) - previous)
 
     def _decode_step(self) -> None:
         """One token for every active slot, in one batch."""

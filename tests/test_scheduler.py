@@ -95,3 +95,33 @@ def test_a_cancelled_reply_frees_its_slot_for_the_next(two_slots: Engine) -> Non
         assert scheduler.busy_slots == 0 and scheduler.waiting == 0
     finally:
         scheduler.close()
+
+
+def test_a_history_rewritten_inside_is_logged_once(two_slots: Engine, caplog: pytest.LogCaptureFixture) -> None:
+    """A template that renders earlier turns differently (Qwen 3 dropping thinking) makes each turn
+    recompute its last reply: said once in the log; a plain continuation says nothing."""
+    system = Message("system", "You keep the ledger of a lighthouse and answer questions about it. " * 4)
+    turns = [system, Message("user", "Who kept the ledger?")]
+
+    def ask(messages: list[Message]) -> tuple[str, GenerationStats]:
+        sink: queue.SimpleQueue[ReplyEvent] = queue.SimpleQueue()
+        scheduler.submit(tokenize_chat(two_slots.backend, two_slots.template, messages), GREEDY, sink.put)
+        return collect(sink)
+
+    scheduler = Scheduler(two_slots, max_waiting=0)
+    scheduler.start()
+    try:
+        with caplog.at_level("WARNING", logger="localchat.scheduler"):
+            first, _ = ask(turns)
+            turns += [Message("assistant", first), Message("user", "For how long?")]
+            _, continued = ask(turns)
+            assert not caplog.records and continued.cached_tokens > continued.prompt_tokens - 24
+            # The first answer comes back as another text, as a template dropping its thinking writes it.
+            turns[2] = Message("assistant", "It was the keeper. " + first)
+            rewritten_prompt = tokenize_chat(two_slots.backend, two_slots.template, turns)
+            _, rewritten = ask(turns + [Message("assistant", "Ten years."), Message("user", "Why?")])
+            ask(turns + [Message("assistant", "Ten years, no more."), Message("user", "Why?")])
+    finally:
+        scheduler.close()
+    assert rewritten.cached_tokens < len(rewritten_prompt) - 10
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == ["a conversation's new prompt rewrites its earlier turns"]
