@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from localchat.backends.base import Backend
+from localchat.chat_engine import THINKING_SWITCH, LocalChat
 from localchat.errors import ModelError
 from localchat.hardware import Hardware, detect_hardware
 from localchat.models import ModelRef, inspect_gguf, resolve_model
@@ -127,6 +128,37 @@ class Engine:
         """A conversation on sequence `seq`; chats on one sequence take turns with its KV cache."""
         messages = [Message("system", system_prompt)] if system_prompt else []
         return Chat(self.sessions[seq], self.template, messages)
+
+    # The chat interface (localchat.chat_engine.ChatEngine) that front ends use.
+
+    @property
+    def model_name(self) -> str:
+        return self.model_plan.model.name
+
+    @property
+    def backend_label(self) -> str:
+        return self.backend.name
+
+    @property
+    def context_size(self) -> int:
+        return self.backend.n_ctx
+
+    @property
+    def uses_gpu(self) -> bool:
+        return self.plan.uses_gpu
+
+    @property
+    def can_switch_thinking(self) -> bool:
+        return THINKING_SWITCH in self.template.source
+
+    def open_chat(self, messages: list[Message], *, thinking: bool = True) -> LocalChat:
+        """A conversation from `messages` on the first sequence (the prefix cache makes returning
+        to an earlier one cheap)."""
+        switch: dict[str, object] = {} if thinking else {THINKING_SWITCH: False}
+        return LocalChat(self.sessions[0], self.template, messages, template_kwargs=switch)
+
+    def token_count(self, text: str) -> int:
+        return len(self.backend.tokenize(text, add_bos=False, special=False))
 
     def close(self) -> None:
         """Free the model. What the sessions hold goes to the prefix cache first, and the cache to

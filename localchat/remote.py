@@ -23,7 +23,10 @@ import httpx2
 import openai
 from openai import OpenAI
 
+from localchat.chat_engine import ContextUse
+from localchat.chat_formats import GENERIC
 from localchat.errors import LocalchatError
+from localchat.reply_parser import ReplyParser
 from localchat.session import GenerationSettings, GenerationStats
 from localchat.templates import Message
 
@@ -109,6 +112,7 @@ class RemoteServer:
     """A connection to one remote server and the model it serves."""
 
     backend_name = "remote"
+    context_size: int | None  # when the server says it (vLLM's max_model_len)
 
     def __init__(self, endpoint: RemoteEndpoint) -> None:
         self.endpoint = endpoint
@@ -140,6 +144,25 @@ class RemoteServer:
     @property
     def name(self) -> str:
         return self.model
+
+    # The chat interface (localchat.chat_engine.ChatEngine) that front ends use.
+
+    @property
+    def model_name(self) -> str:
+        return self.model
+
+    @property
+    def backend_label(self) -> str:
+        return f"remote {urlsplit(self.endpoint.base_url).netloc}"
+
+    uses_gpu = False  # not this machine's
+    can_switch_thinking = False  # the server's template decides
+
+    def open_chat(self, messages: list[Message], *, thinking: bool = True) -> RemoteChat:
+        return RemoteChat(self, messages)
+
+    def token_count(self, text: str) -> None:
+        return None  # only the server's usage counts tokens
 
     def new_chat(self, system_prompt: str | None = None) -> RemoteChat:
         return RemoteChat(self, [Message("system", system_prompt)] if system_prompt else [])
@@ -274,13 +297,33 @@ class RemoteChat:
 
     server: RemoteServer
     messages: list[Message]
+    last: RemoteGeneration | None = None  # the last reply started
 
     def send(self, content: str, settings: GenerationSettings = GenerationSettings()) -> RemoteGeneration:
         self.messages.append(Message("user", content))
         return self.reply(settings)
 
     def reply(self, settings: GenerationSettings = GenerationSettings()) -> RemoteGeneration:
-        return self.server.generate(list(self.messages), settings)
+        self.last = self.server.generate(list(self.messages), settings)
+        return self.last
 
-    def commit(self, text: str) -> None:
-        self.messages.append(Message("assistant", text))
+    def commit(self, text: str, reasoning: str | None = None) -> None:
+        self.messages.append(Message("assistant", text, reasoning=reasoning or None))
+
+    def reply_parser(self) -> ReplyParser:
+        # The server keeps the reply's reasoning out of its content: the text is all answer.
+        return ReplyParser(GENERIC, calls=False)
+
+    def reply_settings(self, settings: GenerationSettings) -> GenerationSettings:
+        return settings
+
+    def next_context(self, settings: GenerationSettings) -> ContextUse:
+        return ContextUse(None)  # tokens are counted by the server, once it has the prompt
+
+    def context_used(self) -> int | None:
+        """The last reply's prompt and completion, from the server's usage once it ended."""
+        stats = self.last.stats if self.last is not None else None
+        return stats.prompt_tokens + stats.completion_tokens if stats is not None and stats.prompt_tokens else None
+
+    def left_out(self) -> int:
+        return 0  # sent whole; a server whose context it overflows refuses it

@@ -7,7 +7,6 @@ finished message goes to the conversation store in its own transaction.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from dataclasses import dataclass, field
@@ -22,13 +21,16 @@ from textual.widget import Widget
 from textual.widgets import Footer, Label, ProgressBar
 from textual.worker import get_current_worker
 
+from localchat.chat_engine import ChatEngine, EngineChat
+from localchat.conversation import OpenConversation, Turn
 from localchat.engine import Engine
 from localchat.errors import LocalchatError
 from localchat.hardware import gpu_memory_used_bytes, process_rss_bytes
-from localchat.history import DEFAULT_TITLE, Conversation, ConversationStore, title_from
+from localchat.history import ConversationStore
 from localchat.hub import HubModelName, PullCancelled, cached_models, pull
 from localchat.models import DEFAULT_MODEL_FILE, DEFAULT_MODEL_NAME, local_models
 from localchat.planner import PlanRequest
+from localchat.remote import RemoteEndpoint, RemoteServer
 from localchat.reply_parser import (
     ContentDelta,
     ParsedReply,
@@ -36,9 +38,8 @@ from localchat.reply_parser import (
     ReplyParser,
     ReplyPart,
 )
-from localchat.session import Chat, Generation, GenerationSettings, GenerationStats
+from localchat.session import GenerationSettings, GenerationStats
 from localchat.settings import Settings
-from localchat.templates import Message as ChatMessage
 from tui.widgets.dialogs import (
     Confirm,
     HelpScreen,
@@ -70,8 +71,6 @@ UNANSWERED = "This message has no answer: localchat stopped while writing it. Ct
 # Keys handled by the message editor itself, for the help screen.
 EDITOR_KEYS = [("Enter", "send the message"), ("Ctrl+J / Shift+Enter", "new line in the message")]
 THEMES = ("textual-dark", "textual-light")
-# The template variable that turns a model's thinking off (Qwen 3, SmolLM3, DeepSeek V3.1 read it).
-THINKING_SWITCH = "enable_thinking"
 
 
 # Messages from the worker threads to the app.
@@ -86,7 +85,7 @@ class ReplyText(Message):
 class ReplyStats(Message):
     tokens_per_s: float
     ttft_s: float | None
-    context_used: int
+    context_used: int | None
 
 
 @dataclass
@@ -101,7 +100,7 @@ class LoadProgress(Message):
 
 @dataclass
 class ModelLoaded(Message):
-    engine: Engine
+    engine: ChatEngine
     label: str
 
 
@@ -126,14 +125,11 @@ class PullEnded(Message):
 
 @dataclass
 class Reply:
-    """A reply being generated, and where it belongs once it ends."""
+    """A reply being generated (the turn that stores it) and where it is drawn."""
 
-    conversation_id: int
-    chat: Chat
-    generation: Generation
+    turn: Turn
     widget: AssistantMessage
     parser: ReplyParser  # the text as it reaches the view -> reasoning and content
-    replacing: int | None = None  # the stored answer a regenerated one replaces
     parsed: ParsedReply = field(default_factory=ParsedReply)
     thinking: Reasoning | None = None  # mounted above the answer once reasoning arrives
     done: threading.Event = field(default_factory=threading.Event)
@@ -176,24 +172,32 @@ class ChatApp(App[int]):
         *,
         model: str | None = None,
         request: PlanRequest = PlanRequest(),
-        engine: Engine | None = None,
+        engine: ChatEngine | None = None,
+        remote: RemoteEndpoint | None = None,
         store: ConversationStore | None = None,
         reply_settings: GenerationSettings = REPLY_SETTINGS,
     ) -> None:
-        """Loads `model` on start, or uses `engine` as given (the caller then closes it)."""
+        """Loads `model` on start (or connects to `remote`), or uses `engine` as given (the caller
+        then closes it)."""
         super().__init__()
         self.reply_settings = reply_settings
         self.last_stats: GenerationStats | None = None
         self.settings = settings
         self.request = request
         self.engine = engine
-        self.model_label = (engine.model_plan.model.name if engine else model) or DEFAULT_MODEL_NAME
+        self.remote = remote
+        if engine is not None:
+            label = engine.model_name
+        elif remote is not None:
+            label = remote.base_url + (f"#{remote.model}" if remote.model else "")
+        else:
+            label = model or DEFAULT_MODEL_NAME
+        self.model_label = label
         self._model_arg = model
         self._owned: set[int] = set()  # ids of engines this app loaded and must close
         self.store = store or ConversationStore.open(settings)
         self._owns_store = store is None
-        self.conversation: Conversation | None = None
-        self.chat: Chat | None = None
+        self.conversation: OpenConversation | None = None
         self.reply: Reply | None = None
         self.loading = False
         self.thinking = True  # the stored preference replaces it on mount
@@ -251,12 +255,21 @@ class ChatApp(App[int]):
         self.status.state = "loading"
         self._load(model, label)
 
+    @property
+    def chat(self) -> EngineChat | None:
+        """The open conversation's chat on the engine (None without one)."""
+        return self.conversation.chat if self.conversation is not None else None
+
     @work(thread=True, exclusive=True, group="load")
     def _load(self, model: str | None, label: str) -> None:
+        engine: ChatEngine
         try:
-            engine = Engine.load(
-                model, self.settings, self.request, on_progress=lambda f: self.post_message(LoadProgress(f))
-            )
+            if self.remote is not None:
+                engine = RemoteServer(self.remote)
+            else:
+                engine = Engine.load(
+                    model, self.settings, self.request, on_progress=lambda f: self.post_message(LoadProgress(f))
+                )
         except (LocalchatError, OSError) as error:
             self.post_message(ModelFailed(label, str(error)))
             return
@@ -283,10 +296,10 @@ class ChatApp(App[int]):
         self.query_one("#load").display = False
         if self.engine is not None:
             self._show_engine()
-            what = f"kept {self.engine.model_plan.model.name}"
+            what = f"kept {self.engine.model_name}"
         else:
             self.status.state = "no model"
-            what = "press Ctrl+O to choose another model"
+            what = "press Ctrl+R to try again" if self.remote is not None else "press Ctrl+O to choose another model"
         text = f"Could not load {message.label}: {message.error}\n({what})"
         await self.conversation_view.mount(Notice(text, classes="error", markup=False))
         self.conversation_view.scroll_end(animate=False)
@@ -295,28 +308,26 @@ class ChatApp(App[int]):
     def _show_engine(self) -> None:
         assert self.engine is not None
         self.status.state = "ready"
-        self.status.backend = self.engine.backend.name
-        self.status.model = self.engine.model_plan.model.name
-        self.status.context_size = self.engine.backend.n_ctx
-        self.status.gpu_bytes = gpu_memory_used_bytes() if self.engine.plan.uses_gpu else None
-        self.prompt.placeholder = f"Message {self.engine.model_plan.model.name}"
+        self.status.backend = self.engine.backend_label
+        self.status.model = self.engine.model_name
+        self.status.context_size = self.engine.context_size or 0
+        self.status.gpu_bytes = gpu_memory_used_bytes() if self.engine.uses_gpu else None
+        self.prompt.placeholder = f"Message {self.engine.model_name}"
         self._show_context()
 
     def _show_context(self) -> None:
         """Tokens the open conversation fills in the context (the prompt for its next reply), and
         the messages that prompt leaves out."""
-        if self.chat is None or not self.chat.messages:
-            self.status.context_used = self.status.left_out = 0
-            self._mark_context_start(0)
+        if self.conversation is None:
             return
-        try:
-            prompt = self.chat.fit(self.chat.reply_room(self.reply_settings))
-        except LocalchatError:
+        use = self.conversation.next_context(self.reply_settings)
+        if use is None:  # it no longer fits
             self.status.context_used = self.status.context_size
             return
-        self.status.context_used = len(prompt.tokens)
-        self.status.left_out = prompt.left_out
-        self._mark_context_start(prompt.left_out)
+        if use.tokens is not None:
+            self.status.context_used = use.tokens
+        self.status.left_out = use.left_out
+        self._mark_context_start(use.left_out)
 
     def _mark_context_start(self, left_out: int) -> None:
         """A line above the first message the model still sees, when older ones are left out of
@@ -324,9 +335,9 @@ class ChatApp(App[int]):
         for old in self.conversation_view.query(ContextStart):
             old.remove()
         shown = self.conversation_view.query("UserMessage, AssistantMessage").nodes
-        if left_out <= 0 or left_out >= len(shown) or self.engine is None:
+        if left_out <= 0 or left_out >= len(shown) or self.engine is None or self.engine.context_size is None:
             return
-        self.conversation_view.mount(ContextStart(left_out, self.engine.backend.n_ctx), before=self._top_of(shown[left_out]))
+        self.conversation_view.mount(ContextStart(left_out, self.engine.context_size), before=self._top_of(shown[left_out]))
 
     def _top_of(self, message: Widget) -> Widget:
         """A message's first widget in the view: its thinking, when an answer has some."""
@@ -336,21 +347,14 @@ class ChatApp(App[int]):
 
     def _sample_memory(self) -> None:
         self.status.rss_bytes = process_rss_bytes()
-        if self.engine is not None and self.engine.plan.uses_gpu:
+        if self.engine is not None and self.engine.uses_gpu:
             self.status.gpu_bytes = gpu_memory_used_bytes()
 
     # Conversations
 
     def _rebuild_chat(self) -> None:
-        """The open conversation as a Chat on the one KV sequence; the prefix cache makes
-        returning to an earlier conversation cheap."""
-        if self.engine is None or self.conversation is None:
-            self.chat = None
-            return
-        messages = [ChatMessage("system", self.conversation.system_prompt)] if self.conversation.system_prompt else []
-        messages += [m.as_message() for m in self.store.messages(self.conversation.id)]
-        switch = {} if self.thinking else {THINKING_SWITCH: False}
-        self.chat = Chat(self.engine.sessions[0], self.engine.template, messages, template_kwargs=switch)
+        if self.conversation is not None:
+            self.conversation.attach(self.engine, thinking=self.thinking)
 
     def _refresh_list(self) -> None:
         self.query_one(ConversationList).show(
@@ -360,12 +364,8 @@ class ChatApp(App[int]):
     async def open_conversation(self, conversation_id: int | None) -> None:
         """Show a stored conversation, or a fresh one when `conversation_id` is None."""
         self._stop_reply()
-        conversation = self.store.get(conversation_id) if conversation_id is not None else None
-        if conversation is None:
-            conversation = self.store.create()
-        self.conversation = conversation
-        self._rebuild_chat()
-        stored = self.store.messages(conversation.id)
+        self.conversation = OpenConversation.open(self.store, conversation_id, self.engine, thinking=self.thinking)
+        stored = self.conversation.messages()
         widgets: list[Widget] = []
         for m in stored:
             if m.reasoning:
@@ -394,12 +394,8 @@ class ChatApp(App[int]):
         else:
             self._delete(message.conversation_id)
 
-    def _is_empty(self, conversation: Conversation) -> bool:
-        return conversation.title == DEFAULT_TITLE and not conversation.system_prompt and not self.store.messages(conversation.id)
-
     async def action_new_chat(self) -> None:
-        current = self.store.get(self.conversation.id) if self.conversation else None
-        if current is not None and self._is_empty(current):
+        if self.conversation is not None and self.conversation.is_empty():
             self.prompt.focus()
             return  # the open conversation is already a new one
         await self.open_conversation(None)
@@ -418,7 +414,7 @@ class ChatApp(App[int]):
             if title is not None:
                 self.store.rename(conversation_id, title)
                 if self.conversation and self.conversation.id == conversation_id:
-                    self.conversation = self.store.get(conversation_id)
+                    self.conversation.reload()
                 self._refresh_list()
 
         self.push_screen(TextPrompt("Rename the conversation", conversation.title), done)
@@ -435,7 +431,7 @@ class ChatApp(App[int]):
         async def done(yes: bool | None) -> None:
             if not yes:
                 return
-            if self.reply is not None and self.reply.conversation_id == conversation_id:
+            if self.reply is not None and self.reply.turn.conversation_id == conversation_id:
                 self._stop_reply()  # its end finds the conversation gone and stores nothing
             self.store.delete(conversation_id)
             if self.conversation and self.conversation.id == conversation_id:
@@ -456,7 +452,7 @@ class ChatApp(App[int]):
                 return
             self.store.set_system_prompt(conversation_id, text)
             if self.conversation and self.conversation.id == conversation_id:
-                self.conversation = self.store.get(conversation_id)
+                self.conversation.reload()
                 if self.reply is None:
                     self._rebuild_chat()
                     if self.engine is not None:
@@ -491,8 +487,8 @@ class ChatApp(App[int]):
         if self.engine is not None:
             self._show_context()
         said = "Thinking on" if self.thinking else "Thinking off"
-        if self.engine is not None and THINKING_SWITCH not in self.engine.template.source:
-            self.notify(f"{said}, but {self.engine.model_plan.model.name}'s chat template has no switch for it", timeout=5)
+        if self.engine is not None and not self.engine.can_switch_thinking:
+            self.notify(f"{said}, but {self.engine.model_name}'s chat template has no switch for it", timeout=5)
         else:
             self.notify(said, timeout=2)
 
@@ -505,28 +501,18 @@ class ChatApp(App[int]):
             return
         if not self._can_generate():
             return
-        assert self.chat is not None and self.conversation is not None
-        if self.chat.messages and self.chat.messages[-1].role == "user":
-            # A question left unanswered (the app was killed while writing): record an empty answer
-            # so roles keep alternating, as many chat templates require.
-            self.store.add_message(self.conversation.id, "assistant", "")
-            self.chat.commit("")
-            await self.conversation_view.mount(AssistantMessage())
+        assert self.conversation is not None
         try:
-            generation = self.chat.send(text, self._settings_for(self.chat))
+            sent = self.conversation.send(text, self.reply_settings)
         except LocalchatError as error:
-            self.chat.messages.pop()  # send() added the message before it found it too long
             self.notify(str(error), title="Not sent", severity="error", timeout=8)
             return
-        conversation_id = self.conversation.id
-        self.store.add_message(conversation_id, "user", text)
-        if self.conversation.title == DEFAULT_TITLE:
-            self.store.rename(conversation_id, title_from(text))
-            self.conversation = self.store.get(conversation_id)
+        if sent.filled_unanswered:
+            await self.conversation_view.mount(AssistantMessage())
         self.prompt.clear()
         await self.conversation_view.query("#welcome, #unanswered").remove()
         await self.conversation_view.mount(UserMessage(text))
-        await self._start_reply(generation)
+        await self._start_reply(sent.turn)
         self._refresh_list()
 
     def _can_generate(self) -> bool:
@@ -541,49 +527,37 @@ class ChatApp(App[int]):
         return False
 
     async def action_regenerate(self) -> None:
+        if self.engine is None and self.remote is not None and not self.loading:
+            self.load_model(None, self.model_label)  # the remote was not reachable: try again
+            return
         if not self._can_generate():
             return
-        assert self.chat is not None and self.conversation is not None
-        messages = self.chat.messages
-        replacing = None
-        if messages and messages[-1].role == "assistant":
-            stored = self.store.messages(self.conversation.id)
-            replacing = stored[-1].id if stored and stored[-1].role == "assistant" else None
-            old = messages.pop()
-        if not messages or messages[-1].role != "user":
-            self.notify("There is no answer to regenerate yet.", timeout=3)
-            return
+        assert self.conversation is not None
         try:
-            generation = self.chat.reply(self._settings_for(self.chat))
+            turn = self.conversation.regenerate(self.reply_settings)
         except LocalchatError as error:
-            if replacing is not None:
-                messages.append(old)
             self.notify(str(error), severity="error", timeout=8)
             return
+        if turn is None:
+            self.notify("There is no answer to regenerate yet.", timeout=3)
+            return
         answers = self.conversation_view.query(AssistantMessage)
-        if replacing is not None and answers:
+        if turn.replacing is not None and answers:
             last = answers.last()
             top = self._top_of(last)
             if top is not last:
                 await top.remove()
             await last.remove()
         await self.conversation_view.query("#unanswered").remove()
-        await self._start_reply(generation, replacing)
+        await self._start_reply(turn)
 
-    def _settings_for(self, chat: Chat) -> GenerationSettings:
-        """The reply settings, with the reasoning markers that are control tokens shown in the
-        text, so that the reply's thinking can be told apart."""
-        shown = self.reply_settings.shown_tokens | chat.reasoning_tokens
-        return dataclasses.replace(self.reply_settings, shown_tokens=shown)
-
-    async def _start_reply(self, generation: Generation, replacing: int | None = None) -> None:
-        assert self.chat is not None and self.conversation is not None
+    async def _start_reply(self, turn: Turn) -> None:
         widget = AssistantMessage()
         await self.conversation_view.mount(widget)
         await widget.start_stream()
         self.conversation_view.scroll_end(animate=False)
-        self.reply = Reply(self.conversation.id, self.chat, generation, widget, self.chat.reply_parser(), replacing)
-        left_out = self.chat.prompt.left_out if self.chat.prompt is not None else 0
+        self.reply = Reply(turn, widget, turn.chat.reply_parser())
+        left_out = turn.chat.left_out()
         self.status.left_out = left_out
         self._mark_context_start(left_out)
         self.status.state = "writing"
@@ -594,7 +568,7 @@ class ChatApp(App[int]):
     def _generate(self, reply: Reply) -> None:
         """Runs the generation; never touches a widget, only posts messages."""
         worker = get_current_worker()
-        generation = reply.generation
+        generation = reply.turn.generation
         pending: list[str] = []
         last_text = last_stats = time.monotonic()
         error = None
@@ -607,7 +581,7 @@ class ChatApp(App[int]):
                     pending.clear()
                     last_text = now
                 if now - last_stats >= STATS_S:
-                    self.post_message(self._stats(generation))
+                    self.post_message(self._stats(reply.turn))
                     last_stats = now
                 if worker.is_cancelled:
                     generation.cancel()
@@ -620,9 +594,10 @@ class ChatApp(App[int]):
             self.post_message(ReplyEnded(error))
 
     @staticmethod
-    def _stats(generation: Generation) -> ReplyStats:
+    def _stats(turn: Turn) -> ReplyStats:
+        generation = turn.generation
         ttft = generation.first_token_at - generation.started_at if generation.first_token_at else None
-        return ReplyStats(generation.tokens_per_second, ttft, len(generation.session.tokens))
+        return ReplyStats(generation.tokens_per_second, ttft, turn.chat.context_used())
 
     async def on_reply_text(self, message: ReplyText) -> None:
         if self.reply is not None:
@@ -643,25 +618,28 @@ class ChatApp(App[int]):
         if content and reply.widget.is_attached:
             await reply.widget.write(content)
 
+    def _shows(self, reply: Reply) -> bool:
+        """Whether `reply` belongs to the conversation on screen."""
+        return self.conversation is not None and reply.turn.conversation_id == self.conversation.id
+
     def on_reply_stats(self, message: ReplyStats) -> None:
-        if self.reply is not None and self.conversation and self.reply.conversation_id == self.conversation.id:
+        if self.reply is not None and self._shows(self.reply):
             self.status.tokens_per_s = message.tokens_per_s
             self.status.ttft_s = message.ttft_s
-            self.status.context_used = message.context_used
+            if message.context_used is not None:
+                self.status.context_used = message.context_used
 
     async def on_reply_ended(self, message: ReplyEnded) -> None:
         reply, self.reply = self.reply, None
         if reply is None:
             return
-        stats = self.last_stats = reply.generation.stats
+        stats = self.last_stats = reply.turn.generation.stats
         await self._show_parts(reply, reply.parser.finish())
         content, reasoning = reply.parsed.content, reply.parsed.reasoning
-        reply.chat.commit(content, reasoning)
-        if self.store.get(reply.conversation_id) is not None:  # it may have been deleted meanwhile
-            self.store.add_message(reply.conversation_id, "assistant", content, replacing=reply.replacing, reasoning=reasoning)
+        reply.turn.end(content, reasoning)
         note = ""
         if message.error:
-            note = f"error: {message.error}"
+            note = f"error: {message.error} (Ctrl+R tries again)"
             self.notify(message.error, title="The reply failed", severity="error", timeout=8)
         elif stats is not None and stats.finish_reason == "cancelled":
             note = "stopped"
@@ -673,23 +651,23 @@ class ChatApp(App[int]):
         if reply.widget.is_attached:  # not when the user switched conversations meanwhile
             await reply.widget.finish(content, note)
         self.status.state = "ready" if self.engine is not None else "no model"
-        if stats is not None and self.conversation and reply.conversation_id == self.conversation.id:
+        if stats is not None and self._shows(reply):
             self.status.tokens_per_s = stats.decode_tok_s
             self.status.ttft_s = stats.ttft_s
-            self.status.context_used = len(reply.chat.session.tokens)
+            if (used := reply.turn.chat.context_used()) is not None:
+                self.status.context_used = used
         self._refresh_list()
         if self._quit_after_reply:
             self.exit(self.return_code or 0)
 
     def _token_count(self, text: str) -> int | None:
-        """How many tokens `text` is for the loaded model (None before one is loaded)."""
-        if self.engine is None:
-            return None
-        return len(self.engine.backend.tokenize(text, add_bos=False, special=False))
+        """How many tokens `text` is for the model (None before one is loaded, or when it
+        cannot count)."""
+        return self.engine.token_count(text) if self.engine is not None else None
 
     def _stop_reply(self) -> None:
         if self.reply is not None:
-            self.reply.generation.cancel()
+            self.reply.turn.generation.cancel()
 
     def action_stop(self) -> None:
         if self.reply is not None:
@@ -823,7 +801,8 @@ class ChatApp(App[int]):
             self.store.close()
 
 
-def run_chat_app(model: str | None, settings: Settings, request: PlanRequest) -> int:
-    """`localchat chat`: the app on `model` (None for the default); returns the exit status."""
-    app = ChatApp(settings, model=model, request=request)
+def run_chat_app(model: str | None, settings: Settings, request: PlanRequest, remote: RemoteEndpoint | None = None) -> int:
+    """`localchat chat`: the app on `model` (None for the default) or on the `remote` server;
+    returns the exit status."""
+    app = ChatApp(settings, model=model, request=request, remote=remote)
     return app.run() or 0
