@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from localchat.backends.base import Backend, Sampler, SamplerSettings, TokenLogprob, token_logprob
+from localchat.backends.base import ROW_LIMIT, Backend, Sampler, SamplerSettings, TokenLogprob, token_logprob
 from localchat.chat_formats import ChatFormat, detect_format
 from localchat.constraints import Constraint, token_guide
 from localchat.errors import ContextOverflowError, InferenceError, InvalidSettingError
@@ -42,12 +42,17 @@ class GenerationSettings:
     constraint: Constraint | None = None
     # None: no log-probabilities (none computed); k: each token's and its k most likely alternatives'.
     logprobs: int | None = None
+    # Prompt-lookup speculative decoding (single sessions): at most this many tokens drafted per
+    # step by matching the sequence's last n-gram earlier in it (0: off).
+    lookup_draft: int = 0
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None and self.max_tokens < 1:
             raise InvalidSettingError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.logprobs is not None and self.logprobs < 0:
             raise InvalidSettingError(f"logprobs must be >= 0, got {self.logprobs}")
+        if not 0 <= self.lookup_draft <= ROW_LIMIT - 1:
+            raise InvalidSettingError(f"lookup_draft must be in [0, {ROW_LIMIT - 1}], got {self.lookup_draft}")
         if any(not s for s in self.stop):
             raise InvalidSettingError("stop strings must not be empty")
 
@@ -63,6 +68,8 @@ class GenerationStats:
     prefill_s: float
     decode_s: float
     finish_reason: str  # "stop", "length" or "cancelled"
+    drafted_tokens: int = 0  # speculative decoding: tokens drafted, and of those accepted
+    accepted_tokens: int = 0
 
     @property
     def prefill_tok_s(self) -> float:
@@ -215,6 +222,8 @@ class Reply:
         self.finish_reason: str | None = None  # set when the reply has ended
         self.cached_tokens = 0
         self.prefix_cache_tokens = 0
+        self.drafted_tokens = 0
+        self.accepted_tokens = 0
         self.started_at = time.perf_counter()
         self.prefilled_at = self.started_at
         self.first_token_at: float | None = None
@@ -243,6 +252,11 @@ class Reply:
         elif len(self.token_ids) >= self._limit:
             self.finish_reason = "length"
         return text
+
+    @property
+    def remaining(self) -> int:
+        """Tokens the reply may still add before max_tokens ends it."""
+        return self._limit - len(self.token_ids)
 
     def piece(self, token: int) -> bytes:
         """The bytes `token` adds to the text."""
@@ -278,7 +292,26 @@ class Reply:
             prefill_s=self.prefilled_at - self.started_at,
             decode_s=end - (self.first_token_at or self.started_at),
             finish_reason=self.finish_reason or "cancelled",
+            drafted_tokens=self.drafted_tokens,
+            accepted_tokens=self.accepted_tokens,
         )
+
+
+# Prompt lookup tries the sequence's last n-gram for these n, longest first.
+LOOKUP_NGRAMS = (3, 2, 1)
+
+
+def lookup_draft(sequence: Sequence[int], limit: int) -> list[int]:
+    """Up to `limit` tokens that followed the latest earlier occurrence of the sequence's last
+    n-gram (n = 3, 2, 1, the first found): what a text quoting its prompt will likely say next."""
+    for n in LOOKUP_NGRAMS:
+        if len(sequence) <= n:
+            continue
+        tail = list(sequence[-n:])
+        for start in range(len(sequence) - n - 1, -1, -1):
+            if sequence[start] == tail[0] and list(sequence[start : start + n]) == tail:
+                return list(sequence[start + n : start + n + limit])
+    return []
 
 
 class Decoder:
@@ -286,25 +319,35 @@ class Decoder:
     scheduler: sample a token into the reply, end it, feed the token back. The one place that
     keeps `session.tokens` equal to what the KV cache holds while a reply is decoded."""
 
-    def __init__(self, session: Session, reply: Reply, settings: SamplerSettings, prompt: Sequence[int]) -> None:
-        """Call once `prompt` is in the KV cache (the sampler's penalties see it)."""
+    def __init__(self, session: Session, reply: Reply, settings: SamplerSettings, prompt: Sequence[int],
+                 lookup_draft: int = 0) -> None:
+        """Call once `prompt` is in the KV cache (the sampler's penalties see it). `lookup_draft`:
+        see GenerationSettings; only `advance` drafts."""
         self.session = session
         self.reply = reply
         self.sampler: Sampler = session.backend.make_sampler(settings, reply.guide)
         self.sampler.accept(prompt)
+        self.lookup_draft = lookup_draft
+        # Prompt lookup searches the prompt and the reply so far.
+        self._sequence = list(prompt)
 
-    def sample(self) -> str:
-        """Sample the next token into the reply from the logits of the last evaluated one; the
-        text it releases. Ends the reply when the context has no room left to evaluate it."""
+    def sample(self, row: int = -1) -> str:
+        """Sample the next token into the reply from the logits of the last evaluated one (or of
+        row `row` of the last `evaluate_all`); the text it releases. Ends the reply when the
+        context has no room left to evaluate it."""
         session, reply = self.session, self.reply
         backend, seq = session.backend, session.seq
+        # Rows are only named when verifying a draft: a backend that never drafts need not take them.
+        rows = () if row < 0 else (row,)
         if reply.top_logprobs is None:
-            text = reply.add(backend.sample(seq, self.sampler))
+            token = backend.sample(seq, self.sampler, *rows)
+            text = reply.add(token)
         else:
             # The raw row is copied first: the grammar's mask and the penalties rewrite it in place.
-            row = backend.logits(seq).copy()
-            token = backend.sample(seq, self.sampler)
-            text = reply.add(token, token_logprob(row, token, reply.top_logprobs))
+            logits = backend.logits(seq, *rows).copy()
+            token = backend.sample(seq, self.sampler, *rows)
+            text = reply.add(token, token_logprob(logits, token, reply.top_logprobs))
+        self._sequence.append(token)
         if reply.finish_reason is None and len(session.tokens) >= session.n_ctx:
             reply.end("length")
         return text
@@ -323,6 +366,35 @@ class Decoder:
         seq, token, position = self.pending
         self.session.backend.evaluate(seq, [token], position)
         self.evaluated()
+
+    def advance(self, cancelled: Callable[[], bool]) -> str | None:
+        """Feed the pending token and sample what follows: the text released, None if `cancelled`
+        first. With `lookup_draft`, a draft goes into the same evaluation and every drafted token
+        the sampler picks too is kept, so one step may add several tokens (exactly the ones
+        decoding without a draft picks: each is sampled from its own row, and the first that
+        differs from the draft ends the step)."""
+        session, reply = self.session, self.reply
+        room = min(session.n_ctx - len(session.tokens) - 1, reply.remaining - 1, self.lookup_draft)
+        draft = lookup_draft(self._sequence, room) if room > 0 else []
+        if not draft:
+            self.feed()
+            return None if cancelled() else self.sample()
+        if cancelled():
+            return None
+        seq, token, position = self.pending
+        session.backend.evaluate_all(seq, [token, *draft], position)
+        session.tokens.append(token)
+        reply.drafted_tokens += len(draft)
+        texts = [self.sample(0)]
+        for row, drafted in enumerate(draft, start=1):
+            if reply.finish_reason is not None or reply.token_ids[-1] != drafted:
+                break
+            session.tokens.append(drafted)
+            reply.accepted_tokens += 1
+            texts.append(self.sample(row))
+        # The KV cache drops the drafted tokens past the first the sampler did not pick.
+        session.backend.truncate(seq, len(session.tokens))
+        return "".join(texts)
 
     def close(self) -> None:
         self.sampler.close()
@@ -373,17 +445,14 @@ class Generation:
         try:
             reply.prefilled(*session.prefill(self.prompt, self._cancelled.is_set))
             if not self._cancelled.is_set():
-                decoder = Decoder(session, reply, self.settings.sampler, self.prompt)
-                text = decoder.sample()
-                while True:
+                decoder = Decoder(session, reply, self.settings.sampler, self.prompt, self.settings.lookup_draft)
+                text: str | None = decoder.sample()
+                while text is not None:
                     if text:
                         yield text
                     if reply.finish_reason is not None:
                         break
-                    decoder.feed()
-                    if self._cancelled.is_set():
-                        break
-                    text = decoder.sample()
+                    text = decoder.advance(self._cancelled.is_set)
             tail = reply.tail()
             if tail:
                 yield tail
