@@ -274,7 +274,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_chat(args: argparse.Namespace) -> int:
     from tui.app import run_chat_app
 
-    return run_chat_app(args.model, Settings(), _plan_request(args))
+    return run_chat_app(args.model, Settings(), _plan_request(args), remote=_remote(args))
 
 
 def _pull(name: HubModelName, settings: Settings) -> None:
@@ -384,6 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     chat = commands.add_parser("chat", help="open the chat app (the default command)")
     _add_model_options(chat)
+    _add_remote_options(chat)
     chat.set_defaults(handler=cmd_chat)
 
     run = commands.add_parser("run", help="answer one prompt, streaming to stdout")
@@ -454,7 +455,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 _pull_on_first_use(args.model)
             elif "remote_model" not in args:
                 raise InvalidSettingError(f"`localchat {args.command}` runs local models only; a remote server "
-                                          f"({args.model}) works with `localchat run -m URL` for now")
+                                          f"({args.model}) works with `localchat chat` and `localchat run`")
         return args.handler(args)
     except LocalchatError as error:
         print(f"localchat: error: {error}", file=sys.stderr)

@@ -12,14 +12,20 @@ from pathlib import Path
 import pytest
 
 from localchat.backends.base import SamplerSettings
-from localchat.chat_engine import ChatEngine, ChatGeneration, ContextUse, EngineChat, LocalChat
+from localchat.chat_engine import (
+    ChatEngine,
+    ChatGeneration,
+    ContextUse,
+    EngineChat,
+    LocalChat,
+)
 from localchat.chat_formats import GENERIC
 from localchat.conversation import OpenConversation
 from localchat.engine import Engine
 from localchat.errors import LocalchatError
 from localchat.history import DEFAULT_TITLE, ConversationStore, title_from
-from localchat.reply_parser import ReplyParser
 from localchat.remote import RemoteChat, RemoteGeneration, RemoteServer
+from localchat.reply_parser import ReplyParser
 from localchat.session import Generation, GenerationSettings, GenerationStats
 from localchat.templates import Message
 

@@ -1,5 +1,6 @@
-"""Fixtures for the chat app: a fresh history file per test, an app around the real engine, and
-the stand-in Hugging Face hub of tests/hub holding the default model for the model picker's pulls."""
+"""Fixtures for the chat app: a fresh history file per test, an app around the real engine, the
+stand-in Hugging Face hub of tests/hub holding the default model for the model picker's pulls, and
+a real `localchat serve` on loopback as the remote engine."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from pilot_steps import SHORT
 from tui.app import ChatApp
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "hub"))
+sys.path.insert(0, str(Path(__file__).parent.parent / "server"))
+from live_server import LiveServer, start_server  # noqa: E402  (tests/server's real `localchat serve`, shared)
 from stand_in_hub import HubFile, StandInHub, start_hub  # noqa: E402  (tests/hub's stand-in, shared)
 
 GEMMA_REPO = "stand-in/gemma-3-270m-GGUF"
@@ -70,3 +73,11 @@ def pull_settings(model_hub: StandInHub, settings: Settings, tmp_path: Path) -> 
     model_hub.reset()
     yield dataclasses.replace(settings, hf_cache_dir=tmp_path / "hf" / "hub", hf_endpoint=model_hub.endpoint, hf_offline=False)
     model_hub.reset()  # ends a stall a test left
+
+
+@pytest.fixture(scope="session")
+def remote_server(localchat_home: Path, default_model: Path) -> Iterator[LiveServer]:
+    """`localchat serve` with the default model on loopback, the remote for the app's remote tests."""
+    running = start_server(localchat_home)
+    yield running
+    running.stop()

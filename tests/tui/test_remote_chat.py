@@ -1,0 +1,172 @@
+"""The chat app on a remote engine: the real `localchat serve` on loopback, reached through the
+real `openai` client, as a person would open `localchat -m http://HOST:PORT/v1`."""
+
+from __future__ import annotations
+
+import http.server
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+from live_server import API_KEY, LiveServer
+from pilot_steps import SHORT, press_and_wait_for_reply, send, wait_until
+
+from localchat.backends.base import SamplerSettings
+from localchat.history import ConversationStore
+from localchat.remote import RemoteEndpoint
+from localchat.session import GenerationSettings
+from localchat.settings import Settings
+from tui.app import ChatApp
+from tui.widgets.messages import AssistantMessage, Notice, UserMessage
+from tui.widgets.status import StatusBar
+
+pytestmark = pytest.mark.anyio
+MODEL = "gemma-3-270m"
+# Sampled, so that the reply runs long enough to be stopped.
+LONG = GenerationSettings(max_tokens=2000, sampler=SamplerSettings(seed=1))
+
+MakeRemoteApp = Callable[..., ChatApp]
+
+
+@pytest.fixture
+def remote_app(settings: Settings, store: ConversationStore) -> MakeRemoteApp:
+    def make(endpoint: RemoteEndpoint, reply_settings: GenerationSettings = SHORT) -> ChatApp:
+        return ChatApp(settings, remote=endpoint, store=store, reply_settings=reply_settings)
+
+    return make
+
+
+def endpoint(server: LiveServer, api_key: str = API_KEY) -> RemoteEndpoint:
+    return RemoteEndpoint(f"{server.url}/v1", api_key=api_key)
+
+
+def settled_slots(server: LiveServer, within_s: float = 10.0) -> object:
+    """The server's busy slots once they reach 0, or after `within_s`."""
+    deadline = time.monotonic() + within_s
+    while server.health()["slots_processing"] != 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return server.health()["slots_processing"]
+
+
+async def connected(pilot: object, app: ChatApp) -> None:
+    await wait_until(pilot, lambda: not app.loading and app.status.state != "starting")  # type: ignore[arg-type]
+
+
+async def test_a_remote_reply_streams_into_the_view_and_is_stored(remote_app: MakeRemoteApp, remote_server: LiveServer,
+                                                                   store: ConversationStore) -> None:
+    app = remote_app(endpoint(remote_server))
+    async with app.run_test(size=(100, 24)) as pilot:
+        await connected(pilot, app)
+        status = app.query_one(StatusBar)
+        assert app.engine is not None and status.state == "ready" and status.model == MODEL
+        assert status.backend == f"remote {remote_server.url.removeprefix('http://')}"
+        await send(pilot, "Name a colour.")
+        answer = app.query(AssistantMessage).last().text
+        stats = app.last_stats
+        assert stats is not None and stats.completion_tokens == SHORT.max_tokens  # the server's usage
+        assert stats.prompt_tokens > 5 and stats.finish_reason == "length" and 0 < stats.ttft_s < 60
+        assert status.tokens_per_s is not None and status.tokens_per_s > 0 and status.ttft_s == stats.ttft_s
+        stored = store.messages(app.conversation.id)  # type: ignore[union-attr]
+        assert [(m.role, m.content) for m in stored] == [("user", "Name a colour."), ("assistant", answer)] and answer
+        assert store.get(app.conversation.id).title == "Name a colour."  # type: ignore[union-attr]
+        # The second turn sends the whole conversation; the history stays in step.
+        await send(pilot, "Another one.")
+        assert [m.role for m in store.messages(app.conversation.id)] == ["user", "assistant"] * 2  # type: ignore[union-attr]
+
+
+async def test_escape_stops_a_remote_reply_and_the_server_stops_too(remote_app: MakeRemoteApp, remote_server: LiveServer,
+                                                                    store: ConversationStore) -> None:
+    app = remote_app(endpoint(remote_server), LONG)
+    async with app.run_test(size=(100, 24)) as pilot:
+        await connected(pilot, app)
+        app.prompt.text = "Tell me a long story."
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: app.reply is not None and len(app.reply.parsed.content) > 20)
+        assert remote_server.health()["slots_processing"] == 1
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: app.reply is None, timeout=10)
+        assert app.last_stats is not None and app.last_stats.finish_reason == "cancelled"
+        written = store.messages(app.conversation.id)[-1]  # type: ignore[union-attr]
+        assert written.role == "assistant" and len(written.content) > 20 and written.content == app.chat.messages[-1].content  # type: ignore[union-attr]
+    assert settled_slots(remote_server) == 0  # the closed request stopped the server's generation
+
+
+async def test_a_server_that_is_down_says_so_keeps_the_message_and_ctrl_r_tries_again(remote_app: MakeRemoteApp) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again: nothing listens there
+    app = remote_app(RemoteEndpoint(f"http://127.0.0.1:{port}/v1"))
+    async with app.run_test(size=(100, 24)) as pilot:
+        await connected(pilot, app)
+        error = str(app.query_one(".error", Notice).render())
+        assert f"cannot reach http://127.0.0.1:{port}/v1: is the server running" in error and "Ctrl+R to try again" in error
+        assert app.engine is None and app.status.state == "no model"
+        app.prompt.text = "A question typed while the server is down"
+        await pilot.press("enter")
+        assert app.reply is None and app.prompt.text == "A question typed while the server is down"  # kept, not sent
+        await pilot.press("ctrl+r")  # tries to connect again: still down, a second notice
+        await wait_until(pilot, lambda: not app.loading and len(app.query(".error")) == 2)
+        assert app.prompt.text == "A question typed while the server is down"
+
+
+async def test_a_wrong_api_key_says_so(remote_app: MakeRemoteApp, remote_server: LiveServer) -> None:
+    app = remote_app(endpoint(remote_server, api_key="wrong"))
+    async with app.run_test(size=(100, 24)) as pilot:
+        await connected(pilot, app)
+        error = str(app.query_one(".error", Notice).render())
+        assert "refused the API key" in error and "--api-key" in error and app.engine is None
+
+
+class _Busy(http.server.BaseHTTPRequestHandler):
+    """A gateway in front of an engine that is busy: its model list answers, each chat gets a 429."""
+
+    def do_GET(self) -> None:
+        self._answer(200, b'{"object": "list", "data": [{"id": "m", "object": "model"}]}')
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self._answer(429, b'{"error": {"message": "too many requests"}}', {"Retry-After": "7"})
+
+    def _answer(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        for name, value in {"Content-Type": "application/json", **(headers or {})}.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def busy_gateway() -> Iterator[str]:
+    gateway = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Busy)
+    threading.Thread(target=gateway.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{gateway.server_address[1]}/v1"
+    gateway.shutdown()
+
+
+async def test_a_busy_remote_is_one_line_and_ctrl_r_retries_the_kept_question(remote_app: MakeRemoteApp, busy_gateway: str,
+                                                                               store: ConversationStore) -> None:
+    app = remote_app(RemoteEndpoint(busy_gateway))
+    async with app.run_test(size=(100, 24)) as pilot:
+        await connected(pilot, app)
+        await send(pilot, "Is anyone there?")
+        note = app.query(AssistantMessage).last().source
+        assert "busy (429: too many requests): try again in 7 s" in note and "Ctrl+R tries again" in note
+        assert [m.text for m in app.query(UserMessage)] == ["Is anyone there?"]
+        await press_and_wait_for_reply(pilot, "ctrl+r")  # the person's retry: busy again, nothing doubled
+        stored = store.messages(app.conversation.id)  # type: ignore[union-attr]
+        assert [(m.role, m.content) for m in stored] == [("user", "Is anyone there?"), ("assistant", "")]
+        assert len(app.query(AssistantMessage)) == 1
+
+
+def test_localchat_chat_takes_a_remote_url_and_its_options() -> None:
+    done = subprocess.run([sys.executable, "-m", "localchat", "chat", "--help"], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 0 and "--remote-model" in done.stdout and "--api-key" in done.stdout
