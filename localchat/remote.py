@@ -103,9 +103,13 @@ def _translate(error: Exception, endpoint: RemoteEndpoint) -> RemoteError:
     if isinstance(error, openai.APIConnectionError):
         return RemoteError(f"cannot reach {endpoint.base_url}: is the server running, and is the address right?")
     if isinstance(error, httpx2.HTTPError):
-        return RemoteError(f"{endpoint.base_url} broke off the reply ({type(error).__name__}): the server may have stopped; "
-                           "try again")
+        return _broken_off(error, endpoint)
     return RemoteError(f"{endpoint.base_url} failed: {error}")
+
+
+def _broken_off(error: Exception, endpoint: RemoteEndpoint) -> RemoteError:
+    return RemoteError(f"{endpoint.base_url} broke off the reply ({type(error).__name__}): the server may have stopped; "
+                       "try again")
 
 
 class RemoteServer:
@@ -259,7 +263,13 @@ class RemoteGeneration:
                         self.chunks += 1
                         yield text
         except (openai.OpenAIError, httpx2.HTTPError, OSError) as error:  # a broken stream raises httpx2's own
-            if not self._cancelled.is_set():
+            if self._cancelled.is_set():
+                pass
+            elif (self._stream is not None and isinstance(error, (openai.APIConnectionError, httpx2.HTTPError))
+                  and not isinstance(error, openai.APITimeoutError)):
+                # The server had taken the request: the connection broke during the reply.
+                raise _broken_off(error, endpoint) from None
+            else:
                 raise _translate(error, endpoint) from None
         finally:
             if self._stream is not None:

@@ -520,6 +520,8 @@ class ChatApp(App[int]):
             self.notify("A reply is being written; Esc stops it.", timeout=3)
         elif self.loading:
             self.notify("The model is still loading.", timeout=3)
+        elif self.chat is None and self.remote is not None:
+            self.notify(f"Not connected to {self.model_label}; Ctrl+R tries again.", severity="warning", timeout=5)
         elif self.chat is None:
             self.notify("No model is loaded; Ctrl+O chooses one.", severity="warning", timeout=5)
         else:
@@ -717,6 +719,7 @@ class ChatApp(App[int]):
 
         def done(choice: ModelChoice | None) -> None:
             if choice is not None:
+                self.remote = None  # the picker's models are local ones
                 self.load_model(choice.model, choice.label)
 
         self.push_screen(ModelPicker(self.model_choices(), self.model_label), done)

@@ -14,7 +14,7 @@ import pytest
 from localchat.engine import Engine
 from localchat.history import ConversationStore
 from localchat.settings import Settings
-from pilot_steps import SHORT
+from pilot_steps import GEMMA_FILE, GEMMA_REPO, SHORT
 from tui.app import ChatApp
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "hub"))
@@ -22,8 +22,6 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "server"))
 from live_server import LiveServer, start_server  # noqa: E402  (tests/server's real `localchat serve`, shared)
 from stand_in_hub import HubFile, StandInHub, start_hub  # noqa: E402  (tests/hub's stand-in, shared)
 
-GEMMA_REPO = "stand-in/gemma-3-270m-GGUF"
-GEMMA_FILE = "gemma-3-270m-Q4_K_M.gguf"
 
 
 @pytest.fixture

@@ -13,6 +13,9 @@ from tui.app import ChatApp
 
 # Short greedy replies keep a real turn on the real model well under a second on an idle machine.
 SHORT = GenerationSettings(max_tokens=8, sampler=SamplerSettings(temperature=0))
+# The default model as the stand-in hub's one-file GGUF repo, for the model picker's pulls.
+GEMMA_REPO = "stand-in/gemma-3-270m-GGUF"
+GEMMA_FILE = "gemma-3-270m-Q4_K_M.gguf"
 # A reply that runs until it is stopped.
 ENDLESS = GenerationSettings(max_tokens=None, ignore_eos=True, sampler=SamplerSettings(temperature=0))
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from conftest import GEMMA_FILE, GEMMA_REPO
-from pilot_steps import send, wait_until
+from pilot_steps import GEMMA_FILE, GEMMA_REPO, send, wait_until
 from stand_in_hub import Fault, StandInHub
 from textual.widgets import Input, OptionList, ProgressBar
 

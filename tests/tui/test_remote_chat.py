@@ -10,9 +10,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
-from live_server import API_KEY, LiveServer
+from live_server import API_KEY, LiveServer, start_server
 from pilot_steps import SHORT, press_and_wait_for_reply, send, wait_until
 
 from localchat.backends.base import SamplerSettings
@@ -119,6 +120,28 @@ async def test_a_wrong_api_key_says_so(remote_app: MakeRemoteApp, remote_server:
         await connected(pilot, app)
         error = str(app.query_one(".error", Notice).render())
         assert "refused the API key" in error and "--api-key" in error and app.engine is None
+
+
+async def test_a_server_dying_mid_reply_keeps_what_came_and_says_so(remote_app: MakeRemoteApp, localchat_home: Path,
+                                                                    default_model: Path, store: ConversationStore) -> None:
+    dying = start_server(localchat_home)
+    try:
+        app = remote_app(endpoint(dying), LONG)
+        async with app.run_test(size=(100, 24)) as pilot:
+            await connected(pilot, app)
+            app.prompt.text = "Tell me a long story."
+            await pilot.press("enter")
+            await wait_until(pilot, lambda: app.reply is not None and len(app.reply.parsed.content) > 10)
+            dying.process.kill()
+            await wait_until(pilot, lambda: app.reply is None, timeout=30)
+            answer = app.query(AssistantMessage).last()
+            assert f"{dying.url}/v1 broke off the reply" in answer.source and "Ctrl+R tries again" in answer.source
+            stored = store.messages(app.conversation.id)  # type: ignore[union-attr]
+            assert [m.role for m in stored] == ["user", "assistant"] and len(stored[-1].content) > 10  # what came is kept
+            assert answer.source.startswith(stored[-1].content)
+    finally:
+        dying.process.kill()
+        dying.process.wait(timeout=30)
 
 
 class _Busy(http.server.BaseHTTPRequestHandler):
