@@ -119,7 +119,11 @@ def members(protocol: type) -> list[str]:
 
 def offers(cls: type, member: str) -> bool:
     """A class attribute, a declared field, or an attribute its __init__ sets."""
-    return hasattr(cls, member) or member in getattr(cls, "__annotations__", {}) or member in cls.__init__.__code__.co_names
+    def declares(k: type) -> bool:
+        init = vars(k).get("__init__")
+        return member in vars(k).get("__annotations__", {}) or (init is not None and member in init.__code__.co_names)
+
+    return hasattr(cls, member) or any(declares(k) for k in cls.__mro__)
 
 
 def test_both_engines_offer_the_whole_interface() -> None:
