@@ -189,7 +189,9 @@ async def test_a_busy_remote_is_one_line_and_ctrl_r_retries_the_kept_question(re
         assert len(app.query(AssistantMessage)) == 1
 
 
-def test_localchat_chat_takes_a_remote_url_and_its_options() -> None:
-    done = subprocess.run([sys.executable, "-m", "localchat", "chat", "--help"], capture_output=True, text=True, timeout=60,
-                          check=False)
-    assert done.returncode == 0 and "--remote-model" in done.stdout and "--api-key" in done.stdout
+@pytest.mark.parametrize("command", [["chat"], []])
+def test_localchat_and_localchat_chat_take_a_remote_url_and_its_options(command: list[str]) -> None:
+    done = subprocess.run([sys.executable, "-m", "localchat", *command, "-m", "http://127.0.0.1:1/v1", "--help"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0 and "usage: localchat chat" in done.stdout
+    assert "--remote-model" in done.stdout and "--api-key" in done.stdout
