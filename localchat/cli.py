@@ -97,7 +97,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     constraint = _json_schema(args.json_schema) if args.json_schema is not None else None
     settings = GenerationSettings(
-        max_tokens=args.n, sampler=_sampler_settings(args), stop=tuple(args.stop or ()), constraint=constraint
+        max_tokens=args.n, sampler=_sampler_settings(args), stop=tuple(args.stop or ()), constraint=constraint,
+        lookup_draft=args.lookup_draft,
     )
     endpoint = _remote(args)
     if endpoint is not None:
@@ -130,6 +131,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 "ttft_s": round(stats.ttft_s, 4),
                 "prefill_tok_s": round(stats.prefill_tok_s, 2),
                 "decode_tok_s": round(stats.decode_tok_s, 2),
+                "drafted_tokens": stats.drafted_tokens,
+                "accepted_tokens": stats.accepted_tokens,
                 "peak_rss_mb": round(peak_rss_bytes() / MIB, 1),
             }
             print(json.dumps(record), file=sys.stderr)
@@ -149,6 +152,8 @@ def _run_remote(args: argparse.Namespace, endpoint: RemoteEndpoint, prompt: str,
 
     if args.raw:
         raise InvalidSettingError("--raw works with local models only: a remote server applies its own chat template")
+    if args.lookup_draft:
+        raise InvalidSettingError("--lookup-draft works with local models only: a remote server decodes as it is set up")
     with RemoteServer(endpoint) as server:
         generation = server.new_chat(args.system).send(prompt, settings)
         _stream(generation)
@@ -396,6 +401,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--stop", action="append", help="stop at this text (repeatable)")
     run.add_argument("--stats", action="store_true", help="print one JSON line of statistics on stderr at the end")
     run.add_argument("--json-schema", type=Path, metavar="FILE", help="the reply is JSON following this JSON schema file")
+    run.add_argument("--lookup-draft", type=int, default=0, metavar="N",
+                     help="prompt-lookup speculative decoding: draft up to N tokens copied from the prompt and the reply, "
+                          "checked in one step; the same reply, faster when it repeats its input (default: 0, off)")
     _add_remote_options(run)
     run.add_argument("prompt", help="the prompt, or - to read it from stdin")
     run.set_defaults(handler=cmd_run)

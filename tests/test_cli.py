@@ -30,6 +30,15 @@ def test_run_streams_an_answer_and_reports_stats(localchat_home: Path, default_m
     assert stats["decode_tok_s"] > 0 and stats["peak_rss_mb"] > 100
 
 
+def test_run_with_lookup_drafts_takes_tokens_from_the_prompt(localchat_home: Path, default_model: Path) -> None:
+    text = "the quick brown fox jumps over the lazy dog, " * 2
+    result = localchat("run", "--stats", "-n", "24", "--temperature", "0", "--repeat-penalty", "1", "--dry-multiplier", "0",
+                       "--lookup-draft", "8", f"Repeat exactly: {text}", home=localchat_home)
+    assert result.returncode == 0, result.stderr
+    stats = json.loads(result.stderr.strip().splitlines()[-1])
+    assert 0 < stats["accepted_tokens"] <= stats["drafted_tokens"] and stats["accepted_tokens"] < stats["completion_tokens"] <= 24
+
+
 @pytest.mark.slow  # runs the real model without the default_model fixture
 def test_raw_greedy_runs_are_repeatable_and_read_stdin(localchat_home: Path) -> None:
     outputs = [
@@ -90,6 +99,7 @@ def test_a_bad_model_file_gets_one_clear_line(tmp_path: Path, localchat_home: Pa
         (["run", "--temperature", "-1", "hi"], "temperature must be >= 0"),
         (["run", "--top-p", "1.5", "hi"], "top_p must be in"),
         (["run", "-n", "0", "hi"], "max_tokens must be >= 1"),
+        (["run", "--lookup-draft", "99", "hi"], "lookup_draft must be in [0, 63]"),
         (["run", "--ctx", "64", "word " * 2000], "context holds"),
         (["info", "--ctx", "4"], "context size 4 is too small"),
     ],
