@@ -134,11 +134,14 @@ class RemoteServer:
         names = [m.id for m in models]
         wanted = self.endpoint.model
         if wanted is None:
-            if len(names) != 1:
+            # A server of several models that says which one it has loaded (localchat serve) offers that one.
+            loaded = [m.id for m in models if getattr(m, "status", None) == "loaded"]
+            candidates = names if len(names) == 1 else loaded
+            if len(candidates) != 1:
                 listed = ", ".join(names) or "none"
                 raise RemoteError(f"{self.endpoint.base_url} serves {len(names)} models ({listed}): pick one with "
                                   f"{self.endpoint.base_url}#MODEL or --remote-model")
-            wanted = names[0]
+            wanted = candidates[0]
         elif wanted not in names:
             raise RemoteError(f"{self.endpoint.base_url} has no model '{wanted}'; it serves: {', '.join(names) or 'none'}")
         chosen = next(m for m in models if m.id == wanted)

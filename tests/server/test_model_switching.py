@@ -14,9 +14,10 @@ from pathlib import Path
 
 import openai
 import pytest
-from live_server import LiveServer, start_server
+from live_server import API_KEY, LiveServer, start_server
 
 from localchat.models import DEFAULT_MODEL_FILE, DEFAULT_MODEL_NAME, installed_models
+from localchat.remote import RemoteEndpoint, RemoteServer
 from localchat.settings import Settings
 
 SECOND = "gemma-3-270m-copy"
@@ -92,6 +93,9 @@ def test_models_lists_every_local_model_and_marks_the_loaded_one(switching: Live
     assert set(listed) == {model.name for model in installed_models(settings)} == {DEFAULT_MODEL_NAME, SECOND, BROKEN,
                                                                                    f"{HUB}:Q4_K_M"}
     assert listed[DEFAULT_MODEL_NAME] == "loaded" and listed[SECOND] == "unloaded"
+    # A remote chat on this server without a model named takes the one loaded.
+    with RemoteServer(RemoteEndpoint(f"{switching.url}/v1", api_key=API_KEY)) as remote:
+        assert remote.model == DEFAULT_MODEL_NAME
 
 
 def test_a_request_for_another_model_loads_it_while_the_first_model_streams(switching: LiveServer, two_models: Path) -> None:
