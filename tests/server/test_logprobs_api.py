@@ -32,7 +32,13 @@ def test_chat_logprobs_whole_and_streamed_agree(server: LiveServer) -> None:
     chunks = list(client.chat.completions.create(**ask, stream=True))  # type: ignore[call-overload]
     streamed = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content or []]
     assert [e.token for e in streamed] == [e.token for e in content]
-    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in content], abs=1e-3)
+    # The first reply evaluated the whole prompt in one batch; the stream found it in the KV cache and
+    # evaluated only its last token, which llama.cpp rounds differently (by up to ~0.1 here). A whole
+    # reply asked again takes the stream's path: the figures are then the same.
+    again = client.chat.completions.create(**ask).choices[0].logprobs  # type: ignore[call-overload]
+    assert again is not None and again.content is not None
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in again.content], abs=1e-4)
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in content], abs=0.3)
     # Each chunk carries the logprobs of the tokens whose text it carries.
     for c in chunks:
         if c.choices and c.choices[0].logprobs and c.choices[0].delta.content:
