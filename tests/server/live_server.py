@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.server
 import os
 import socket
 import subprocess
@@ -110,3 +111,37 @@ def start_server(home: Path, *extra_args: str, env: dict[str, str] | None = None
             process.kill()
             raise RuntimeError(f"localchat serve did not start:\n{log.read_text()}")
         time.sleep(0.2)
+
+
+class _BusyGateway(http.server.BaseHTTPRequestHandler):
+    """A gateway in front of an engine that rate-limits: its model list answers, each request gets
+    a 429 with Retry-After 7 (the one answer a local server never gives)."""
+
+    def do_GET(self) -> None:
+        self._answer(200, b'{"object": "list", "data": [{"id": "m", "object": "model"}]}')
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self._answer(429, b'{"error": {"message": "too many requests"}}', {"Retry-After": "7"})
+
+    def _answer(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        for name, value in {"Content-Type": "application/json", **(headers or {})}.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextmanager
+def busy_gateway() -> Iterator[str]:
+    """A rate-limiting gateway on loopback; yields its API root (http://127.0.0.1:PORT/v1)."""
+    gateway = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _BusyGateway)
+    threading.Thread(target=gateway.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{gateway.server_address[1]}/v1"
+    finally:
+        gateway.shutdown()

@@ -3,7 +3,6 @@ real `openai` client, as a person would point `-m http://HOST:PORT/v1` at vLLM o
 
 from __future__ import annotations
 
-import http.server
 import json
 import socket
 import subprocess
@@ -13,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from live_server import API_KEY, LiveServer, start_server
+from live_server import API_KEY, LiveServer, busy_gateway, start_server
 
 from localchat.backends.base import SamplerSettings
 from localchat.remote import RemoteEndpoint, RemoteError, RemoteServer
@@ -91,37 +90,10 @@ def test_a_busy_server_passes_on_its_retry_after(remote: RemoteServer, server: L
     assert refused.value.retry_after_s is not None and refused.value.retry_after_s >= 0
 
 
-class _RateLimited(http.server.BaseHTTPRequestHandler):
-    """A gateway in front of an engine that rate-limits: the one answer a local server never gives."""
-
-    def do_GET(self) -> None:
-        self._answer(200, b'{"object": "list", "data": [{"id": "m", "object": "model"}]}')
-
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers["Content-Length"]))
-        self._answer(429, b'{"error": {"message": "too many requests"}}', {"Retry-After": "7"})
-
-    def _answer(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
-        self.send_response(status)
-        for name, value in {"Content-Type": "application/json", **(headers or {})}.items():
-            self.send_header(name, value)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 def test_a_429_says_when_to_retry() -> None:
-    gateway = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _RateLimited)
-    threading.Thread(target=gateway.serve_forever, daemon=True).start()
-    try:
-        with RemoteServer(RemoteEndpoint(f"http://127.0.0.1:{gateway.server_address[1]}/v1")) as remote:
-            with pytest.raises(RemoteError, match="busy \\(429: too many requests\\): try again in 7 s") as refused:
-                list(remote.new_chat().send("Hello", GREEDY))
-    finally:
-        gateway.shutdown()
+    with busy_gateway() as url, RemoteServer(RemoteEndpoint(url)) as remote:
+        with pytest.raises(RemoteError, match="busy \\(429: too many requests\\): try again in 7 s") as refused:
+            list(remote.new_chat().send("Hello", GREEDY))
     assert refused.value.retry_after_s == 7
 
 

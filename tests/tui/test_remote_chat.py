@@ -3,17 +3,15 @@ real `openai` client, as a person would open `localchat -m http://HOST:PORT/v1`.
 
 from __future__ import annotations
 
-import http.server
 import socket
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from live_server import API_KEY, LiveServer, start_server
+from live_server import API_KEY, LiveServer, busy_gateway, start_server
 from pilot_steps import SHORT, press_and_wait_for_reply, send, wait_until
 
 from localchat.backends.base import SamplerSettings
@@ -144,39 +142,13 @@ async def test_a_server_dying_mid_reply_keeps_what_came_and_says_so(remote_app: 
         dying.process.wait(timeout=30)
 
 
-class _Busy(http.server.BaseHTTPRequestHandler):
-    """A gateway in front of an engine that is busy: its model list answers, each chat gets a 429."""
-
-    def do_GET(self) -> None:
-        self._answer(200, b'{"object": "list", "data": [{"id": "m", "object": "model"}]}')
-
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers["Content-Length"]))
-        self._answer(429, b'{"error": {"message": "too many requests"}}', {"Retry-After": "7"})
-
-    def _answer(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
-        self.send_response(status)
-        for name, value in {"Content-Type": "application/json", **(headers or {})}.items():
-            self.send_header(name, value)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.fixture
-def busy_gateway() -> Iterator[str]:
-    gateway = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Busy)
-    threading.Thread(target=gateway.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{gateway.server_address[1]}/v1"
-    gateway.shutdown()
-
-
-async def test_a_busy_remote_is_one_line_and_ctrl_r_retries_the_kept_question(remote_app: MakeRemoteApp, busy_gateway: str,
+async def test_a_busy_remote_is_one_line_and_ctrl_r_retries_the_kept_question(remote_app: MakeRemoteApp,
                                                                                store: ConversationStore) -> None:
-    app = remote_app(RemoteEndpoint(busy_gateway))
+    with busy_gateway() as url:
+        await _busy_remote_retried(remote_app(RemoteEndpoint(url)), store)
+
+
+async def _busy_remote_retried(app: ChatApp, store: ConversationStore) -> None:
     async with app.run_test(size=(100, 24)) as pilot:
         await connected(pilot, app)
         await send(pilot, "Is anyone there?")
