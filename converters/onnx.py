@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 from onnx import TensorProto
 
-from converters.block_quant import quantize, quantize_gptq
+from converters.block_quant import quantize, quantize_gptq, unpack
 from converters.checkpoint import Checkpoint, ModelConfig, RopeSettings
 from converters.onnx_graph import MS_DOMAIN, ExternalData, GraphBuilder
 from localchat.errors import ModelError
@@ -214,6 +214,8 @@ class _Build:
     # with its width and whether a 4-bit linear reads it.
     calibrating_for: QuantPlan | None = None
     probes: dict[str, tuple[int, bool]] = field(default_factory=dict)
+    # By matrix: how it is stored ("int4/32": 4 bits in blocks of 32; "float32"), for the JSON.
+    formats: dict[str, str] = field(default_factory=dict)
 
     @property
     def config(self) -> ModelConfig:
@@ -247,6 +249,7 @@ class _Build:
             self.probes[x] = (k, four_bit or self.probes.get(x, (k, False))[1])
         if bits:
             block = self.quant.block_4bit if bits == 4 else BLOCK_SIZE
+            self.formats[name] = f"int{bits}/{block}"
             seen = self.activations.get(x)
             if bits == 4 and seen is not None and seen.ndim == 2:
                 q = quantize_gptq(weight, bits, block, seen)
@@ -263,6 +266,7 @@ class _Build:
                 K=k, N=n, bits=bits, block_size=block, accuracy_level=CPU_ACCURACY_LEVEL,
             )
         else:
+            self.formats[name] = np.dtype(self.quant.float_storage).name
             stored = g.weight(f"{name}.weight_t", np.ascontiguousarray(weight.T).astype(self.quant.float_storage))
             if self.quant.float_storage is not np.float32:
                 stored = g.op1("Cast", [stored], f"{name}/cast", to=TensorProto.FLOAT)
@@ -280,13 +284,17 @@ def _embedding(build: _Build, input_ids: str) -> tuple[str, Callable[[str], str]
     tied = config.tie_word_embeddings or not build.has("lm_head.weight")
     bits = build.bits("embedding")
     n_vocab, hidden = table.shape
+    build.formats["embed_tokens"] = f"int{bits}/{BLOCK_SIZE}" if bits else np.dtype(build.quant.float_storage).name
+    if tied:
+        build.formats["lm_head"] = build.formats["embed_tokens"] + " (tied)"
     if bits:
         q = quantize(table, bits, BLOCK_SIZE)
         del table
         data = g.weight("embed_tokens.qweight", q.packed)
-        # GatherBlockQuantized wants scales and zero points of the data's rank.
+        # GatherBlockQuantized wants scales and zero points of the data's rank, one zero point a
+        # block (in the low bits of its byte), where MatMulNBits packs two 4-bit ones a byte.
         scales = g.weight("embed_tokens.gather_scales", q.scales[..., None])
-        zeros = g.weight("embed_tokens.gather_zero_points", q.zero_points[..., None])
+        zeros = g.weight("embed_tokens.gather_zero_points", unpack(q.zero_points, bits)[:, : q.scales.shape[1], None])
         gathered = g.op1(
             "GatherBlockQuantized", [data, input_ids, scales, zeros], "embed_tokens", domain=MS_DOMAIN,
             bits=bits, block_size=BLOCK_SIZE, gather_axis=0, quantize_axis=2,
@@ -679,6 +687,7 @@ def convert_to_onnx(source: Path, output: Path, quant: str = "fp32", *, progress
             "other_bytes": int(data.n_bytes - sum(build.layer_bytes)),
             "weight_bytes": int(data.n_bytes),
             "operators": operators,
+            "weight_formats": build.formats,
             **facts,
         }
         (partial / ONNX_MARKER).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")

@@ -8,6 +8,7 @@ truncating to a common prefix is setting it. Logits land in a preallocated (n_se
 
 from __future__ import annotations
 
+import ctypes
 import json
 import struct
 import threading
@@ -15,6 +16,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from itertools import islice
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnxruntime as ort
@@ -24,6 +26,9 @@ from localchat.constraints import TokenGuide
 from localchat.errors import ContextOverflowError, InferenceError, ModelError
 from localchat.models import ONNX_MARKER
 from localchat.planner import BuildFeatures, ModelFacts, Plan
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 # Tokens per run when evaluating a prompt (bounds the activations, not the cache).
 PROMPT_CHUNK = 512
@@ -83,6 +88,9 @@ MARKER_FIELDS: dict[str, tuple[Callable[[object], bool], str, bool]] = {
     "add_bos": (lambda v: isinstance(v, bool), "true or false", False),
     "eog_ids": (lambda v: isinstance(v, list) and all(_count(t) for t in v), "a list of token ids", False),
     "chat_template": (lambda v: v is None or isinstance(v, str), "a string or null", False),
+    "weight_formats": (
+        lambda v: isinstance(v, dict) and all(isinstance(f, str) for f in v.values()), "a table of weight formats", False,
+    ),
 }
 TOKENIZER_FILE = "tokenizer.json"
 
@@ -110,6 +118,15 @@ def read_metadata(folder: Path) -> dict[str, object]:
         if isinstance(meta.get(key), int) and meta[key] >= n_vocab:
             raise ModelError(f"{path}: '{key}' {meta[key]} is beyond the {n_vocab}-token vocabulary; convert the model again")
     return meta
+
+
+def _release_freed_heap() -> None:
+    """Return the C heap's free pages to the system (glibc's malloc_trim; a no-op elsewhere), so a
+    parser's temporaries do not stay in the process's resident memory."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (macOS, Windows, musl)
+        pass
 
 
 def _load_error(path: Path, error: Exception) -> ModelError:
@@ -140,6 +157,32 @@ def _check_graph(session: ort.InferenceSession, meta: dict[str, object], path: P
             )
 
 
+def _layer_ranges(layers: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2, 5'."""
+    runs: list[list[int]] = []
+    for layer in sorted(layers):
+        if runs and layer == runs[-1][1] + 1:
+            runs[-1][1] = layer
+        else:
+            runs.append([layer, layer])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def describe_weight_formats(formats: dict[str, str]) -> str:
+    """The converter's per-matrix formats in one line, by role: each role's most common format,
+    then the layers that differ ('mlp.down_proj int4/32 (int8/32 in layers 0-1, 16-17)')."""
+    by_role: dict[str, dict[str, list[int]]] = {}
+    for name, fmt in formats.items():
+        layer, _, role = name.removeprefix("layers.").partition(".") if name.startswith("layers.") else ("-1", "", name)
+        by_role.setdefault(role, {}).setdefault(fmt, []).append(int(layer))
+    parts = []
+    for role, kinds in by_role.items():
+        common, *others = sorted(kinds, key=lambda f: -len(kinds[f]))
+        exceptions = "; ".join(f"{fmt} in layers {_layer_ranges(kinds[fmt])}" for fmt in others)
+        parts.append(f"{role} {common}" + (f" ({exceptions})" if exceptions else ""))
+    return ", ".join(parts)
+
+
 def onnx_facts(folder: Path) -> ModelFacts:
     """Planner facts from the converter's JSON; `details` lists the fused operators."""
     meta = read_metadata(folder)
@@ -158,6 +201,7 @@ def onnx_facts(folder: Path) -> ModelFacts:
         n_vocab=int(meta["n_vocab"]),
         details=(
             f"onnx {meta['quant']}, {meta['source_architecture']}",
+            *([f"weights: {describe_weight_formats(formats)}"] if isinstance(formats := meta.get("weight_formats"), dict) else []),
             f"fused operators: {counts}; {others} other nodes",
         ),
     )
@@ -340,12 +384,24 @@ class OnnxBackend:
         for name in (str(meta["graph"]), TOKENIZER_FILE):
             if not (path / name).is_file():
                 raise ModelError(f"{path} has no {name}; convert the model again")
+        # The tokenizer first: parsing a large tokenizer.json (Gemma's is 33 MB) peaks ~250 MiB
+        # over what it keeps, and that must be handed back before the weights arrive.
+        try:
+            self._tokenizer = Tokenizer.from_file(str(path / TOKENIZER_FILE))
+            self._decoder_kind = self._detect_decoder(self._tokenizer)
+        except Exception as error:  # the tokenizers library raises plain Exception
+            detail = " ".join(str(error).split())[:200]
+            raise ModelError(f"{path / TOKENIZER_FILE} is not a tokenizer the model can use ({detail}); convert it again") from None
+        _release_freed_heap()
         try:
             self._session = ort.InferenceSession(str(path / str(meta["graph"])), options, providers=providers)
         except Exception as error:  # onnxruntime raises its own exception types with the detail
             raise _load_error(path, error) from None
         _check_graph(self._session, meta, path)
         _check_rotary_tables(path / str(meta["graph"]), int(meta["max_positions"]), path)  # type: ignore[call-overload]
+        # A token id past the embedding would fail in the middle of a reply.
+        if (n_tokens := self._tokenizer.get_vocab_size(with_added_tokens=True)) > n_vocab:
+            raise ModelError(f"{path / TOKENIZER_FILE} has {n_tokens} tokens but the model only {n_vocab}; convert it again")
         if on_progress is not None:
             on_progress(1.0)
         self.device = "cuda" if use_cuda else "cpu"
@@ -372,15 +428,6 @@ class OnnxBackend:
         self._batch_binding = self._make_binding(None) if self.n_seq > 1 else None
         self._lock = threading.Lock()
 
-        try:
-            self._tokenizer = Tokenizer.from_file(str(path / TOKENIZER_FILE))
-            self._decoder_kind = self._detect_decoder(path)
-        except Exception as error:  # the tokenizers library raises plain Exception
-            detail = " ".join(str(error).split())[:200]
-            raise ModelError(f"{path / TOKENIZER_FILE} is not a tokenizer the model can use ({detail}); convert it again") from None
-        # A token id past the embedding would fail in the middle of a reply.
-        if (n_tokens := self._tokenizer.get_vocab_size(with_added_tokens=True)) > n_vocab:
-            raise ModelError(f"{path / TOKENIZER_FILE} has {n_tokens} tokens but the model only {n_vocab}; convert it again")
         self._special = {i for i, t in self._tokenizer.get_added_tokens_decoder().items() if t.special}
         self._piece_cache: dict[int, bytes] = {}
         self._breaker_mask: np.ndarray | None = None
@@ -426,10 +473,11 @@ class OnnxBackend:
     # -- text ----------------------------------------------------------------------
 
     @staticmethod
-    def _detect_decoder(path: Path) -> str:
+    def _detect_decoder(tokenizer: Tokenizer) -> str:
         """'bytelevel' (GPT-2 style byte alphabet) or 'sentencepiece' ('▁' spaces, <0xNN> bytes)."""
-        text = (path / "tokenizer.json").read_text(encoding="utf-8")
-        decoder = json.loads(text).get("decoder") or {}
+        # The decoder's own JSON: parsing the whole file in Python (and the tokenizer after the
+        # weights) made the load peak ~450 MiB higher with Gemma 3.
+        decoder = json.loads(tokenizer.decoder.__getstate__()) if tokenizer.decoder is not None else {}
         kinds = {decoder.get("type")} | {d.get("type") for d in decoder.get("decoders", [])}
         return "bytelevel" if "ByteLevel" in kinds else "sentencepiece"
 

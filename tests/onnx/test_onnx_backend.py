@@ -11,6 +11,7 @@ import pytest
 
 from converters.verify import reference_tokenize, verify_text
 from localchat.backends.base import ARGMAX, SamplerSettings
+from localchat.backends.onnx import describe_weight_formats
 from localchat.cli import main
 from localchat.engine import Engine
 from localchat.session import GenerationSettings
@@ -127,3 +128,10 @@ def test_info_lists_fused_operators(onnx_model: Callable[[str, str], Path], caps
     out = capsys.readouterr().out
     assert "plan       onnxruntime" in out
     assert "GroupQueryAttention 18" in out and "MatMulNBits" in out and "SkipSimplifiedLayerNormalization 36" in out
+    # The converter's per-matrix choices, by role.
+    assert "weights: embed_tokens int" in out and "lm_head int" in out and "mlp.gate_up_proj int4/" in out
+
+
+def test_weight_formats_line_names_the_layers_that_differ() -> None:
+    formats = {"embed_tokens": "int4/32", **{f"layers.{i}.mlp.down_proj": "int8/32" if i in (0, 1, 5) else "int4/16" for i in range(8)}}
+    assert describe_weight_formats(formats) == "embed_tokens int4/32, mlp.down_proj int4/16 (int8/32 in layers 0-1, 5)"
