@@ -1,6 +1,7 @@
 """`localchat serve` against vLLM on the same model and the same load, side by side.
 
-Both servers run at once on loopback, each answering in turn (rounds alternate which goes first):
+Both servers run at once on loopback, each answering in turn (rounds alternate which goes first;
+the one not measured is stopped with SIGSTOP, since an idle vLLM keeps polling on the CPU):
 1, 4 and 8 concurrent streams of 128 tokens (aggregate tok/s), and the 6-turn chat resent in full
 (TTFT per turn). Also recorded: each server's start-up time (process start to answering
 /v1/models) and peak RSS (its whole process tree, sampled every 0.2 s). Medians over rounds.
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -70,6 +72,15 @@ class Served:
                     pass
 
         threading.Thread(target=sample, daemon=True).start()
+
+    def signal(self, number: int) -> None:
+        """`number` to the server's whole process tree (SIGSTOP while the other one is measured)."""
+        root = psutil.Process(self.process.pid)
+        for process in [root, *root.children(recursive=True)]:
+            try:
+                process.send_signal(number)
+            except psutil.Error:
+                pass
 
     def client(self) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key="none", max_retries=0, timeout=600)
@@ -125,14 +136,18 @@ def main() -> None:
     try:
         for server in servers:  # warm-up: the first requests compile and allocate
             throughput(server.client(), 1)
+            server.signal(signal.SIGSTOP)
         for round_ in range(args.rounds):
             for server in servers if round_ % 2 == 0 else servers[::-1]:
+                server.signal(signal.SIGCONT)
+                time.sleep(1)
                 client = server.client()
                 record = figures[server.name]
                 for streams in STREAMS:
                     record.setdefault(f"tok_s_{streams}", []).append(throughput(client, streams))
                 for turn, ttft in enumerate(conversation_ttft(client), start=1):
                     record.setdefault(f"ttft_turn{turn}_s", []).append(ttft)
+                server.signal(signal.SIGSTOP)
         result = {
             server.name: {
                 **{key: round(statistics.median(values), 3) for key, values in figures[server.name].items()},
@@ -146,6 +161,7 @@ def main() -> None:
         print(json.dumps(result, indent=1))
     finally:
         for server in servers:
+            server.signal(signal.SIGCONT)
             server.stop()
 
 
