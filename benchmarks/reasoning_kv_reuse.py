@@ -24,20 +24,12 @@ from pathlib import Path
 
 import openai
 import requests
-from serve_load import SYSTEM, TURN_QUESTIONS
+from serve_load import SYSTEM, TURN_QUESTIONS, free_port
 
 from localchat.models import default_model_path
 from localchat.settings import Settings
 
 TEMPLATE = Path(__file__).resolve().parent.parent / "tests" / "data" / "chat_templates" / "qwen3.jinja"
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def chat_turns(client: openai.OpenAI, thinking: bool) -> list[dict[str, float]]:

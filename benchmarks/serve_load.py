@@ -91,10 +91,15 @@ def many_clients(client: openai.OpenAI, requests_total: int = 100, clients: int 
     return {outcome: outcomes.count(outcome) for outcome in sorted(set(outcomes))}
 
 
-def start_server(api_key: str) -> tuple[str, subprocess.Popen[bytes]]:
+def free_port() -> int:
+    """A loopback port nothing listens on now."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+        return int(probe.getsockname()[1])
+
+
+def start_server(api_key: str) -> tuple[str, subprocess.Popen[bytes]]:
+    port = free_port()
     process = subprocess.Popen([sys.executable, "-m", "localchat", "serve", "--port", str(port), "--parallel", "4",
                                 "--api-key", api_key], stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"

@@ -35,19 +35,11 @@ from pathlib import Path
 import openai
 import psutil
 import requests
-from serve_load import conversation_ttft, throughput
+from serve_load import conversation_ttft, free_port, throughput
 
 MODEL = "gemma-3-270m"
 TEMPLATE = Path(__file__).resolve().parent.parent / "assets" / "templates" / "gemma.jinja"
 STREAMS = (1, 4, 8)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @dataclass

@@ -11,6 +11,7 @@ from typing import Any
 
 import openai
 import pytest
+from chat_format_cases import TIME_TOOL, WEATHER_TOOL
 from scripted_app import ScriptedBackend, scripted_client
 
 from localchat.server.settings import ServerSettings
@@ -18,12 +19,6 @@ from localchat.templates import fallback_template
 
 TEMPLATES = Path(__file__).parent.parent / "data" / "chat_templates"
 QWEN3 = (TEMPLATES / "qwen3.jinja").read_text(encoding="utf-8")
-WEATHER_TOOL = {"type": "function", "function": {
-    "name": "get_weather", "description": "The current weather in a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "City name"}}, "required": ["city"]}}}
-TIME_TOOL = {"type": "function", "function": {
-    "name": "get_time", "description": "The local time in a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "City name"}}, "required": ["city"]}}}
 TOOLS = [WEATHER_TOOL, TIME_TOOL]
 ASK = [{"role": "user", "content": "Weather and time in Zürich?"}]
 QWEN3_CALLS = ('<think>\nThe user wants both.\n</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n'
