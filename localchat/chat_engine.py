@@ -98,7 +98,13 @@ class ChatEngine(Protocol):
 
     @property
     def can_switch_thinking(self) -> bool:
-        """Whether `open_chat(thinking=False)` turns the model's thinking off."""
+        """Whether `open_chat(thinking=False)` turns the model's thinking off (or asks to)."""
+        ...
+
+    @property
+    def thinking_switch_checked(self) -> bool:
+        """Whether the engine saw its template read the switch (a local model's), rather than
+        asking a server whose template may ignore it."""
         ...
 
     def open_chat(self, messages: list[Message], *, thinking: bool = True) -> EngineChat: ...

@@ -151,6 +151,8 @@ class Engine:
     def can_switch_thinking(self) -> bool:
         return THINKING_SWITCH in self.template.source
 
+    thinking_switch_checked = True  # in the template it renders
+
     def open_chat(self, messages: list[Message], *, thinking: bool = True) -> LocalChat:
         """A conversation from `messages` on the first sequence (the prefix cache makes returning
         to an earlier one cheap)."""

@@ -3,7 +3,9 @@
 
 It offers what a local `Chat` offers a front end (messages, `send`, `reply`, `commit`, and a
 generation to iterate for text, cancel and read stats from), measured from the stream: the time
-to first token and tokens/s as the chunks arrive, token counts from the server's usage. Every
+to first token and tokens/s as the chunks arrive, token counts from the server's usage. The
+reasoning a server streams apart from the answer (`reasoning_content`) comes back inside `<think>`
+markers, as a local reasoning model writes it, so that the same reply parser folds it. Every
 failure is a `RemoteError` of one line saying what to do; the client never retries on its own,
 since retrying is the person's call (a 429's Retry-After is passed on).
 """
@@ -23,8 +25,8 @@ import httpx2
 import openai
 from openai import OpenAI
 
-from localchat.chat_engine import ContextUse
-from localchat.chat_formats import GENERIC
+from localchat.chat_engine import THINKING_SWITCH, ContextUse
+from localchat.chat_formats import GENERIC, REASONING, ChatFormat
 from localchat.errors import LocalchatError
 from localchat.reply_parser import ReplyParser
 from localchat.session import GenerationSettings, GenerationStats
@@ -33,6 +35,13 @@ from localchat.templates import Message
 API_KEY_VARIABLE = "LOCALCHAT_REMOTE_API_KEY"
 # Connecting and each read; a remote's first token may wait behind a long prompt or a model load.
 TIMEOUT_S = 600.0
+# A reply's text here: the server's reasoning between the markers a reasoning model writes, then its
+# answer. The parser of REPLY_FORMAT splits them again (it also folds a server's own raw markers).
+REASONING_START, REASONING_END = "<think>\n", "\n</think>\n\n"
+REPLY_FORMAT = ChatFormat("remote", (), REASONING, GENERIC.call)
+# Where servers put the reasoning they split out: vLLM, llama.cpp and localchat's reasoning_content;
+# newer vLLM and OpenRouter's reasoning.
+REASONING_FIELDS = ("reasoning_content", "reasoning")
 
 
 class RemoteError(LocalchatError):
@@ -163,10 +172,13 @@ class RemoteServer:
         return f"remote {urlsplit(self.endpoint.base_url).netloc}"
 
     uses_gpu = False  # not this machine's
-    can_switch_thinking = False  # the server's template decides
+    # Thinking off is asked of the server's template (chat_template_kwargs); one that does not read
+    # the switch, or a server that does not render templates, ignores it.
+    can_switch_thinking = True
+    thinking_switch_checked = False
 
     def open_chat(self, messages: list[Message], *, thinking: bool = True) -> RemoteChat:
-        return RemoteChat(self, messages)
+        return RemoteChat(self, messages, {} if thinking else {THINKING_SWITCH: False})
 
     def token_count(self, text: str) -> None:
         return None  # only the server's usage counts tokens
@@ -174,8 +186,9 @@ class RemoteServer:
     def new_chat(self, system_prompt: str | None = None) -> RemoteChat:
         return RemoteChat(self, [Message("system", system_prompt)] if system_prompt else [])
 
-    def generate(self, messages: list[Message], settings: GenerationSettings) -> RemoteGeneration:
-        return RemoteGeneration(self, messages, settings)
+    def generate(self, messages: list[Message], settings: GenerationSettings,
+                 template_kwargs: dict[str, object] | None = None) -> RemoteGeneration:
+        return RemoteGeneration(self, messages, settings, dict(template_kwargs or {}))
 
     def close(self) -> None:
         self.client.close()
@@ -187,9 +200,11 @@ class RemoteServer:
         self.close()
 
 
-def _request(messages: list[Message], settings: GenerationSettings) -> dict[str, Any]:
-    """The request body: OpenAI's own fields only. localchat's local sampling extras (repeat
-    penalty, DRY, top_k, min_p) are left to the remote engine's defaults, which any server accepts."""
+def _request(messages: list[Message], settings: GenerationSettings, template_kwargs: dict[str, object]) -> dict[str, Any]:
+    """The request body: OpenAI's own fields, and the chat template's variables only when there
+    are some (vLLM's, llama.cpp's and localchat's `chat_template_kwargs`). localchat's local
+    sampling extras (repeat penalty, DRY, top_k, min_p) are left to the remote engine's defaults,
+    which any server accepts. A message's reasoning stays here: servers do not take it back."""
     sampler = settings.sampler
     body: dict[str, Any] = {
         "messages": [{"role": m.role, "content": m.content} for m in messages],
@@ -214,23 +229,28 @@ def _request(messages: list[Message], settings: GenerationSettings) -> dict[str,
             raise RemoteError(f"a remote server takes a JSON schema as the reply's constraint, not a {constraint.kind} grammar")
         schema = {"name": "reply", "schema": json.loads(constraint.source), "strict": True}
         body["response_format"] = {"type": "json_schema", "json_schema": schema}
+    if template_kwargs:
+        body["extra_body"] = {"chat_template_kwargs": template_kwargs}
     return body
 
 
 @dataclass
 class RemoteGeneration:
-    """A reply streaming from the server: iterate for text pieces; `stats` is set when it ends.
-    `cancel()` (from any thread) closes the stream, so the server stops generating too."""
+    """A reply streaming from the server: iterate for text pieces (its reasoning, if the server
+    sends some, inside REASONING_START and REASONING_END); `stats` is set when it ends. `cancel()`
+    (from any thread) closes the stream, so the server stops generating too."""
 
     server: RemoteServer
     messages: list[Message]
     settings: GenerationSettings
+    template_kwargs: dict[str, object] = field(default_factory=dict)
     stats: GenerationStats | None = None
     started_at: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
-    chunks: int = 0  # content chunks received: a token each from llama.cpp, vLLM and localchat
+    chunks: int = 0  # reasoning and content chunks received: a token each from llama.cpp, vLLM and localchat
     _cancelled: threading.Event = field(default_factory=threading.Event)
     _stream: Any = None
+    _reasoning: bool = False  # inside the reasoning markers
 
     @property
     def tokens_per_second(self) -> float:
@@ -252,19 +272,23 @@ class RemoteGeneration:
         usage = None
         finish = None
         try:
-            self._stream = self.server.client.chat.completions.create(model=self.server.model, **_request(self.messages, self.settings))
+            request = _request(self.messages, self.settings, self.template_kwargs)
+            self._stream = self.server.client.chat.completions.create(model=self.server.model, **request)
             for chunk in self._stream:
                 if self._cancelled.is_set():
                     break
                 usage = chunk.usage or usage
                 for choice in chunk.choices:
                     finish = choice.finish_reason or finish
-                    text = choice.delta.content if choice.delta else None
+                    text = self._text(choice.delta)
                     if text:
                         if self.first_token_at is None:
                             self.first_token_at = time.perf_counter()
                         self.chunks += 1
                         yield text
+            if self._reasoning and not self._cancelled.is_set():
+                self._reasoning = False
+                yield REASONING_END  # the reply ended while thinking (at its length limit, say)
         except (openai.OpenAIError, httpx2.HTTPError, OSError) as error:  # a broken stream raises httpx2's own
             if self._cancelled.is_set():
                 pass
@@ -281,6 +305,21 @@ class RemoteGeneration:
         if finish is None and not self._cancelled.is_set():
             raise RemoteError(f"{endpoint.base_url} ended the reply without finishing it: the server may have "
                               "stopped; try again")
+
+    def _text(self, delta: Any) -> str:
+        """A chunk's delta as reply text: its reasoning inside the markers, its content after them."""
+        if delta is None:
+            return ""
+        values = [getattr(delta, name, None) for name in REASONING_FIELDS]
+        reasoning = next((value for value in values if isinstance(value, str) and value), "")
+        text = ""
+        if reasoning:
+            text = reasoning if self._reasoning else REASONING_START + reasoning
+            self._reasoning = True
+        if delta.content:
+            text += (REASONING_END if self._reasoning else "") + delta.content
+            self._reasoning = False
+        return text
 
     def _stats(self, usage: Any, finish: str | None) -> GenerationStats:
         end = time.perf_counter()
@@ -310,6 +349,7 @@ class RemoteChat:
 
     server: RemoteServer
     messages: list[Message]
+    template_kwargs: dict[str, object] = field(default_factory=dict)  # sent with each reply: {"enable_thinking": False}
     last: RemoteGeneration | None = None  # the last reply started
 
     def send(self, content: str, settings: GenerationSettings = GenerationSettings()) -> RemoteGeneration:
@@ -317,15 +357,15 @@ class RemoteChat:
         return self.reply(settings)
 
     def reply(self, settings: GenerationSettings = GenerationSettings()) -> RemoteGeneration:
-        self.last = self.server.generate(list(self.messages), settings)
+        self.last = self.server.generate(list(self.messages), settings, self.template_kwargs)
         return self.last
 
     def commit(self, text: str, reasoning: str | None = None) -> None:
         self.messages.append(Message("assistant", text, reasoning=reasoning or None))
 
     def reply_parser(self) -> ReplyParser:
-        # The server keeps the reply's reasoning out of its content: the text is all answer.
-        return ReplyParser(GENERIC, calls=False)
+        """Reads the reasoning the generation put inside the markers apart from the answer."""
+        return ReplyParser(REPLY_FORMAT, calls=False)
 
     def reply_settings(self, settings: GenerationSettings) -> GenerationSettings:
         return settings

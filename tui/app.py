@@ -477,7 +477,7 @@ class ChatApp(App[int]):
 
     def action_toggle_thinking(self) -> None:
         """Thinking on or off for the next replies, kept for the next start; only templates that
-        read `enable_thinking` can turn it off."""
+        read `enable_thinking` can turn it off (a server's is only asked)."""
         if self.reply is not None:
             self.notify("A reply is being written; Esc stops it.", timeout=3)
             return
@@ -487,8 +487,12 @@ class ChatApp(App[int]):
         if self.engine is not None:
             self._show_context()
         said = "Thinking on" if self.thinking else "Thinking off"
-        if self.engine is not None and not self.engine.can_switch_thinking:
-            self.notify(f"{said}, but {self.engine.model_name}'s chat template has no switch for it", timeout=5)
+        engine = self.engine
+        if engine is not None and not engine.can_switch_thinking:
+            self.notify(f"{said}, but {engine.model_name}'s chat template has no switch for it", timeout=5)
+        elif engine is not None and not engine.thinking_switch_checked:
+            self.notify(f"{said}: asked of the server ({engine.backend_label}); a chat template without the switch "
+                        "ignores it", timeout=5)
         else:
             self.notify(said, timeout=2)
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import requests
+import uvicorn
+from fastapi import FastAPI
 from openai import OpenAI
 
 API_KEY = "test-key"
@@ -111,6 +113,25 @@ def start_server(home: Path, *extra_args: str, env: dict[str, str] | None = None
             process.kill()
             raise RuntimeError(f"localchat serve did not start:\n{log.read_text()}")
         time.sleep(0.2)
+
+
+@contextmanager
+def serving(app: FastAPI) -> Iterator[str]:
+    """`app` (create_app's, as `localchat serve` runs it) on a free loopback port, by uvicorn in a
+    thread of this process; yields its API root (http://127.0.0.1:PORT/v1)."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=_free_loopback_port(), log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the app did not start serving")
+            time.sleep(0.02)
+        yield f"http://127.0.0.1:{server.config.port}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
 
 
 class _BusyGateway(http.server.BaseHTTPRequestHandler):

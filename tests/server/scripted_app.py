@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from openai import OpenAI
 
@@ -141,12 +142,17 @@ class ScriptedBackend:
     def close(self) -> None: ...
 
 
-@contextmanager
-def scripted_client(backend: ScriptedBackend, home: Path, settings: ServerSettings | None = None) -> Iterator[tuple[OpenAI, TestClient]]:
-    """The app over `backend`, and an openai client and a plain HTTP client talking to it in process."""
+def scripted_app(backend: ScriptedBackend, home: Path, settings: ServerSettings | None = None) -> FastAPI:
+    """The app over `backend`."""
     model_file = home / "scripted.gguf"
     model_file.write_bytes(b"scripted")
     plan = ModelPlan(ModelRef(model_file, "gguf", "scripted"), None, None, None, None)  # type: ignore[arg-type]
     engine = Engine(plan, backend, Settings(data_dir=home, cache_dir=home, prefix_cache_disk_bytes=0))  # type: ignore[arg-type]
-    with TestClient(create_app(engine, settings or ServerSettings())) as http:
+    return create_app(engine, settings or ServerSettings())
+
+
+@contextmanager
+def scripted_client(backend: ScriptedBackend, home: Path, settings: ServerSettings | None = None) -> Iterator[tuple[OpenAI, TestClient]]:
+    """The app over `backend`, and an openai client and a plain HTTP client talking to it in process."""
+    with TestClient(scripted_app(backend, home, settings)) as http:
         yield OpenAI(base_url="http://testserver/v1", api_key="none", http_client=http, max_retries=0), http

@@ -12,14 +12,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from live_server import API_KEY, LiveServer, busy_gateway, start_server
+from live_server import API_KEY, LiveServer, busy_gateway, serving, start_server
+from openai.types.chat.chat_completion_chunk import ChoiceDelta
+from scripted_app import ScriptedBackend, scripted_app
 
 from localchat.backends.base import SamplerSettings
-from localchat.remote import RemoteEndpoint, RemoteError, RemoteServer
+from localchat.remote import RemoteEndpoint, RemoteError, RemoteGeneration, RemoteServer
+from localchat.reply_parser import ParsedReply
 from localchat.session import GenerationSettings
+from localchat.templates import Message
 
 GREEDY = GenerationSettings(max_tokens=12, sampler=SamplerSettings(temperature=0))
 MODEL = "gemma-3-270m"
+QWEN3 = (Path(__file__).parent.parent / "data" / "chat_templates" / "qwen3.jinja").read_text(encoding="utf-8")
+QWEN3_THINKING_OFF = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
 
 
 @pytest.fixture
@@ -133,3 +139,60 @@ def test_commands_without_remote_support_say_so() -> None:
     done = subprocess.run([sys.executable, "-m", "localchat", "serve", "-m", "http://127.0.0.1:1/v1"], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode != 0 and "runs local models only" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.fixture
+def qwen3_remote(tmp_path: Path) -> Iterator[tuple[RemoteServer, ScriptedBackend]]:
+    """localchat's app on loopback over a scripted model with Qwen 3's template: it writes the
+    replies a test queues, so what the server streams as reasoning_content is known."""
+    backend = ScriptedBackend(QWEN3)
+    with serving(scripted_app(backend, tmp_path)) as url, RemoteServer(RemoteEndpoint(url)) as remote:
+        yield remote, backend
+
+
+def test_the_servers_reasoning_comes_inside_markers_the_chats_parser_reads_apart(
+        qwen3_remote: tuple[RemoteServer, ScriptedBackend]) -> None:
+    remote, backend = qwen3_remote
+    backend.replies.append("<think>\nThe user greets me.\n</think>\n\nHello! How can I help?")
+    chat = remote.open_chat([])
+    generation = chat.send("Hello!")
+    pieces = list(generation)
+    # As a reasoning model writes it, so that `localchat run` prints it as a local one would.
+    assert "".join(pieces) == "<think>\nThe user greets me.\n</think>\n\nHello! How can I help?"
+    assert generation.chunks == len(pieces) > 30 and pieces[0].startswith("<think>\n")  # a chunk about a token
+    parser, reply = chat.reply_parser(), ParsedReply()
+    for part in [part for piece in pieces for part in parser.feed(piece)] + parser.finish():
+        reply.add(part)
+    assert (reply.reasoning, reply.content) == ("The user greets me.", "Hello! How can I help?")
+    chat.commit(reply.content, reply.reasoning)
+    assert chat.messages[-1] == Message("assistant", "Hello! How can I help?", reasoning="The user greets me.")
+
+
+def test_reasoning_cut_at_the_length_limit_is_closed(qwen3_remote: tuple[RemoteServer, ScriptedBackend]) -> None:
+    remote, backend = qwen3_remote
+    backend.replies.append("<think>\nLet me think about this at length.")
+    text = remote.open_chat([]).send("Hello!", GenerationSettings(max_tokens=len("<think>\nLet me"))).text()
+    assert text == "<think>\nLet me\n</think>\n\n"
+
+
+def test_thinking_off_reaches_the_servers_template_and_the_reasoning_stays_here(
+        qwen3_remote: tuple[RemoteServer, ScriptedBackend]) -> None:
+    remote, backend = qwen3_remote
+    backend.replies.extend(["Hi.", "Hi again."])
+    assert remote.can_switch_thinking and not remote.thinking_switch_checked
+    earlier = [Message("user", "Hello!"), Message("assistant", "Hi.", reasoning="A SECRET THOUGHT")]
+    assert remote.open_chat(list(earlier), thinking=False).send("And you?").text() == "Hi."
+    assert backend.prompts[-1].endswith(QWEN3_THINKING_OFF)
+    assert remote.open_chat(list(earlier)).send("And you?").text() == "Hi again."
+    assert backend.prompts[-1].endswith("<|im_start|>assistant\n") and not backend.prompts[-1].endswith(QWEN3_THINKING_OFF)
+    # Servers take no reasoning back: the earlier answer went as its content only.
+    assert "Hi." in backend.prompts[-1] and "A SECRET THOUGHT" not in "".join(backend.prompts)
+
+
+def test_reasoning_is_read_from_either_field_servers_use() -> None:
+    """vLLM, llama.cpp and localchat send reasoning_content; newer vLLM and OpenRouter, reasoning."""
+    generation = RemoteGeneration(None, [], GenerationSettings())  # type: ignore[arg-type]  # only reads deltas
+    deltas = [{"reasoning": "Hmm"}, {"reasoning_content": ", sure."}, {"content": "Yes"}, {"content": "."},
+              {"reasoning": "Again?"}, {"content": "No."}, {}]
+    texts = [generation._text(ChoiceDelta.model_validate(delta)) for delta in deltas]
+    assert texts == ["<think>\nHmm", ", sure.", "\n</think>\n\nYes", ".", "<think>\nAgain?", "\n</think>\n\nNo.", ""]

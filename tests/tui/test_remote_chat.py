@@ -7,24 +7,34 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from live_server import API_KEY, LiveServer, busy_gateway, start_server
+from live_server import API_KEY, LiveServer, busy_gateway, serving, start_server
+from openai import OpenAI
 from pilot_steps import SHORT, press_and_wait_for_reply, send, wait_until
+from scripted_app import ScriptedBackend, scripted_app
 
 from localchat.backends.base import SamplerSettings
+from localchat.engine import Engine
 from localchat.history import ConversationStore
+from localchat.planner import PlanRequest
 from localchat.remote import RemoteEndpoint
+from localchat.server.app import create_app
+from localchat.server.settings import ServerSettings
 from localchat.session import GenerationSettings
 from localchat.settings import Settings
+from localchat.templates import ChatTemplate
 from tui.app import ChatApp
-from tui.widgets.messages import AssistantMessage, Notice, UserMessage
+from tui.widgets.messages import AssistantMessage, Notice, Reasoning, UserMessage
 from tui.widgets.status import StatusBar
 
 pytestmark = pytest.mark.anyio
 MODEL = "gemma-3-270m"
+TEMPLATES = Path(__file__).parent.parent / "data" / "chat_templates"
+QWEN3_THINKING_OFF = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+SCRIPTED = GenerationSettings(max_tokens=100)  # the scripted model writes a character a token
 # Sampled, so that the reply runs long enough to be stopped.
 LONG = GenerationSettings(max_tokens=2000, sampler=SamplerSettings(seed=1))
 
@@ -159,6 +169,89 @@ async def _busy_remote_retried(app: ChatApp, store: ConversationStore) -> None:
         stored = store.messages(app.conversation.id)  # type: ignore[union-attr]
         assert [(m.role, m.content) for m in stored] == [("user", "Is anyone there?"), ("assistant", "")]
         assert len(app.query(AssistantMessage)) == 1
+
+
+@pytest.fixture
+def qwen3_remote(tmp_path: Path) -> Iterator[tuple[RemoteEndpoint, ScriptedBackend]]:
+    """localchat's app on loopback over a scripted model with Qwen 3's template: the server's
+    reasoning and the prompts it renders are known."""
+    backend = ScriptedBackend((TEMPLATES / "qwen3.jinja").read_text(encoding="utf-8"))
+    with serving(scripted_app(backend, tmp_path)) as url:
+        yield RemoteEndpoint(url), backend
+
+
+@pytest.fixture
+def deepseek_r1_remote(settings: Settings, default_model: Path) -> Iterator[RemoteEndpoint]:
+    """localchat's app on loopback over the real default model with DeepSeek R1's template, whose
+    prompt ends with `<think>`: what the model writes comes back as reasoning_content."""
+    engine = Engine.load(str(default_model), settings, PlanRequest(n_ctx=2048))  # the app frees it when it stops
+    source = (TEMPLATES / "deepseek_r1_distill.jinja").read_text(encoding="utf-8")
+    engine.template = ChatTemplate(source, bos_token=engine.template.bos_token, eos_token=engine.template.eos_token)
+    with serving(create_app(engine, ServerSettings())) as url:
+        yield RemoteEndpoint(url)
+
+
+def above(app: ChatApp, widget: object) -> object:
+    """The widget just above `widget` in the conversation view."""
+    children = list(app.conversation_view.children)
+    return children[children.index(widget) - 1]  # type: ignore[arg-type]
+
+
+async def test_a_remotes_reasoning_folds_above_its_answer_and_is_stored_with_it(
+        remote_app: MakeRemoteApp, qwen3_remote: tuple[RemoteEndpoint, ScriptedBackend], store: ConversationStore) -> None:
+    remote, backend = qwen3_remote
+    backend.replies.append("<think>\nThe user greets me.\n</think>\n\nHello! How can I help?")
+    app = remote_app(remote, SCRIPTED)
+    async with app.run_test(size=(100, 24)) as pilot:
+        await connected(pilot, app)
+        await send(pilot, "Hello!")
+        answer, thinking = app.query(AssistantMessage).last(), app.query_one(Reasoning)
+        assert answer.text == "Hello! How can I help?" and above(app, answer) is thinking
+        assert thinking.collapsed and thinking.text == "The user greets me." and thinking.title == "Thought"  # no tokenizer here
+        stored = store.messages(app.conversation.id)[-1]  # type: ignore[union-attr]
+        assert (stored.content, stored.reasoning) == ("Hello! How can I help?", "The user greets me.")
+        assert app.chat is not None and app.chat.messages[-1].reasoning == "The user greets me."
+
+
+async def test_f3_asks_the_remotes_template_to_turn_thinking_off(
+        remote_app: MakeRemoteApp, qwen3_remote: tuple[RemoteEndpoint, ScriptedBackend], store: ConversationStore) -> None:
+    remote, backend = qwen3_remote
+    backend.replies.extend(["Hi.", "Hi again."])
+    app = remote_app(remote, SCRIPTED)
+    async with app.run_test(size=(100, 24)) as pilot:
+        await connected(pilot, app)
+        await pilot.press("f3")
+        assert not app.thinking and store.preference("thinking") == "off"
+        said = [notification.message for notification in app._notifications][-1]
+        assert said == (f"Thinking off: asked of the server (remote {remote.base_url.split('/')[2]}); a chat template "
+                        "without the switch ignores it")
+        await send(pilot, "Hello!")
+        assert backend.prompts[-1].endswith(QWEN3_THINKING_OFF)  # Qwen 3's "no thinking"
+        await pilot.press("f3")
+        assert app.thinking
+        await send(pilot, "And you?")
+        assert backend.prompts[-1].endswith("<|im_start|>assistant\n") and not backend.prompts[-1].endswith(QWEN3_THINKING_OFF)
+        assert [m.content for m in store.messages(app.conversation.id)][1::2] == ["Hi.", "Hi again."]  # type: ignore[union-attr]
+
+
+async def test_a_real_models_reasoning_from_localchat_serve_folds_and_is_stored(
+        remote_app: MakeRemoteApp, deepseek_r1_remote: RemoteEndpoint, store: ConversationStore) -> None:
+    app = remote_app(deepseek_r1_remote)
+    async with app.run_test(size=(100, 24)) as pilot:
+        await connected(pilot, app)
+        await send(pilot, "What is two plus two?")
+        stored = store.messages(app.conversation.id)[-1]  # type: ignore[union-attr]
+        thinking = app.query_one(Reasoning)
+        assert thinking.collapsed and thinking.title == "Thought" and above(app, app.query(AssistantMessage).last()) is thinking
+        assert stored.reasoning and thinking.text == stored.reasoning == app.chat.messages[-1].reasoning  # type: ignore[union-attr]
+        assert stored.content == app.query(AssistantMessage).last().text
+        model = app.engine.model_name  # type: ignore[union-attr]
+    # What the server answers the same question whole, apart from the app.
+    with OpenAI(base_url=deepseek_r1_remote.base_url, api_key="none", max_retries=0) as client:
+        whole = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "What is two plus two?"}],
+                                               max_tokens=SHORT.max_tokens, temperature=0)
+    message = whole.choices[0].message
+    assert (stored.reasoning, stored.content) == (message.reasoning_content, message.content or "")  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("command", [["chat"], []])
