@@ -1,13 +1,20 @@
 """Prompt-lookup speculative decoding against plain decoding, on the default model (llama.cpp).
 
-Two tasks at temperature 0 (the model's argmax, no penalties): an input-grounded one (a text of
-about 500 tokens in the prompt, to be written out again with its mistakes fixed: the reply copies
-long runs of the prompt) and an open-ended one (a story). Rounds alternate plain and drafting on
-the same session, so machine noise hits both alike; figures are medians of decode tok/s (tokens
-after the first, per second of decoding them), with the draft acceptance rate, and whether the
-replies were the same token for token.
+Two tasks: an input-grounded one (a text of about 500 tokens in the prompt, to be written out
+again with its mistakes fixed: the reply copies long runs of the prompt) and an open-ended one (a
+story). With `--sampler greedy` (the model's argmax, no penalties) the replies must be the same;
+with `--sampler chat` (localchat's defaults: temperature 0.8, repeat penalty, DRY; a fixed seed)
+they are the same too, as each token takes the same random draw either way. Rounds alternate plain
+and drafting on the same session, so machine noise hits both alike; figures are medians of decode
+tok/s (tokens after the first, per second of decoding them), with the draft acceptance rate, and
+whether the replies were the same token for token.
 
-    python benchmarks/speculative.py [--model PATH] [--tokens 128] [--rounds 3] [--draft 8]
+`--step-cost` measures instead what a draft costs: the time of one evaluation of T tokens of one
+sequence with every row's logits (a draft of T - 1), and of one batched step of N sequences, each
+against the plain one-token step.
+
+    python benchmarks/speculative.py [--model PATH] [--tokens 128] [--rounds 3] [--draft 8] [--sampler greedy|chat]
+    python benchmarks/speculative.py --step-cost [--rounds 5]
 """
 
 from __future__ import annotations
@@ -16,9 +23,10 @@ import argparse
 import json
 import os
 import statistics
+import time
 
-from localchat.backends.base import ARGMAX
-from localchat.bench import bench_text
+from localchat.backends.base import ARGMAX, SamplerSettings
+from localchat.bench import OPEN_ENDED_PROMPT, grounded_prompt
 from localchat.engine import Engine
 from localchat.models import default_model_path
 from localchat.planner import PlanRequest
@@ -26,21 +34,41 @@ from localchat.session import GenerationSettings, GenerationStats, Session
 from localchat.settings import Settings
 
 
-def grounded_prompt(engine: Engine, n_tokens: int) -> str:
-    tokens = engine.backend.tokenize(bench_text(), add_bos=False, special=False)[:n_tokens]
-    text = b"".join(engine.backend.token_bytes(t) for t in tokens).decode("utf-8", errors="ignore")
-    return f"Text with typos:\n{text}\n\nThe same text with its spelling corrected:\n"
+SAMPLERS = {"greedy": ARGMAX, "chat": SamplerSettings(seed=0)}
+STEP_TOKENS = (1, 2, 3, 5, 9)
+STEP_SEQUENCES = (1, 2, 3, 4)
+TOKEN = 100
 
 
-OPEN_ENDED = "Write a long story about a dragon who learns to bake bread.\n\nOnce upon a time"
-
-
-def run(session: Session, prompt: list[int], tokens: int, draft: int) -> GenerationStats:
-    generation = session.generate(prompt, GenerationSettings(max_tokens=tokens, sampler=ARGMAX, ignore_eos=True,
+def run(session: Session, prompt: list[int], tokens: int, draft: int, sampler: SamplerSettings) -> GenerationStats:
+    generation = session.generate(prompt, GenerationSettings(max_tokens=tokens, sampler=sampler, ignore_eos=True,
                                                              lookup_draft=draft))
     generation.text()
     assert generation.stats is not None
     return generation.stats
+
+
+def step_costs(engine: Engine, rounds: int, steps: int = 16) -> dict[str, float]:
+    """Median milliseconds of a step: "T tokens" is one sequence evaluating T tokens with all logits,
+    "N sequences" one batched step of one token each; alternated round by round."""
+    backend = engine.backend
+    timings: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        for label, step in [*((f"{t} tokens", t) for t in STEP_TOKENS), *((f"{n} sequences", -n) for n in STEP_SEQUENCES)]:
+            for seq in range(backend.n_seq):
+                backend.truncate(seq, 0)
+                backend.evaluate(seq, [TOKEN] * 64, 0)
+            position = 64
+            start = time.perf_counter()
+            for _ in range(steps):
+                if step > 0:
+                    backend.evaluate_all(0, [TOKEN] * step, position)
+                    position += step
+                else:
+                    backend.evaluate_batch([(seq, TOKEN, position) for seq in range(-step)])
+                    position += 1
+            timings.setdefault(label, []).append((time.perf_counter() - start) / steps * 1000)
+    return {label: round(statistics.median(values), 2) for label, values in timings.items()}
 
 
 def main() -> None:
@@ -49,19 +77,30 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--draft", type=int, default=8)
+    parser.add_argument("--sampler", choices=sorted(SAMPLERS), default="greedy")
+    parser.add_argument("--step-cost", action="store_true", help="measure what a draft's rows cost instead")
     args = parser.parse_args()
     settings = Settings()
-    with Engine.load(args.model or str(default_model_path(settings)), settings, PlanRequest(n_ctx=2048)) as engine:
+    sequences = max(STEP_SEQUENCES) if args.step_cost else 1
+    with Engine.load(args.model or str(default_model_path(settings)), settings,
+                     PlanRequest(n_ctx=2048 * sequences, n_seq=sequences)) as engine:
+        if args.step_cost:
+            costs = step_costs(engine, args.rounds)
+            one = costs["1 tokens"]
+            print(json.dumps({"load": os.getloadavg(), "rounds": args.rounds,
+                              "ms": costs, "x_one_step": {k: round(v / one, 2) for k, v in costs.items()}}, indent=1))
+            return
+        sampler = SAMPLERS[args.sampler]
         session = engine.sessions[0]
         results = {}
-        for task, text in (("input-grounded", grounded_prompt(engine, 500)), ("open-ended", OPEN_ENDED)):
+        for task, text in (("input-grounded", grounded_prompt(engine)), ("open-ended", OPEN_ENDED_PROMPT)):
             prompt = engine.backend.tokenize(text, add_bos=True, special=False)
-            run(session, prompt, 8, 0)  # warm-up; the prompt stays in the KV cache for the rounds
+            run(session, prompt, 8, 0, sampler)  # warm-up; the prompt stays in the KV cache for the rounds
             speeds: dict[int, list[float]] = {0: [], args.draft: []}
             replies, accepted, drafted = {}, 0, 0
             for _ in range(args.rounds):
                 for draft in (0, args.draft):
-                    stats = run(session, prompt, args.tokens, draft)
+                    stats = run(session, prompt, args.tokens, draft, sampler)
                     speeds[draft].append(stats.decode_tok_s)
                     replies[draft] = stats.completion_ids
                     accepted, drafted = accepted + stats.accepted_tokens, drafted + stats.drafted_tokens
@@ -72,6 +111,7 @@ def main() -> None:
                 "same_reply": replies[0] == replies[args.draft],
             }
         print(json.dumps({"load": os.getloadavg(), "tokens": args.tokens, "rounds": args.rounds, "draft": args.draft,
+                          "sampler": args.sampler,
                           "results": results}, indent=1))
 
 

@@ -1,4 +1,5 @@
-"""`localchat bench`: prefill and decode speed, KV reuse across turns, prefix-cache hits."""
+"""`localchat bench`: prefill and decode speed, speculative decoding, KV reuse across turns,
+prefix-cache hits."""
 
 from __future__ import annotations
 
@@ -23,6 +24,11 @@ TURN_QUESTIONS = (
     "What does the last entry in the notebook say?",
 )
 GREEDY = ARGMAX
+# Speculative decoding is measured on two tasks: a reply that copies much of its ~500-token
+# prompt (fixing a text's spelling) and one that does not (a story).
+GROUNDED_PROMPT_TOKENS = 500
+OPEN_ENDED_PROMPT = "Write a long story about a dragon who learns to bake bread.\n\nOnce upon a time"
+SPECULATION_DRAFT = 8
 
 
 def bench_text() -> str:
@@ -35,6 +41,27 @@ def _text_of_tokens(engine: Engine, n_tokens: int) -> str:
     if len(tokens) < n_tokens:
         raise ValueError(f"the benchmark text has only {len(tokens)} tokens")
     return b"".join(engine.backend.token_bytes(t) for t in tokens[:n_tokens]).decode("utf-8", errors="ignore")
+
+
+def grounded_prompt(engine: Engine, n_tokens: int = GROUNDED_PROMPT_TOKENS) -> str:
+    """An input-grounded task: a text of about `n_tokens` to be written out again."""
+    return f"Text with typos:\n{_text_of_tokens(engine, n_tokens)}\n\nThe same text with its spelling corrected:\n"
+
+
+@dataclass(frozen=True)
+class SpeculationResult:
+    """Decode speed of one task without and with prompt-lookup drafting (greedy, so the reply is
+    the same), and the share of drafted tokens accepted."""
+
+    task: str
+    plain_tok_s: float
+    lookup_tok_s: float
+    acceptance: float | None
+    same_reply: bool
+
+    @property
+    def speedup(self) -> float:
+        return self.lookup_tok_s / self.plain_tok_s if self.plain_tok_s else 0.0
 
 
 @dataclass(frozen=True)
@@ -51,6 +78,7 @@ class BenchResult:
     ttft_turns_cold: tuple[float, ...]
     prefix_hit_ttft: float
     prefix_cold_ttft: float
+    speculation: tuple[SpeculationResult, ...]
     peak_rss_mb: float
 
     def as_dict(self) -> dict[str, object]:
@@ -75,6 +103,32 @@ def measure_speed(engine: Engine) -> tuple[float, float]:
     generation.text()
     assert generation.stats is not None
     return generation.stats.prefill_tok_s, generation.stats.decode_tok_s
+
+
+def measure_speculation(engine: Engine, tokens: int = DECODE_TOKENS, draft: int = SPECULATION_DRAFT,
+                        ) -> list[SpeculationResult]:
+    """Each task decoded `tokens` greedy tokens without and with drafts of up to `draft` tokens,
+    the prompt kept in the KV cache between the two."""
+    session = engine.sessions[0]
+    results = []
+    for task, text in (("input-grounded", grounded_prompt(engine)), ("open-ended", OPEN_ENDED_PROMPT)):
+        prompt = engine.backend.tokenize(text, add_bos=True, special=False)
+        session.reset()
+        runs = []
+        for lookup in (0, draft):
+            generation = session.generate(prompt, GenerationSettings(max_tokens=tokens, sampler=GREEDY, ignore_eos=True,
+                                                                     lookup_draft=lookup))
+            generation.text()
+            assert generation.stats is not None
+            runs.append(generation.stats)
+        plain, drafted = runs
+        results.append(SpeculationResult(
+            task=task, plain_tok_s=plain.decode_tok_s, lookup_tok_s=drafted.decode_tok_s,
+            acceptance=drafted.accepted_tokens / drafted.drafted_tokens if drafted.drafted_tokens else None,
+            same_reply=plain.completion_ids == drafted.completion_ids,
+        ))
+    session.reset()
+    return results
 
 
 def measure_turns(engine: Engine) -> tuple[list[float], list[float]]:
@@ -123,6 +177,7 @@ def measure_prefix_cache(engine: Engine) -> tuple[float, float]:
 
 def run_bench(engine: Engine) -> BenchResult:
     prefill, decode = measure_speed(engine)
+    speculation = measure_speculation(engine)
     reuse, cold = measure_turns(engine)
     hit, prefix_cold = measure_prefix_cache(engine)
     engine.prefix_cache.clear()
@@ -139,5 +194,6 @@ def run_bench(engine: Engine) -> BenchResult:
         ttft_turns_cold=tuple(cold),
         prefix_hit_ttft=hit,
         prefix_cold_ttft=prefix_cold,
+        speculation=tuple(speculation),
         peak_rss_mb=peak_rss_bytes() / MIB,
     )

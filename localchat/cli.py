@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from localchat.backends.base import SamplerSettings
+from localchat.backends.base import DEFAULT_LOOKUP_DRAFT, SamplerSettings
 from localchat.errors import InvalidSettingError, LocalchatError, ModelError
 from localchat.hardware import MIB, peak_rss_bytes
 from localchat.planner import PlanRequest
@@ -65,6 +65,17 @@ def _add_sampler_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, help="random seed, for repeatable sampling")
 
 
+def _add_lookup_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--lookup-draft", type=int, metavar="N",
+                        help="prompt-lookup speculative decoding: draft up to N tokens copied from the prompt and the reply, "
+                             "checked in one step, fewer while drafts are rejected; the same reply, faster when it repeats "
+                             f"its input; 0 turns it off (default: {DEFAULT_LOOKUP_DRAFT})")
+
+
+def _lookup_draft(args: argparse.Namespace) -> int:
+    return DEFAULT_LOOKUP_DRAFT if args.lookup_draft is None else args.lookup_draft
+
+
 def _sampler_settings(args: argparse.Namespace) -> SamplerSettings:
     return SamplerSettings(
         temperature=args.temperature,
@@ -98,7 +109,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     constraint = _json_schema(args.json_schema) if args.json_schema is not None else None
     settings = GenerationSettings(
         max_tokens=args.n, sampler=_sampler_settings(args), stop=tuple(args.stop or ()), constraint=constraint,
-        lookup_draft=args.lookup_draft,
+        lookup_draft=_lookup_draft(args),
     )
     endpoint = _remote(args)
     if endpoint is not None:
@@ -152,7 +163,7 @@ def _run_remote(args: argparse.Namespace, endpoint: RemoteEndpoint, prompt: str,
 
     if args.raw:
         raise InvalidSettingError("--raw works with local models only: a remote server applies its own chat template")
-    if args.lookup_draft:
+    if args.lookup_draft is not None:
         raise InvalidSettingError("--lookup-draft works with local models only: a remote server decodes as it is set up")
     with RemoteServer(endpoint) as server:
         generation = server.new_chat(args.system).send(prompt, settings)
@@ -191,6 +202,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         ("backend / threads / context", f"{result.backend} / {result.n_threads} / {result.n_ctx}"),
         (f"prefill ({result.prefill_tokens} tokens)", f"{result.prefill_tok_s:.1f} tok/s"),
         (f"decode ({result.decode_tokens} tokens)", f"{result.decode_tok_s:.1f} tok/s"),
+        *((f"decode, {r.task}, lookup drafts",
+           f"{r.lookup_tok_s:.1f} vs {r.plain_tok_s:.1f} tok/s plain ({r.speedup:.2f}x), "
+           f"{'-' if r.acceptance is None else f'{r.acceptance:.0%}'} of drafted tokens accepted"
+           f"{'' if r.same_reply else ', reply differs (a near tie)'}") for r in result.speculation),
         ("TTFT per turn, KV reuse (ms)", " ".join(f"{t * 1000:.0f}" for t in reuse)),
         ("TTFT per turn, recomputed (ms)", " ".join(f"{t * 1000:.0f}" for t in cold)),
         ("turn 6 / turn 1 (reuse)", f"{reuse[-1] / reuse[0]:.2f}x"),
@@ -257,6 +272,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         enable_thinking=False if args.no_think else None,
         max_models=args.max_models,
         allow_pull=args.allow_pull,
+        lookup_draft=_lookup_draft(args),
     )
     app_settings, request = Settings(), _plan_request(args, n_seq=args.parallel)
     with Engine.load(args.model, app_settings, request) as engine:
@@ -401,9 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--stop", action="append", help="stop at this text (repeatable)")
     run.add_argument("--stats", action="store_true", help="print one JSON line of statistics on stderr at the end")
     run.add_argument("--json-schema", type=Path, metavar="FILE", help="the reply is JSON following this JSON schema file")
-    run.add_argument("--lookup-draft", type=int, default=0, metavar="N",
-                     help="prompt-lookup speculative decoding: draft up to N tokens copied from the prompt and the reply, "
-                          "checked in one step; the same reply, faster when it repeats its input (default: 0, off)")
+    _add_lookup_option(run)
     _add_remote_options(run)
     run.add_argument("prompt", help="the prompt, or - to read it from stdin")
     run.set_defaults(handler=cmd_run)
@@ -421,6 +435,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--queue", type=int, default=16, help="requests that may wait for a slot; more get 503 (default: %(default)s)")
     serve.add_argument("--api-key", help="require `Authorization: Bearer KEY` (default: $LOCALCHAT_API_KEY, else none)")
     serve.add_argument("--cors-origin", action="append", help="let web pages from this origin call the API (repeatable)")
+    _add_lookup_option(serve)
     serve.add_argument("--no-think", action="store_true",
                        help="pass enable_thinking=false to the chat template unless a request says otherwise (Qwen 3, SmolLM3...)")
     serve.add_argument("--max-models", type=int, metavar="N",

@@ -248,8 +248,9 @@ class Scheduler:
                     return False
                 reply.prefilled(*session.prefill(request.prompt))
             self._note_rewritten_history(slot, request.prompt, reply.cached_tokens)
-            slot.decoder = Decoder(session, reply, request.settings.sampler, request.prompt)
-            self._sample(slot)
+            slot.decoder = Decoder(session, reply, request.settings.sampler, request.prompt,
+                                   request.settings.lookup_draft)
+            self._emit(slot, slot.decoder.sample())
         except Exception as error:
             # One request's failure (a backend error, a bug its settings reach) must not stop the others.
             logger.exception("a reply failed while starting")
@@ -283,6 +284,8 @@ class Scheduler:
             self._end_longest(active)
         if not active:
             return
+        if len(active) == 1 and self._advance_alone(active[0]):
+            return
         batch = []
         for slot in active:
             assert slot.decoder is not None
@@ -301,7 +304,7 @@ class Scheduler:
             assert slot.decoder is not None
             slot.decoder.evaluated()
             try:
-                self._sample(slot)
+                self._emit(slot, slot.decoder.sample())
             except Exception as error:
                 logger.exception("a reply failed while sampling")
                 self._fail(slot, str(error) or type(error).__name__)
@@ -314,11 +317,31 @@ class Scheduler:
         self._finish(longest)
         active.remove(longest)
 
-    def _sample(self, slot: _Slot) -> None:
-        """Sample `slot`'s next token from the logits just computed and pass its text on."""
-        assert slot.request is not None and slot.decoder is not None
+    def _advance_alone(self, slot: _Slot) -> bool:
+        """A reply decoding alone drafts (prompt lookup, `Decoder.advance`); False, with nothing
+        done, when it does not draft or idle slots hold the cells a draft needs. With two replies
+        or more in the step it does not: their batch already takes the spare compute a draft's
+        rows would use (benchmarks/speculative.py --step-cost measures it)."""
+        decoder = slot.decoder
+        assert decoder is not None
+        if not decoder.lookup_draft or not self._release_idle(1 + decoder.draft_length):
+            return False
+        try:
+            text = decoder.advance(lambda: False)
+        except ContextOverflowError:
+            self._end_longest([slot])
+            return True
+        except Exception as error:
+            logger.exception("a reply failed while decoding")
+            self._fail(slot, str(error) or type(error).__name__)
+            return True
+        self._emit(slot, text or "")
+        return True
+
+    def _emit(self, slot: _Slot, text: str) -> None:
+        """Pass on the text of the tokens just sampled; end the reply if they ended it."""
+        assert slot.request is not None
         reply = slot.request.reply
-        text = slot.decoder.sample()
         if text:
             slot.request.sink(TextDelta(text, reply.unsent_logprobs()))
         if reply.finish_reason is not None:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from localchat.backends.base import ROW_LIMIT, Backend, Sampler, SamplerSettings, TokenLogprob, token_logprob
+from localchat.backends.base import DEFAULT_LOOKUP_DRAFT, ROW_LIMIT, Backend, Sampler, SamplerSettings, TokenLogprob, token_logprob
 from localchat.chat_formats import ChatFormat, detect_format
 from localchat.constraints import Constraint, token_guide
 from localchat.errors import ContextOverflowError, InferenceError, InvalidSettingError
@@ -42,9 +42,9 @@ class GenerationSettings:
     constraint: Constraint | None = None
     # None: no log-probabilities (none computed); k: each token's and its k most likely alternatives'.
     logprobs: int | None = None
-    # Prompt-lookup speculative decoding (single sessions): at most this many tokens drafted per
-    # step by matching the sequence's last n-gram earlier in it (0: off).
-    lookup_draft: int = 0
+    # Prompt-lookup speculative decoding: at most this many tokens drafted per step by matching
+    # the sequence's last n-gram earlier in it (0: off). A server's reply drafts while it decodes alone.
+    lookup_draft: int = DEFAULT_LOOKUP_DRAFT
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None and self.max_tokens < 1:
@@ -299,19 +299,42 @@ class Reply:
 
 # Prompt lookup tries the sequence's last n-gram for these n, longest first.
 LOOKUP_NGRAMS = (3, 2, 1)
+# Drafting goes on while the estimated share of first drafted tokens accepted stays at least this: a
+# draft's rows cost about half a step more than the plain step (benchmarks/speculative.py --step-cost),
+# so below it drafting loses. Under it the decoder only predicts, to see when drafts would be taken again.
+DRAFT_MIN_ACCEPTANCE = 0.5
+# The weight of the newest step in that estimate (an exponential moving average).
+ACCEPTANCE_WEIGHT = 0.2
 
 
-def lookup_draft(sequence: Sequence[int], limit: int) -> list[int]:
-    """Up to `limit` tokens that followed the latest earlier occurrence of the sequence's last
-    n-gram (n = 3, 2, 1, the first found): what a text quoting its prompt will likely say next."""
-    for n in LOOKUP_NGRAMS:
-        if len(sequence) <= n:
-            continue
-        tail = list(sequence[-n:])
-        for start in range(len(sequence) - n - 1, -1, -1):
-            if sequence[start] == tail[0] and list(sequence[start : start + n]) == tail:
-                return list(sequence[start + n : start + n + limit])
-    return []
+class NgramIndex:
+    """A growing token sequence and, for each of its n-grams (n in LOOKUP_NGRAMS), where it last
+    occurred with a token after it: the prompt-lookup draft in constant time per token, however
+    long the conversation."""
+
+    def __init__(self, tokens: Sequence[int] = ()) -> None:
+        self.tokens: list[int] = []
+        self._latest: dict[tuple[int, ...], int] = {}
+        for token in tokens:
+            self.append(token)
+
+    def append(self, token: int) -> None:
+        tokens, end = self.tokens, len(self.tokens)
+        # The n-grams ending with the current last token now have a token after them.
+        for n in LOOKUP_NGRAMS:
+            if end >= n:
+                self._latest[tuple(tokens[end - n :])] = end - n
+        tokens.append(token)
+
+    def draft(self, limit: int) -> list[int]:
+        """Up to `limit` tokens that followed the latest earlier occurrence of the sequence's last
+        n-gram (the longest n found): what a text quoting its prompt will likely say next."""
+        tokens = self.tokens
+        for n in LOOKUP_NGRAMS:
+            start = self._latest.get(tuple(tokens[-n:])) if len(tokens) > n else None
+            if start is not None:
+                return tokens[start + n : start + n + limit]
+        return []
 
 
 class Decoder:
@@ -328,8 +351,11 @@ class Decoder:
         self.sampler: Sampler = session.backend.make_sampler(settings, reply.guide)
         self.sampler.accept(prompt)
         self.lookup_draft = lookup_draft
+        # Adaptive: the draft grows while drafts are taken whole and shrinks when one is cut short.
+        self.draft_length = lookup_draft
+        self.acceptance = 1.0  # the estimated share of first drafted tokens the sampler picks too
         # Prompt lookup searches the prompt and the reply so far.
-        self._sequence = list(prompt)
+        self.ngrams = NgramIndex(prompt)
 
     def sample(self, row: int = -1) -> str:
         """Sample the next token into the reply from the logits of the last evaluated one (or of
@@ -347,7 +373,7 @@ class Decoder:
             logits = backend.logits(seq, *rows).copy()
             token = backend.sample(seq, self.sampler, *rows)
             text = reply.add(token, token_logprob(logits, token, reply.top_logprobs))
-        self._sequence.append(token)
+        self.ngrams.append(token)
         if reply.finish_reason is None and len(session.tokens) >= session.n_ctx:
             reply.end("length")
         return text
@@ -370,15 +396,25 @@ class Decoder:
     def advance(self, cancelled: Callable[[], bool]) -> str | None:
         """Feed the pending token and sample what follows: the text released, None if `cancelled`
         first. With `lookup_draft`, a draft goes into the same evaluation and every drafted token
-        the sampler picks too is kept, so one step may add several tokens (exactly the ones
-        decoding without a draft picks: each is sampled from its own row, and the first that
-        differs from the draft ends the step)."""
+        the sampler picks too is kept, so one step may add several tokens.
+
+        The reply stays the one decoding without a draft gives: each drafted position is sampled
+        from its own row and the first that differs from the draft ends the step. For a sampler
+        that draws at random this is speculative sampling's rule for a draft that is one token for
+        sure: the drafted token is kept with the target's probability of it, and otherwise the
+        token drawn follows the target's distribution without it, so the target's distribution is
+        kept exactly (tests/test_speculative.py checks it statistically)."""
         session, reply = self.session, self.reply
-        room = min(session.n_ctx - len(session.tokens) - 1, reply.remaining - 1, self.lookup_draft)
-        draft = lookup_draft(self._sequence, room) if room > 0 else []
-        if not draft:
+        room = min(session.n_ctx - len(session.tokens) - 1, reply.remaining - 1, self.draft_length)
+        draft = self.ngrams.draft(room) if room > 0 else []
+        if not draft or self.acceptance < DRAFT_MIN_ACCEPTANCE:
             self.feed()
-            return None if cancelled() else self.sample()
+            if cancelled():
+                return None
+            text = self.sample()
+            if draft:
+                self._observe(reply.token_ids[-1] == draft[0])
+            return text
         if cancelled():
             return None
         seq, token, position = self.pending
@@ -386,15 +422,23 @@ class Decoder:
         session.tokens.append(token)
         reply.drafted_tokens += len(draft)
         texts = [self.sample(0)]
+        accepted = 0
         for row, drafted in enumerate(draft, start=1):
             if reply.finish_reason is not None or reply.token_ids[-1] != drafted:
                 break
             session.tokens.append(drafted)
-            reply.accepted_tokens += 1
+            accepted += 1
             texts.append(self.sample(row))
+        reply.accepted_tokens += accepted
         # The KV cache drops the drafted tokens past the first the sampler did not pick.
         session.backend.truncate(seq, len(session.tokens))
+        self._observe(accepted > 0)
+        whole = accepted == len(draft)
+        self.draft_length = min(self.lookup_draft, self.draft_length + 2) if whole else max(1, self.draft_length - 1)
         return "".join(texts)
+
+    def _observe(self, first_accepted: bool) -> None:
+        self.acceptance += ACCEPTANCE_WEIGHT * (first_accepted - self.acceptance)
 
     def close(self) -> None:
         self.sampler.close()

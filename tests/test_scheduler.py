@@ -125,3 +125,44 @@ def test_a_history_rewritten_inside_is_logged_once(two_slots: Engine, caplog: py
         scheduler.close()
     assert rewritten.cached_tokens < len(rewritten_prompt) - 10
     assert [r.getMessage().split(":")[0] for r in caplog.records] == ["a conversation's new prompt rewrites its earlier turns"]
+
+
+COPY_PASSAGE = ("The keeper climbed the narrow stairs at dusk, trimmed the wick, polished the great lens and wrote "
+                "the weather in a small leather book.")
+
+
+def test_a_reply_decoding_alone_drafts_and_two_together_do_not(two_slots: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Alone, a reply drafts by prompt lookup and is the reply a lone session gives with drafting;
+    with another reply in the step it does not draft (the batch holds one token per reply)."""
+    drafting = GenerationSettings(max_tokens=24, sampler=ARGMAX, lookup_draft=8)
+    copy = prompt(two_slots, f"Copy this text exactly: {COPY_PASSAGE}")
+    two_slots.sessions[0].reset()
+    lone = two_slots.sessions[0].generate(copy, drafting)
+    lone_text = lone.text()
+    two_slots.sessions[0].reset()
+    busy_when_drafting: list[int] = []
+    evaluate_all = two_slots.backend.evaluate_all
+    scheduler = Scheduler(two_slots, max_waiting=1)
+
+    def recorded(seq: int, tokens: list[int], start: int) -> object:
+        busy_when_drafting.append(scheduler.busy_slots)
+        return evaluate_all(seq, tokens, start)
+
+    monkeypatch.setattr(two_slots.backend, "evaluate_all", recorded)
+    scheduler.start()
+    try:
+        sink: queue.SimpleQueue[ReplyEvent] = queue.SimpleQueue()
+        scheduler.submit(copy, drafting, sink.put)
+        text, stats = collect(sink)
+        assert text == lone_text and stats.drafted_tokens > 0 and stats.accepted_tokens > 0
+        assert busy_when_drafting and set(busy_when_drafting) == {1}
+        busy_when_drafting.clear()
+        sinks: list[queue.SimpleQueue[ReplyEvent]] = [queue.SimpleQueue() for _ in range(2)]
+        for max_tokens, sink in zip((40, 12), sinks, strict=True):
+            settings = GenerationSettings(max_tokens=max_tokens, sampler=ARGMAX, lookup_draft=8, ignore_eos=True)
+            scheduler.submit(copy, settings, sink.put)
+        (_, longer), (_, shorter) = (collect(sink) for sink in sinks)
+    finally:
+        scheduler.close()
+    # The shorter reply never decoded alone; the longer drafted once it did.
+    assert shorter.drafted_tokens == 0 and longer.drafted_tokens > 0 and set(busy_when_drafting) == {1}

@@ -1,13 +1,25 @@
-"""Prompt-lookup speculative decoding: the draft rule (pure logic), and on the real default model
-greedy replies equal token for token with and without drafting."""
+"""Prompt-lookup speculative decoding: the draft rule and its adaptation (pure logic), sampled
+replies keeping the target's distribution (a statistical test over a stand-in model with known
+probabilities and the real numpy sampler), and on the real default model greedy replies equal
+token for token with and without drafting."""
 
 from __future__ import annotations
 
+import itertools
+import math
+import random
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
 from test_evaluate_all import ATOL
 
-from localchat.backends.base import ARGMAX
+from localchat.backends.base import ARGMAX, ModelInfo, SamplerSettings
+from localchat.backends.onnx import NumpySampler
+from localchat.bench import measure_speculation
 from localchat.engine import Engine
-from localchat.session import GenerationSettings, lookup_draft
+from localchat.session import DRAFT_MIN_ACCEPTANCE, Decoder, GenerationSettings, NgramIndex, Reply, Session
 
 PASSAGE = ("The lighthouse keeper climbed the narrow stairs every evening at dusk. He trimmed the wick, "
            "polished the great lens and wrote the weather in a small leather book. Ships passed far out "
@@ -20,10 +32,176 @@ PROMPTS = [
 ]
 
 
+def draft_by_search(sequence: Sequence[int], limit: int) -> list[int]:
+    """The rule written out: the tokens after the latest earlier occurrence of the last 3-, 2- or 1-gram."""
+    for n in (3, 2, 1):
+        for start in range(len(sequence) - n - 1, -1, -1):
+            if len(sequence) > n and list(sequence[start : start + n]) == list(sequence[-n:]):
+                return list(sequence[start + n : start + n + limit])
+    return []
+
+
 def test_the_draft_follows_the_latest_earlier_match_of_the_longest_ngram() -> None:
-    assert lookup_draft([1, 2, 3, 9, 9, 1, 2, 3, 7, 8, 5, 1, 2, 3], 2) == [7, 8]
-    assert lookup_draft([5, 6, 7, 1, 2, 8, 2], 3) == [8, 2]  # no 3- or 2-gram match: the last token
-    assert lookup_draft([4, 1, 2, 3], 5) == [] and lookup_draft([], 4) == []
+    assert NgramIndex([1, 2, 3, 9, 9, 1, 2, 3, 7, 8, 5, 1, 2, 3]).draft(2) == [7, 8]
+    assert NgramIndex([5, 6, 7, 1, 2, 8, 2]).draft(3) == [8, 2]  # no 3- or 2-gram match: the last token
+    assert NgramIndex([4, 1, 2, 3]).draft(5) == [] and NgramIndex().draft(4) == []
+    # Grown token by token, the index drafts what searching the whole sequence finds.
+    rng = random.Random(0)
+    for _ in range(50):
+        index, sequence = NgramIndex(), []
+        for _ in range(60):
+            sequence.append(rng.randrange(4))
+            index.append(sequence[-1])
+            assert index.draft(5) == draft_by_search(sequence, 5), sequence
+
+
+VOCAB = 4
+EOS = VOCAB  # never sampled: its logit is -inf
+
+
+class MarkovBackend:
+    """A stand-in model whose next-token logits depend on the last two tokens only (a fixed random
+    table), so the probability of any reply is known exactly; sampling is the real NumpySampler."""
+
+    name = "markov"
+    n_seq = 1
+    n_ctx = 256
+
+    def __init__(self) -> None:
+        self.table = np.random.default_rng(7).normal(0.0, 1.0, size=(VOCAB + 1, VOCAB + 1, VOCAB + 1)).astype(np.float32)
+        self.table[..., EOS] = -np.inf
+        self.info = ModelInfo(path=Path("markov"), name="markov", architecture="markov", n_vocab=VOCAB + 1, n_ctx_train=256,
+                              n_layers=1, bos_id=None, eos_id=EOS, add_bos=False, eog_ids=frozenset({EOS}),
+                              chat_template=None, size_bytes=0)
+        self.held: list[int] = []
+        self.rows = np.zeros((1, VOCAB + 1), dtype=np.float32)
+        self.rows_evaluated = 0
+
+    def _row(self, context: Sequence[int]) -> np.ndarray:
+        padded = [EOS, EOS, *context]  # the start of the sequence reads as EOS
+        return self.table[padded[-2], padded[-1]].copy()
+
+    def evaluate(self, seq: int, tokens: Sequence[int], start: int) -> None:
+        self.evaluate_all(seq, tokens, start)
+
+    def evaluate_all(self, seq: int, tokens: Sequence[int], start: int) -> np.ndarray:
+        assert start == len(self.held), "evaluated where the KV cache does not end"
+        self.held.extend(tokens)
+        self.rows = np.stack([self._row(self.held[: start + i + 1]) for i in range(len(tokens))])
+        self.rows_evaluated += len(tokens)
+        return self.rows
+
+    def truncate(self, seq: int, start: int) -> None:
+        del self.held[start:]
+
+    def make_sampler(self, settings: SamplerSettings, guide: object = None) -> NumpySampler:
+        return NumpySampler(settings)
+
+    def logits(self, seq: int, row: int = -1) -> np.ndarray:
+        return self.rows[row]
+
+    def sample(self, seq: int, sampler: NumpySampler, row: int = -1) -> int:
+        return sampler.pick(self.rows[row])
+
+    def token_bytes(self, token: int) -> bytes:
+        return b"abcd"[token : token + 1]
+
+    def token_text(self, token: int) -> str:
+        return self.token_bytes(token).decode()
+
+
+def decode(backend: MarkovBackend, prompt: list[int], settings: GenerationSettings) -> Reply:
+    """One reply the way `Generation` makes it (prefill, sample, then `advance` to the end)."""
+    session = Session(backend)  # type: ignore[arg-type]
+    backend.truncate(0, 0)
+    backend.evaluate(0, prompt, 0)
+    session.tokens = list(prompt)
+    reply = Reply(backend, settings, len(prompt))  # type: ignore[arg-type]
+    decoder = Decoder(session, reply, settings.sampler, prompt, settings.lookup_draft)
+    decoder.sample()
+    while reply.finish_reason is None:
+        decoder.advance(lambda: False)
+    assert backend.held[: len(session.tokens)] == session.tokens and len(backend.held) == len(session.tokens)
+    return reply
+
+
+def chi_square_p_value(statistic: float, degrees: int) -> float:
+    """Upper tail of the chi-square distribution (Wilson-Hilferty's normal approximation)."""
+    z = ((statistic / degrees) ** (1 / 3) - (1 - 2 / (9 * degrees))) / math.sqrt(2 / (9 * degrees))
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def test_sampled_replies_keep_the_target_distribution_exactly() -> None:
+    """3-token replies sampled at temperature 1 with drafting on, against the exact probabilities
+    of every reply: Pearson's chi-square must not reject them (p > 1e-3), while the same counts do
+    reject the distribution at temperature 1.15, so the test sees a shift that small."""
+    backend = MarkovBackend()
+    prompt = [0, 1, 2, 3, 0, 1, 2, 3, 0, 1]  # lookup finds drafts all along
+    replies: Counter[tuple[int, ...]] = Counter()
+    drafted = accepted = 0
+    samples = 6000
+    for seed in range(samples):
+        sampler = SamplerSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0, dry_multiplier=0.0,
+                                  seed=seed)
+        reply = decode(backend, prompt, GenerationSettings(max_tokens=3, sampler=sampler, lookup_draft=3))
+        replies[tuple(reply.token_ids)] += 1
+        drafted, accepted = drafted + reply.drafted_tokens, accepted + reply.accepted_tokens
+    # Every reply had a token decided by a draft, many kept and many not.
+    assert drafted >= samples and min(accepted, drafted - accepted) > samples // 10
+
+    def exact(temperature: float) -> dict[tuple[int, ...], float]:
+        probabilities = {}
+        for reply in itertools.product(range(VOCAB), repeat=3):
+            context, p = list(prompt), 1.0
+            for token in reply:
+                logits = backend._row(context)[:VOCAB].astype(np.float64) / temperature
+                weights = np.exp(logits - logits.max())
+                p *= weights[token] / weights.sum()
+                context.append(token)
+            probabilities[reply] = p
+        return probabilities
+
+    def p_value(probabilities: dict[tuple[int, ...], float]) -> float:
+        """Replies expected fewer than 5 times are counted together, as the approximation needs."""
+        rare = [r for r, p in probabilities.items() if samples * p < 5]
+        cells = [(replies[r], samples * p) for r, p in probabilities.items() if r not in rare]
+        cells.append((sum(replies[r] for r in rare), samples * sum(probabilities[r] for r in rare)))
+        statistic = sum((seen - expected) ** 2 / expected for seen, expected in cells)
+        return chi_square_p_value(statistic, len(cells) - 1)
+
+    assert p_value(exact(1.0)) > 1e-3
+    assert p_value(exact(1.15)) < 1e-6
+
+
+def test_drafting_adapts_to_how_much_of_the_draft_is_taken() -> None:
+    """Whole drafts lengthen the next (up to the limit); a cut one shortens it; when few first
+    drafted tokens are taken the decoder stops drafting but keeps predicting, and drafts again
+    once its predictions come true."""
+    backend = MarkovBackend()
+    greedy = SamplerSettings(temperature=0, repeat_penalty=1.0, dry_multiplier=0.0)
+    session = Session(backend)  # type: ignore[arg-type]
+    prompt = [0, 1, 2, 3, 0, 1, 2, 3, 0, 1]
+    backend.evaluate(0, prompt, 0)
+    session.tokens = list(prompt)
+    settings = GenerationSettings(max_tokens=200, sampler=greedy, lookup_draft=8)
+    reply = Reply(backend, settings, len(prompt))  # type: ignore[arg-type]
+    decoder = Decoder(session, reply, greedy, prompt, 8)
+    decoder.sample()
+    lengths = []
+    for _ in range(16):
+        decoder.advance(lambda: False)
+        lengths.append(decoder.draft_length)
+    # Greedy decoding of this table starts a 5-token cycle that lookup predicts once it has been
+    # seen: the first drafts (the prompt's cycle) are cut, then whole drafts grow to the limit.
+    assert lengths[:4] == [7, 6, 5, 4] and lengths[-1] == 8 and max(lengths) <= 8
+    decoder.acceptance = DRAFT_MIN_ACCEPTANCE - 0.01  # as after many rejected drafts
+    before = backend.rows_evaluated
+    decoder.advance(lambda: False)
+    assert backend.rows_evaluated == before + 1 and reply.accepted_tokens > 0  # a plain step...
+    assert decoder.acceptance > DRAFT_MIN_ACCEPTANCE  # ...whose prediction came true: drafting resumes
+    rows_now, drafted = backend.rows_evaluated, reply.drafted_tokens
+    decoder.advance(lambda: False)
+    assert reply.drafted_tokens > drafted and backend.rows_evaluated > rows_now + 1
 
 
 def test_greedy_replies_are_the_same_with_drafting(engine: Engine) -> None:
@@ -53,3 +231,11 @@ def test_greedy_replies_are_the_same_with_drafting(engine: Engine) -> None:
             stats = runs[1].stats
             assert stats is not None and stats.accepted_tokens >= stats.completion_tokens // 2
     session.reset()
+
+
+def test_bench_measures_both_tasks_with_and_without_drafts(engine: Engine) -> None:
+    grounded, open_ended = measure_speculation(engine, tokens=24)
+    assert (grounded.task, open_ended.task) == ("input-grounded", "open-ended")
+    assert all(r.plain_tok_s > 0 and r.lookup_tok_s > 0 for r in (grounded, open_ended))
+    # Correcting a text copies it: most drafts are taken.
+    assert grounded.acceptance is not None and grounded.acceptance > 0.5

@@ -167,6 +167,9 @@ def token_logprob(logits: np.ndarray, token: int, top: int) -> TokenLogprob:
 
 # Rows of one `evaluate_all` that `sample(row=...)` can read: every row of a call this long or shorter.
 ROW_LIMIT = 64
+# Prompt-lookup speculative decoding's longest draft unless told otherwise (0: off); see
+# localchat.session.Decoder and benchmarks/speculative.py for where it wins.
+DEFAULT_LOOKUP_DRAFT = 0
 
 
 class Sampler(Protocol):

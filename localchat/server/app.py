@@ -150,7 +150,8 @@ class CompletionService:
             seed=body.seed,
         )
         return GenerationSettings(max_tokens=reply_limit or limit, stop=body.stop_strings, sampler=sampler,
-                                  ignore_eos=body.ignore_eos, shown_tokens=shown_tokens, logprobs=logprobs)
+                                  ignore_eos=body.ignore_eos, shown_tokens=shown_tokens, logprobs=logprobs,
+                                  lookup_draft=self.settings.lookup_draft)
 
     async def chat_prompt(self, body: ChatCompletionRequest) -> tuple[ChatPlan, list[int]]:
         """How the request is answered, and the prompt's tokens (a forced call's opening included)."""

@@ -66,6 +66,11 @@ class ServerMetrics:
             "localchat_prompt_tokens_cached", "Prompt tokens whose KV was reused, not evaluated", registry=self.registry
         )
         self.completion_tokens = Counter("localchat_completion_tokens", "Tokens generated", registry=self.registry)
+        self.draft_tokens = Counter("localchat_draft_tokens", "Tokens drafted by prompt lookup (speculative decoding)",
+                                    registry=self.registry)
+        self.draft_tokens_accepted = Counter("localchat_draft_tokens_accepted",
+                                             "Drafted tokens the sampler picked too (kept without a step of their own)",
+                                             registry=self.registry)
         self.ttft = Histogram(
             "localchat_time_to_first_token_seconds", "From request to first token, queueing included",
             buckets=TTFT_BUCKETS, registry=self.registry,
@@ -95,6 +100,8 @@ class ServerMetrics:
         self.prompt_tokens.inc(stats.prompt_tokens)
         self.cached_prompt_tokens.inc(stats.cached_tokens)
         self.completion_tokens.inc(stats.completion_tokens)
+        self.draft_tokens.inc(stats.drafted_tokens)
+        self.draft_tokens_accepted.inc(stats.accepted_tokens)
         if stats.completion_tokens > 0:
             self.ttft.observe(stats.ttft_s)
         if stats.completion_tokens > 1:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from localchat.backends.base import DEFAULT_LOOKUP_DRAFT, ROW_LIMIT
 from localchat.errors import InvalidSettingError
 from localchat.hardware import MIB
 
@@ -31,6 +32,8 @@ class ServerSettings:
     model_wait_s: float = 30.0
     # Whether a request may name a hub model not yet in the Hugging Face cache and have it pulled.
     allow_pull: bool = False
+    # Prompt-lookup speculative decoding for a reply decoding alone: at most this many tokens drafted (0: off).
+    lookup_draft: int = DEFAULT_LOOKUP_DRAFT
 
     def __post_init__(self) -> None:
         checks = [
@@ -40,6 +43,7 @@ class ServerSettings:
             (self.max_body_bytes > 0, "the request size limit must be > 0"),
             (self.max_reply_tokens >= 1, "the reply token limit must be >= 1"),
             (self.max_models is None or self.max_models >= 1, f"--max-models must be >= 1, got {self.max_models}"),
+            (0 <= self.lookup_draft < ROW_LIMIT, f"--lookup-draft must be in [0, {ROW_LIMIT - 1}], got {self.lookup_draft}"),
             (self.model_wait_s >= 0, f"the wait for a model must be >= 0 s, got {self.model_wait_s}"),
         ]
         for ok, message in checks:
