@@ -61,7 +61,7 @@ LABELS = {"ortgenai": f"onnxruntime-genai {ORTGENAI_VERSION} builder, int4", "lo
 def missing_ortgenai(python: str) -> str | None:
     """One line on how to get onnxruntime-genai when `python` cannot import it, else None."""
     try:
-        found = subprocess.run([python, "-c", "import onnxruntime_genai"], capture_output=True).returncode == 0
+        found = subprocess.run([python, "-c", "import onnxruntime_genai"], check=False, capture_output=True).returncode == 0
     except OSError:
         found = False
     if found:
@@ -218,12 +218,11 @@ def _child(python: str, side: str, step: str, job: dict, work: Path, log: Path |
     """Run one step in a child process; its JSON result with its peak RSS in MiB added."""
     job_file = work / f"job-{side}-{step}.json"
     job_file.write_text(json.dumps(job))
-    stderr = open(log, "w") if log else None
-    child = subprocess.Popen([python, __file__, "--child", side, step, str(job_file)], stdout=subprocess.PIPE, stderr=stderr, text=True)
-    output = child.stdout.read()  # type: ignore[union-attr]
-    _, status, usage = os.wait4(child.pid, 0)
-    if stderr:
-        stderr.close()
+    with open(log or os.devnull, "w") as quiet:
+        command = [python, __file__, "--child", side, step, str(job_file)]
+        child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=quiet if log else None, text=True)
+        output = child.stdout.read()  # type: ignore[union-attr]
+        _, status, usage = os.wait4(child.pid, 0)
     if status != 0:
         raise SystemExit(f"{side} {step} failed" + (f"; see {log}" if log else ""))
     return {**json.loads(output.strip().splitlines()[-1]), "peak_mib": usage.ru_maxrss * KIB / MIB}
@@ -247,7 +246,7 @@ def _build(args: argparse.Namespace, checkpoint: Path) -> dict[str, Path]:
         else:
             command = [sys.executable, "-m", "localchat", "convert", str(checkpoint), "--to", "onnx", "--quant", "int4", "-o", str(partial)]
             with open(log, "w") as quiet:
-                if subprocess.run(command, stdout=quiet, stderr=subprocess.STDOUT).returncode != 0:
+                if subprocess.run(command, check=False, stdout=quiet, stderr=subprocess.STDOUT).returncode != 0:
                     raise SystemExit(f"localchat convert failed; see {log}")
         shutil.rmtree(output, ignore_errors=True)
         partial.rename(output)
