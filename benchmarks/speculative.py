@@ -9,11 +9,15 @@ and drafting on the same session, so machine noise hits both alike; figures are 
 tok/s (tokens after the first, per second of decoding them), with the draft acceptance rate, and
 whether the replies were the same token for token.
 
+`--draft-model MODEL` drafts with that model instead of prompt lookup (e.g. the default Q4_K_M
+for a Q8_0 target of the same checkpoint: `localchat convert --to gguf --quant q8_0 CHECKPOINT`).
+
 `--step-cost` measures instead what a draft costs: the time of one evaluation of T tokens of one
 sequence with every row's logits (a draft of T - 1), and of one batched step of N sequences, each
 against the plain one-token step.
 
     python benchmarks/speculative.py [--model PATH] [--tokens 128] [--rounds 3] [--draft 8] [--sampler greedy|chat]
+    python benchmarks/speculative.py --model TARGET.gguf --draft-model DRAFT.gguf
     python benchmarks/speculative.py --step-cost [--rounds 5]
 """
 
@@ -78,6 +82,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--draft", type=int, default=8)
     parser.add_argument("--sampler", choices=sorted(SAMPLERS), default="greedy")
+    parser.add_argument("--draft-model", help="draft with this model instead of prompt lookup")
     parser.add_argument("--step-cost", action="store_true", help="measure what a draft's rows cost instead")
     args = parser.parse_args()
     settings = Settings()
@@ -92,6 +97,9 @@ def main() -> None:
             return
         sampler = SAMPLERS[args.sampler]
         session = engine.sessions[0]
+        if args.draft_model:
+            engine.add_draft_model(args.draft_model, PlanRequest(n_ctx=2048))
+        draft_model = session.draft_model
         results = {}
         for task, text in (("input-grounded", grounded_prompt(engine)), ("open-ended", OPEN_ENDED_PROMPT)):
             prompt = engine.backend.tokenize(text, add_bos=True, special=False)
@@ -100,18 +108,19 @@ def main() -> None:
             replies, accepted, drafted = {}, 0, 0
             for _ in range(args.rounds):
                 for draft in (0, args.draft):
+                    session.draft_model = draft_model if draft else None
                     stats = run(session, prompt, args.tokens, draft, sampler)
                     speeds[draft].append(stats.decode_tok_s)
                     replies[draft] = stats.completion_ids
                     accepted, drafted = accepted + stats.accepted_tokens, drafted + stats.drafted_tokens
             plain, drafting = statistics.median(speeds[0]), statistics.median(speeds[args.draft])
             results[task] = {
-                "prompt_tokens": len(prompt), "plain_tok_s": round(plain, 1), "lookup_tok_s": round(drafting, 1),
+                "prompt_tokens": len(prompt), "plain_tok_s": round(plain, 1), "drafting_tok_s": round(drafting, 1),
                 "speedup": round(drafting / plain, 2), "acceptance": round(accepted / drafted, 2) if drafted else None,
                 "same_reply": replies[0] == replies[args.draft],
             }
         print(json.dumps({"load": os.getloadavg(), "tokens": args.tokens, "rounds": args.rounds, "draft": args.draft,
-                          "sampler": args.sampler,
+                          "sampler": args.sampler, "model": args.model, "draft_model": args.draft_model,
                           "results": results}, indent=1))
 
 

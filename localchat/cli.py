@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from localchat.constraints import Constraint
     from localchat.hub import HubModelName
     from localchat.models import InstalledModel
+    from localchat.engine import Engine
     from localchat.remote import RemoteEndpoint
     from localchat.session import GenerationSettings
 
@@ -72,6 +73,26 @@ def _add_lookup_option(parser: argparse.ArgumentParser) -> None:
                              f"its input; 0 turns it off (default: {DEFAULT_LOOKUP_DRAFT})")
 
 
+def _add_draft_model_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--draft-model", metavar="MODEL",
+                        help="speculative decoding by a smaller model with the same vocabulary (e.g. a Q4_K_M of the same "
+                             "checkpoint, or the family's small model), instead of prompt lookup; -m's forms")
+
+
+def _load_engine(args: argparse.Namespace, request: PlanRequest) -> Engine:
+    """The model of `-m`, with the draft model of `--draft-model` if given."""
+    from localchat.engine import Engine
+
+    engine = Engine.load(args.model, Settings(), request)
+    if args.draft_model is not None:
+        try:
+            engine.add_draft_model(args.draft_model, request)
+        except BaseException:
+            engine.close()
+            raise
+    return engine
+
+
 def _lookup_draft(args: argparse.Namespace) -> int:
     return DEFAULT_LOOKUP_DRAFT if args.lookup_draft is None else args.lookup_draft
 
@@ -114,9 +135,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     endpoint = _remote(args)
     if endpoint is not None:
         return _run_remote(args, endpoint, prompt, settings)
-    from localchat.engine import Engine
-
-    with Engine.load(args.model, Settings(), _plan_request(args)) as engine:
+    with _load_engine(args, _plan_request(args)) as engine:
         left_out = 0
         if args.raw:
             tokens = engine.backend.tokenize(prompt, add_bos=engine.backend.info.add_bos, special=True)
@@ -163,6 +182,8 @@ def _run_remote(args: argparse.Namespace, endpoint: RemoteEndpoint, prompt: str,
 
     if args.raw:
         raise InvalidSettingError("--raw works with local models only: a remote server applies its own chat template")
+    if args.draft_model is not None:
+        raise InvalidSettingError("--draft-model works with local models only: a remote server decodes as it is set up")
     if args.lookup_draft is not None:
         raise InvalidSettingError("--lookup-draft works with local models only: a remote server decodes as it is set up")
     with RemoteServer(endpoint) as server:
@@ -258,7 +279,6 @@ def _log_model_changes() -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from localchat.engine import Engine
     from localchat.server.app import serve
     from localchat.server.served_models import EngineLoader
     from localchat.server.settings import ServerSettings
@@ -275,7 +295,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         lookup_draft=_lookup_draft(args),
     )
     app_settings, request = Settings(), _plan_request(args, n_seq=args.parallel)
-    with Engine.load(args.model, app_settings, request) as engine:
+    with _load_engine(args, request) as engine:
         # Every other model is planned on the machine as it was before this one loaded.
         loader = EngineLoader(app_settings, request, engine.model_plan.hardware, queue_size=settings.queue_size,
                               allow_pull=settings.allow_pull)
@@ -418,6 +438,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--stats", action="store_true", help="print one JSON line of statistics on stderr at the end")
     run.add_argument("--json-schema", type=Path, metavar="FILE", help="the reply is JSON following this JSON schema file")
     _add_lookup_option(run)
+    _add_draft_model_option(run)
     _add_remote_options(run)
     run.add_argument("prompt", help="the prompt, or - to read it from stdin")
     run.set_defaults(handler=cmd_run)
@@ -436,6 +457,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-key", help="require `Authorization: Bearer KEY` (default: $LOCALCHAT_API_KEY, else none)")
     serve.add_argument("--cors-origin", action="append", help="let web pages from this origin call the API (repeatable)")
     _add_lookup_option(serve)
+    _add_draft_model_option(serve)
     serve.add_argument("--no-think", action="store_true",
                        help="pass enable_thinking=false to the chat template unless a request says otherwise (Qwen 3, SmolLM3...)")
     serve.add_argument("--max-models", type=int, metavar="N",

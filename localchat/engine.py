@@ -15,6 +15,7 @@ from localchat.models import ModelRef, inspect_gguf, resolve_model
 from localchat.planner import BuildFeatures, ModelFacts, Plan, PlanRequest, plan_offload
 from localchat.prefix_cache import PrefixCache
 from localchat.session import Chat, Session
+from localchat.speculative import DraftModel, check_same_vocabulary
 from localchat.settings import Settings
 from localchat.templates import ChatTemplate, Message
 
@@ -65,6 +66,16 @@ def plan_model(model: str | None, settings: Settings, request: PlanRequest = Pla
     return ModelPlan(ref, facts, hardware, build, plan_offload(facts, hardware, build, request))
 
 
+def _open_backend(model_plan: ModelPlan, on_progress: Callable[[float], None] | None) -> Backend:
+    if model_plan.plan.backend == "onnxruntime":
+        from localchat.backends.onnx import OnnxBackend
+
+        return OnnxBackend(model_plan.model.path, model_plan.plan, on_progress=on_progress)
+    from localchat.backends.llamacpp import LlamaCppBackend
+
+    return LlamaCppBackend(model_plan.model.path, model_plan.plan, on_progress=on_progress)
+
+
 def _model_key(ref: ModelRef) -> str:
     """Identifies the model for saved KV states: path, size and modification time of its file, or
     of every file in an ONNX folder (the folder's own stat misses edits inside it)."""
@@ -92,6 +103,7 @@ class Engine:
         )
         # One session per KV sequence: a session must know every token its sequence holds.
         self.sessions = tuple(Session(backend, seq=seq, prefix_cache=self.prefix_cache) for seq in range(backend.n_seq))
+        self._draft_backend: Backend | None = None
         self._closed = False
 
     @classmethod
@@ -109,16 +121,20 @@ class Engine:
     @classmethod
     def from_plan(cls, model_plan: ModelPlan, settings: Settings, *,
                   on_progress: Callable[[float], None] | None = None) -> Engine:
-        backend: Backend
-        if model_plan.plan.backend == "onnxruntime":
-            from localchat.backends.onnx import OnnxBackend
+        return cls(model_plan, _open_backend(model_plan, on_progress), settings)
 
-            backend = OnnxBackend(model_plan.model.path, model_plan.plan, on_progress=on_progress)
-        else:
-            from localchat.backends.llamacpp import LlamaCppBackend
-
-            backend = LlamaCppBackend(model_plan.model.path, model_plan.plan, on_progress=on_progress)
-        return cls(model_plan, backend, settings)
+    def add_draft_model(self, model: str, request: PlanRequest) -> None:
+        """Speculative decoding by `model` (sharing this model's vocabulary) for every session, one
+        KV sequence of its own each; planned on the machine with this model loaded."""
+        draft = _open_backend(plan_model(model, self.settings, request), None)
+        try:
+            check_same_vocabulary(self.backend, draft)
+        except ModelError:
+            draft.close()
+            raise
+        self._draft_backend = draft
+        for session in self.sessions:
+            session.draft_model = DraftModel(draft, session.seq)
 
     @property
     def plan(self) -> Plan:
@@ -176,6 +192,8 @@ class Engine:
             logger.warning("the prefix cache could not be saved at exit: %s", error)
         finally:
             self.backend.close()
+            if self._draft_backend is not None:
+                self._draft_backend.close()
 
     def __enter__(self) -> Engine:
         return self

@@ -318,13 +318,13 @@ class Scheduler:
         active.remove(longest)
 
     def _advance_alone(self, slot: _Slot) -> bool:
-        """A reply decoding alone drafts (prompt lookup, `Decoder.advance`); False, with nothing
+        """A reply decoding alone drafts (`Decoder.advance`); False, with nothing
         done, when it does not draft or idle slots hold the cells a draft needs. With two replies
         or more in the step it does not: their batch already takes the spare compute a draft's
         rows would use (benchmarks/speculative.py --step-cost measures it)."""
         decoder = slot.decoder
         assert decoder is not None
-        if not decoder.lookup_draft or not self._release_idle(1 + decoder.draft_length):
+        if not decoder.max_draft or not self._release_idle(1 + decoder.draft_length):
             return False
         try:
             text = decoder.advance(lambda: False)

@@ -19,6 +19,16 @@ from localchat.constraints import Constraint, token_guide
 from localchat.errors import ContextOverflowError, InferenceError, InvalidSettingError
 from localchat.prefix_cache import PrefixCache, common_prefix_length
 from localchat.reply_parser import ReplyParser
+from localchat.speculative import (
+    ACCEPTANCE_WEIGHT,
+    DRAFT_GROWTH,
+    DRAFT_MIN_ACCEPTANCE,
+    DRAFT_MODEL_TOKENS,
+    INITIAL_ACCEPTANCE,
+    INITIAL_DRAFT,
+    DraftModel,
+    NgramIndex,
+)
 from localchat.templates import ChatTemplate, Message
 
 # Live KV tokens about to be overwritten are saved to the prefix cache when at least this many.
@@ -120,6 +130,8 @@ class Session:
         self.prefix_cache = prefix_cache
         self.tokens: list[int] = []
         self.lock = threading.Lock()
+        # Speculative decoding by a smaller model (its own KV sequence kept in step), instead of prompt lookup.
+        self.draft_model: DraftModel | None = None
 
     @property
     def n_ctx(self) -> int:
@@ -297,46 +309,6 @@ class Reply:
         )
 
 
-# Prompt lookup tries the sequence's last n-gram for these n, longest first.
-LOOKUP_NGRAMS = (3, 2, 1)
-# Drafting goes on while the estimated share of first drafted tokens accepted stays at least this: a
-# draft's rows cost about half a step more than the plain step (benchmarks/speculative.py --step-cost),
-# so below it drafting loses. Under it the decoder only predicts, to see when drafts would be taken again.
-DRAFT_MIN_ACCEPTANCE = 0.5
-# The weight of the newest step in that estimate (an exponential moving average).
-ACCEPTANCE_WEIGHT = 0.2
-
-
-class NgramIndex:
-    """A growing token sequence and, for each of its n-grams (n in LOOKUP_NGRAMS), where it last
-    occurred with a token after it: the prompt-lookup draft in constant time per token, however
-    long the conversation."""
-
-    def __init__(self, tokens: Sequence[int] = ()) -> None:
-        self.tokens: list[int] = []
-        self._latest: dict[tuple[int, ...], int] = {}
-        for token in tokens:
-            self.append(token)
-
-    def append(self, token: int) -> None:
-        tokens, end = self.tokens, len(self.tokens)
-        # The n-grams ending with the current last token now have a token after them.
-        for n in LOOKUP_NGRAMS:
-            if end >= n:
-                self._latest[tuple(tokens[end - n :])] = end - n
-        tokens.append(token)
-
-    def draft(self, limit: int) -> list[int]:
-        """Up to `limit` tokens that followed the latest earlier occurrence of the sequence's last
-        n-gram (the longest n found): what a text quoting its prompt will likely say next."""
-        tokens = self.tokens
-        for n in LOOKUP_NGRAMS:
-            start = self._latest.get(tuple(tokens[-n:])) if len(tokens) > n else None
-            if start is not None:
-                return tokens[start + n : start + n + limit]
-        return []
-
-
 class Decoder:
     """The decode loop's step for one reply on one session, shared by `Generation` and the batch
     scheduler: sample a token into the reply, end it, feed the token back. The one place that
@@ -345,15 +317,20 @@ class Decoder:
     def __init__(self, session: Session, reply: Reply, settings: SamplerSettings, prompt: Sequence[int],
                  lookup_draft: int = 0) -> None:
         """Call once `prompt` is in the KV cache (the sampler's penalties see it). `lookup_draft`:
-        see GenerationSettings; only `advance` drafts."""
+        see GenerationSettings (the session's draft model, if it has one, drafts instead); only
+        `advance` drafts."""
         self.session = session
         self.reply = reply
         self.sampler: Sampler = session.backend.make_sampler(settings, reply.guide)
         self.sampler.accept(prompt)
-        self.lookup_draft = lookup_draft
+        self.draft_model = session.draft_model
+        # The longest draft: a draft model's, else prompt lookup's (0: no drafting).
+        self.max_draft = DRAFT_MODEL_TOKENS if self.draft_model is not None else lookup_draft
         # Adaptive: the draft grows while drafts are taken whole and shrinks when one is cut short.
-        self.draft_length = lookup_draft
-        self.acceptance = 1.0  # the estimated share of first drafted tokens the sampler picks too
+        self.draft_length = min(INITIAL_DRAFT, self.max_draft)
+        # The estimated share of first drafted tokens the sampler picks too (prompt lookup drafts
+        # only while it is at least DRAFT_MIN_ACCEPTANCE).
+        self.acceptance = INITIAL_ACCEPTANCE
         # Prompt lookup searches the prompt and the reply so far.
         self.ngrams = NgramIndex(prompt)
 
@@ -395,7 +372,7 @@ class Decoder:
 
     def advance(self, cancelled: Callable[[], bool]) -> str | None:
         """Feed the pending token and sample what follows: the text released, None if `cancelled`
-        first. With `lookup_draft`, a draft goes into the same evaluation and every drafted token
+        first. When drafting, a draft goes into the same evaluation and every drafted token
         the sampler picks too is kept, so one step may add several tokens.
 
         The reply stays the one decoding without a draft gives: each drafted position is sampled
@@ -406,8 +383,12 @@ class Decoder:
         kept exactly (tests/test_speculative.py checks it statistically)."""
         session, reply = self.session, self.reply
         room = min(session.n_ctx - len(session.tokens) - 1, reply.remaining - 1, self.draft_length)
-        draft = self.ngrams.draft(room) if room > 0 else []
-        if not draft or self.acceptance < DRAFT_MIN_ACCEPTANCE:
+        if room > 0 and self.draft_model is not None:
+            # A draft model's draft costs its steps: it is always used (its length adapts).
+            draft = self.draft_model.draft(self.ngrams.tokens, room)
+        else:
+            draft = self.ngrams.draft(room) if room > 0 else []
+        if not draft or (self.draft_model is None and self.acceptance < DRAFT_MIN_ACCEPTANCE):
             self.feed()
             if cancelled():
                 return None
@@ -434,7 +415,7 @@ class Decoder:
         session.backend.truncate(seq, len(session.tokens))
         self._observe(accepted > 0)
         whole = accepted == len(draft)
-        self.draft_length = min(self.lookup_draft, self.draft_length + 2) if whole else max(1, self.draft_length - 1)
+        self.draft_length = min(self.max_draft, self.draft_length + DRAFT_GROWTH) if whole else max(1, self.draft_length - 1)
         return "".join(texts)
 
     def _observe(self, first_accepted: bool) -> None:

@@ -147,6 +147,8 @@ class CompletionService:
             top_p=defaults.top_p if body.top_p is None else body.top_p,
             presence_penalty=body.presence_penalty,
             frequency_penalty=body.frequency_penalty,
+            repeat_penalty=defaults.repeat_penalty if body.repeat_penalty is None else body.repeat_penalty,
+            dry_multiplier=defaults.dry_multiplier if body.dry_multiplier is None else body.dry_multiplier,
             seed=body.seed,
         )
         return GenerationSettings(max_tokens=reply_limit or limit, stop=body.stop_strings, sampler=sampler,

@@ -99,6 +99,8 @@ class SamplingFields(_TopRequest):
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     seed: int | None = Field(None, ge=0, lt=2**32)
+    repeat_penalty: float | None = Field(None, gt=0, description="llama.cpp's extension: 1 turns the repeat penalty off")
+    dry_multiplier: float | None = Field(None, ge=0, description="llama.cpp's extension: 0 turns DRY off")
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
     ignore_eos: bool = Field(False, description="llama.cpp's extension: go on past end-of-generation tokens")
     n: int = Field(1, ge=1, le=1, description="only one choice per request")

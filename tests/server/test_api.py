@@ -113,3 +113,17 @@ def test_metrics_count_requests_tokens_and_latency(server: LiveServer) -> None:
     assert server.metric("localchat_slots") == SLOTS
     text = requests.get(f"{server.url}/metrics", headers=server.auth, timeout=10).text
     assert "localchat_prefix_cache_hits_total" in text and "localchat_time_to_first_token_seconds_bucket" in text
+
+
+def test_a_reply_copying_its_prompt_is_drafted_and_metrics_count_the_drafts(server: LiveServer) -> None:
+    """Prompt lookup is on by default; llama.cpp's `repeat_penalty` and `dry_multiplier` turn the
+    penalties off, which would otherwise push down the very tokens a copy repeats."""
+    passage = "The keeper climbed the narrow stairs at dusk, trimmed the wick and polished the great lens."
+    counted = ("localchat_draft_tokens_total", "localchat_draft_tokens_accepted_total")
+    before = [server.metric(name) for name in counted]
+    body = {"temperature": 0, "repeat_penalty": 1, "dry_multiplier": 0, "ignore_eos": True}
+    reply = server.client().completions.create(model=MODEL, prompt=f"{passage}\n{passage}\n{passage}\nThe keeper",
+                                               max_tokens=24, extra_body=body)
+    assert reply.usage is not None and reply.usage.completion_tokens == 24
+    drafted, accepted = (server.metric(name) - was for name, was in zip(counted, before, strict=True))
+    assert drafted > 0 and 0 < accepted <= drafted

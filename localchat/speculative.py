@@ -1,0 +1,106 @@
+"""Drafters for speculative decoding: what the next tokens will likely be, cheaply, for the target
+model to check in one evaluation (localchat.session.Decoder verifies and keeps what it agrees with).
+
+Prompt lookup copies what followed the sequence's last n-gram earlier in it; a draft model is a
+smaller model with the same vocabulary that decodes greedily a few tokens ahead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from localchat.backends.base import Backend
+from localchat.errors import ModelError
+from localchat.prefix_cache import common_prefix_length
+
+# Prompt lookup tries the sequence's last n-gram for these n, longest first.
+LOOKUP_NGRAMS = (3, 2, 1)
+# Drafting goes on while the estimated share of first drafted tokens accepted stays at least this: a
+# draft's rows cost about half a step more than the plain step (benchmarks/speculative.py --step-cost),
+# so below it drafting loses. Under it the decoder only predicts, to see when drafts would be taken again.
+DRAFT_MIN_ACCEPTANCE = 0.5
+# The weight of the newest step in that estimate (an exponential moving average).
+ACCEPTANCE_WEIGHT = 0.2
+# A reply starts predicting only: one prediction come true lifts the estimate over the bar. So a
+# reply that never repeats (or a sampler that penalises repeats, as DRY does) costs no draft rows.
+INITIAL_ACCEPTANCE = DRAFT_MIN_ACCEPTANCE - ACCEPTANCE_WEIGHT / 4
+# The first draft's length; each draft taken whole lengthens the next by DRAFT_GROWTH.
+INITIAL_DRAFT = 2
+DRAFT_GROWTH = 2
+
+
+class NgramIndex:
+    """A growing token sequence and, for each of its n-grams (n in LOOKUP_NGRAMS), where it last
+    occurred with a token after it: the prompt-lookup draft in constant time per token, however
+    long the conversation."""
+
+    def __init__(self, tokens: Sequence[int] = ()) -> None:
+        self.tokens: list[int] = []
+        self._latest: dict[tuple[int, ...], int] = {}
+        for token in tokens:
+            self.append(token)
+
+    def append(self, token: int) -> None:
+        tokens, end = self.tokens, len(self.tokens)
+        # The n-grams ending with the current last token now have a token after them.
+        for n in LOOKUP_NGRAMS:
+            if end >= n:
+                self._latest[tuple(tokens[end - n :])] = end - n
+        tokens.append(token)
+
+    def draft(self, limit: int) -> list[int]:
+        """Up to `limit` tokens that followed the latest earlier occurrence of the sequence's last
+        n-gram (the longest n found): what a text quoting its prompt will likely say next."""
+        tokens = self.tokens
+        for n in LOOKUP_NGRAMS:
+            start = self._latest.get(tuple(tokens[-n:])) if len(tokens) > n else None
+            if start is not None:
+                return tokens[start + n : start + n + limit]
+        return []
+
+
+# A draft model drafts at most this many tokens a step (fewer while its drafts are cut short).
+DRAFT_MODEL_TOKENS = 8
+# Token ids compared to tell whether two vocabularies are the same: every this-many-th id, and the last.
+VOCABULARY_STRIDE = 97
+
+
+class DraftModel:
+    """A smaller model with the target's vocabulary (a Q4_K_M draft for a Q8_0 or F16 target of the
+    same checkpoint, or the small model of the same family) that drafts by greedy decoding. Its KV
+    cache (sequence `seq` of its backend) follows the target's sequence: before each draft it keeps
+    the part still shared with it and evaluates the rest."""
+
+    def __init__(self, backend: Backend, seq: int = 0) -> None:
+        self.backend = backend
+        self.seq = seq
+        self.tokens: list[int] = []  # what its KV cache holds
+
+    def draft(self, sequence: Sequence[int], limit: int) -> list[int]:
+        """`limit` tokens the draft model writes after `sequence` (greedy)."""
+        backend, seq = self.backend, self.seq
+        # The last token is always evaluated again: its logits give the first drafted token.
+        keep = min(common_prefix_length(self.tokens, sequence), len(sequence) - 1)
+        backend.truncate(seq, keep)
+        del self.tokens[keep:]
+        backend.evaluate(seq, sequence[keep:], keep)
+        self.tokens.extend(sequence[keep:])
+        drafted: list[int] = []
+        while True:
+            drafted.append(int(backend.logits(seq).argmax()))
+            if len(drafted) == limit:
+                return drafted
+            backend.evaluate(seq, drafted[-1:], len(self.tokens))
+            self.tokens.append(drafted[-1])
+
+
+def check_same_vocabulary(target: Backend, draft: Backend) -> None:
+    """Raise ModelError unless the draft model spells tokens as the target does (spot-checked)."""
+    n_vocab = target.info.n_vocab
+    if draft.info.n_vocab != n_vocab:
+        raise ModelError(f"the draft model has {draft.info.n_vocab} tokens but the model has {n_vocab}: "
+                         "a draft model must share the model's vocabulary (the same family or checkpoint)")
+    for token in [*range(0, n_vocab, VOCABULARY_STRIDE), n_vocab - 1]:
+        if target.token_text(token) != draft.token_text(token):
+            raise ModelError(f"the draft model spells token {token} {draft.token_text(token)!r}, the model "
+                             f"{target.token_text(token)!r}: a draft model must share the model's vocabulary")
