@@ -324,6 +324,8 @@ class Decoder:
         self.sampler: Sampler = session.backend.make_sampler(settings, reply.guide)
         self.sampler.accept(prompt)
         self.draft_model = session.draft_model
+        if self.draft_model is not None and prompt:
+            self.draft_model.follow(prompt)
         # The longest draft: a draft model's, else prompt lookup's (0: no drafting).
         self.max_draft = DRAFT_MODEL_TOKENS if self.draft_model is not None else lookup_draft
         # Adaptive: the draft grows while drafts are taken whole and shrinks when one is cut short.

@@ -76,15 +76,20 @@ class DraftModel:
         self.seq = seq
         self.tokens: list[int] = []  # what its KV cache holds
 
+    def follow(self, sequence: Sequence[int]) -> None:
+        """Make the KV cache hold `sequence`, keeping what it shares with it (the last token is
+        always evaluated again: its logits give the first drafted token). Called with the prompt
+        before the first token, so the prompt's prefill counts in the time to first token."""
+        keep = min(common_prefix_length(self.tokens, sequence), len(sequence) - 1)
+        self.backend.truncate(self.seq, keep)
+        del self.tokens[keep:]
+        self.backend.evaluate(self.seq, sequence[keep:], keep)
+        self.tokens.extend(sequence[keep:])
+
     def draft(self, sequence: Sequence[int], limit: int) -> list[int]:
         """`limit` tokens the draft model writes after `sequence` (greedy)."""
         backend, seq = self.backend, self.seq
-        # The last token is always evaluated again: its logits give the first drafted token.
-        keep = min(common_prefix_length(self.tokens, sequence), len(sequence) - 1)
-        backend.truncate(seq, keep)
-        del self.tokens[keep:]
-        backend.evaluate(seq, sequence[keep:], keep)
-        self.tokens.extend(sequence[keep:])
+        self.follow(sequence)
         drafted: list[int] = []
         while True:
             drafted.append(int(backend.logits(seq).argmax()))
