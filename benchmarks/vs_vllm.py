@@ -86,6 +86,12 @@ class Served:
             self.process.kill()
 
 
+def stop_all(servers: list[Served]) -> None:
+    for server in servers:
+        server.signal(signal.SIGCONT)  # a stopped process would not see SIGTERM until continued
+        server.stop()
+
+
 def start(name: str, command: list[str], url: str, log: Path, env: dict[str, str]) -> Served:
     began = time.perf_counter()
     with log.open("wb") as out:
@@ -152,9 +158,7 @@ def main() -> None:
         result["vllm_dtype"] = args.dtype
         print(json.dumps(result, indent=1))
     finally:
-        for server in servers:
-            server.signal(signal.SIGCONT)
-            server.stop()
+        stop_all(servers)
 
 
 if __name__ == "__main__":

@@ -327,7 +327,7 @@ class Scheduler:
         if not decoder.max_draft or not self._release_idle(1 + decoder.draft_length):
             return False
         try:
-            text = decoder.advance(lambda: False)
+            decoder.advance(lambda: False, lambda text: self._send(slot, text))
         except ContextOverflowError:
             self._end_longest([slot])
             return True
@@ -335,16 +335,20 @@ class Scheduler:
             logger.exception("a reply failed while decoding")
             self._fail(slot, str(error) or type(error).__name__)
             return True
-        self._emit(slot, text or "")
+        self._emit(slot, "")
         return True
 
-    def _emit(self, slot: _Slot, text: str) -> None:
-        """Pass on the text of the tokens just sampled; end the reply if they ended it."""
+    def _send(self, slot: _Slot, text: str) -> None:
+        """Pass on the text of the token just sampled, with its log-probabilities when asked for."""
         assert slot.request is not None
-        reply = slot.request.reply
         if text:
-            slot.request.sink(TextDelta(text, reply.unsent_logprobs()))
-        if reply.finish_reason is not None:
+            slot.request.sink(TextDelta(text, slot.request.reply.unsent_logprobs()))
+
+    def _emit(self, slot: _Slot, text: str) -> None:
+        """Pass on the text of the token just sampled; end the reply if it ended it."""
+        self._send(slot, text)
+        assert slot.request is not None
+        if slot.request.reply.finish_reason is not None:
             self._finish(slot)
 
     def _finish(self, slot: _Slot) -> None:

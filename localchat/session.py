@@ -372,10 +372,11 @@ class Decoder:
         self.session.backend.evaluate(seq, [token], position)
         self.evaluated()
 
-    def advance(self, cancelled: Callable[[], bool]) -> str | None:
-        """Feed the pending token and sample what follows: the text released, None if `cancelled`
-        first. When drafting, a draft goes into the same evaluation and every drafted token
-        the sampler picks too is kept, so one step may add several tokens.
+    def advance(self, cancelled: Callable[[], bool], emit: Callable[[str], None]) -> bool:
+        """Feed the pending token and sample what follows, passing each sampled token's text (it
+        may be empty) to `emit`; False, with nothing done, if `cancelled` first. When drafting, a
+        draft goes into the same evaluation and every drafted token the sampler picks too is
+        kept, so one step may add several tokens (one `emit` each, as a stream shows tokens).
 
         The reply stays the one decoding without a draft gives: each drafted position is sampled
         from its own row and the first that differs from the draft ends the step. For a sampler
@@ -393,32 +394,32 @@ class Decoder:
         if not draft or (self.draft_model is None and self.acceptance < DRAFT_MIN_ACCEPTANCE):
             self.feed()
             if cancelled():
-                return None
-            text = self.sample()
+                return False
+            emit(self.sample())
             if draft:
                 self._observe(reply.token_ids[-1] == draft[0])
-            return text
+            return True
         if cancelled():
-            return None
+            return False
         seq, token, position = self.pending
         session.backend.evaluate_all(seq, [token, *draft], position)
         session.tokens.append(token)
         reply.drafted_tokens += len(draft)
-        texts = [self.sample(0)]
+        emit(self.sample(0))
         accepted = 0
         for row, drafted in enumerate(draft, start=1):
             if reply.finish_reason is not None or reply.token_ids[-1] != drafted:
                 break
             session.tokens.append(drafted)
             accepted += 1
-            texts.append(self.sample(row))
+            emit(self.sample(row))
         reply.accepted_tokens += accepted
         # The KV cache drops the drafted tokens past the first the sampler did not pick.
         session.backend.truncate(seq, len(session.tokens))
         self._observe(accepted > 0)
         whole = accepted == len(draft)
         self.draft_length = min(self.max_draft, self.draft_length + DRAFT_GROWTH) if whole else max(1, self.draft_length - 1)
-        return "".join(texts)
+        return True
 
     def _observe(self, first_accepted: bool) -> None:
         self.acceptance += ACCEPTANCE_WEIGHT * (first_accepted - self.acceptance)
@@ -473,13 +474,14 @@ class Generation:
             reply.prefilled(*session.prefill(self.prompt, self._cancelled.is_set))
             if not self._cancelled.is_set():
                 decoder = Decoder(session, reply, self.settings.sampler, self.prompt, self.settings.lookup_draft)
-                text: str | None = decoder.sample()
-                while text is not None:
-                    if text:
-                        yield text
+                pieces = [decoder.sample()]
+                while True:
+                    yield from (text for text in pieces if text)
                     if reply.finish_reason is not None:
                         break
-                    text = decoder.advance(self._cancelled.is_set)
+                    pieces = []
+                    if not decoder.advance(self._cancelled.is_set, pieces.append):
+                        break
             tail = reply.tail()
             if tail:
                 yield tail

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from localchat.backends.base import ModelInfo, SamplerSettings, TokenScores
@@ -49,12 +50,17 @@ class ScriptedBackend:
 
     def evaluate_batch(self, items: Sequence[tuple[int, int, int]]) -> None: ...
 
+    def evaluate_all(self, seq: int, tokens: Sequence[int], start: int) -> np.ndarray:
+        """A prompt-lookup draft is checked against the script (the next tokens `sample` gives)."""
+        self.evaluate(seq, tokens, start)
+        return np.zeros((len(tokens), self.info.n_vocab), dtype=np.float32)
+
     def truncate(self, seq: int, start: int) -> None: ...
 
     def make_sampler(self, settings: SamplerSettings, guide: object = None) -> _Sampler:
         return _Sampler()
 
-    def sample(self, seq: int, sampler: _Sampler) -> int:
+    def sample(self, seq: int, sampler: _Sampler, row: int = -1) -> int:
         return self.script.pop(0)
 
     def score(self, seq: int, tokens: Sequence[int]) -> TokenScores:

@@ -126,7 +126,7 @@ def decode(backend: MarkovBackend, prompt: list[int], settings: GenerationSettin
     decoder.acceptance = 1.0  # drafting from the first step, whatever the predictions so far
     decoder.sample()
     while reply.finish_reason is None:
-        decoder.advance(lambda: False)
+        decoder.advance(lambda: False, lambda _: None)
     assert backend.held[: len(session.tokens)] == session.tokens and len(backend.held) == len(session.tokens)
     return reply
 
@@ -196,22 +196,22 @@ def test_drafting_adapts_to_how_much_of_the_draft_is_taken() -> None:
     decoder.sample()
     assert decoder.acceptance < DRAFT_MIN_ACCEPTANCE
     rows = backend.rows_evaluated
-    decoder.advance(lambda: False)
+    decoder.advance(lambda: False, lambda _: None)
     assert backend.rows_evaluated == rows + 1 and reply.drafted_tokens == 0  # predicted, not drafted
     lengths = []
     for _ in range(16):
-        decoder.advance(lambda: False)
+        decoder.advance(lambda: False, lambda _: None)
         lengths.append(decoder.draft_length)
     # Greedy decoding of this table starts a 5-token cycle that lookup predicts once it has been
     # seen: the first drafts (the prompt's cycle) are cut, then whole drafts grow to the limit.
     assert lengths[-1] == 8 and max(lengths) <= 8
     decoder.acceptance = DRAFT_MIN_ACCEPTANCE - 0.01  # as after many rejected drafts
     before = backend.rows_evaluated
-    decoder.advance(lambda: False)
+    decoder.advance(lambda: False, lambda _: None)
     assert backend.rows_evaluated == before + 1 and reply.accepted_tokens > 0  # a plain step...
     assert decoder.acceptance > DRAFT_MIN_ACCEPTANCE  # ...whose prediction came true: drafting resumes
     rows_now, drafted = backend.rows_evaluated, reply.drafted_tokens
-    decoder.advance(lambda: False)
+    decoder.advance(lambda: False, lambda _: None)
     assert reply.drafted_tokens > drafted and backend.rows_evaluated > rows_now + 1
 
 

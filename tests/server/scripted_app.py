@@ -106,6 +106,12 @@ class ScriptedBackend:
         for seq, token, position in items:
             self.evaluate(seq, [token], position)
 
+    def evaluate_all(self, seq: int, tokens: Sequence[int], start: int) -> np.ndarray:
+        """Prompt-lookup drafts are checked against the script: its next tokens are what `sample`
+        gives for each row."""
+        self.evaluate(seq, tokens, start)
+        return np.zeros((len(tokens), N_VOCAB), dtype=np.float32)
+
     def truncate(self, seq: int, start: int) -> None:
         self._held[seq] = self._held.get(seq, [])[:start]
 
@@ -116,7 +122,7 @@ class ScriptedBackend:
         self.sampled.append(0)
         return _ScriptSampler(deque([*script, EOS]), guide)
 
-    def sample(self, seq: int, sampler: _ScriptSampler) -> int:  # type: ignore[override]
+    def sample(self, seq: int, sampler: _ScriptSampler, row: int = -1) -> int:  # type: ignore[override]
         time.sleep(self.seconds_per_token)
         self.sampled[-1] += 1
         token = sampler.tokens.popleft() if sampler.tokens else EOS
