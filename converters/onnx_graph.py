@@ -7,6 +7,7 @@ onnxruntime can map the data file instead of copying it.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from pathlib import Path
 from typing import BinaryIO
@@ -86,6 +87,20 @@ class GraphBuilder:
         """Store an initializer; returns its name."""
         self.initializers.append(self.data.add(name, array))
         self.initializer_bytes[name] = array.nbytes
+        return name
+
+    def view(self, name: str, of: str, shape: tuple[int, ...]) -> str:
+        """A second initializer over the stored bytes of `of`, in another shape of as many values:
+        no second copy on disk, and onnxruntime maps (and releases) each separately."""
+        source = next(tensor for tensor in self.initializers if tensor.name == of)
+        if math.prod(shape) != math.prod(source.dims):
+            raise ValueError(f"{name}: shape {shape} does not hold the {math.prod(source.dims)} values of {of}")
+        tensor = TensorProto()
+        tensor.CopyFrom(source)
+        tensor.name = name
+        del tensor.dims[:]
+        tensor.dims.extend(shape)
+        self.initializers.append(tensor)
         return name
 
     def constant(self, name: str, value: np.ndarray | list[int] | int) -> str:

@@ -131,6 +131,22 @@ def test_graph_uses_fused_operators(onnx_model: Callable[[str, str], Path]) -> N
     assert meta["chat_template"] and 106 in meta["eog_ids"]  # <end_of_turn>
 
 
+def test_tied_head_reads_the_embeddings_stored_bytes(onnx_model: Callable[[str, str], Path]) -> None:
+    """The int4 output head's codes, scales and zero points are views of the embedding's bytes in
+    the data file (one copy on disk), under their own names (so onnxruntime maps them apart)."""
+    import onnx
+
+    folder = onnx_model("gemma-270m", "int4")
+    model = onnx.load(str(folder / "model.onnx"), load_external_data=False)
+    stored = {tensor.name: {entry.key: entry.value for entry in tensor.external_data} for tensor in model.graph.initializer}
+    dims = {tensor.name: list(tensor.dims) for tensor in model.graph.initializer}
+    for part in ("qweight", "scales", "zero_points"):
+        head, table = stored[f"lm_head.{part}"], stored[f"embed_tokens.{part}"]
+        assert head["offset"] == table["offset"] and head["length"] == table["length"], part
+    n_vocab, n_blocks = dims["lm_head.scales"]
+    assert dims["embed_tokens.scales"] == [n_vocab, n_blocks, 1]
+
+
 def test_unsupported_architecture_is_one_clear_error(tiny_checkpoint: Callable[[str], Path], tmp_path: Path) -> None:
     source = tmp_path / "odd"
     source.mkdir()
