@@ -13,7 +13,14 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from localchat.backends.base import DEFAULT_LOOKUP_DRAFT, ROW_LIMIT, Backend, Sampler, SamplerSettings, TokenLogprob, token_logprob
+from localchat.backends.base import (
+    ROW_LIMIT,
+    Backend,
+    Sampler,
+    SamplerSettings,
+    TokenLogprob,
+    token_logprob,
+)
 from localchat.chat_formats import ChatFormat, detect_format
 from localchat.constraints import Constraint, token_guide
 from localchat.errors import ContextOverflowError, InferenceError, InvalidSettingError
@@ -53,8 +60,9 @@ class GenerationSettings:
     # None: no log-probabilities (none computed); k: each token's and its k most likely alternatives'.
     logprobs: int | None = None
     # Prompt-lookup speculative decoding: at most this many tokens drafted per step by matching
-    # the sequence's last n-gram earlier in it (0: off). A server's reply drafts while it decodes alone.
-    lookup_draft: int = DEFAULT_LOOKUP_DRAFT
+    # the sequence's last n-gram earlier in it (0: off; the front ends give DEFAULT_LOOKUP_DRAFT).
+    # A server's reply drafts while it decodes alone.
+    lookup_draft: int = 0
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None and self.max_tokens < 1:

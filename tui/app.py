@@ -21,6 +21,7 @@ from textual.widget import Widget
 from textual.widgets import Footer, Label, ProgressBar
 from textual.worker import get_current_worker
 
+from localchat.backends.base import DEFAULT_LOOKUP_DRAFT
 from localchat.chat_engine import ChatEngine, EngineChat
 from localchat.conversation import OpenConversation, Turn
 from localchat.engine import Engine
@@ -60,7 +61,7 @@ from tui.widgets.prompt import PromptInput
 from tui.widgets.sidebar import ConversationList
 from tui.widgets.status import StatusBar
 
-REPLY_SETTINGS = GenerationSettings(max_tokens=1024)
+REPLY_SETTINGS = GenerationSettings(max_tokens=1024, lookup_draft=DEFAULT_LOOKUP_DRAFT)
 # Text reaches the screen at most this often; MarkdownStream merges what piles up in between.
 FRAME_S = 1 / 30
 # The status bar's live numbers (tokens/s, context) update this often while a reply is written.
