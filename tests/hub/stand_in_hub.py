@@ -22,6 +22,7 @@ import hashlib
 import json
 import re
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -98,6 +99,7 @@ class StandInHub:
     endpoint: str = ""
     cdn: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock)
+    answering: int = 0  # requests being answered: a test's last ones may still be counting its bytes
 
     def add_repo(self, repo_id: str, files: list[HubFile], gated: bool = False) -> HubRepo:
         commit = hashlib.sha1(repo_id.encode() + b"".join(f.sha256.encode() for f in files)).hexdigest()
@@ -108,8 +110,12 @@ class StandInHub:
         self.faults.setdefault(file.sha256, []).extend([fault] * fault.times)
 
     def reset(self) -> None:
-        """Between tests: release stalls, forget faults and counts (the repos stay)."""
+        """Between tests: release stalls, let the requests being answered finish (their client may
+        have all its bytes before the handler counts them), forget faults and counts (the repos stay)."""
         self.release.set()
+        deadline = time.monotonic() + 30
+        while self.answering and time.monotonic() < deadline:
+            time.sleep(0.01)
         with self.lock:
             self.faults.clear()
             self.served.clear()
@@ -143,10 +149,19 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def do_HEAD(self) -> None:
-        self._route(send_body=False)
+        self._answer(send_body=False)
 
     def do_GET(self) -> None:
-        self._route(send_body=True)
+        self._answer(send_body=True)
+
+    def _answer(self, send_body: bool) -> None:
+        with self.hub.lock:
+            self.hub.answering += 1
+        try:
+            self._route(send_body=send_body)
+        finally:
+            with self.hub.lock:
+                self.hub.answering -= 1
 
     @property
     def hub(self) -> StandInHub:
