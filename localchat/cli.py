@@ -87,6 +87,9 @@ def _load_engine(args: argparse.Namespace, request: PlanRequest) -> Engine:
     if args.draft_model is not None:
         try:
             engine.add_draft_model(args.draft_model, request)
+        except ModelError as error:
+            engine.close()
+            raise ModelError(f"--draft-model: {error}") from None
         except BaseException:
             engine.close()
             raise

@@ -102,6 +102,8 @@ def test_a_bad_model_file_gets_one_clear_line(tmp_path: Path, localchat_home: Pa
         (["run", "--lookup-draft", "99", "hi"], "lookup_draft must be in [0, 63]"),
         (["run", "-m", "http://127.0.0.1:1/v1", "--raw", "hi"], "--raw works with local models only"),
         (["run", "-m", "http://127.0.0.1:1/v1", "--lookup-draft", "4", "hi"], "--lookup-draft works with local models only"),
+        (["run", "--draft-model", "/no/such/draft.gguf", "hi"], "--draft-model: model file /no/such/draft.gguf does not exist"),
+        (["run", "-m", "http://127.0.0.1:1/v1", "--draft-model", "x.gguf", "hi"], "--draft-model works with local models only"),
         (["run", "-m", "http:///v1", "hi"], "is not a server's address"),
         (["run", "-m", "http://127.0.0.1:1/v1", "hi"], "cannot reach http://127.0.0.1:1/v1"),
         (["run", "--ctx", "64", "word " * 2000], "context holds"),
