@@ -11,17 +11,18 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from localchat.backends.base import DEFAULT_LOOKUP_DRAFT, SamplerSettings
+from localchat.backends.base import SamplerSettings
 from localchat.errors import InvalidSettingError, LocalchatError, ModelError
 from localchat.hardware import MIB, peak_rss_bytes
 from localchat.planner import PlanRequest
 from localchat.settings import Settings
+from localchat.speculative import DEFAULT_LOOKUP_DRAFT
 
 if TYPE_CHECKING:
     from localchat.constraints import Constraint
+    from localchat.engine import Engine
     from localchat.hub import HubModelName
     from localchat.models import InstalledModel
-    from localchat.engine import Engine
     from localchat.remote import RemoteEndpoint
     from localchat.session import GenerationSettings
 

@@ -15,8 +15,8 @@ from localchat.models import ModelRef, inspect_gguf, resolve_model
 from localchat.planner import BuildFeatures, ModelFacts, Plan, PlanRequest, plan_offload
 from localchat.prefix_cache import PrefixCache
 from localchat.session import Chat, Session
-from localchat.speculative import DraftModel, check_same_vocabulary
 from localchat.settings import Settings
+from localchat.speculative import DraftModel, check_same_vocabulary
 from localchat.templates import ChatTemplate, Message
 
 logger = logging.getLogger(__name__)

@@ -335,7 +335,7 @@ class Scheduler:
             logger.exception("a reply failed while decoding")
             self._fail(slot, str(error) or type(error).__name__)
             return True
-        self._emit(slot, "")
+        self._end_if_done(slot)
         return True
 
     def _send(self, slot: _Slot, text: str) -> None:
@@ -347,6 +347,9 @@ class Scheduler:
     def _emit(self, slot: _Slot, text: str) -> None:
         """Pass on the text of the token just sampled; end the reply if it ended it."""
         self._send(slot, text)
+        self._end_if_done(slot)
+
+    def _end_if_done(self, slot: _Slot) -> None:
         assert slot.request is not None
         if slot.request.reply.finish_reason is not None:
             self._finish(slot)

@@ -13,14 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from localchat.backends.base import (
-    ROW_LIMIT,
-    Backend,
-    Sampler,
-    SamplerSettings,
-    TokenLogprob,
-    token_logprob,
-)
+from localchat.backends.base import ROW_LIMIT, Backend, Sampler, SamplerSettings, TokenLogprob, token_logprob
 from localchat.chat_formats import ChatFormat, detect_format
 from localchat.constraints import Constraint, token_guide
 from localchat.errors import ContextOverflowError, InferenceError, InvalidSettingError

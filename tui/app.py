@@ -21,7 +21,6 @@ from textual.widget import Widget
 from textual.widgets import Footer, Label, ProgressBar
 from textual.worker import get_current_worker
 
-from localchat.backends.base import DEFAULT_LOOKUP_DRAFT
 from localchat.chat_engine import ChatEngine, EngineChat
 from localchat.conversation import OpenConversation, Turn
 from localchat.engine import Engine
@@ -41,6 +40,7 @@ from localchat.reply_parser import (
 )
 from localchat.session import GenerationSettings, GenerationStats
 from localchat.settings import Settings
+from localchat.speculative import DEFAULT_LOOKUP_DRAFT
 from tui.widgets.dialogs import (
     Confirm,
     HelpScreen,

@@ -167,11 +167,6 @@ def token_logprob(logits: np.ndarray, token: int, top: int) -> TokenLogprob:
 
 # Rows of one `evaluate_all` that `sample(row=...)` can read: every row of a call this long or shorter.
 ROW_LIMIT = 64
-# Prompt-lookup speculative decoding's longest draft unless told otherwise (0: off). On by default:
-# a reply drafts only once its predictions come true, so one that never repeats (or whose sampler
-# penalises repeats, as DRY does) pays nothing (benchmarks/speculative.py: greedy, input-grounded
-# 1.59x, open-ended 1.35x; chat sampler, no draft taken).
-DEFAULT_LOOKUP_DRAFT = 8
 
 
 class Sampler(Protocol):

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from localchat.backends.base import DEFAULT_LOOKUP_DRAFT, ROW_LIMIT
+from localchat.backends.base import ROW_LIMIT
 from localchat.errors import InvalidSettingError
 from localchat.hardware import MIB
+from localchat.speculative import DEFAULT_LOOKUP_DRAFT
 
 
 @dataclass(frozen=True)
