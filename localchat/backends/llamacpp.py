@@ -11,6 +11,7 @@ import ctypes
 import os
 import threading
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -45,6 +46,44 @@ _recent_errors: deque[str] = deque(maxlen=8)
 def _log_callback(level: int, text: bytes | None, _user_data: ctypes.c_void_p) -> None:
     if text and level == GGML_LOG_LEVEL_ERROR:
         _recent_errors.append(text.decode("utf-8", errors="replace").strip())
+
+
+class _ComputeThread:
+    """The one thread that runs every llama_decode of the process, whichever thread asks.
+
+    llama.cpp's CPU backend (built with OpenMP) keeps a thread team per thread that calls it. Once
+    two teams are alive, libgomp counts more threads than cores and stops spinning at barriers, so
+    each of a graph's hundreds of barriers sleeps and wakes: a server that warmed its model on one
+    thread and decoded on another ran at 31 tok/s against 44 (2 cores, the default model). One
+    calling thread keeps one team, as in llama-server, whose main loop does all the decoding.
+    """
+
+    def __init__(self) -> None:
+        self._ident: int | None = None
+        self._executor = ThreadPoolExecutor(1, "llama.cpp-compute", initializer=self._started)
+
+    def _started(self) -> None:
+        self._ident = threading.get_ident()
+
+    def run(self, call: Callable[[], int]) -> int:
+        """`call()` on the compute thread. A Ctrl-C while it runs takes effect once it has returned,
+        as it would on the caller's own thread, so no decode is left running behind the caller."""
+        if threading.get_ident() == self._ident:
+            return call()
+        future: Future[int] = self._executor.submit(call)
+        interrupted = False
+        while True:
+            try:
+                result = future.result()
+                break
+            except KeyboardInterrupt:
+                interrupted = True
+        if interrupted:
+            raise KeyboardInterrupt
+        return result
+
+
+_compute = _ComputeThread()
 
 
 def ensure_initialized() -> None:
@@ -290,7 +329,7 @@ class LlamaCppBackend:
 
     def _decode(self, n_tokens: int) -> None:
         self._batch.n_tokens = n_tokens
-        status = llama_cpp.llama_decode(self._ctx, self._batch)
+        status = _compute.run(lambda: llama_cpp.llama_decode(self._ctx, self._batch))
         if status == 1:
             raise ContextOverflowError(f"the context is full ({self.n_ctx} tokens); start a new chat or raise --ctx")
         if status != 0:
