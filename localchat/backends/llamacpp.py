@@ -11,14 +11,21 @@ import ctypes
 import os
 import threading
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import llama_cpp
 import numpy as np
 
-from localchat.backends.base import DRY_SEQUENCE_BREAKERS, ROW_LIMIT, ModelInfo, SamplerSettings, TokenScores, score_rows
+from localchat.backends.base import (
+    DRY_SEQUENCE_BREAKERS,
+    ROW_LIMIT,
+    ModelInfo,
+    SamplerSettings,
+    TokenScores,
+    score_rows,
+)
 from localchat.constraints import TokenGuide
 from localchat.errors import ContextOverflowError, InferenceError, ModelError
 from localchat.planner import BuildFeatures, FlashAttn, KvType, Plan
@@ -154,7 +161,7 @@ class LlamaSampler:
         params.no_perf = True
         self.chain = llama_cpp.llama_sampler_chain_init(params)
         self.settings = settings
-        add = lambda sampler: llama_cpp.llama_sampler_chain_add(self.chain, sampler)  # noqa: E731
+        add = lambda sampler: llama_cpp.llama_sampler_chain_add(self.chain, sampler)
         # llama.cpp's own order: penalties, DRY, then the truncations, temperature and the draw.
         if settings.repeat_penalized:
             add(
