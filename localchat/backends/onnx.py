@@ -65,6 +65,9 @@ def _file_name(value: object) -> bool:
     return isinstance(value, str) and value not in ("", ".", "..") and Path(value).name == value
 
 
+# The KV cache's types (the type the graph computes attention in: float16 for fp16 models), and
+# how onnxruntime names each.
+KV_DTYPES = {"float32": "tensor(float)", "float16": "tensor(float16)"}
 # The marker's fields the runtime reads: (check, what the value must be, required).
 MARKER_FIELDS: dict[str, tuple[Callable[[object], bool], str, bool]] = {
     "graph": (_file_name, "a file name in the folder", True),
@@ -78,6 +81,7 @@ MARKER_FIELDS: dict[str, tuple[Callable[[object], bool], str, bool]] = {
     "max_positions": (_positive, "a positive integer", True),
     "n_ctx_train": (lambda v: v is None or _count(v), "an integer or null", True),
     "kv_bytes_per_token": (_count, "an integer >= 0", True),
+    "kv_dtype": (lambda v: v in KV_DTYPES, " or ".join(KV_DTYPES), False),
     "layer_bytes": (_count, "an integer >= 0", True),
     "other_bytes": (_count, "an integer >= 0", True),
     "weight_bytes": (_count, "an integer >= 0", True),
@@ -147,6 +151,11 @@ def _check_graph(session: ort.InferenceSession, meta: dict[str, object], path: P
         raise ModelError(
             f"{path}: the graph does not match {ONNX_MARKER} ({n_layers} layers; the graph lacks or adds {missing[0]}); "
             "convert the model again"
+        )
+    kv_type = KV_DTYPES[str(meta.get("kv_dtype", "float32"))]
+    if wrong := next((arg for arg in session.get_inputs() if arg.name in kv and arg.type != kv_type), None):
+        raise ModelError(
+            f"{path}: the graph's {wrong.name} is a {wrong.type} where {ONNX_MARKER} says {kv_type}; convert the model again"
         )
     expected = {**{name: (None, kv_heads, None, head_dim) for name in kv}, "logits": (None, None, n_vocab)}
     for name, dims in expected.items():
@@ -410,16 +419,17 @@ class OnnxBackend:
         # One spare position: a batched decode step writes a placeholder token for every idle
         # sequence at its length, which may be n_ctx.
         self._kv_shape = (self.n_seq, kv_heads, self.n_ctx + 1, head_dim)
+        self._kv_dtype = np.dtype(str(meta.get("kv_dtype", "float32")))
         if self.device == "cpu":
-            self._kv_arrays = [np.zeros(self._kv_shape, dtype=np.float32) for _ in range(2 * self.n_layers)]
+            self._kv_arrays = [np.zeros(self._kv_shape, dtype=self._kv_dtype) for _ in range(2 * self.n_layers)]
             self._kv_pointers = [array.ctypes.data for array in self._kv_arrays]
         else:
             self._kv_values = [
-                ort.OrtValue.ortvalue_from_shape_and_type(self._kv_shape, np.float32, self.device, plan.gpu_index or 0)
+                ort.OrtValue.ortvalue_from_shape_and_type(self._kv_shape, self._kv_dtype, self.device, plan.gpu_index or 0)
                 for _ in range(2 * self.n_layers)
             ]
             self._kv_pointers = [value.data_ptr() for value in self._kv_values]
-        self._seq_stride = int(np.prod(self._kv_shape[1:])) * 4
+        self._seq_stride = int(np.prod(self._kv_shape[1:])) * self._kv_dtype.itemsize
         self.lengths = [0] * self.n_seq
         self._logits = np.zeros((self.n_seq, n_vocab), dtype=np.float32)
         # Each sequence's rows of its last `evaluate_all`, for `sample(row=...)`.
@@ -457,8 +467,8 @@ class OnnxBackend:
         for i in range(self.n_layers):
             for j, kind in enumerate(("key", "value")):
                 pointer = self._kv_pointers[2 * i + j] + offset
-                binding.bind_input(f"past_key_values.{i}.{kind}", self.device, 0, np.float32, shape, pointer)
-                binding.bind_output(f"present.{i}.{kind}", self.device, 0, np.float32, shape, pointer)
+                binding.bind_input(f"past_key_values.{i}.{kind}", self.device, 0, self._kv_dtype, shape, pointer)
+                binding.bind_output(f"present.{i}.{kind}", self.device, 0, self._kv_dtype, shape, pointer)
         return binding
 
     def _run(self, binding: ort.IOBinding, tokens: np.ndarray, seqlens: np.ndarray, total: int, n_logits: int,
@@ -624,7 +634,7 @@ class OnnxBackend:
         offset = len(_STATE_MAGIC) + 8
         for view in self._seq_views(seq, length):
             size = view.nbytes
-            view[...] = np.frombuffer(state, dtype=np.float32, count=view.size, offset=offset).reshape(view.shape)
+            view[...] = np.frombuffer(state, dtype=self._kv_dtype, count=view.size, offset=offset).reshape(view.shape)
             offset += size
         self.lengths[seq] = length
 
