@@ -16,7 +16,7 @@ for a Q8_0 target of the same checkpoint: `localchat convert --to gguf --quant q
 sequence with every row's logits (a draft of T - 1), and of one batched step of N sequences, each
 against the plain one-token step.
 
-    python benchmarks/speculative.py [--model PATH] [--tokens 128] [--rounds 3] [--draft 8] [--sampler greedy|chat]
+    python benchmarks/speculative.py [--model PATH] [--tokens 128] [--rounds 3] [--draft 24] [--sampler greedy|chat]
     python benchmarks/speculative.py --model TARGET.gguf --draft-model DRAFT.gguf
     python benchmarks/speculative.py --step-cost [--rounds 5]
 """
@@ -36,6 +36,7 @@ from localchat.models import default_model_path
 from localchat.planner import PlanRequest
 from localchat.session import GenerationSettings, GenerationStats, Session
 from localchat.settings import Settings
+from localchat.speculative import DEFAULT_LOOKUP_DRAFT
 
 
 SAMPLERS = {"greedy": ARGMAX, "chat": SamplerSettings(seed=0)}
@@ -80,7 +81,7 @@ def main() -> None:
     parser.add_argument("--model", default=None)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--draft", type=int, default=8)
+    parser.add_argument("--draft", type=int, default=DEFAULT_LOOKUP_DRAFT)
     parser.add_argument("--sampler", choices=sorted(SAMPLERS), default="greedy")
     parser.add_argument("--draft-model", help="draft with this model instead of prompt lookup")
     parser.add_argument("--step-cost", action="store_true", help="measure what a draft's rows cost instead")

@@ -10,6 +10,7 @@ from localchat.backends.base import ARGMAX
 from localchat.engine import Engine
 from localchat.hardware import MIB, peak_rss_bytes
 from localchat.session import Chat, GenerationSettings, GenerationStats
+from localchat.speculative import DEFAULT_LOOKUP_DRAFT
 from localchat.templates import Message
 
 PREFILL_TOKENS = 512
@@ -28,7 +29,6 @@ GREEDY = ARGMAX
 # prompt (fixing a text's spelling) and one that does not (a story).
 GROUNDED_PROMPT_TOKENS = 500
 OPEN_ENDED_PROMPT = "Write a long story about a dragon who learns to bake bread.\n\nOnce upon a time"
-SPECULATION_DRAFT = 8
 
 
 def bench_text() -> str:
@@ -105,7 +105,7 @@ def measure_speed(engine: Engine) -> tuple[float, float]:
     return generation.stats.prefill_tok_s, generation.stats.decode_tok_s
 
 
-def measure_speculation(engine: Engine, tokens: int = DECODE_TOKENS, draft: int = SPECULATION_DRAFT,
+def measure_speculation(engine: Engine, tokens: int = DECODE_TOKENS, draft: int = DEFAULT_LOOKUP_DRAFT,
                         ) -> list[SpeculationResult]:
     """Each task decoded `tokens` greedy tokens without and with drafts of up to `draft` tokens,
     the prompt kept in the KV cache between the two."""

@@ -17,9 +17,13 @@ from localchat.prefix_cache import common_prefix_length
 LOOKUP_NGRAMS = (3, 2, 1)
 # The longest prompt-lookup draft the front ends (run, serve, the chat app) use unless told otherwise.
 # On by default: a reply drafts only once its predictions come true, so one that never repeats (or
-# whose sampler penalises repeats, as DRY does) pays nothing. benchmarks/speculative.py, AMD EPYC:
-# greedy input-grounded 1.56x, open-ended 1.40x; the chat sampler takes no draft (1.02-1.03x).
-DEFAULT_LOOKUP_DRAFT = 8
+# whose sampler penalises repeats, as DRY does) pays nothing. Long, because llama.cpp's CPU kernels
+# make each row of a draft cost about 8 ms after the first's 22 (mostly the 262k-row output head;
+# benchmarks/speculative.py --step-cost), so a copied run pays off more the longer it is drafted.
+# benchmarks/speculative.py, AMD EPYC, greedy, default model, speedup in decode tok/s, drafts of
+# 8 / 16 / 24: input-grounded 128 tokens 1.52 / 1.86 / 1.92x, 384 tokens 1.67 / 1.99 / 2.25x;
+# open-ended 128 tokens 1.42 / 1.50 / 1.45x. The chat sampler takes no draft (1.02-1.03x).
+DEFAULT_LOOKUP_DRAFT = 24
 # Drafting goes on while the estimated share of first drafted tokens accepted stays at least this: a
 # draft's rows cost about half a step more than the plain step (benchmarks/speculative.py --step-cost),
 # so below it drafting loses. Under it the decoder only predicts, to see when drafts would be taken again.
