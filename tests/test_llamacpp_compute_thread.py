@@ -53,6 +53,7 @@ def test_decodes_asked_for_by_several_threads_all_run_on_one_thread(engine: Engi
         np.testing.assert_array_equal(first, other)
 
 
+@pytest.mark.usefixtures("ctrl_c_raises")
 def test_ctrl_c_while_a_decode_runs_takes_effect_once_it_has_returned() -> None:
     compute = _ComputeThread()
     finished = threading.Event()

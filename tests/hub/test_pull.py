@@ -267,6 +267,7 @@ def _when_partial_reaches(folder: Path, size: int, action: Callable[[], None]) -
     threading.Thread(target=watch, daemon=True).start()
 
 
+@pytest.mark.usefixtures("ctrl_c_raises")
 def test_ctrl_c_keeps_the_partial_file_and_the_next_pull_resumes(hub: StandInHub, hub_settings: Settings) -> None:
     """hf_hub_download deletes what it fetched when interrupted; a pull keeps it."""
     file = hub.repos[BIG].files[BIG_FILE]
