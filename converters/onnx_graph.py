@@ -111,9 +111,14 @@ class GraphBuilder:
     def op(self, op_type: str, inputs: list[str], name: str, *, n_outputs: int = 1, domain: str = "", **attrs: object) -> list[str]:
         """Add a node; returns its output names (`name` or `name/outputN`)."""
         node_name = self.unique(name)
-        outputs = [f"{node_name}/output_{i}" for i in range(n_outputs)]
+        outputs = [self.output_name(node_name, i) for i in range(n_outputs)]
         self.nodes.append(helper.make_node(op_type, inputs, outputs, name=node_name, domain=domain or None, **attrs))
         return outputs
+
+    @staticmethod
+    def output_name(node: str, index: int = 0) -> str:
+        """The name of output `index` of the node named `node` (a name used once)."""
+        return f"{node}/output_{index}"
 
     def op1(self, op_type: str, inputs: list[str], name: str, *, domain: str = "", **attrs: object) -> str:
         return self.op(op_type, inputs, name, domain=domain, **attrs)[0]

@@ -38,7 +38,7 @@ SCORE_CHUNK = 64
 CANDIDATE_MARGIN = 30.0
 # About ln(FLT_MAX): DRY's exponent is capped so that base^exponent stays a finite float32.
 FLOAT_MAX_LOG = 88.7228391
-SUPPORTED_FORMAT = 1
+SUPPORTED_FORMAT = 2
 _STATE_MAGIC = b"LCOX1"
 CUDA = "CUDAExecutionProvider"
 
@@ -60,6 +60,12 @@ def _positive(value: object) -> bool:
     return _count(value) and value > 0  # type: ignore[operator]
 
 
+def _rope_frequencies(value: object) -> bool:
+    return isinstance(value, dict) and bool(value) and all(
+        kind in ROTARY_KINDS and isinstance(f, list) and f and all(isinstance(x, float) and x > 0 for x in f) for kind, f in value.items()
+    )
+
+
 def _file_name(value: object) -> bool:
     """A file directly in the model folder (a marker must not point elsewhere)."""
     return isinstance(value, str) and value not in ("", ".", "..") and Path(value).name == value
@@ -68,6 +74,9 @@ def _file_name(value: object) -> bool:
 # The KV cache's types (the type the graph computes attention in: float16 for fp16 models), and
 # how onnxruntime names each.
 KV_DTYPES = {"float32": "tensor(float)", "float16": "tensor(float16)"}
+# Kinds of attention layer with rotary tables of their own (sliding-window layers may use another
+# base frequency).
+ROTARY_KINDS = ("global", "local")
 # The marker's fields the runtime reads: (check, what the value must be, required).
 MARKER_FIELDS: dict[str, tuple[Callable[[object], bool], str, bool]] = {
     "graph": (_file_name, "a file name in the folder", True),
@@ -79,6 +88,7 @@ MARKER_FIELDS: dict[str, tuple[Callable[[object], bool], str, bool]] = {
     "head_dim": (_positive, "a positive integer", True),
     "n_vocab": (_positive, "a positive integer", True),
     "max_positions": (_positive, "a positive integer", True),
+    "rope_frequencies": (_rope_frequencies, "lists of positive inverse frequencies by kind (global, local)", True),
     "n_ctx_train": (lambda v: v is None or _count(v), "an integer or null", True),
     "kv_bytes_per_token": (_count, "an integer >= 0", True),
     "kv_dtype": (lambda v: v in KV_DTYPES, " or ".join(KV_DTYPES), False),
@@ -145,9 +155,9 @@ def _check_graph(session: ort.InferenceSession, meta: dict[str, object], path: P
     n_layers, kv_heads, head_dim, n_vocab = (int(meta[k]) for k in ("n_layers", "n_kv_heads", "head_dim", "n_vocab"))  # type: ignore[call-overload]
     kv = [f"{kind}.{i}.{part}" for kind in ("past_key_values", "present") for i in range(n_layers) for part in ("key", "value")]
     shapes = {arg.name: arg.shape for arg in (*session.get_inputs(), *session.get_outputs())}
-    wanted = {"input_ids", "seqlens_k", "total_sequence_length", "logits_count", "logits", *kv}
-    graph_kv = {name for name in shapes if name.startswith(("past_key_values.", "present."))}
-    if missing := sorted(wanted - shapes.keys()) or sorted(graph_kv - set(kv)):
+    rotary = [f"rotary.{kind}.{part}" for kind in meta["rope_frequencies"] for part in ("cos", "sin")]  # type: ignore[attr-defined]
+    wanted = {"input_ids", "seqlens_k", "total_sequence_length", "logits_count", "logits", *kv, *rotary}
+    if missing := sorted(wanted - shapes.keys()) or sorted({arg.name for arg in session.get_inputs()} - wanted):
         raise ModelError(
             f"{path}: the graph does not match {ONNX_MARKER} ({n_layers} layers; the graph lacks or adds {missing[0]}); "
             "convert the model again"
@@ -216,19 +226,12 @@ def onnx_facts(folder: Path) -> ModelFacts:
     )
 
 
-def _check_rotary_tables(graph: Path, max_positions: int, path: Path) -> None:
-    """GroupQueryAttention's cos/sin tables cover `max_positions` (a larger context fails mid-reply)."""
-    import onnx
-
-    model = onnx.load(str(graph), load_external_data=False)
-    rows = {tensor.name: tensor.dims[0] for tensor in model.graph.initializer if tensor.dims}
-    for node in model.graph.node:
-        # Input 7 of GroupQueryAttention is its cos cache, (positions, rotary_dim / 2).
-        if node.op_type == "GroupQueryAttention" and len(node.input) > 7 and rows.get(node.input[7], max_positions) < max_positions:
-            raise ModelError(
-                f"{path}: {ONNX_MARKER} claims {max_positions} positions but the graph's rotary tables cover "
-                f"{rows[node.input[7]]}; convert the model again"
-            )
+def rotary_tables(inverse_frequencies: Sequence[float], n_positions: int, dtype: type) -> tuple[np.ndarray, np.ndarray]:
+    """GroupQueryAttention's cos and sin tables, (n_positions, rotary pairs), computed in float32
+    as transformers computes them."""
+    frequencies = np.asarray(inverse_frequencies, dtype=np.float32)
+    angles = np.arange(n_positions, dtype=np.float32)[:, None] * frequencies[None, :]
+    return np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
 
 
 class NumpySampler:
@@ -407,7 +410,6 @@ class OnnxBackend:
         except Exception as error:  # onnxruntime raises its own exception types with the detail
             raise _load_error(path, error) from None
         _check_graph(self._session, meta, path)
-        _check_rotary_tables(path / str(meta["graph"]), int(meta["max_positions"]), path)  # type: ignore[call-overload]
         # A token id past the embedding would fail in the middle of a reply.
         if (n_tokens := self._tokenizer.get_vocab_size(with_added_tokens=True)) > n_vocab:
             raise ModelError(f"{path / TOKENIZER_FILE} has {n_tokens} tokens but the model only {n_vocab}; convert it again")
@@ -429,6 +431,13 @@ class OnnxBackend:
                 for _ in range(2 * self.n_layers)
             ]
             self._kv_pointers = [value.data_ptr() for value in self._kv_values]
+        # The rotary tables cover every position the KV buffers hold.
+        self._rotary = [
+            ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(table), self.device, plan.gpu_index or 0)
+            for frequencies in meta["rope_frequencies"].values()  # type: ignore[attr-defined]
+            for table in rotary_tables(frequencies, self._kv_shape[2], self._kv_dtype.type)
+        ]
+        self._rotary_names = [f"rotary.{kind}.{part}" for kind in meta["rope_frequencies"] for part in ("cos", "sin")]  # type: ignore[attr-defined]
         self._seq_stride = int(np.prod(self._kv_shape[1:])) * self._kv_dtype.itemsize
         self.lengths = [0] * self.n_seq
         self._logits = np.zeros((self.n_seq, n_vocab), dtype=np.float32)
@@ -460,7 +469,8 @@ class OnnxBackend:
     # -- bindings ------------------------------------------------------------------
 
     def _make_binding(self, seq: int | None) -> ort.IOBinding:
-        """A binding with the KV buffers of `seq` (or all sequences) bound once, as past and present."""
+        """A binding with the KV buffers of `seq` (or all sequences) bound once, as past and present,
+        and the rotary tables."""
         binding = self._session.io_binding()
         shape = self._kv_shape if seq is None else (1, *self._kv_shape[1:])
         offset = 0 if seq is None else seq * self._seq_stride
@@ -469,6 +479,8 @@ class OnnxBackend:
                 pointer = self._kv_pointers[2 * i + j] + offset
                 binding.bind_input(f"past_key_values.{i}.{kind}", self.device, 0, self._kv_dtype, shape, pointer)
                 binding.bind_output(f"present.{i}.{kind}", self.device, 0, self._kv_dtype, shape, pointer)
+        for name, table in zip(self._rotary_names, self._rotary):
+            binding.bind_ortvalue_input(name, table)
         return binding
 
     def _run(self, binding: ort.IOBinding, tokens: np.ndarray, seqlens: np.ndarray, total: int, n_logits: int,

@@ -3,6 +3,7 @@ its handling of bad input."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -31,7 +32,7 @@ from localchat.settings import Settings
 GREEDY_TOKENS = 24
 SCORED_TOKENS = 256
 # Perplexity allowed above fp32's on the first 256 tokens of the verification text. Measured on an
-# AMD EPYC (AVX-512 VNNI): int8 +1.81%, int4 +2.16% (target +3%). Most of either is MatMulNBits'
+# AMD EPYC (AVX-512 VNNI): int8 +1.81%, int4 +2.94% (target +3%). Most of either is MatMulNBits'
 # accuracy level 4 (int8 activations: int8 +0.31% and int4 +0.60% at level 0), whose rounding
 # differs between CPU kernels (AMX, AVX-512 VNNI, AVX2), so the bounds keep a point of room.
 PERPLEXITY_MARGIN = {"int8": 0.03, "int4": 0.04}
@@ -118,6 +119,26 @@ def test_int4_calibration_measures_what_transformers_computes(tiny_checkpoint: C
         # The calibration model is the 8-bit one: close to float, not equal.
         np.testing.assert_allclose(measured, expected, rtol=0.05, atol=0.02 * float(np.abs(expected).max()))
     assert any(plan.bits("gate_proj", i, n_layers) == 4 for i in seen)
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2", "gemma3"])
+def test_smoothing_folds_exactly(name: str, tiny_checkpoint: Callable[[str], Path], tmp_path: Path, settings: Settings,
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Smoothing on float weights changes no logit: every 1/s is folded where the s went (norms,
+    v's rows for o_proj, up's rows for down_proj, the lookup for a tied head). Untied llama, tied
+    qwen2 with biases, gemma3 with its sandwich norms; all with two query heads a KV head."""
+    monkeypatch.setitem(QUANT_PLANS, "fp32-smoothed", dataclasses.replace(QUANT_PLANS["fp32"], calibrate=True, smooth=0.5))
+    source = tiny_checkpoint(name)
+    logits = {}
+    for quant in ("fp32", "fp32-smoothed"):
+        folder = convert_to_onnx(source, tmp_path / quant, quant).output
+        with Engine.load(str(folder), settings, PlanRequest(n_ctx=256)) as engine:
+            backend = engine.backend
+            tokens = backend.tokenize(verify_text(), add_bos=backend.info.add_bos, special=False)[:64]
+            logits[quant] = backend.evaluate_all(0, tokens, 0).copy()
+    formats = json.loads((tmp_path / "fp32-smoothed" / ONNX_MARKER).read_text())["weight_formats"]
+    assert all(fmt.startswith("float32 smoothed") for matrix, fmt in formats.items() if matrix != "embed_tokens"), formats
+    np.testing.assert_allclose(logits["fp32-smoothed"], logits["fp32"], rtol=1e-4, atol=1e-4 * float(np.abs(logits["fp32"]).max()))
 
 
 def test_graph_uses_fused_operators(onnx_model: Callable[[str, str], Path]) -> None:

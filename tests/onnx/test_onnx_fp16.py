@@ -15,6 +15,7 @@ from checkpoint_fixtures import TINY_ARCHITECTURES
 from test_onnx_conversion import prompt_and_text
 
 from converters.verify import ReferenceModel
+from localchat.backends.onnx import rotary_tables
 from localchat.engine import Engine
 from localchat.models import ONNX_MARKER
 from localchat.planner import PlanRequest
@@ -45,6 +46,8 @@ def _output_types(folder: Path) -> dict[str, set[str]]:
     for arg in session.get_inputs():
         if arg.name.startswith("past_key_values."):
             feeds[arg.name] = np.zeros((1, meta["n_kv_heads"], 3, meta["head_dim"]), dtype=kv_type)
+    for kind, frequencies in meta["rope_frequencies"].items():
+        feeds[f"rotary.{kind}.cos"], feeds[f"rotary.{kind}.sin"] = rotary_tables(frequencies, 3, kv_type.type)
     names = [arg.name for arg in session.get_outputs()]
     types: dict[str, set[str]] = {}
     for name, value in zip(names, session.run(names, feeds)):
