@@ -131,9 +131,10 @@ class QuantPlan:
     # their inputs' second moments, 8-bit ones weighing each column's error by its mean squared
     # activation (llama.cpp's importance matrix).
     calibrate: bool = False
-    # Smoothing (SmoothQuant, Xiao et al. 2022), with `calibrate`: a linear whose input comes from
-    # an RMS norm (or the tied head) reads x / s and multiplies its weight's columns by s, with
-    # s = rms(x) ** smooth per column and 1/s folded into the norm's weight. MatMulNBits' accuracy
+    # Smoothing (SmoothQuant, Xiao et al. 2022), with `calibrate`: each linear reads x / s and
+    # multiplies its weight's columns by s, with s = rms(x) ** smooth per column, and 1/s is folded
+    # into what makes x: the RMS norm before it, v's rows (o_proj), up's rows (down_proj), and the
+    # lookup of a tied head's table (`test_smoothing_folds_exactly`). MatMulNBits' accuracy
     # level 4 quantizes x to int8 per block, and a few columns carry most of x (Gemma 3 270M's final
     # hidden state: mean |x| 38 in its largest column, 2.4 in the median one): smoothed, the other
     # columns keep their int8 resolution. 0 turns it off.
