@@ -32,7 +32,7 @@ from onnx import TensorProto
 from converters.block_quant import quantize, quantize_gptq, unpack
 from converters.checkpoint import Checkpoint, ModelConfig, RopeSettings
 from converters.onnx_graph import MS_DOMAIN, ExternalData, GraphBuilder
-from localchat.backends.onnx import rotary_tables
+from localchat.backends.onnx import rotary_input_names, rotary_tables
 from localchat.errors import ModelError
 from localchat.models import ONNX_MARKER
 
@@ -535,10 +535,8 @@ def build_graph(build: _Build) -> None:
     rotary = {}
     for kind, frequencies in rope_frequencies(config).items():
         shape: list[int | str] = ["positions", len(frequencies)]
-        rotary[kind] = (
-            g.add_input(f"rotary.{kind}.cos", build.compute_type, shape),
-            g.add_input(f"rotary.{kind}.sin", build.compute_type, shape),
-        )
+        cos, sin = rotary_input_names(kind)
+        rotary[kind] = (g.add_input(cos, build.compute_type, shape), g.add_input(sin, build.compute_type, shape))
 
     x, head, head_smooth = _embedding(build, io["input_ids"])
     residual = x
@@ -694,9 +692,7 @@ def activation_statistics(checkpoint: Checkpoint, arch: OnnxArchitecture, plan: 
     kv_names = [f"{i}.{kind}" for i in range(config.n_layers) for kind in ("key", "value")]
     kv = [np.zeros((1, config.n_kv_heads, len(tokens), config.head_dim), dtype=np.float32) for _ in kv_names]
     sums = [np.zeros((width, width) if full else width) for width, full in build.probes.values()]
-    tables = {}
-    for kind, frequencies in rope_frequencies(config).items():
-        tables[f"rotary.{kind}.cos"], tables[f"rotary.{kind}.sin"] = rotary_tables(frequencies, len(tokens), np.float32)
+    tables = rotary_tables(rope_frequencies(config), len(tokens), np.float32)
     for start in range(0, len(tokens), CALIBRATION_CHUNK):
         part = np.asarray(tokens[start : start + CALIBRATION_CHUNK], dtype=np.int64)[None, :]
         end = start + part.shape[1]

@@ -26,7 +26,8 @@ LOOKUP_NGRAMS = (3, 2, 1)
 DEFAULT_LOOKUP_DRAFT = 24
 # Drafting goes on while the estimated share of first drafted tokens accepted stays at least this: a
 # draft's first row costs most of a plain step more (one step of 2 rows with logits takes 1.8-1.9x one
-# of 1 row: benchmarks/speculative.py --step-cost), so below it drafting loses. Under it the decoder only predicts, to see when drafts would be taken again.
+# of 1 row: benchmarks/speculative.py --step-cost), so below it drafting loses. Under it the decoder
+# only predicts, to see when drafts would be taken again.
 DRAFT_MIN_ACCEPTANCE = 0.5
 # The weight of the newest step in that estimate (an exponential moving average).
 ACCEPTANCE_WEIGHT = 0.2

@@ -155,7 +155,7 @@ def _check_graph(session: ort.InferenceSession, meta: dict[str, object], path: P
     n_layers, kv_heads, head_dim, n_vocab = (int(meta[k]) for k in ("n_layers", "n_kv_heads", "head_dim", "n_vocab"))  # type: ignore[call-overload]
     kv = [f"{kind}.{i}.{part}" for kind in ("past_key_values", "present") for i in range(n_layers) for part in ("key", "value")]
     shapes = {arg.name: arg.shape for arg in (*session.get_inputs(), *session.get_outputs())}
-    rotary = [f"rotary.{kind}.{part}" for kind in meta["rope_frequencies"] for part in ("cos", "sin")]  # type: ignore[attr-defined]
+    rotary = [name for kind in meta["rope_frequencies"] for name in rotary_input_names(kind)]  # type: ignore[attr-defined]
     wanted = {"input_ids", "seqlens_k", "total_sequence_length", "logits_count", "logits", *kv, *rotary}
     if missing := sorted(wanted - shapes.keys()) or sorted({arg.name for arg in session.get_inputs()} - wanted):
         raise ModelError(
@@ -226,12 +226,20 @@ def onnx_facts(folder: Path) -> ModelFacts:
     )
 
 
-def rotary_tables(inverse_frequencies: Sequence[float], n_positions: int, dtype: type) -> tuple[np.ndarray, np.ndarray]:
-    """GroupQueryAttention's cos and sin tables, (n_positions, rotary pairs), computed in float32
-    as transformers computes them."""
-    frequencies = np.asarray(inverse_frequencies, dtype=np.float32)
-    angles = np.arange(n_positions, dtype=np.float32)[:, None] * frequencies[None, :]
-    return np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
+def rotary_input_names(kind: str) -> tuple[str, str]:
+    """The graph inputs of GroupQueryAttention's cos and sin tables for one kind of layer."""
+    return f"rotary.{kind}.cos", f"rotary.{kind}.sin"
+
+
+def rotary_tables(rope_frequencies: dict[str, list[float]], n_positions: int, dtype: type) -> dict[str, np.ndarray]:
+    """The marker's `rope_frequencies` as GroupQueryAttention's cos and sin tables, (n_positions,
+    rotary pairs) by graph input, computed in float32 as transformers computes them."""
+    tables = {}
+    for kind, inverse_frequencies in rope_frequencies.items():
+        angles = np.arange(n_positions, dtype=np.float32)[:, None] * np.asarray(inverse_frequencies, dtype=np.float32)[None, :]
+        cos, sin = rotary_input_names(kind)
+        tables[cos], tables[sin] = np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
+    return tables
 
 
 class NumpySampler:
@@ -432,12 +440,10 @@ class OnnxBackend:
             ]
             self._kv_pointers = [value.data_ptr() for value in self._kv_values]
         # The rotary tables cover every position the KV buffers hold.
-        self._rotary = [
-            ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(table), self.device, plan.gpu_index or 0)
-            for frequencies in meta["rope_frequencies"].values()  # type: ignore[attr-defined]
-            for table in rotary_tables(frequencies, self._kv_shape[2], self._kv_dtype.type)
-        ]
-        self._rotary_names = [f"rotary.{kind}.{part}" for kind in meta["rope_frequencies"] for part in ("cos", "sin")]  # type: ignore[attr-defined]
+        self._rotary = {
+            name: ort.OrtValue.ortvalue_from_numpy(table, self.device, plan.gpu_index or 0)
+            for name, table in rotary_tables(meta["rope_frequencies"], self._kv_shape[2], self._kv_dtype.type).items()  # type: ignore[arg-type]
+        }
         self._seq_stride = int(np.prod(self._kv_shape[1:])) * self._kv_dtype.itemsize
         self.lengths = [0] * self.n_seq
         self._logits = np.zeros((self.n_seq, n_vocab), dtype=np.float32)
@@ -479,7 +485,7 @@ class OnnxBackend:
                 pointer = self._kv_pointers[2 * i + j] + offset
                 binding.bind_input(f"past_key_values.{i}.{kind}", self.device, 0, self._kv_dtype, shape, pointer)
                 binding.bind_output(f"present.{i}.{kind}", self.device, 0, self._kv_dtype, shape, pointer)
-        for name, table in zip(self._rotary_names, self._rotary):
+        for name, table in self._rotary.items():
             binding.bind_ortvalue_input(name, table)
         return binding
 

@@ -46,8 +46,7 @@ def _output_types(folder: Path) -> dict[str, set[str]]:
     for arg in session.get_inputs():
         if arg.name.startswith("past_key_values."):
             feeds[arg.name] = np.zeros((1, meta["n_kv_heads"], 3, meta["head_dim"]), dtype=kv_type)
-    for kind, frequencies in meta["rope_frequencies"].items():
-        feeds[f"rotary.{kind}.cos"], feeds[f"rotary.{kind}.sin"] = rotary_tables(frequencies, 3, kv_type.type)
+    feeds.update(rotary_tables(meta["rope_frequencies"], 3, kv_type.type))
     names = [arg.name for arg in session.get_outputs()]
     types: dict[str, set[str]] = {}
     for name, value in zip(names, session.run(names, feeds)):
