@@ -9,8 +9,9 @@ and drafting on the same session, so machine noise hits both alike; figures are 
 tok/s (tokens after the first, per second of decoding them), with the draft acceptance rate, and
 whether the replies were the same token for token.
 
-`--draft-model MODEL` drafts with that model instead of prompt lookup (e.g. the default Q4_K_M
-for a Q8_0 target of the same checkpoint: `localchat convert --to gguf --quant q8_0 CHECKPOINT`).
+`--draft-model MODEL` drafts with that model too, where prompt lookup has none (e.g. the default
+Q4_K_M for a Q8_0 target of the same checkpoint: `localchat convert --to gguf --quant q8_0
+CHECKPOINT`); with `--draft 0` the draft model alone.
 
 `--step-cost` measures instead what a draft costs: the time of one evaluation of T tokens of one
 sequence with every row's logits (a draft of T - 1), and of one batched step of N sequences, each
@@ -83,7 +84,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--draft", type=int, default=DEFAULT_LOOKUP_DRAFT)
     parser.add_argument("--sampler", choices=sorted(SAMPLERS), default="greedy")
-    parser.add_argument("--draft-model", help="draft with this model instead of prompt lookup")
+    parser.add_argument("--draft-model", help="draft with this model too, where prompt lookup has no draft")
     parser.add_argument("--step-cost", action="store_true", help="measure what a draft's rows cost instead")
     args = parser.parse_args()
     settings = Settings()
@@ -105,20 +106,20 @@ def main() -> None:
         for task, text in (("input-grounded", grounded_prompt(engine)), ("open-ended", OPEN_ENDED_PROMPT)):
             prompt = engine.backend.tokenize(text, add_bos=True, special=False)
             run(session, prompt, 8, 0, sampler)  # warm-up; the prompt stays in the KV cache for the rounds
-            speeds: dict[int, list[float]] = {0: [], args.draft: []}
+            speeds: dict[str, list[float]] = {"plain": [], "drafting": []}
             replies, accepted, drafted = {}, 0, 0
             for _ in range(args.rounds):
-                for draft in (0, args.draft):
-                    session.draft_model = draft_model if draft else None
+                for mode, draft in (("plain", 0), ("drafting", args.draft)):
+                    session.draft_model = draft_model if mode == "drafting" else None
                     stats = run(session, prompt, args.tokens, draft, sampler)
-                    speeds[draft].append(stats.decode_tok_s)
-                    replies[draft] = stats.completion_ids
+                    speeds[mode].append(stats.decode_tok_s)
+                    replies[mode] = stats.completion_ids
                     accepted, drafted = accepted + stats.accepted_tokens, drafted + stats.drafted_tokens
-            plain, drafting = statistics.median(speeds[0]), statistics.median(speeds[args.draft])
+            plain, drafting = statistics.median(speeds["plain"]), statistics.median(speeds["drafting"])
             results[task] = {
                 "prompt_tokens": len(prompt), "plain_tok_s": round(plain, 1), "drafting_tok_s": round(drafting, 1),
                 "speedup": round(drafting / plain, 2), "acceptance": round(accepted / drafted, 2) if drafted else None,
-                "same_reply": replies[0] == replies[args.draft],
+                "drafted_per_reply": round(drafted / args.rounds, 1), "same_reply": replies["plain"] == replies["drafting"],
             }
         print(json.dumps({"load": os.getloadavg(), "tokens": args.tokens, "rounds": args.rounds, "draft": args.draft,
                           "sampler": args.sampler, "model": args.model, "draft_model": args.draft_model,

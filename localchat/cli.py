@@ -37,6 +37,10 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu-layers", type=int, help="layers to offload to the GPU (default: as many as fit)")
 
 
+# Said of the decoding options given with a remote server's -m.
+DECODED_REMOTELY = "works with local models only: a remote server decodes as it is set up"
+
+
 def _add_remote_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--remote-model", metavar="NAME", help="with -m http://HOST:PORT/v1: the server's model to use "
                         "(default: its only one; or write -m http://HOST:PORT/v1#NAME)")
@@ -77,24 +81,15 @@ def _add_lookup_option(parser: argparse.ArgumentParser) -> None:
 def _add_draft_model_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-model", metavar="MODEL",
                         help="speculative decoding by a smaller model with the same vocabulary (e.g. a Q4_K_M of the same "
-                             "checkpoint, or the family's small model), instead of prompt lookup; -m's forms")
+                             "checkpoint, or the family's small model) where prompt lookup has no draft, while it makes decoding "
+                             "faster (timed as it goes); -m's forms")
 
 
 def _load_engine(args: argparse.Namespace, request: PlanRequest) -> Engine:
     """The model of `-m`, with the draft model of `--draft-model` if given."""
     from localchat.engine import Engine
 
-    engine = Engine.load(args.model, Settings(), request)
-    if args.draft_model is not None:
-        try:
-            engine.add_draft_model(args.draft_model, request)
-        except ModelError as error:
-            engine.close()
-            raise ModelError(f"--draft-model: {error}") from None
-        except BaseException:
-            engine.close()
-            raise
-    return engine
+    return Engine.load(args.model, Settings(), request, draft_model=args.draft_model)
 
 
 def _lookup_draft(args: argparse.Namespace) -> int:
@@ -187,9 +182,9 @@ def _run_remote(args: argparse.Namespace, endpoint: RemoteEndpoint, prompt: str,
     if args.raw:
         raise InvalidSettingError("--raw works with local models only: a remote server applies its own chat template")
     if args.draft_model is not None:
-        raise InvalidSettingError("--draft-model works with local models only: a remote server decodes as it is set up")
+        raise InvalidSettingError(f"--draft-model {DECODED_REMOTELY}")
     if args.lookup_draft is not None:
-        raise InvalidSettingError("--lookup-draft works with local models only: a remote server decodes as it is set up")
+        raise InvalidSettingError(f"--lookup-draft {DECODED_REMOTELY}")
     with RemoteServer(endpoint) as server:
         generation = server.new_chat(args.system).send(prompt, settings)
         _stream(generation)
@@ -319,7 +314,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_chat(args: argparse.Namespace) -> int:
     from tui.app import run_chat_app
 
-    return run_chat_app(args.model, Settings(), _plan_request(args), remote=_remote(args))
+    remote = _remote(args)
+    if remote is not None and args.draft_model is not None:
+        raise InvalidSettingError(f"--draft-model {DECODED_REMOTELY}")
+    return run_chat_app(args.model, Settings(), _plan_request(args), remote=remote, draft_model=args.draft_model)
 
 
 def _pull(name: HubModelName, settings: Settings) -> None:
@@ -430,6 +428,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat = commands.add_parser("chat", help="open the chat app (the default command)")
     _add_model_options(chat)
     _add_remote_options(chat)
+    _add_draft_model_option(chat)
     chat.set_defaults(handler=cmd_chat)
 
     run = commands.add_parser("run", help="answer one prompt, streaming to stdout")

@@ -114,9 +114,21 @@ class Engine:
         request: PlanRequest = PlanRequest(),
         *,
         on_progress: Callable[[float], None] | None = None,
+        draft_model: str | None = None,
     ) -> Engine:
+        """`model` planned on this machine, with `draft_model` (if given) drafting for it."""
         settings = settings or Settings()
-        return cls.from_plan(plan_model(model, settings, request), settings, on_progress=on_progress)
+        engine = cls.from_plan(plan_model(model, settings, request), settings, on_progress=on_progress)
+        if draft_model is not None:
+            try:
+                engine.add_draft_model(draft_model, request)
+            except ModelError as error:
+                engine.close()
+                raise ModelError(f"draft model: {error}") from None
+            except BaseException:
+                engine.close()
+                raise
+        return engine
 
     @classmethod
     def from_plan(cls, model_plan: ModelPlan, settings: Settings, *,
@@ -132,6 +144,8 @@ class Engine:
         except ModelError:
             draft.close()
             raise
+        if self._draft_backend is not None:
+            self._draft_backend.close()
         self._draft_backend = draft
         for session in self.sessions:
             session.draft_model = DraftModel(draft, session.seq)

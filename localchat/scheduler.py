@@ -324,7 +324,8 @@ class Scheduler:
         rows would use (benchmarks/speculative.py --step-cost measures it)."""
         decoder = slot.decoder
         assert decoder is not None
-        if not decoder.max_draft or not self._release_idle(1 + decoder.draft_length):
+        longest = decoder.longest_draft
+        if not longest or not self._release_idle(1 + longest):
             return False
         try:
             decoder.advance(lambda: False, lambda text: self._send(slot, text))

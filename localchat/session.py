@@ -27,6 +27,7 @@ from localchat.speculative import (
     INITIAL_ACCEPTANCE,
     INITIAL_DRAFT,
     DraftModel,
+    DraftPace,
     NgramIndex,
 )
 from localchat.templates import ChatTemplate, Message
@@ -131,7 +132,7 @@ class Session:
         self.prefix_cache = prefix_cache
         self.tokens: list[int] = []
         self.lock = threading.Lock()
-        # Speculative decoding by a smaller model (its own KV sequence kept in step), instead of prompt lookup.
+        # Speculative decoding by a smaller model (its own KV sequence kept in step) where prompt lookup has no draft.
         self.draft_model: DraftModel | None = None
 
     @property
@@ -318,8 +319,8 @@ class Decoder:
     def __init__(self, session: Session, reply: Reply, settings: SamplerSettings, prompt: Sequence[int],
                  lookup_draft: int = 0) -> None:
         """Call once `prompt` is in the KV cache (the sampler's penalties see it). `lookup_draft`:
-        see GenerationSettings (the session's draft model, if it has one, drafts instead); only
-        `advance` drafts."""
+        see GenerationSettings (the session's draft model, if it has one, drafts where lookup has
+        no draft, while it pays: DraftPace); only `advance` drafts."""
         self.session = session
         self.reply = reply
         self.sampler: Sampler = session.backend.make_sampler(settings, reply.guide)
@@ -327,10 +328,13 @@ class Decoder:
         self.draft_model = session.draft_model
         if self.draft_model is not None and prompt:
             self.draft_model.follow(prompt)
-        # The longest draft: a draft model's, else prompt lookup's (0: no drafting).
-        self.max_draft = DRAFT_MODEL_TOKENS if self.draft_model is not None else lookup_draft
-        # Adaptive: the draft grows while drafts are taken whole and shrinks when one is cut short.
-        self.draft_length = min(INITIAL_DRAFT, self.max_draft)
+        # Adaptive: a drafter's draft grows while its drafts are taken whole and shrinks when one is
+        # cut short; prompt lookup's up to `lookup_draft` (0: off), a draft model's DRAFT_MODEL_TOKENS.
+        self.lookup_limit = lookup_draft
+        self.draft_length = min(INITIAL_DRAFT, lookup_draft)
+        self.model_draft_length = min(INITIAL_DRAFT, DRAFT_MODEL_TOKENS)
+        # Whether lookup drafts pay (a draft model keeps its own pace, across replies).
+        self.lookup_pace = DraftPace()
         # The estimated share of first drafted tokens the sampler picks too (prompt lookup drafts
         # only while it is at least DRAFT_MIN_ACCEPTANCE).
         self.acceptance = INITIAL_ACCEPTANCE
@@ -386,22 +390,51 @@ class Decoder:
         token drawn follows the target's distribution without it, so the target's distribution is
         kept exactly (tests/test_speculative.py checks it statistically)."""
         session, reply = self.session, self.reply
-        room = min(session.n_ctx - len(session.tokens) - 1, reply.remaining - 1, self.draft_length)
-        if room > 0 and self.draft_model is not None:
-            # A draft model's draft costs its steps: it is always used (its length adapts).
-            draft = self.draft_model.draft(self.ngrams.tokens, room)
-        else:
-            draft = self.ngrams.draft(room) if room > 0 else []
-        if not draft or (self.draft_model is None and self.acceptance < DRAFT_MIN_ACCEPTANCE):
-            self.feed()
-            if cancelled():
+        room = min(session.n_ctx - len(session.tokens) - 1, reply.remaining - 1)
+        # Prompt lookup first, as it costs nothing; else the draft model while it pays.
+        lookup = self.ngrams.draft(min(room, self.draft_length)) if room > 0 else []
+        started = time.perf_counter()
+        if lookup and self.acceptance >= DRAFT_MIN_ACCEPTANCE and self.lookup_pace.use_drafts():
+            accepted = self._verify(lookup, cancelled, emit)
+            if accepted is None:
                 return False
-            emit(self.sample())
-            if draft:
-                self._observe(reply.token_ids[-1] == draft[0])
+            self.lookup_pace.drafted(time.perf_counter() - started, len(lookup), accepted + 1)
+            self._observe(accepted > 0)
+            self.draft_length = self._next_length(self.draft_length, self.lookup_limit, len(lookup), accepted, self.lookup_pace)
             return True
+        draft_model = self.draft_model
+        if room > 0 and draft_model is not None and draft_model.pace.use_drafts():
+            draft = draft_model.draft(self.ngrams.tokens, min(room, self.model_draft_length))
+            accepted = self._verify(draft, cancelled, emit)
+            if accepted is None:
+                return False
+            draft_model.pace.drafted(time.perf_counter() - started, len(draft), accepted + 1)
+            self.model_draft_length = self._next_length(self.model_draft_length, DRAFT_MODEL_TOKENS, len(draft), accepted,
+                                                        draft_model.pace)
+            return True
+        self.feed()
         if cancelled():
             return False
+        emit(self.sample())
+        elapsed = time.perf_counter() - started
+        self.lookup_pace.plain(elapsed)
+        if draft_model is not None:
+            draft_model.pace.plain(elapsed)
+        if lookup:  # a prediction only: was it right?
+            self._observe(reply.token_ids[-1] == lookup[0])
+        return True
+
+    @property
+    def longest_draft(self) -> int:
+        """The most tokens the next step may draft (0: this reply never drafts)."""
+        return max(self.draft_length, self.model_draft_length if self.draft_model is not None else 0)
+
+    def _verify(self, draft: list[int], cancelled: Callable[[], bool], emit: Callable[[str], None]) -> int | None:
+        """Evaluate the pending token and `draft` in one step and keep the drafted tokens the sampler
+        picks too; how many it kept (None, with nothing done, if `cancelled` first)."""
+        session, reply = self.session, self.reply
+        if cancelled():
+            return None
         seq, token, position = self.pending
         session.backend.evaluate_all(seq, [token, *draft], position)
         session.tokens.append(token)
@@ -417,10 +450,15 @@ class Decoder:
         reply.accepted_tokens += accepted
         # The KV cache drops the drafted tokens past the first the sampler did not pick.
         session.backend.truncate(seq, len(session.tokens))
-        self._observe(accepted > 0)
-        whole = accepted == len(draft)
-        self.draft_length = min(self.max_draft, self.draft_length + DRAFT_GROWTH) if whole else max(1, self.draft_length - 1)
-        return True
+        return accepted
+
+    @staticmethod
+    def _next_length(length: int, limit: int, drafted: int, accepted: int, pace: DraftPace) -> int:
+        """The drafter's next draft length: longer after a draft taken whole, one shorter after a cut
+        one, and no longer than what was taken after a cut one made drafting lose (the retry is cheap)."""
+        if accepted == drafted:
+            return min(limit, length + DRAFT_GROWTH)
+        return max(1, length - 1) if pace.pays else accepted + 1
 
     def _observe(self, first_accepted: bool) -> None:
         self.acceptance += ACCEPTANCE_WEIGHT * (first_accepted - self.acceptance)

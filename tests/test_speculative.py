@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,7 +25,14 @@ from localchat.errors import ModelError
 from localchat.planner import PlanRequest
 from localchat.session import Decoder, Generation, GenerationSettings, Reply, Session
 from localchat.settings import Settings
-from localchat.speculative import DRAFT_MIN_ACCEPTANCE, NgramIndex, check_same_vocabulary
+from localchat.speculative import (
+    DRAFT_MIN_ACCEPTANCE,
+    DRAFT_RETRY,
+    DraftModel,
+    DraftPace,
+    NgramIndex,
+    check_same_vocabulary,
+)
 
 PASSAGE = ("The lighthouse keeper climbed the narrow stairs every evening at dusk. He trimmed the wick, "
            "polished the great lens and wrote the weather in a small leather book. Ships passed far out "
@@ -115,6 +123,16 @@ class MarkovBackend:
         return self.token_bytes(token).decode()
 
 
+class AlwaysDraft(DraftPace):
+    """Drafting every step, paying or not: what is checked is the reply, not the pace."""
+
+    def use_drafts(self) -> bool:
+        return True
+
+    def drafted(self, seconds: float, drafted: int, kept: int) -> None:
+        pass
+
+
 def decode(backend: MarkovBackend, prompt: list[int], settings: GenerationSettings) -> Reply:
     """One reply the way `Generation` makes it (prefill, sample, then `advance` to the end)."""
     session = Session(backend)  # type: ignore[arg-type]
@@ -124,6 +142,7 @@ def decode(backend: MarkovBackend, prompt: list[int], settings: GenerationSettin
     reply = Reply(backend, settings, len(prompt))  # type: ignore[arg-type]
     decoder = Decoder(session, reply, settings.sampler, prompt, settings.lookup_draft)
     decoder.acceptance = 1.0  # drafting from the first step, whatever the predictions so far
+    decoder.lookup_pace = AlwaysDraft()  # and whatever the stand-in's steps take
     decoder.sample()
     while reply.finish_reason is None:
         decoder.advance(lambda: False, lambda _: None)
@@ -193,6 +212,7 @@ def test_drafting_adapts_to_how_much_of_the_draft_is_taken() -> None:
     settings = GenerationSettings(max_tokens=200, sampler=greedy, lookup_draft=8)
     reply = Reply(backend, settings, len(prompt))  # type: ignore[arg-type]
     decoder = Decoder(session, reply, greedy, prompt, 8)
+    decoder.lookup_pace = AlwaysDraft()  # the stand-in's timings are not a model's
     decoder.sample()
     assert decoder.acceptance < DRAFT_MIN_ACCEPTANCE
     rows = backend.rows_evaluated
@@ -213,6 +233,108 @@ def test_drafting_adapts_to_how_much_of_the_draft_is_taken() -> None:
     rows_now, drafted = backend.rows_evaluated, reply.drafted_tokens
     decoder.advance(lambda: False, lambda _: None)
     assert reply.drafted_tokens > drafted and backend.rows_evaluated > rows_now + 1
+
+
+def test_drafting_goes_on_only_while_it_pays() -> None:
+    """The pace's rule: one plain step as the yardstick, then drafts; kept while a token costs
+    less with them, else tried again after DRAFT_RETRY plain steps, then twice as many; never
+    again if drafting would lose even with every drafted token taken."""
+    pace = DraftPace()
+
+    def plain_steps_before_a_retry() -> int:
+        for steps in range(1000):
+            if pace.use_drafts():
+                return steps
+            pace.plain(0.020)
+        raise AssertionError("no retry")
+
+    assert not pace.use_drafts()
+    pace.plain(0.020)
+    assert pace.use_drafts()
+    pace.drafted(0.090, 8, 6)  # 15 ms a token against 20: it pays
+    assert pace.use_drafts()
+    pace.drafted(0.060, 8, 3)  # a worse step: averaged by length (81 ms for 5.1 tokens), it still pays
+    assert pace.pays
+    pace.drafted(0.150, 8, 1)  # a bad one: 102 ms for 3.9 tokens, 26 ms a token, loses
+    waits = []
+    for _ in range(2):
+        waits.append(plain_steps_before_a_retry())
+        pace.drafted(0.060, 4, 2)  # the retry loses too (30 ms a token; 12 if all were taken)
+    assert waits == [DRAFT_RETRY, 2 * DRAFT_RETRY]
+    plain_steps_before_a_retry()
+    pace.drafted(0.040, 4, 4)  # a retry that pays is measured afresh: drafting goes on
+    assert pace.pays and pace.use_drafts()
+    for _ in range(100):  # 22 ms a token with all 8 taken: once it loses, it cannot pay at all
+        if not pace.pays:
+            break
+        pace.drafted(0.200, 8, 9)
+    assert pace.hopeless
+    for _ in range(1000):
+        pace.plain(0.020)
+        assert not pace.use_drafts()
+
+
+class SlowMarkovBackend(MarkovBackend):
+    """The stand-in model taking `delay` seconds an evaluation and `row_delay` more for each
+    token after the first (a small model's step on a CPU is mostly fixed cost)."""
+
+    def __init__(self, delay: float, row_delay: float = 0.0) -> None:
+        super().__init__()
+        self.delay, self.row_delay = delay, row_delay
+
+    def evaluate_all(self, seq: int, tokens: Sequence[int], start: int) -> np.ndarray:
+        time.sleep(self.delay + self.row_delay * (len(tokens) - 1))
+        return super().evaluate_all(seq, tokens, start)
+
+
+@pytest.mark.parametrize(("row_delay", "pays"), [(0.0, True), (0.006, False)])
+def test_lookup_drafts_only_while_they_pay(row_delay: float, pays: bool) -> None:
+    """Timed for real: lookup drafts whose rows cost nothing go on all along; rows dearer than a
+    plain step (4 ms) end drafting after the first draft."""
+    target = SlowMarkovBackend(0.004, row_delay)
+    session = Session(target)  # type: ignore[arg-type]
+    greedy = SamplerSettings(temperature=0, repeat_penalty=1.0, dry_multiplier=0.0)
+    prompt, tokens = [0, 1, 2, 3, 0, 1, 2, 3, 0, 1], 80
+    target.evaluate(0, prompt, 0)
+    session.tokens = list(prompt)
+    reply = Reply(target, GenerationSettings(max_tokens=tokens, sampler=greedy), len(prompt))  # type: ignore[arg-type]
+    decoder = Decoder(session, reply, greedy, prompt, 8)
+    decoder.sample()
+    while reply.finish_reason is None:
+        decoder.advance(lambda: False, lambda _: None)
+    # Greedy decoding of this table soon repeats a 5-token cycle: the drafts are taken.
+    if pays:
+        assert reply.drafted_tokens > tokens // 2 and not decoder.lookup_pace.hopeless
+    else:
+        assert decoder.lookup_pace.hopeless and 0 < reply.drafted_tokens <= 8
+
+
+@pytest.mark.parametrize(("target_delay", "draft_delay", "pays"), [(0.004, 0.0, True), (0.0, 0.004, False)])
+def test_the_decoder_drafts_with_a_draft_model_while_it_pays(target_delay: float, draft_delay: float, pays: bool) -> None:
+    """Timed for real: a draft model costing nothing against a slow target drafts all along; one
+    slower than its target drafts once. The reply is the same either way (greedy, the draft model
+    has the target's table)."""
+    target, draft = SlowMarkovBackend(target_delay), SlowMarkovBackend(draft_delay)
+    session = Session(target)  # type: ignore[arg-type]
+    session.draft_model = DraftModel(draft)  # type: ignore[arg-type]
+    greedy = SamplerSettings(temperature=0, repeat_penalty=1.0, dry_multiplier=0.0)
+    prompt, tokens = [0, 1, 2], 120
+    target.evaluate(0, prompt, 0)
+    session.tokens = list(prompt)
+    reply = Reply(target, GenerationSettings(max_tokens=tokens, sampler=greedy), len(prompt))  # type: ignore[arg-type]
+    decoder = Decoder(session, reply, greedy, prompt)
+    decoder.sample()
+    steps = 0
+    while reply.finish_reason is None:
+        decoder.advance(lambda: False, lambda _: None)
+        steps += 1
+    plain = decode(MarkovBackend(), prompt, GenerationSettings(max_tokens=tokens, sampler=greedy))
+    assert reply.token_ids == plain.token_ids and reply.accepted_tokens == reply.drafted_tokens > 0
+    if pays:
+        assert steps < tokens // 4  # drafts of up to 8, nearly every step
+    else:
+        # One draft step: 8 draft-model steps for 9 tokens lose even with all 8 taken.
+        assert session.draft_model.pace.hopeless and reply.drafted_tokens == 8 and steps == tokens - 9
 
 
 def greedy_run(session: Session, prompt: list[int], lookup_draft: int) -> Generation:
@@ -252,14 +374,16 @@ def test_greedy_replies_are_the_same_with_drafting(engine: Engine) -> None:
 
 
 def test_a_draft_model_drafts_and_the_reply_stays_the_same(settings: Settings, default_model: Path) -> None:
-    """The default model drafting for itself: its greedy drafts are the target's own choices, so
-    most are taken (all but near ties that batched and single evaluations round apart), and the
-    reply is the one plain decoding gives."""
+    """The default model drafting for itself (every step, though it cannot pay): its greedy drafts
+    are the target's own choices, so most are taken (all but near ties that batched and single
+    evaluations round apart), and the reply is the one plain decoding gives."""
     with Engine.load(str(default_model), settings, PlanRequest(n_ctx=1024)) as engine:
         session = engine.sessions[0]
         prompts = [engine.backend.tokenize(text, add_bos=True, special=False) for text in PROMPTS[1:3]]
         plain = [greedy_run(session, prompt, 0) for prompt in prompts]
         engine.add_draft_model(str(default_model), PlanRequest(n_ctx=1024))
+        assert session.draft_model is not None
+        session.draft_model.pace = AlwaysDraft()
         for prompt, alone in zip(prompts, plain, strict=True):
             drafted = greedy_run(session, prompt, 0)
             assert_same_up_to_near_ties(alone, drafted)

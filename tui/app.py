@@ -177,9 +177,11 @@ class ChatApp(App[int]):
         remote: RemoteEndpoint | None = None,
         store: ConversationStore | None = None,
         reply_settings: GenerationSettings = REPLY_SETTINGS,
+        draft_model: str | None = None,
     ) -> None:
         """Loads `model` on start (or connects to `remote`), or uses `engine` as given (the caller
-        then closes it)."""
+        then closes it). `draft_model` drafts for `model` (speculative decoding), not for models
+        picked later: a draft model must share its target's vocabulary."""
         super().__init__()
         self.reply_settings = reply_settings
         self.last_stats: GenerationStats | None = None
@@ -195,6 +197,7 @@ class ChatApp(App[int]):
             label = model or DEFAULT_MODEL_NAME
         self.model_label = label
         self._model_arg = model
+        self._draft_model = draft_model
         self._owned: set[int] = set()  # ids of engines this app loaded and must close
         self.store = store or ConversationStore.open(settings)
         self._owns_store = store is None
@@ -269,7 +272,8 @@ class ChatApp(App[int]):
                 engine = RemoteServer(self.remote)
             else:
                 engine = Engine.load(
-                    model, self.settings, self.request, on_progress=lambda f: self.post_message(LoadProgress(f))
+                    model, self.settings, self.request, on_progress=lambda f: self.post_message(LoadProgress(f)),
+                    draft_model=self._draft_model if model == self._model_arg else None,
                 )
         except (LocalchatError, OSError) as error:
             self.post_message(ModelFailed(label, str(error)))
@@ -809,8 +813,9 @@ class ChatApp(App[int]):
             self.store.close()
 
 
-def run_chat_app(model: str | None, settings: Settings, request: PlanRequest, remote: RemoteEndpoint | None = None) -> int:
-    """`localchat chat`: the app on `model` (None for the default) or on the `remote` server;
-    returns the exit status."""
-    app = ChatApp(settings, model=model, request=request, remote=remote)
+def run_chat_app(model: str | None, settings: Settings, request: PlanRequest, remote: RemoteEndpoint | None = None,
+                 draft_model: str | None = None) -> int:
+    """`localchat chat`: the app on `model` (None for the default) or on the `remote` server, with
+    `draft_model` drafting for `model`; returns the exit status."""
+    app = ChatApp(settings, model=model, request=request, remote=remote, draft_model=draft_model)
     return app.run() or 0

@@ -74,6 +74,8 @@ def _file_name(value: object) -> bool:
 # The KV cache's types (the type the graph computes attention in: float16 for fp16 models), and
 # how onnxruntime names each.
 KV_DTYPES = {"float32": "tensor(float)", "float16": "tensor(float16)"}
+# Folders converted before fp16 compute have no kv_dtype: theirs is float32.
+DEFAULT_KV_DTYPE = "float32"
 # Kinds of attention layer with rotary tables of their own (sliding-window layers may use another
 # base frequency).
 ROTARY_KINDS = ("global", "local")
@@ -162,7 +164,7 @@ def _check_graph(session: ort.InferenceSession, meta: dict[str, object], path: P
             f"{path}: the graph does not match {ONNX_MARKER} ({n_layers} layers; the graph lacks or adds {missing[0]}); "
             "convert the model again"
         )
-    kv_type = KV_DTYPES[str(meta.get("kv_dtype", "float32"))]
+    kv_type = KV_DTYPES[str(meta.get("kv_dtype", DEFAULT_KV_DTYPE))]
     if wrong := next((arg for arg in session.get_inputs() if arg.name in kv and arg.type != kv_type), None):
         raise ModelError(
             f"{path}: the graph's {wrong.name} is a {wrong.type} where {ONNX_MARKER} says {kv_type}; convert the model again"
@@ -429,7 +431,7 @@ class OnnxBackend:
         # One spare position: a batched decode step writes a placeholder token for every idle
         # sequence at its length, which may be n_ctx.
         self._kv_shape = (self.n_seq, kv_heads, self.n_ctx + 1, head_dim)
-        self._kv_dtype = np.dtype(str(meta.get("kv_dtype", "float32")))
+        self._kv_dtype = np.dtype(str(meta.get("kv_dtype", DEFAULT_KV_DTYPE)))
         if self.device == "cpu":
             self._kv_arrays = [np.zeros(self._kv_shape, dtype=self._kv_dtype) for _ in range(2 * self.n_layers)]
             self._kv_pointers = [array.ctypes.data for array in self._kv_arrays]

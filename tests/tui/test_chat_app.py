@@ -9,6 +9,7 @@ import pytest
 from pilot_steps import ENDLESS, press_and_wait_for_reply, send, wait_until
 from textual.widgets import OptionList, ProgressBar
 
+from localchat.engine import Engine
 from localchat.history import ConversationStore
 from localchat.settings import Settings
 from tui.app import ChatApp
@@ -201,6 +202,25 @@ async def test_a_model_that_fails_to_load_is_a_readable_error(make_app: MakeApp,
         assert app.engine is engine  # the working model stays
         await send(pilot, "Still there?")
         assert app.last_stats is not None
+
+
+async def test_a_draft_model_drafts_for_the_model_it_was_given_with(settings: Settings, store: ConversationStore,
+                                                                     default_model: Path, tmp_path: Path) -> None:
+    """`localchat chat --draft-model`: the draft model serves the model of -m; one that cannot be
+    used is a readable error, and no model is left loaded."""
+    app = ChatApp(settings, model=str(default_model), store=store, draft_model=str(default_model))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, lambda: not app.loading)
+        assert isinstance(app.engine, Engine) and all(s.draft_model is not None for s in app.engine.sessions)
+        await send(pilot, "The capital of France is")
+        assert app.last_stats is not None and app.last_stats.completion_tokens > 0
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"not a model" * 100)
+    app = ChatApp(settings, model=str(default_model), store=store, draft_model=str(broken))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, lambda: not app.loading)
+        error = str(app.query_one(".error", Notice).render())
+        assert app.engine is None and "draft model:" in error and "not a GGUF file" in error
 
 
 async def test_loading_at_start_shows_progress_and_errors(settings: Settings, store: ConversationStore, default_model: Path) -> None:
