@@ -78,11 +78,12 @@ DRAFT_MODEL_TOKENS = 8
 # target's verification, per token kept) than a plain step does, both timed as moving averages
 # weighing the newest step this much. A drafter that loses is tried again after DRAFT_RETRY plain
 # steps, twice as many after each further loss; one that would lose even with every drafted token
-# taken is not tried again. A draft model's drafts cost its own steps: the Q4_K_M of Gemma 3 270M
-# drafting for its Q8_0 is as fast as its target (both keep the 262k-row Q8_0 head), and drafting
-# every step gave 0.62x input-grounded and 0.60x open-ended (benchmarks/speculative.py, AMD EPYC,
-# greedy, 96 tokens). Prompt lookup's drafts cost only their rows: on that Q8_0's open-ended story (42% of
-# drafted tokens taken) drafting on acceptance alone gave 0.72x.
+# taken, twice running (one slow step may be the machine's), is not tried again. A draft model's
+# drafts cost its own steps: the Q4_K_M of Gemma 3 270M drafting for its Q8_0 is as fast as its
+# target (both keep the 262k-row Q8_0 head), and drafting every step gave 0.62x input-grounded and
+# 0.60x open-ended (benchmarks/speculative.py, AMD EPYC, greedy, 96 tokens; timed, 0.96x and
+# 1.01x). Prompt lookup's drafts cost only their rows: on that Q8_0's open-ended story (42% of
+# drafted tokens taken) drafting on acceptance alone gave 0.72x (timed, 0.93-1.10x).
 PACE_WEIGHT = 0.3
 DRAFT_RETRY = 16
 # Token ids compared to tell whether two vocabularies are the same: every this-many-th id, and the last.
@@ -138,6 +139,7 @@ class DraftPace:
         self._draft_s: float | None = None
         self._kept: float | None = None
         self.hopeless = False  # slower than plain steps even with every drafted token taken
+        self._hopeless_steps = 0  # losing steps in a row that would have lost with every token taken
         self._wait = 0  # plain steps before drafting is tried again
         self._retry = DRAFT_RETRY
 
@@ -170,7 +172,8 @@ class DraftPace:
         if self.pays:
             self._retry = DRAFT_RETRY
             return
-        self.hopeless = seconds / (drafted + 1) >= self.plain_s
+        self._hopeless_steps = self._hopeless_steps + 1 if seconds / (drafted + 1) >= self.plain_s else 0
+        self.hopeless = self._hopeless_steps >= 2
         self._wait, self._retry = self._retry, 2 * self._retry
 
 

@@ -238,7 +238,7 @@ def test_drafting_adapts_to_how_much_of_the_draft_is_taken() -> None:
 def test_drafting_goes_on_only_while_it_pays() -> None:
     """The pace's rule: one plain step as the yardstick, then drafts; kept while a token costs
     less with them, else tried again after DRAFT_RETRY plain steps, then twice as many; never
-    again if drafting would lose even with every drafted token taken."""
+    again if drafting would lose even with every drafted token taken, twice running."""
     pace = DraftPace()
 
     def plain_steps_before_a_retry() -> int:
@@ -268,6 +268,9 @@ def test_drafting_goes_on_only_while_it_pays() -> None:
         if not pace.pays:
             break
         pace.drafted(0.200, 8, 9)
+    assert not pace.hopeless  # one such step may be the machine's hiccup: a retry
+    assert plain_steps_before_a_retry() == DRAFT_RETRY
+    pace.drafted(0.200, 8, 9)
     assert pace.hopeless
     for _ in range(1000):
         pace.plain(0.020)
@@ -290,7 +293,7 @@ class SlowMarkovBackend(MarkovBackend):
 @pytest.mark.parametrize(("row_delay", "pays"), [(0.0, True), (0.006, False)])
 def test_lookup_drafts_only_while_they_pay(row_delay: float, pays: bool) -> None:
     """Timed for real: lookup drafts whose rows cost nothing go on all along; rows dearer than a
-    plain step (4 ms) end drafting after the first draft."""
+    plain step (4 ms) end drafting after two drafts."""
     target = SlowMarkovBackend(0.004, row_delay)
     session = Session(target)  # type: ignore[arg-type]
     greedy = SamplerSettings(temperature=0, repeat_penalty=1.0, dry_multiplier=0.0)
@@ -306,13 +309,13 @@ def test_lookup_drafts_only_while_they_pay(row_delay: float, pays: bool) -> None
     if pays:
         assert reply.drafted_tokens > tokens // 2 and not decoder.lookup_pace.hopeless
     else:
-        assert decoder.lookup_pace.hopeless and 0 < reply.drafted_tokens <= 8
+        assert decoder.lookup_pace.hopeless and 0 < reply.drafted_tokens < tokens // 4
 
 
 @pytest.mark.parametrize(("target_delay", "draft_delay", "pays"), [(0.004, 0.0, True), (0.0, 0.004, False)])
 def test_the_decoder_drafts_with_a_draft_model_while_it_pays(target_delay: float, draft_delay: float, pays: bool) -> None:
     """Timed for real: a draft model costing nothing against a slow target drafts all along; one
-    slower than its target drafts once. The reply is the same either way (greedy, the draft model
+    slower than its target drafts twice. The reply is the same either way (greedy, the draft model
     has the target's table)."""
     target, draft = SlowMarkovBackend(target_delay), SlowMarkovBackend(draft_delay)
     session = Session(target)  # type: ignore[arg-type]
@@ -333,8 +336,9 @@ def test_the_decoder_drafts_with_a_draft_model_while_it_pays(target_delay: float
     if pays:
         assert steps < tokens // 4  # drafts of up to 8, nearly every step
     else:
-        # One draft step: 8 draft-model steps for 9 tokens lose even with all 8 taken.
-        assert session.draft_model.pace.hopeless and reply.drafted_tokens == 8 and steps == tokens - 9
+        # Two draft steps of 8 (the second 16 plain steps later): 8 draft-model steps for 9 tokens
+        # lose even with all 8 taken.
+        assert session.draft_model.pace.hopeless and reply.drafted_tokens == 16 and steps == tokens - 1 - 16
 
 
 def greedy_run(session: Session, prompt: list[int], lookup_draft: int) -> Generation:
