@@ -400,7 +400,7 @@ class Decoder:
                 return False
             self.lookup_pace.drafted(time.perf_counter() - started, len(lookup), accepted + 1)
             self._observe(accepted > 0)
-            self.draft_length = self._next_length(self.draft_length, self.lookup_limit, len(lookup), accepted, self.lookup_pace)
+            self.draft_length = self._next_length(self.draft_length, self.lookup_limit, accepted == len(lookup))
             return True
         draft_model = self.draft_model
         if room > 0 and draft_model is not None and draft_model.pace.use_drafts():
@@ -409,8 +409,7 @@ class Decoder:
             if accepted is None:
                 return False
             draft_model.pace.drafted(time.perf_counter() - started, len(draft), accepted + 1)
-            self.model_draft_length = self._next_length(self.model_draft_length, DRAFT_MODEL_TOKENS, len(draft), accepted,
-                                                        draft_model.pace)
+            self.model_draft_length = self._next_length(self.model_draft_length, DRAFT_MODEL_TOKENS, accepted == len(draft))
             return True
         self.feed()
         if cancelled():
@@ -453,12 +452,9 @@ class Decoder:
         return accepted
 
     @staticmethod
-    def _next_length(length: int, limit: int, drafted: int, accepted: int, pace: DraftPace) -> int:
-        """The drafter's next draft length: longer after a draft taken whole, one shorter after a cut
-        one, and no longer than what was taken after a cut one made drafting lose (the retry is cheap)."""
-        if accepted == drafted:
-            return min(limit, length + DRAFT_GROWTH)
-        return max(1, length - 1) if pace.pays else accepted + 1
+    def _next_length(length: int, limit: int, whole: bool) -> int:
+        """A drafter's next draft length: longer after a draft taken whole, one shorter after a cut one."""
+        return min(limit, length + DRAFT_GROWTH) if whole else max(1, length - 1)
 
     def _observe(self, first_accepted: bool) -> None:
         self.acceptance += ACCEPTANCE_WEIGHT * (first_accepted - self.acceptance)

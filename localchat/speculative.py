@@ -78,14 +78,20 @@ DRAFT_MODEL_TOKENS = 8
 # target's verification, per token kept) than a plain step does, both timed as moving averages
 # weighing the newest step this much. A drafter that loses is tried again after DRAFT_RETRY plain
 # steps, twice as many after each further loss; one that would lose even with every drafted token
-# taken, twice running (one slow step may be the machine's), is not tried again. A draft model's
-# drafts cost its own steps: the Q4_K_M of Gemma 3 270M drafting for its Q8_0 is as fast as its
-# target (both keep the 262k-row Q8_0 head), and drafting every step gave 0.62x input-grounded and
-# 0.60x open-ended (benchmarks/speculative.py, AMD EPYC, greedy, 96 tokens; timed, 0.96x and
-# 1.01x). Prompt lookup's drafts cost only their rows: on that Q8_0's open-ended story (42% of
-# drafted tokens taken) drafting on acceptance alone gave 0.72x (timed, 0.93-1.10x).
-PACE_WEIGHT = 0.3
-DRAFT_RETRY = 16
+# taken, twice running (one slow step may be the machine's), is not tried again. Measured with
+# benchmarks/speculative.py (AMD EPYC, greedy) and a raw "Tell story number N about a dragon." on
+# the default model (what benchmarks/vs_llama_server.py sends; the reply repeats the line with the
+# next number, so drafts are cut at each number yet pay):
+# - the Q4_K_M of Gemma 3 270M drafting for its Q8_0 is as fast as its target (both keep the
+#   262k-row Q8_0 head): drafting every step 0.62x input-grounded and 0.60x open-ended, timed
+#   1.01x and 0.98x (96 tokens);
+# - prompt lookup on that Q8_0's open-ended story (43% of drafted tokens taken): 0.72x drafting on
+#   acceptance alone, timed 0.99x;
+# - weight 0.3 and retries after 16: that Q8_0 story 0.93-1.10x, but the dragon stories 1.0-1.1x
+#   where drafting on acceptance alone gives 1.3x (one cut draft flipped the estimate, and each
+#   flip cost 16 steps undrafted); weight 0.1 and retries after 4: 1.1-1.8x.
+PACE_WEIGHT = 0.1
+DRAFT_RETRY = 4
 # Token ids compared to tell whether two vocabularies are the same: every this-many-th id, and the last.
 VOCABULARY_STRIDE = 97
 
@@ -170,7 +176,7 @@ class DraftPace:
         self._draft_s = _moving_average(self._draft_s, seconds)
         self._kept = _moving_average(self._kept, kept)
         if self.pays:
-            self._retry = DRAFT_RETRY
+            self._retry, self._hopeless_steps = DRAFT_RETRY, 0
             return
         self._hopeless_steps = self._hopeless_steps + 1 if seconds / (drafted + 1) >= self.plain_s else 0
         self.hopeless = self._hopeless_steps >= 2

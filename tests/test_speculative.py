@@ -253,9 +253,9 @@ def test_drafting_goes_on_only_while_it_pays() -> None:
     assert pace.use_drafts()
     pace.drafted(0.090, 8, 6)  # 15 ms a token against 20: it pays
     assert pace.use_drafts()
-    pace.drafted(0.060, 8, 3)  # a worse step: averaged by length (81 ms for 5.1 tokens), it still pays
+    pace.drafted(0.150, 8, 1)  # a bad step: averaged by length (96 ms for 5.5 tokens), it still pays
     assert pace.pays
-    pace.drafted(0.150, 8, 1)  # a bad one: 102 ms for 3.9 tokens, 26 ms a token, loses
+    pace.drafted(0.300, 8, 1)  # a worse one: 116 ms for 5.05 tokens, 23 ms a token, loses
     waits = []
     for _ in range(2):
         waits.append(plain_steps_before_a_retry())
@@ -336,7 +336,7 @@ def test_the_decoder_drafts_with_a_draft_model_while_it_pays(target_delay: float
     if pays:
         assert steps < tokens // 4  # drafts of up to 8, nearly every step
     else:
-        # Two draft steps of 8 (the second 16 plain steps later): 8 draft-model steps for 9 tokens
+        # Two draft steps of 8 (the second DRAFT_RETRY plain steps later): 8 draft-model steps for 9 tokens
         # lose even with all 8 taken.
         assert session.draft_model.pace.hopeless and reply.drafted_tokens == 16 and steps == tokens - 1 - 16
 
