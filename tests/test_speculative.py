@@ -133,21 +133,38 @@ class AlwaysDraft(DraftPace):
         pass
 
 
-def decode(backend: MarkovBackend, prompt: list[int], settings: GenerationSettings) -> Reply:
-    """One reply the way `Generation` makes it (prefill, sample, then `advance` to the end)."""
+def start_reply(backend: MarkovBackend, prompt: list[int], settings: GenerationSettings,
+                draft_model: DraftModel | None = None) -> Decoder:
+    """A reply begun the way `Generation` begins it: the prompt prefilled, its first token sampled."""
     session = Session(backend)  # type: ignore[arg-type]
+    session.draft_model = draft_model
     backend.truncate(0, 0)
     backend.evaluate(0, prompt, 0)
     session.tokens = list(prompt)
     reply = Reply(backend, settings, len(prompt))  # type: ignore[arg-type]
     decoder = Decoder(session, reply, settings.sampler, prompt, settings.lookup_draft)
+    decoder.sample()
+    return decoder
+
+
+def finish_reply(decoder: Decoder) -> int:
+    """`advance` to the reply's end; how many steps it took."""
+    steps = 0
+    while decoder.reply.finish_reason is None:
+        decoder.advance(lambda: False, lambda _: None)
+        steps += 1
+    return steps
+
+
+def decode(backend: MarkovBackend, prompt: list[int], settings: GenerationSettings) -> Reply:
+    """One reply the way `Generation` makes it, drafting at every step that has a draft."""
+    decoder = start_reply(backend, prompt, settings)
     decoder.acceptance = 1.0  # drafting from the first step, whatever the predictions so far
     decoder.lookup_pace = AlwaysDraft()  # and whatever the stand-in's steps take
-    decoder.sample()
-    while reply.finish_reason is None:
-        decoder.advance(lambda: False, lambda _: None)
+    finish_reply(decoder)
+    session = decoder.session
     assert backend.held[: len(session.tokens)] == session.tokens and len(backend.held) == len(session.tokens)
-    return reply
+    return decoder.reply
 
 
 def chi_square_p_value(statistic: float, degrees: int) -> float:
@@ -204,16 +221,10 @@ def test_drafting_adapts_to_how_much_of_the_draft_is_taken() -> None:
     taken the decoder stops drafting but keeps predicting, and drafts again once its predictions
     come true."""
     backend = MarkovBackend()
-    greedy = SamplerSettings(temperature=0, repeat_penalty=1.0, dry_multiplier=0.0)
-    session = Session(backend)  # type: ignore[arg-type]
     prompt = [0, 1, 2, 3, 0, 1, 2, 3, 0, 1]
-    backend.evaluate(0, prompt, 0)
-    session.tokens = list(prompt)
-    settings = GenerationSettings(max_tokens=200, sampler=greedy, lookup_draft=8)
-    reply = Reply(backend, settings, len(prompt))  # type: ignore[arg-type]
-    decoder = Decoder(session, reply, greedy, prompt, 8)
+    decoder = start_reply(backend, prompt, GenerationSettings(max_tokens=200, sampler=ARGMAX, lookup_draft=8))
     decoder.lookup_pace = AlwaysDraft()  # the stand-in's timings are not a model's
-    decoder.sample()
+    reply = decoder.reply
     assert decoder.acceptance < DRAFT_MIN_ACCEPTANCE
     rows = backend.rows_evaluated
     decoder.advance(lambda: False, lambda _: None)
@@ -294,17 +305,11 @@ class SlowMarkovBackend(MarkovBackend):
 def test_lookup_drafts_only_while_they_pay(row_delay: float, pays: bool) -> None:
     """Timed for real: lookup drafts whose rows cost nothing go on all along; rows dearer than a
     plain step (4 ms) end drafting after two drafts."""
-    target = SlowMarkovBackend(0.004, row_delay)
-    session = Session(target)  # type: ignore[arg-type]
-    greedy = SamplerSettings(temperature=0, repeat_penalty=1.0, dry_multiplier=0.0)
-    prompt, tokens = [0, 1, 2, 3, 0, 1, 2, 3, 0, 1], 80
-    target.evaluate(0, prompt, 0)
-    session.tokens = list(prompt)
-    reply = Reply(target, GenerationSettings(max_tokens=tokens, sampler=greedy), len(prompt))  # type: ignore[arg-type]
-    decoder = Decoder(session, reply, greedy, prompt, 8)
-    decoder.sample()
-    while reply.finish_reason is None:
-        decoder.advance(lambda: False, lambda _: None)
+    tokens = 80
+    settings = GenerationSettings(max_tokens=tokens, sampler=ARGMAX, lookup_draft=8)
+    decoder = start_reply(SlowMarkovBackend(0.004, row_delay), [0, 1, 2, 3, 0, 1, 2, 3, 0, 1], settings)
+    finish_reply(decoder)
+    reply = decoder.reply
     # Greedy decoding of this table soon repeats a 5-token cycle: the drafts are taken.
     if pays:
         assert reply.drafted_tokens > tokens // 2 and not decoder.lookup_pace.hopeless
@@ -317,28 +322,20 @@ def test_the_decoder_drafts_with_a_draft_model_while_it_pays(target_delay: float
     """Timed for real: a draft model costing nothing against a slow target drafts all along; one
     slower than its target drafts twice. The reply is the same either way (greedy, the draft model
     has the target's table)."""
-    target, draft = SlowMarkovBackend(target_delay), SlowMarkovBackend(draft_delay)
-    session = Session(target)  # type: ignore[arg-type]
-    session.draft_model = DraftModel(draft)  # type: ignore[arg-type]
-    greedy = SamplerSettings(temperature=0, repeat_penalty=1.0, dry_multiplier=0.0)
     prompt, tokens = [0, 1, 2], 120
-    target.evaluate(0, prompt, 0)
-    session.tokens = list(prompt)
-    reply = Reply(target, GenerationSettings(max_tokens=tokens, sampler=greedy), len(prompt))  # type: ignore[arg-type]
-    decoder = Decoder(session, reply, greedy, prompt)
-    decoder.sample()
-    steps = 0
-    while reply.finish_reason is None:
-        decoder.advance(lambda: False, lambda _: None)
-        steps += 1
-    plain = decode(MarkovBackend(), prompt, GenerationSettings(max_tokens=tokens, sampler=greedy))
+    settings = GenerationSettings(max_tokens=tokens, sampler=ARGMAX)
+    draft_model = DraftModel(SlowMarkovBackend(draft_delay))  # type: ignore[arg-type]
+    decoder = start_reply(SlowMarkovBackend(target_delay), prompt, settings, draft_model)
+    steps = finish_reply(decoder)
+    reply = decoder.reply
+    plain = decode(MarkovBackend(), prompt, settings)
     assert reply.token_ids == plain.token_ids and reply.accepted_tokens == reply.drafted_tokens > 0
     if pays:
         assert steps < tokens // 4  # drafts of up to 8, nearly every step
     else:
         # Two draft steps of 8 (the second DRAFT_RETRY plain steps later): 8 draft-model steps for 9 tokens
         # lose even with all 8 taken.
-        assert session.draft_model.pace.hopeless and reply.drafted_tokens == 16 and steps == tokens - 1 - 16
+        assert draft_model.pace.hopeless and reply.drafted_tokens == 16 and steps == tokens - 1 - 16
 
 
 def greedy_run(session: Session, prompt: list[int], lookup_draft: int) -> Generation:
