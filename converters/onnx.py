@@ -62,9 +62,9 @@ CALIBRATION_ASSET = "calibration_text.txt"
 # 8-bit model this many at a time with the KV cache between.
 CALIBRATION_TOKENS = 4096
 CALIBRATION_CHUNK = 512
-# Turn-ending tokens that models emit instead of their EOS token.
 # The final norm's node: the output head's smoothing is looked up by its output's name.
 FINAL_NORM = "final_norm"
+# Turn-ending tokens that models emit instead of their EOS token.
 KNOWN_EOG_TOKENS = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>", "<|eom_id|>")
 
 Progress = Callable[[int, int, str], None]
