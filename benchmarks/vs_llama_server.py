@@ -4,7 +4,7 @@ Three servers run at once on loopback, each answering in turn (rounds rotate whi
 ones not measured are stopped with SIGSTOP): localchat as it ships (prompt-lookup drafting on),
 localchat with `--lookup-draft 0`, and `llama-server -np 4` built from the llama.cpp that
 llama-cpp-python vendors (`../shared/tools/build-llamacpp-anchors.sh OUTDIR` builds it). Each
-round sends 1 and 4 concurrent streams of 128 tokens to `/v1/completions` (raw prompts, so no
+round sends 1, 3 and 4 concurrent streams of 128 tokens to `/v1/completions` (raw prompts, so no
 chat template differs), greedy with no penalties on every server (`repeat_penalty` 1 and
 `dry_multiplier` 0, llama.cpp's fields, which localchat takes too), and records aggregate tok/s.
 Medians over rounds, and each localchat against llama-server.
@@ -31,7 +31,7 @@ from vs_vllm import Served, start, stop_all
 from localchat.models import default_model_path
 from localchat.settings import Settings
 
-STREAMS = (1, 4)
+STREAMS = (1, 3, 4)
 TOKENS = 128
 SLOTS = 4
 CONTEXT = 8192

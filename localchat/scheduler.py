@@ -291,7 +291,7 @@ class Scheduler:
             assert slot.decoder is not None
             batch.append(slot.decoder.pending)
         try:
-            self._backend.evaluate_batch(batch)
+            self._backend.evaluate_batch(batch, spare_cell=self._cells_free() > len(batch))
         except ContextOverflowError:
             self._end_longest(active)  # the others try again at the next step
             return

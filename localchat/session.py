@@ -392,24 +392,27 @@ class Decoder:
         session, reply = self.session, self.reply
         room = min(session.n_ctx - len(session.tokens) - 1, reply.remaining - 1)
         # Prompt lookup first, as it costs nothing; else the draft model while it pays.
-        lookup = self.ngrams.draft(min(room, self.draft_length)) if room > 0 else []
+        length = self.draft_length
+        if session.backend.even_rows and length % 2 == 0:
+            length += 1  # with the pending token, an even count of rows
+        lookup = self.ngrams.draft(min(room, self.lookup_limit, length)) if room > 0 else []
         started = time.perf_counter()
         if lookup and self.acceptance >= DRAFT_MIN_ACCEPTANCE and self.lookup_pace.use_drafts():
-            accepted = self._verify(lookup, cancelled, emit)
+            accepted = self._verify(lookup, room, cancelled, emit)
             if accepted is None:
                 return False
             self.lookup_pace.drafted(time.perf_counter() - started, len(lookup), accepted + 1)
             self._observe(accepted > 0)
-            self.draft_length = self._next_length(self.draft_length, self.lookup_limit, accepted == len(lookup))
+            self.draft_length = self._next_length(self.draft_length, self.lookup_limit, accepted >= len(lookup))
             return True
         draft_model = self.draft_model
         if room > 0 and draft_model is not None and draft_model.pace.use_drafts():
             draft = draft_model.draft(self.ngrams.tokens, min(room, self.model_draft_length))
-            accepted = self._verify(draft, cancelled, emit)
+            accepted = self._verify(draft, room, cancelled, emit)
             if accepted is None:
                 return False
             draft_model.pace.drafted(time.perf_counter() - started, len(draft), accepted + 1)
-            self.model_draft_length = self._next_length(self.model_draft_length, DRAFT_MODEL_TOKENS, accepted == len(draft))
+            self.model_draft_length = self._next_length(self.model_draft_length, DRAFT_MODEL_TOKENS, accepted >= len(draft))
             return True
         self.feed()
         if cancelled():
@@ -425,15 +428,21 @@ class Decoder:
 
     @property
     def longest_draft(self) -> int:
-        """The most tokens the next step may draft (0: this reply never drafts)."""
-        return max(self.draft_length, self.model_draft_length if self.draft_model is not None else 0)
+        """The most tokens the next step may draft (0: this reply never drafts), a filler included."""
+        longest = max(self.draft_length, self.model_draft_length if self.draft_model is not None else 0)
+        return longest + 1 if longest and self.session.backend.even_rows else longest
 
-    def _verify(self, draft: list[int], cancelled: Callable[[], bool], emit: Callable[[str], None]) -> int | None:
+    def _verify(self, draft: list[int], room: int, cancelled: Callable[[], bool],
+                emit: Callable[[str], None]) -> int | None:
         """Evaluate the pending token and `draft` in one step and keep the drafted tokens the sampler
-        picks too; how many it kept (None, with nothing done, if `cancelled` first)."""
+        picks too; how many it kept (None, with nothing done, if `cancelled` first). On a backend
+        whose even counts of rows are cheaper (`even_rows`), an odd count gets a filler token:
+        the last drafted one again, kept like any drafted token if the sampler picks it."""
         session, reply = self.session, self.reply
         if cancelled():
             return None
+        if session.backend.even_rows and len(draft) % 2 == 0 and len(draft) < room:
+            draft = [*draft, draft[-1]]
         seq, token, position = self.pending
         session.backend.evaluate_all(seq, [token, *draft], position)
         session.tokens.append(token)

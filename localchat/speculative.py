@@ -18,12 +18,14 @@ LOOKUP_NGRAMS = (3, 2, 1)
 # The longest prompt-lookup draft the front ends (run, serve, the chat app) use unless told otherwise.
 # On by default: a reply drafts only once its predictions come true, so one that never repeats (or
 # whose sampler penalises repeats, as DRY does) pays nothing. Long, because llama.cpp's CPU kernels
-# make each row of a draft cost about 8 ms after the first's 22 (mostly the 262k-row output head;
-# benchmarks/speculative.py --step-cost), so a copied run pays off more the longer it is drafted.
-# benchmarks/speculative.py, AMD EPYC, greedy, default model, speedup in decode tok/s, drafts of
-# 8 / 16 / 24 (first drafts of 2): input-grounded 128 tokens 1.52 / 1.86 / 1.92x, 384 tokens
+# make each row of a draft cost about 5 ms after the first's 21 in an even count of rows (mostly the
+# 262k-row output head; benchmarks/speculative.py --step-cost; see LlamaCppBackend.even_rows), so a
+# copied run pays off more the longer it is drafted. benchmarks/speculative.py, AMD EPYC, greedy,
+# default model, speedup in decode tok/s, drafts of 8 / 16 / 24 (first drafts of 2, before drafts
+# were verified in even counts of rows): input-grounded 128 tokens 1.52 / 1.86 / 1.92x, 384 tokens
 # 1.67 / 1.99 / 2.25x; open-ended 128 tokens 1.42 / 1.50 / 1.45x. The chat sampler takes no draft.
-DEFAULT_LOOKUP_DRAFT = 24
+# Odd: with the token before it, a whole draft is an even count of rows.
+DEFAULT_LOOKUP_DRAFT = 25
 # Drafting goes on while the estimated share of first drafted tokens accepted stays at least this: a
 # draft's first row costs most of a plain step more (one step of 2 rows with logits takes 1.8-1.9x one
 # of 1 row: benchmarks/speculative.py --step-cost), so below it drafting loses. Under it the decoder

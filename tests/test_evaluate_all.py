@@ -3,10 +3,14 @@ the real default model in llama.cpp; tests/onnx runs the same check on the ONNX 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from localchat.backends.base import ARGMAX, Backend
 from localchat.engine import Engine
+from localchat.planner import PlanRequest
+from localchat.settings import Settings
 
 TEXT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
 # Batched and one-token kernels round differently (Q4_K: up to 0.16 in a logprob measured on
@@ -53,3 +57,31 @@ def check_evaluate_all(backend: Backend, seq: int) -> None:
 def test_evaluate_all_equals_one_token_at_a_time(engine: Engine) -> None:
     engine.sessions[0].reset()
     check_evaluate_all(engine.backend, engine.sessions[0].seq)
+
+
+def test_an_odd_batch_made_even_by_a_filler_row_gives_the_same_logits(settings: Settings, default_model: Path) -> None:
+    """llama.cpp evaluates an odd batch faster with one more row (`even_rows`): with a spare cell,
+    `evaluate_batch` adds a throwaway row. Each sequence's logits are the ones without it, and the
+    KV cache keeps none of it: the next tokens' logits are the same too."""
+    texts = [TEXT, "Once upon a time there was a dragon", "def add(a, b):\n    return a +"]
+    with Engine.load(str(default_model), settings, PlanRequest(n_ctx=1024, n_seq=3)) as engine:
+        backend = engine.backend
+        assert backend.even_rows
+        prompts = [backend.tokenize(text, add_bos=True, special=False) for text in texts]
+
+        def decode(spare_cell: bool) -> list[np.ndarray]:
+            """The logits of one batched step of the three sequences, then of 4 more tokens each."""
+            for seq, tokens in enumerate(prompts):
+                backend.truncate(seq, 0)
+                backend.evaluate(seq, tokens[:-5], 0)
+            backend.evaluate_batch([(seq, tokens[-5], len(tokens) - 5) for seq, tokens in enumerate(prompts)],
+                                   spare_cell=spare_cell)
+            rows = [log_softmax(np.array(backend.logits(seq))) for seq in range(len(prompts))]
+            for seq, tokens in enumerate(prompts):
+                backend.evaluate(seq, tokens[-4:], len(tokens) - 4)
+                rows.append(log_softmax(np.array(backend.logits(seq))))
+            return rows
+
+        for plain, filled in zip(decode(spare_cell=False), decode(spare_cell=True), strict=True):
+            likely = np.argsort(plain)[-10:]
+            np.testing.assert_allclose(filled[likely], plain[likely], atol=ATOL)

@@ -27,6 +27,7 @@ class ScriptedBackend:
     """Plays back `script` as the sampled tokens; token i's bytes are `pieces[i]`."""
 
     name = "scripted"
+    even_rows = False
     n_seq = 1
 
     def __init__(self, pieces: dict[int, bytes], script: list[int], n_ctx: int = 64) -> None:
@@ -48,7 +49,7 @@ class ScriptedBackend:
     def evaluate(self, seq: int, tokens: Sequence[int], start: int) -> None:
         self.evaluated.append((start, len(tokens)))
 
-    def evaluate_batch(self, items: Sequence[tuple[int, int, int]]) -> None: ...
+    def evaluate_batch(self, items: Sequence[tuple[int, int, int]], *, spare_cell: bool = False) -> None: ...
 
     def evaluate_all(self, seq: int, tokens: Sequence[int], start: int) -> np.ndarray:
         """A prompt-lookup draft is checked against the script (the next tokens `sample` gives)."""

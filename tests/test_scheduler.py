@@ -26,6 +26,12 @@ def two_slots(settings: Settings, default_model: Path) -> Iterator[Engine]:
         yield engine
 
 
+@pytest.fixture(scope="module")
+def three_slots(settings: Settings, default_model: Path) -> Iterator[Engine]:
+    with Engine.load(str(default_model), settings, PlanRequest(n_ctx=1024, n_seq=3)) as engine:
+        yield engine
+
+
 def prompt(engine: Engine, text: str) -> list[int]:
     return tokenize_chat(engine.backend, engine.template, [Message("user", text)])
 
@@ -41,35 +47,39 @@ def collect(events: queue.SimpleQueue[ReplyEvent]) -> tuple[str, GenerationStats
             return "".join(pieces), event.stats
 
 
-def test_replies_decoded_together_equal_replies_decoded_alone(two_slots: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
-    questions = ["Name a colour.", "Name a fruit."]
+@pytest.mark.parametrize("slots", ["two_slots", "three_slots"])
+def test_replies_decoded_together_equal_replies_decoded_alone(slots: str, request: pytest.FixtureRequest,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """With three slots the batch is odd, and llama.cpp evaluates it with a throwaway row added."""
+    engine: Engine = request.getfixturevalue(slots)
+    questions = ["Name a colour.", "Name a fruit.", "Name a planet."][: engine.backend.n_seq]
     alone = []
     for question in questions:
-        two_slots.sessions[0].reset()
-        generation = two_slots.sessions[0].generate(prompt(two_slots, question), GREEDY)
+        engine.sessions[0].reset()
+        generation = engine.sessions[0].generate(prompt(engine, question), GREEDY)
         alone.append(generation.text())
-    two_slots.sessions[0].reset()
-    batch_sizes: list[int] = []
-    evaluate_batch = two_slots.backend.evaluate_batch
+    engine.sessions[0].reset()
+    batches: list[tuple[int, bool]] = []
+    evaluate_batch = engine.backend.evaluate_batch
 
-    def recorded(batch: list[tuple[int, int, int]]) -> None:
-        batch_sizes.append(len(batch))
-        evaluate_batch(batch)
+    def recorded(batch: list[tuple[int, int, int]], *, spare_cell: bool = False) -> None:
+        batches.append((len(batch), spare_cell))
+        evaluate_batch(batch, spare_cell=spare_cell)
 
-    monkeypatch.setattr(two_slots.backend, "evaluate_batch", recorded)
-    scheduler = Scheduler(two_slots, max_waiting=0)
+    monkeypatch.setattr(engine.backend, "evaluate_batch", recorded)
+    scheduler = Scheduler(engine, max_waiting=0)
     scheduler.start()
     try:
         sinks: list[queue.SimpleQueue[ReplyEvent]] = [queue.SimpleQueue() for _ in questions]
         for question, sink in zip(questions, sinks, strict=True):
-            scheduler.submit(prompt(two_slots, question), GREEDY, sink.put)
+            scheduler.submit(prompt(engine, question), GREEDY, sink.put)
         with pytest.raises(QueueFullError):
-            scheduler.submit(prompt(two_slots, "One too many."), GREEDY, queue.SimpleQueue().put)
+            scheduler.submit(prompt(engine, "One too many."), GREEDY, queue.SimpleQueue().put)
         together = [collect(sink) for sink in sinks]
     finally:
         scheduler.close()
     assert [text for text, _ in together] == alone
-    assert 2 in batch_sizes  # the two replies really shared decode steps
+    assert (len(questions), True) in batches  # the replies really shared decode steps, with cells to spare
     assert all(stats.finish_reason in ("stop", "length") for _, stats in together)
 
 

@@ -77,6 +77,7 @@ class MarkovBackend:
     table), so the probability of any reply is known exactly; sampling is the real NumpySampler."""
 
     name = "markov"
+    even_rows = False
     n_seq = 1
     n_ctx = 256
 
@@ -213,6 +214,44 @@ def test_sampled_replies_keep_the_target_distribution_exactly() -> None:
 
     assert p_value(exact(1.0)) > 1e-3
     assert p_value(exact(1.15)) < 1e-6
+
+
+class RowCountingMarkovBackend(MarkovBackend):
+    """The stand-in model, saying whether even counts of rows are cheaper and recording the
+    `(rows, start)` of each evaluation of several tokens."""
+
+    def __init__(self, even_rows: bool) -> None:
+        super().__init__()
+        self.even_rows = even_rows
+        self.steps: list[tuple[int, int]] = []
+
+    def evaluate_all(self, seq: int, tokens: Sequence[int], start: int) -> np.ndarray:
+        if len(tokens) > 1:
+            self.steps.append((len(tokens), start))
+        return super().evaluate_all(seq, tokens, start)
+
+
+@pytest.mark.parametrize("even_rows", [True, False])
+def test_drafts_are_verified_in_even_counts_of_rows_where_those_are_cheaper(even_rows: bool) -> None:
+    """On a backend whose even counts of rows cost less (llama.cpp's), a draft is verified in an
+    even count of rows unless the reply has no room for one more: an odd one gets a filler token.
+    Replies, greedy or sampled, stay the ones plain decoding gives with the same seed (the
+    sampler draws once per token kept, drafts or not)."""
+    prompt, tokens = [0, 1, 2, 3, 0, 1, 2, 3, 0, 1], 40
+    for seed in range(20):
+        sampler = ARGMAX if seed == 0 else SamplerSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
+                                                           repeat_penalty=1.0, dry_multiplier=0.0, seed=seed)
+        backend = RowCountingMarkovBackend(even_rows)
+        drafted = decode(backend, prompt, GenerationSettings(max_tokens=tokens, sampler=sampler, lookup_draft=8))
+        plain = decode(MarkovBackend(), prompt, GenerationSettings(max_tokens=tokens, sampler=sampler, lookup_draft=0))
+        assert drafted.token_ids == plain.token_ids
+        # A step at `start` evaluates the reply's token number start - len(prompt) + 1 and its draft.
+        odd = [rows for rows, start in backend.steps if rows % 2 and rows - 1 < tokens - (start - len(prompt) + 1) - 1]
+        if seed == 0:  # greedy decoding of this table repeats a 5-token cycle: drafts of up to 8, taken
+            assert drafted.accepted_tokens > tokens // 2
+            assert (odd == []) if even_rows else (len(odd) > 2)
+        elif even_rows:
+            assert odd == []
 
 
 def test_drafting_adapts_to_how_much_of_the_draft_is_taken() -> None:

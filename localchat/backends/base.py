@@ -188,6 +188,10 @@ class Backend(Protocol):
     n_ctx: int
     n_seq: int
     name: str
+    # Whether an even count of rows with logits (a draft's in `evaluate_all`, a batch's) costs less
+    # than one fewer (its kernels' quirk): drafts are then verified in even counts of rows, and an
+    # odd batch may take a throwaway row.
+    even_rows: bool
 
     def tokenize(self, text: str, *, add_bos: bool, special: bool) -> list[int]:
         """Text to token ids; `special` parses control tokens such as `<start_of_turn>`."""
@@ -205,8 +209,10 @@ class Backend(Protocol):
         """Write `tokens` into `seq`'s KV cache at positions `start...`; keeps logits of the last."""
         ...
 
-    def evaluate_batch(self, items: Sequence[tuple[int, int, int]]) -> None:
-        """One decode step for several sequences: `(seq, token, position)` each, logits kept for all."""
+    def evaluate_batch(self, items: Sequence[tuple[int, int, int]], *, spare_cell: bool = False) -> None:
+        """One decode step for several sequences: `(seq, token, position)` each, logits kept for all.
+        `spare_cell`: the KV cache has a cell free beyond those the items take, which a backend
+        with `even_rows` may use for a throwaway row that makes an odd batch even."""
         ...
 
     def evaluate_all(self, seq: int, tokens: Sequence[int], start: int) -> np.ndarray:

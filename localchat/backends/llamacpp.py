@@ -218,6 +218,14 @@ class LlamaCppBackend:
     """A GGUF model and its context, loaded with the settings of a `Plan`."""
 
     name = "llama.cpp"
+    # The CPU kernels take longer for an odd count of rows with logits than for one more, whether
+    # the rows are one sequence's draft or a batch of sequences (benchmarks/speculative.py
+    # --step-cost; default model, AMD EPYC, 2 threads: 3 tokens 60 ms, 4 tokens 51; 9 tokens 108,
+    # 10 tokens 103; 25 tokens 241, 26 tokens 222; 3 sequences 59 ms, 4 sequences 52; 5 sequences
+    # 78, 6 sequences 67). The same with the extra buffer types off, as on AMX CPUs (3 tokens 63 ms,
+    # 4 tokens 54). The 262k-row output head is most of it: with it cut to 32k rows, 3 tokens take
+    # 20 ms and 4 tokens 21.
+    even_rows = True
 
     def __init__(self, path: Path, plan: Plan, *, on_progress: Callable[[float], None] | None = None) -> None:
         ensure_initialized()
@@ -362,18 +370,26 @@ class LlamaCppBackend:
             self._decode(len(part))
         self._output_index = {seq: -1}
 
-    def evaluate_batch(self, items: Sequence[tuple[int, int, int]]) -> None:
-        if len(items) > self._n_batch:
+    def evaluate_batch(self, items: Sequence[tuple[int, int, int]], *, spare_cell: bool = False) -> None:
+        rows = list(items)
+        filler = (spare_cell and len(rows) > 1 and len(rows) % 2 == 1 and len(rows) < self._n_batch
+                  and rows[0][2] + 1 < self.n_ctx)
+        if filler:  # the first sequence's token once more, one position on; dropped after the step
+            seq, token, position = rows[0]
+            rows.append((seq, token, position + 1))
+        if len(rows) > self._n_batch:
             raise ValueError(f"{len(items)} sequences exceed the batch of {self._n_batch}")
         batch = self._batch
-        for i, (seq, token, position) in enumerate(items):
+        for i, (seq, token, position) in enumerate(rows):
             batch.token[i] = token
             batch.pos[i] = position
             batch.n_seq_id[i] = 1
             batch.seq_id[i][0] = seq
             batch.logits[i] = True
-        self._decode(len(items))
+        self._decode(len(rows))
         self._output_index = {seq: i for i, (seq, _, _) in enumerate(items)}
+        if filler:
+            self.truncate(rows[-1][0], rows[-1][2])
 
     def evaluate_all(self, seq: int, tokens: Sequence[int], start: int) -> np.ndarray:
         n_vocab = self.info.n_vocab

@@ -380,6 +380,7 @@ class OnnxBackend:
     """An ONNX model folder in an onnxruntime session, with its KV buffers and tokenizer."""
 
     name = "onnxruntime"
+    even_rows = False
 
     def __init__(self, path: Path, plan: Plan, *, on_progress: Callable[[float], None] | None = None) -> None:
         from tokenizers import Tokenizer
@@ -572,7 +573,7 @@ class OnnxBackend:
             return np.concatenate(rows)
         return None
 
-    def evaluate_batch(self, items: Sequence[tuple[int, int, int]]) -> None:
+    def evaluate_batch(self, items: Sequence[tuple[int, int, int]], *, spare_cell: bool = False) -> None:
         if len(items) == 1 or self._batch_binding is None:
             for seq, token, position in items:
                 self.evaluate(seq, [token], position)

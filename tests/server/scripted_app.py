@@ -61,6 +61,7 @@ class ScriptedBackend:
     n_ctx: int = 4096
     n_seq: int = 2
     name: str = "scripted"
+    even_rows: bool = False
     replies: deque[str] = field(default_factory=deque)
     prompts: list[str] = field(default_factory=list)
     sampled: list[int] = field(default_factory=list)  # tokens written, per reply
@@ -102,7 +103,7 @@ class ScriptedBackend:
         self._held[seq] = self._held.get(seq, [])[:start] + list(tokens)
         self._last = seq
 
-    def evaluate_batch(self, items: Sequence[tuple[int, int, int]]) -> None:
+    def evaluate_batch(self, items: Sequence[tuple[int, int, int]], *, spare_cell: bool = False) -> None:
         for seq, token, position in items:
             self.evaluate(seq, [token], position)
 
