@@ -213,6 +213,9 @@ def quantize_gguf(source: Path, output: Path, quant: str, threads: int, progress
             progress(min(output.stat().st_size, estimate), estimate, f"quantizing to {quant.upper()}")
     if status != [0]:
         raise ModelError(f"llama.cpp could not quantize {source} to {quant} (status {status[0] if status else '?'})")
+    if progress is not None:  # once at the end too: a small model is quantized before the first look
+        size = output.stat().st_size
+        progress(size, size, f"quantizing to {quant.upper()}")
 
 
 def _estimated_bytes(float_bytes: int, float_bits: float, bits_per_weight: float) -> int:
