@@ -76,7 +76,6 @@ class GraphBuilder:
         self.inputs: list[onnx.ValueInfoProto] = []
         self.outputs: list[onnx.ValueInfoProto] = []
         self._names: Counter[str] = Counter()
-        self.initializer_bytes: dict[str, int] = {}
 
     def unique(self, base: str) -> str:
         self._names[base] += 1
@@ -86,7 +85,6 @@ class GraphBuilder:
     def weight(self, name: str, array: np.ndarray) -> str:
         """Store an initializer; returns its name."""
         self.initializers.append(self.data.add(name, array))
-        self.initializer_bytes[name] = array.nbytes
         return name
 
     def view(self, name: str, of: str, shape: tuple[int, ...]) -> str:
@@ -95,13 +93,28 @@ class GraphBuilder:
         source = next(tensor for tensor in self.initializers if tensor.name == of)
         if math.prod(shape) != math.prod(source.dims):
             raise ValueError(f"{name}: shape {shape} does not hold the {math.prod(source.dims)} values of {of}")
-        tensor = TensorProto()
-        tensor.CopyFrom(source)
-        tensor.name = name
-        del tensor.dims[:]
-        tensor.dims.extend(shape)
+        self.initializers.append(_reshaped(source, name, shape))
+        return name
+
+    def rows(self, name: str, of: str, first: int, count: int) -> str:
+        """A view of `count` rows of `of` (along its first axis) from row `first`."""
+        source = next(tensor for tensor in self.initializers if tensor.name == of)
+        if first + count > source.dims[0]:
+            raise ValueError(f"{name}: rows {first}..{first + count} lie outside the {source.dims[0]} rows of {of}")
+        row_bytes = math.prod(source.dims[1:]) * helper.tensor_dtype_to_np_dtype(source.data_type).itemsize
+        tensor = _reshaped(source, name, (count, *source.dims[1:]))
+        if source.data_location == TensorProto.EXTERNAL:
+            stored = {entry.key: entry for entry in tensor.external_data}
+            stored["offset"].value = str(int(stored["offset"].value) + first * row_bytes)
+            stored["length"].value = str(count * row_bytes)
+        else:  # a small tensor kept in the graph (`ExternalData.add`)
+            tensor.raw_data = source.raw_data[first * row_bytes : (first + count) * row_bytes]
         self.initializers.append(tensor)
         return name
+
+    def drop(self, name: str) -> None:
+        """Take initializer `name` out of the graph; its stored bytes stay for views of them."""
+        self.initializers = [tensor for tensor in self.initializers if tensor.name != name]
 
     def constant(self, name: str, value: np.ndarray | list[int] | int) -> str:
         """A small int64 (or given dtype) constant as an initializer."""
@@ -150,3 +163,12 @@ class GraphBuilder:
         )
         model.ir_version = IR_VERSION
         return model
+
+
+def _reshaped(source: TensorProto, name: str, shape: tuple[int, ...]) -> TensorProto:
+    tensor = TensorProto()
+    tensor.CopyFrom(source)
+    tensor.name = name
+    del tensor.dims[:]
+    tensor.dims.extend(shape)
+    return tensor

@@ -32,8 +32,10 @@ if TYPE_CHECKING:
 
 # Tokens per run when evaluating a prompt (bounds the activations, not the cache).
 PROMPT_CHUNK = 512
-# Positions whose logits are read back per run when scoring (each row is n_vocab floats).
-SCORE_CHUNK = 64
+# Positions whose logits are read back per run when scoring (each row is n_vocab floats). Loading
+# Gemma 3 270M int4 and scoring the benchmark text: 64 peaked at 1164 MiB in 22.3 s, 32 at 867 MiB
+# in 17.3 s.
+SCORE_CHUNK = 32
 # Candidates for sampling: logits this far below the best have a relative weight under e^-30.
 CANDIDATE_MARGIN = 30.0
 # About ln(FLT_MAX): DRY's exponent is capped so that base^exponent stays a finite float32.
@@ -398,6 +400,10 @@ class OnnxBackend:
         options.inter_op_num_threads = 1
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.log_severity_level = 3
+        # No memory pattern: with one, a run's intermediate tensors get one block sized for the
+        # whole run. Without, Gemma 3 270M int4 peaked 36 MiB lower evaluating a 512-token prompt
+        # (580 MiB), at the same prefill and decode speed.
+        options.enable_mem_pattern = False
         use_cuda = plan.uses_gpu and CUDA in ort.get_available_providers()
         providers: list[object] = ["CPUExecutionProvider"]
         if use_cuda:
