@@ -175,7 +175,9 @@ QUANT_PLANS: dict[str, QuantPlan] = {
     # with GPTQ on its own): +2.9/+2.6/+2.2% with every linear smoothed, 264 MiB on disk against
     # 283, peak RSS 645 against 709 MiB. Smoothing only the head: +2.6/+3.3/+2.1%. Blocks of 128 for
     # the 8-bit linears too: +4.2/+3.2/+2.1% (+4.2/+5.2/+2.5% unsmoothed); with 4-bit gate_up
-    # in blocks of 32 besides: +6.5/+4.7/+3.1%.
+    # in blocks of 32 besides: +6.5/+4.7/+3.1%. Each figure is one draw of the int8 activations'
+    # rounding noise: the shipped plan with its scales jittered by 1e-6 gave +3.5-4.5/+2.6-3.3/
+    # +2.2-2.4% (4 draws), and its scales stored as float16 +4.2/+3.0/+2.2% (253 MiB).
     "int4": QuantPlan(
         "int4", linear_bits=4, embedding_bits=8, sensitive_roles=("q_proj", "v_proj", "o_proj", "down_proj"),
         edge_layers=2, block_4bit=16, embedding_block=128, calibrate=True, smooth=0.5,

@@ -23,6 +23,7 @@ from converters.onnx import (
     tokenizer_facts,
 )
 from converters.verify import ReferenceModel, greedy_continuation, reference_tokenize, verify_text
+from localchat.bench import bench_text
 from localchat.engine import Engine
 from localchat.errors import ModelError
 from localchat.models import ONNX_MARKER
@@ -31,14 +32,18 @@ from localchat.settings import Settings
 
 GREEDY_TOKENS = 24
 SCORED_TOKENS = 256
-# Perplexity allowed above fp32's on the first 256 tokens of the verification text. Measured on an
-# AMD EPYC (AVX-512 VNNI): int8 +1.81%, int4 +2.94% (target +3%). Most of either is MatMulNBits'
-# accuracy level 4 (int8 activations: int8 +0.31% and int4 +0.60% at level 0), whose rounding
-# differs between CPU kernels (AMX, AVX-512 VNNI, AVX2), so the bounds keep a point of room.
-PERPLEXITY_MARGIN = {"int8": 0.03, "int4": 0.04}
-# Least share of positions whose top-1 token agrees with fp32's (measured: int8 91%, int4 87.5%
-# on this short multilingual text; 96% and 91% on the 1k-token benchmark text).
-AGREEMENT_FLOOR = {"int8": 0.88, "int4": 0.80}
+# Perplexity allowed above fp32's on the benchmark text (1124 tokens with BOS). Most of the loss is
+# MatMulNBits' accuracy level 4 (int8 activations: on the verification text int8 +0.31% and int4
+# +0.60% at level 0), whose rounding differs between CPU kernels (AMX, AVX-512 VNNI, AVX2), and a
+# model's perplexity moves with it as with a new draw of noise. Measured on an AMD EPYC, as
+# converted and with every scale jittered by a relative 1e-6 (other draws of that noise): int8
+# +0.08-0.49% (3 draws), int4 +2.15-2.35% (5 draws). The first 256 tokens of the verification
+# text, which this test scored before, moved too much for a bound: int4 +2.94, +3.50, +4.45,
+# +3.51 and +3.59%.
+PERPLEXITY_MARGIN = {"int8": 0.02, "int4": 0.035}
+# Least share of positions whose top-1 token agrees with fp32's (measured the same way: int8
+# 95-96%, int4 91-92%).
+AGREEMENT_FLOOR = {"int8": 0.92, "int4": 0.86}
 
 
 def prompt_and_text(checkpoint: Path, bos_id: int | None) -> tuple[list[int], list[int]]:
@@ -75,12 +80,12 @@ def test_gemma_fp32_greedy_equals_transformers(onnx_model: Callable[[str, str], 
 
 
 @pytest.mark.parametrize("quant", ["int8", "int4"])
-def test_gemma_quantized_perplexity_near_fp32(quant: str, onnx_model: Callable[[str, str], Path], gemma_checkpoint: Path,
-                                              settings: Settings, record_property: Callable[[str, object], None]) -> None:
+def test_gemma_quantized_perplexity_near_fp32(quant: str, onnx_model: Callable[[str, str], Path], settings: Settings,
+                                              record_property: Callable[[str, object], None]) -> None:
     results = {}
     for precision in ("fp32", quant):
-        with Engine.load(str(onnx_model("gemma-270m", precision)), settings, PlanRequest(n_ctx=1024)) as engine:
-            _, tokens = prompt_and_text(gemma_checkpoint, engine.backend.info.bos_id)
+        with Engine.load(str(onnx_model("gemma-270m", precision)), settings, PlanRequest(n_ctx=2048)) as engine:
+            tokens = engine.backend.tokenize(bench_text(), add_bos=True, special=False)
             results[precision] = engine.backend.score(0, tokens)
     base, ours = results["fp32"], results[quant]
     agreement = float(np.mean(base.top1 == ours.top1))
