@@ -54,6 +54,14 @@ def prompt_and_text(checkpoint: Path, bos_id: int | None) -> tuple[list[int], li
     return prompt, (bos + reference_tokenize(checkpoint, text))[:SCORED_TOKENS]
 
 
+def first_logits(folder: Path, settings: Settings) -> np.ndarray:
+    """The logits of the verification text's first 64 tokens, by the model in `folder`."""
+    with Engine.load(str(folder), settings, PlanRequest(n_ctx=256)) as engine:
+        backend = engine.backend
+        tokens = backend.tokenize(verify_text(), add_bos=backend.info.add_bos, special=False)[:64]
+        return backend.evaluate_all(0, tokens, 0).copy()
+
+
 @pytest.mark.parametrize("name", TINY_ARCHITECTURES)
 def test_tiny_fp32_greedy_equals_transformers(name: str, onnx_model: Callable[[str, str], Path],
                                              tiny_checkpoint: Callable[[str], Path], settings: Settings) -> None:
@@ -136,11 +144,7 @@ def test_smoothing_folds_exactly(name: str, tiny_checkpoint: Callable[[str], Pat
     source = tiny_checkpoint(name)
     logits = {}
     for quant in ("fp32", "fp32-smoothed"):
-        folder = convert_to_onnx(source, tmp_path / quant, quant).output
-        with Engine.load(str(folder), settings, PlanRequest(n_ctx=256)) as engine:
-            backend = engine.backend
-            tokens = backend.tokenize(verify_text(), add_bos=backend.info.add_bos, special=False)[:64]
-            logits[quant] = backend.evaluate_all(0, tokens, 0).copy()
+        logits[quant] = first_logits(convert_to_onnx(source, tmp_path / quant, quant).output, settings)
     formats = json.loads((tmp_path / "fp32-smoothed" / ONNX_MARKER).read_text())["weight_formats"]
     assert all(fmt.startswith("float32 smoothed") for matrix, fmt in formats.items() if matrix != "embed_tokens"), formats
     np.testing.assert_allclose(logits["fp32-smoothed"], logits["fp32"], rtol=1e-4, atol=1e-4 * float(np.abs(logits["fp32"]).max()))
@@ -161,10 +165,7 @@ def test_matrices_split_in_runs_of_rows_give_the_same_logits(name: str, chunk_by
             monkeypatch.setattr("converters.onnx.PACK_CHUNK_ROWS", 8)
         folder = convert_to_onnx(source, tmp_path / str(split), "int8").output
         counts[split] = json.loads((folder / ONNX_MARKER).read_text())["operators"]
-        with Engine.load(str(folder), settings, PlanRequest(n_ctx=256)) as engine:
-            backend = engine.backend
-            tokens = backend.tokenize(verify_text(), add_bos=backend.info.add_bos, special=False)[:64]
-            logits[split] = backend.evaluate_all(0, tokens, 0).copy()
+        logits[split] = first_logits(folder, settings)
     assert counts[True]["MatMulNBits"] >= counts[False]["MatMulNBits"] + 3 and counts[True]["Concat"] > counts[False].get("Concat", 0)
     np.testing.assert_array_equal(logits[True], logits[False])
 
