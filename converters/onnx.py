@@ -124,8 +124,9 @@ class QuantPlan:
     sensitive_roles: tuple[str, ...] = ()
     # This many first and last layers keep every weight at 8 bits when linear_bits is 4.
     edge_layers: int = 0
-    # Block size of 4-bit weights; 8-bit ones use BLOCK_SIZE.
+    # Block sizes of 4-bit and 8-bit linear weights.
     block_4bit: int = BLOCK_SIZE
+    block_8bit: int = BLOCK_SIZE
     # Block size of the embedding (and of the output head, tied or not).
     embedding_block: int = BLOCK_SIZE
     float_storage: type = np.float32
@@ -176,11 +177,26 @@ QUANT_PLANS: dict[str, QuantPlan] = {
     # 283, peak RSS 645 against 709 MiB. Smoothing only the head: +2.6/+3.3/+2.1%. Blocks of 128 for
     # the 8-bit linears too: +4.2/+3.2/+2.1% (+4.2/+5.2/+2.5% unsmoothed); with 4-bit gate_up
     # in blocks of 32 besides: +6.5/+4.7/+3.1%. Each figure is one draw of the int8 activations'
-    # rounding noise: the shipped plan with its scales jittered by 1e-6 gave +3.5-4.5/+2.6-3.3/
-    # +2.2-2.4% (4 draws), and its scales stored as float16 +4.2/+3.0/+2.2% (253 MiB).
+    # rounding noise: that plan (8-bit linears in blocks of 32, 4-bit ones of 16, two edge layers)
+    # with its scales jittered by 1e-6 gave +3.5-4.5/+2.6-3.3/+2.2-2.4% (4 draws).
+    # Speed: MatMulNBits' int8 kernels run blocks of 128 and 4-bit blocks of 32 much faster than
+    # 8-bit blocks of 32 and 4-bit blocks of 16. Decode tok/s (medians of 8 alternating rounds, 64
+    # tokens after 512, AMD EPYC, 2 threads) / perplexity / on disk, against that plan's 52.5 /
+    # +2.9/+2.6/+2.2% / 264 MiB: 8-bit linears in blocks of 128 56.7 / +5.5/+3.7/+2.4% / 257 MiB;
+    # and 4-bit blocks of 32 64.4 / +5.3/+4.3/+2.6% / 252 MiB; and one edge layer (this plan)
+    # +5.2/+4.0/+2.6% / 250 MiB; no edge layer +8.0/+5.7/+3.3%. So this plan is 22% faster at
+    # +1.4 points on the multilingual verification text and +0.4 on the benchmark text; two more
+    # draws +6.2/+4.4-4.9/+2.6-2.7%. Not taken: the head symmetric at 8 bits (1.25 MiB less, no
+    # zero points) +4.7-6.1/+3.5-4.2/+2.7-2.9% (3 draws); 4-bit q, v and down too, 246 MiB
+    # +6.4/+5.0/+4.2% for 18% faster decoding (every linear 4-bit: +8.8% on the benchmark text);
+    # the embedding's rows from id 65536 on at 4 bits except single characters, 226 MiB and 7%
+    # faster, +2.3% on the benchmark text but +10.7% on the verification text (+6.4% in blocks of
+    # 16, which decode slower): its Chinese, Japanese and Korean lines hold such tokens. A 4-bit
+    # head would not pay either: alone, MatMulNBits over Gemma's 262k x 640 took 7.8 ms a row at
+    # 4 bits in blocks of 32 and 8.1 ms at 8 bits in blocks of 128.
     "int4": QuantPlan(
         "int4", linear_bits=4, embedding_bits=8, sensitive_roles=("q_proj", "v_proj", "o_proj", "down_proj"),
-        edge_layers=2, block_4bit=16, embedding_block=128, calibrate=True, smooth=0.5,
+        edge_layers=1, block_8bit=128, embedding_block=128, calibrate=True, smooth=0.5,
     ),
 }
 
@@ -343,7 +359,7 @@ class _Build:
         if smooth is not None:
             weight = weight * smooth
         if bits:
-            block = self.quant.embedding_block if role == "embedding" else self.quant.block_4bit if bits == 4 else BLOCK_SIZE
+            block = self.quant.embedding_block if role == "embedding" else self.quant.block_4bit if bits == 4 else self.quant.block_8bit
             self.formats[name] = f"int{bits}/{block}" + (" smoothed" if smooth is not None else "")
             seen = self.activations.get(x)
             if smooth is not None and seen is not None:
