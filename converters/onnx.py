@@ -184,11 +184,13 @@ QUANT_PLANS: dict[str, QuantPlan] = {
     # tokens after 512, AMD EPYC, 2 threads) / perplexity / on disk, against that plan's 52.5 /
     # +2.9/+2.6/+2.2% / 264 MiB: 8-bit linears in blocks of 128 56.7 / +5.5/+3.7/+2.4% / 257 MiB;
     # and 4-bit blocks of 32 64.4 / +5.3/+4.3/+2.6% / 252 MiB; and one edge layer (this plan)
-    # +5.2/+4.0/+2.6% / 250 MiB; no edge layer +8.0/+5.7/+3.3%. So this plan is 22% faster at
-    # +1.4 points on the multilingual verification text and +0.4 on the benchmark text; two more
+    # +5.2/+4.0/+2.6% / 250 MiB; no edge layer +8.0/+5.7/+3.3%. This plan against that one, 10
+    # rounds on the benchmark text: 59.3 against 49.7 tok/s (+19%), at +1.4 points on the
+    # multilingual verification text and +0.4 on the benchmark text; two more
     # draws +6.2/+4.4-4.9/+2.6-2.7%. Not taken: the head symmetric at 8 bits (1.25 MiB less, no
-    # zero points) +4.7-6.1/+3.5-4.2/+2.7-2.9% (3 draws); 4-bit q, v and down too, 246 MiB
-    # +6.4/+5.0/+4.2% for 18% faster decoding (every linear 4-bit: +8.8% on the benchmark text);
+    # zero points) +4.7-6.1/+3.5-4.2/+2.7-2.9% (3 draws); o_proj at 4 bits too, 246 MiB,
+    # +6.4/+5.0/+4.2%; q, v and o +12.8/+10.3/+4.7%; every linear, 232 MiB, +16.5/+12.5/+8.8%, for
+    # 14-18% faster decoding;
     # the embedding's rows from id 65536 on at 4 bits except single characters, 226 MiB and 7%
     # faster, +2.3% on the benchmark text but +10.7% on the verification text (+6.4% in blocks of
     # 16, which decode slower): its Chinese, Japanese and Korean lines hold such tokens. A 4-bit
