@@ -174,28 +174,27 @@ QUANT_PLANS: dict[str, QuantPlan] = {
     # Smoothed (alpha 0.5), the head runs at 8-bit blocks of 128 (MatMulNBits 7.2 ms a token
     # against 10.8 at blocks of 32; a 4-bit head, 6.5 ms, is +81% with plain rounding and +5.7%
     # with GPTQ on its own): +2.9/+2.6/+2.2% with every linear smoothed, 264 MiB on disk against
-    # 283, peak RSS 645 against 709 MiB. Smoothing only the head: +2.6/+3.3/+2.1%. Blocks of 128 for
-    # the 8-bit linears too: +4.2/+3.2/+2.1% (+4.2/+5.2/+2.5% unsmoothed); with 4-bit gate_up
-    # in blocks of 32 besides: +6.5/+4.7/+3.1%. Each figure is one draw of the int8 activations'
-    # rounding noise: that plan (8-bit linears in blocks of 32, 4-bit ones of 16, two edge layers)
-    # with its scales jittered by 1e-6 gave +3.5-4.5/+2.6-3.3/+2.2-2.4% (4 draws).
-    # Speed: MatMulNBits' int8 kernels run blocks of 128 and 4-bit blocks of 32 much faster than
-    # 8-bit blocks of 32 and 4-bit blocks of 16. Decode tok/s (medians of 8 alternating rounds, 64
-    # tokens after 512, AMD EPYC, 2 threads) / perplexity / on disk, against that plan's 52.5 /
-    # +2.9/+2.6/+2.2% / 264 MiB: 8-bit linears in blocks of 128 56.7 / +5.5/+3.7/+2.4% / 257 MiB;
-    # and 4-bit blocks of 32 64.4 / +5.3/+4.3/+2.6% / 252 MiB; and one edge layer (this plan)
-    # +5.2/+4.0/+2.6% / 250 MiB; no edge layer +8.0/+5.7/+3.3%. This plan against that one, 10
-    # rounds on the benchmark text: 59.3 against 49.7 tok/s (+19%), at +1.4 points on the
-    # multilingual verification text and +0.4 on the benchmark text; two more
-    # draws +6.2/+4.4-4.9/+2.6-2.7%. Not taken: the head symmetric at 8 bits (1.25 MiB less, no
-    # zero points) +4.7-6.1/+3.5-4.2/+2.7-2.9% (3 draws); o_proj at 4 bits too, 246 MiB,
-    # +6.4/+5.0/+4.2%; q, v and o +12.8/+10.3/+4.7%; every linear, 232 MiB, +16.5/+12.5/+8.8%, for
-    # 14-18% faster decoding;
-    # the embedding's rows from id 65536 on at 4 bits except single characters, 226 MiB and 7%
-    # faster, +2.3% on the benchmark text but +10.7% on the verification text (+6.4% in blocks of
-    # 16, which decode slower): its Chinese, Japanese and Korean lines hold such tokens. A 4-bit
-    # head would not pay either: alone, MatMulNBits over Gemma's 262k x 640 took 7.8 ms a row at
-    # 4 bits in blocks of 32 and 8.1 ms at 8 bits in blocks of 128.
+    # 283, peak RSS 645 against 709 MiB. Smoothing only the head: +2.6/+3.3/+2.1%. Each figure is
+    # one draw of the int8 activations' rounding noise: that plan (8-bit linears in blocks of 32,
+    # 4-bit ones of 16, two edge layers) with its scales jittered by 1e-6 gave +3.5-4.5/+2.6-3.3/
+    # +2.2-2.4% (4 draws).
+    # Speed: MatMulNBits' CPU kernels run 8-bit blocks of 128 and 4-bit blocks of 32 much faster
+    # than 8-bit blocks of 32 and 4-bit blocks of 16. Decode tok/s (medians of 8 alternating
+    # rounds, 64 tokens after 512, AMD EPYC, 2 threads) / perplexity / on disk, against that
+    # plan's 52.5 / +2.9/+2.6/+2.2% / 264 MiB: 8-bit linears in blocks of 128 56.7 /
+    # +5.5/+3.7/+2.4% / 257 MiB; and 4-bit blocks of 32 64.4 / +5.3/+4.3/+2.6% / 252 MiB; and one
+    # edge layer (this plan) +5.2/+4.0/+2.6% / 250 MiB; no edge layer +8.0/+5.7/+3.3%. This plan
+    # against that one, 10 rounds on the benchmark text: 59.3 against 49.7 tok/s (+19%), at +1.4
+    # points on the multilingual verification text and +0.4 on the benchmark text; two more draws
+    # +6.2/+4.4-4.9/+2.6-2.7%.
+    # Not taken: the head symmetric at 8 bits (1.25 MiB less, no zero points)
+    # +4.7-6.1/+3.5-4.2/+2.7-2.9% (3 draws); o_proj at 4 bits too, 246 MiB, +6.4/+5.0/+4.2%; q, v
+    # and o +12.8/+10.3/+4.7%; every linear, 232 MiB, +16.5/+12.5/+8.8%, for 14-18% faster
+    # decoding; the embedding's rows from id 65536 on at 4 bits except single characters, 226 MiB
+    # and 7% faster, +2.3% on the benchmark text but +10.7% on the verification text (+6.4% in
+    # blocks of 16, which decode slower): its Chinese, Japanese and Korean lines hold such tokens.
+    # A 4-bit head would not pay either: alone, MatMulNBits over Gemma's 262k x 640 took 7.8 ms a
+    # row at 4 bits in blocks of 32 and 8.1 ms at 8 bits in blocks of 128.
     "int4": QuantPlan(
         "int4", linear_bits=4, embedding_bits=8, sensitive_roles=("q_proj", "v_proj", "o_proj", "down_proj"),
         edge_layers=1, block_8bit=128, embedding_block=128, calibrate=True, smooth=0.5,
