@@ -87,10 +87,13 @@ class GraphBuilder:
         self.initializers.append(self.data.add(name, array))
         return name
 
+    def _initializer(self, name: str) -> TensorProto:
+        return next(tensor for tensor in self.initializers if tensor.name == name)
+
     def view(self, name: str, of: str, shape: tuple[int, ...]) -> str:
         """A second initializer over the stored bytes of `of`, in another shape of as many values:
         no second copy on disk, and onnxruntime maps (and releases) each separately."""
-        source = next(tensor for tensor in self.initializers if tensor.name == of)
+        source = self._initializer(of)
         if math.prod(shape) != math.prod(source.dims):
             raise ValueError(f"{name}: shape {shape} does not hold the {math.prod(source.dims)} values of {of}")
         self.initializers.append(_reshaped(source, name, shape))
@@ -98,7 +101,7 @@ class GraphBuilder:
 
     def rows(self, name: str, of: str, first: int, count: int) -> str:
         """A view of `count` rows of `of` (along its first axis) from row `first`."""
-        source = next(tensor for tensor in self.initializers if tensor.name == of)
+        source = self._initializer(of)
         if first + count > source.dims[0]:
             raise ValueError(f"{name}: rows {first}..{first + count} lie outside the {source.dims[0]} rows of {of}")
         row_bytes = math.prod(source.dims[1:]) * helper.tensor_dtype_to_np_dtype(source.data_type).itemsize
