@@ -124,9 +124,10 @@ class QuantPlan:
     sensitive_roles: tuple[str, ...] = ()
     # This many first and last layers keep every weight at 8 bits when linear_bits is 4.
     edge_layers: int = 0
-    # Block sizes of 4-bit and 8-bit linear weights.
+    # Block size of 4-bit linear weights; of 8-bit ones, the first of these that divides the
+    # matrix's input width (else the last).
     block_4bit: int = BLOCK_SIZE
-    block_8bit: int = BLOCK_SIZE
+    blocks_8bit: tuple[int, ...] = (BLOCK_SIZE,)
     # Block size of the embedding (and of the output head, tied or not).
     embedding_block: int = BLOCK_SIZE
     float_storage: type = np.float32
@@ -146,6 +147,14 @@ class QuantPlan:
     # hidden state: mean |x| 38 in its largest column, 2.4 in the median one): smoothed, the other
     # columns keep their int8 resolution. 0 turns it off.
     smooth: float = 0.0
+
+    def block(self, role: str, bits: int, k: int) -> int:
+        """The block size of a `bits`-bit matrix of `role` with `k` inputs."""
+        if role == "embedding":
+            return self.embedding_block
+        if bits == 4:
+            return self.block_4bit
+        return next((block for block in self.blocks_8bit if k % block == 0), self.blocks_8bit[-1])
 
     def bits(self, role: str, layer: int = -1, n_layers: int = 0) -> int:
         if role == "embedding":
@@ -183,22 +192,28 @@ QUANT_PLANS: dict[str, QuantPlan] = {
     # rounds, 64 tokens after 512, AMD EPYC, 2 threads) / perplexity / on disk, against that
     # plan's 52.5 / +2.9/+2.6/+2.2% / 264 MiB: 8-bit linears in blocks of 128 56.7 /
     # +5.5/+3.7/+2.4% / 257 MiB; and 4-bit blocks of 32 64.4 / +5.3/+4.3/+2.6% / 252 MiB; and one
-    # edge layer (this plan) +5.2/+4.0/+2.6% / 250 MiB; no edge layer +8.0/+5.7/+3.3%. This plan
-    # against that one, 10 rounds on the benchmark text: 59.3 against 49.7 tok/s (+19%), at +1.4
-    # points on the multilingual verification text and +0.4 on the benchmark text; two more draws
-    # +6.2/+4.4-4.9/+2.6-2.7%.
+    # edge layer +5.2/+4.0/+2.6% / 250.25 MiB (59.3 against 49.7 tok/s over 10 rounds); no edge
+    # layer +8.0/+5.7/+3.3%. This plan takes 8-bit blocks of 256 where the input width allows
+    # (o_proj, down_proj): 249.6 MiB, decode 62.5 against 58.7 tok/s and prefill 420 against 403
+    # (12 rounds), +5.2-6.0/+3.7-4.4/+2.5-2.9% (3 draws, scales jittered by 1e-6, against
+    # +5.2-6.2/+4.0-4.9/+2.6-2.7%); a 512-token prompt peaks 16 MiB higher (595 MiB), a short
+    # reply does not.
+    # Decode is bound by the weights read a token: 249 MiB here (the head 166), 160 MiB in
+    # onnxruntime-genai's all-4-bit model (its head 100). In this graph the builder's head format
+    # (4-bit blocks of 32, symmetric; 5.5 ms a token alone against 6.8) decoded 17% faster, and
+    # a 4-bit head costs +5.7% with GPTQ on its own.
     # Not taken: the head symmetric at 8 bits (1.25 MiB less, no zero points)
-    # +4.7-6.1/+3.5-4.2/+2.7-2.9% (3 draws); o_proj at 4 bits too, 246 MiB, +6.4/+5.0/+4.2%; q, v
-    # and o +12.8/+10.3/+4.7%; every linear, 232 MiB, +16.5/+12.5/+8.8%, for 14-18% faster
-    # decoding; the embedding's rows from id 65536 on at 4 bits except single characters, 226 MiB
-    # and 7% faster, +2.3% on the benchmark text but +10.7% on the verification text (+6.4% in
-    # blocks of 16, which decode slower): its Chinese, Japanese and Korean lines hold such tokens.
-    # A 4-bit head would not pay either: alone, MatMulNBits over Gemma's 262k x 640 took 7.8 ms a
-    # row at 4 bits in blocks of 32 and 8.1 ms at 8 bits in blocks of 128.
-    # GPTQ for the 8-bit linears too: +5.7-6.0/+4.3-4.7/+2.7-3.0% (2 draws), no better.
+    # +4.7-6.1/+3.5-4.2/+2.7-2.9% (3 draws), top-1 agreement on the verification text 78-80%, at
+    # `--verify`'s floor; the 8-bit linears symmetric +10.5/+7.4/+3.0%; o_proj at 4 bits too,
+    # 246 MiB, +6.4/+5.0/+4.2%; q, v and o +12.8/+10.3/+4.7%; every linear, 232 MiB,
+    # +16.5/+12.5/+8.8%, for 14-18% faster decoding; the embedding's rows from id 65536 on at 4
+    # bits except single characters, 226 MiB and 7% faster, +2.3% on the benchmark text but +10.7%
+    # on the verification text (+6.4% in blocks of 16, which decode slower): its Chinese, Japanese
+    # and Korean lines hold such tokens. GPTQ for the 8-bit linears too: +5.7-6.0/+4.3-4.7/
+    # +2.7-3.0% (2 draws), no better.
     "int4": QuantPlan(
         "int4", linear_bits=4, embedding_bits=8, sensitive_roles=("q_proj", "v_proj", "o_proj", "down_proj"),
-        edge_layers=1, block_8bit=128, embedding_block=128, calibrate=True, smooth=0.5,
+        edge_layers=1, blocks_8bit=(256, 128), embedding_block=128, calibrate=True, smooth=0.5,
     ),
 }
 
@@ -361,7 +376,7 @@ class _Build:
         if smooth is not None:
             weight = weight * smooth
         if bits:
-            block = self.quant.embedding_block if role == "embedding" else self.quant.block_4bit if bits == 4 else self.quant.block_8bit
+            block = self.quant.block(role, bits, k)
             self.formats[name] = f"int{bits}/{block}" + (" smoothed" if smooth is not None else "")
             seen = self.activations.get(x)
             if smooth is not None and seen is not None:

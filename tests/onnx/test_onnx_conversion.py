@@ -37,10 +37,12 @@ SCORED_TOKENS = 256
 # +0.60% at level 0), whose rounding differs between CPU kernels (AMX, AVX-512 VNNI, AVX2), and a
 # model's perplexity moves with it as with a new draw of noise. Measured on an AMD EPYC, as
 # converted and with every scale jittered by a relative 1e-6 (other draws of that noise): int8
-# +0.08-0.49% (3 draws), int4 +2.59-2.69% (3 draws; top-1 agreement 0.90). The first 256 tokens
-# of the verification text, which this test scored before, moved too much for a bound: with the
-# int4 plan before this one, +2.94, +3.50, +4.45, +3.51 and +3.59%.
-PERPLEXITY_MARGIN = {"int8": 0.02, "int4": 0.035}
+# +0.08-0.49% (3 draws), int4 +2.48-2.85% (3 draws; top-1 agreement 0.90). Another CPU's kernel
+# is another draw, and an earlier int4 plan measured 0.7 points apart on the two CPUs: hence 4%
+# (a conversion bug moved the tiny models' perplexity by 40-1000%). The first 256 tokens of the
+# verification text, which this test scored before, moved too much for a bound: with an earlier
+# int4 plan, +2.94, +3.50, +4.45, +3.51 and +3.59%.
+PERPLEXITY_MARGIN = {"int8": 0.02, "int4": 0.04}
 # Least share of positions whose top-1 token agrees with fp32's (measured the same way: int8
 # 95-96%, int4 90%; 91-92% with the plan before).
 AGREEMENT_FLOOR = {"int8": 0.92, "int4": 0.86}
@@ -205,6 +207,24 @@ def test_tied_head_reads_the_embeddings_stored_bytes(onnx_model: Callable[[str, 
         assert offset == int(table["offset"]) + int(table["length"]), part
     used = {name for node in model.graph.node for name in node.input}
     assert set(stored) <= used
+
+
+def test_int4_blocks_follow_each_matrix(onnx_model: Callable[[str, str], Path]) -> None:
+    """Gemma 3 270M at int4: 8-bit matrices in blocks of 256 where their input width allows
+    (o_proj's 1024, down_proj's 2048), else of 128 (qkv's and the head's 640); 4-bit ones of 32."""
+    import onnx
+
+    model = onnx.load(str(onnx_model("gemma-270m", "int4") / "model.onnx"), load_external_data=False)
+    found: dict[tuple[str, int, int], set[int]] = {}
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits":
+            attrs = {a.name: a.i for a in node.attribute}
+            role = node.name.split("/")[0].rsplit(".", 1)[-1]
+            found.setdefault((role, attrs["bits"], attrs["K"]), set()).add(attrs["block_size"])
+    assert found == {
+        ("qkv_proj", 8, 640): {128}, ("o_proj", 8, 1024): {256}, ("gate_up_proj", 4, 640): {32},
+        ("gate_up_proj", 8, 640): {128}, ("down_proj", 8, 2048): {256}, ("lm_head", 8, 640): {128},
+    }
 
 
 def test_unsupported_architecture_is_one_clear_error(tiny_checkpoint: Callable[[str], Path], tmp_path: Path) -> None:

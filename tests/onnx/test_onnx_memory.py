@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-# Measured 483 MiB with the 250 MiB int4 plan, 511 MiB with the 264 MiB one before it (645 MiB
-# before its head was packed in runs of rows, 710 MiB with the head in 8-bit blocks of 32, 787 MiB
-# before the tied head read the embedding's bytes under its own names, 1253 MiB before the
-# tokenizer was loaded first and its parse handed back); 1.25x room for another CPU's packed
-# weight layout.
+# Measured 481 MiB with the 249.6 MiB int4 plan (483 with its 8-bit blocks all of 128), 511 MiB
+# with the 264 MiB plan before it (645 MiB before its head was packed in runs of rows, 710 MiB with
+# the head in 8-bit blocks of 32, 787 MiB before the tied head read the embedding's bytes under its
+# own names, 1253 MiB before the tokenizer was loaded first and its parse handed back); 1.25x room
+# for another CPU's packed weight layout.
 PEAK_RSS_BOUND_MIB = 604
 
 CHILD = """
