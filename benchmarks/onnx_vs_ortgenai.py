@@ -276,7 +276,7 @@ def table(medians: dict[str, dict[str, float]], fp32: float) -> str:
         m = medians[side]
         lines.append(
             f"| {LABELS[side]} | {m['decode_tok_s']:.1f} | {m['prefill_tok_s']:.0f} | {m['ttft_s']:.2f} s "
-            f"| {m['peak_mib']:.0f} MiB ({m['load_peak_mib']:.0f}) | {m['on_disk_mib']:.0f} MiB "
+            f"| {m['peak_mib']:.0f} MiB ({m['load_peak_mib']:.0f}) | {m['on_disk_mib']:.1f} MiB "
             f"| {m['perplexity']:.2f} ({100 * (m['perplexity'] / fp32 - 1):+.1f}%) |"
         )
     return "\n".join(lines)
