@@ -31,8 +31,16 @@ class Bounds:
     greedy: float  # least share of greedy tokens identical before the first difference
     top1: float  # least share of positions whose most likely next token agrees
     perplexity: float  # most relative difference of the perplexity, either way
+    # Where transformers' top logits lie this close to our greedy pick, the pick counts as equal
+    # (`ReferenceModel.greedy_following`): rounding moves them that much.
+    near_tie: float = 0.0
 
 
+# Gemma 3 270M's int4 ONNX moves the gap between fp32's top two logits by 0.26-0.29 (median) and
+# 0.8 (90th percentile) on the verify text; the verify prompt's third token has transformers' top
+# three within 0.39, and int4 conversions differing only in their int8 activations' rounding took
+# the first or the third.
+NEAR_TIE_4BIT = 0.5
 # Float and Q8_0 outputs must continue identically. Perplexity, relative to transformers' on the
 # verify text, measured (AMD EPYC, AVX-512): Gemma 3 270M f32 +0.005%, f16 +0.01%, bf16 +0.006%,
 # q8_0 +0.6%, q6_k +3.4%, q5_k_m +6.3%, q4_k_m +0.6%, q4_0 +94% (that checkpoint is dequantized
@@ -47,8 +55,8 @@ BOUNDS: dict[str, Bounds] = {
     "q8_0": Bounds(1.0, 0.93, 0.03),
     "q6_k": Bounds(0.5, 0.9, 0.08),
     "q5_k_m": Bounds(0.3, 0.85, 0.15),
-    "q4_k_m": Bounds(0.2, 0.8, 0.3),
-    "q4_0": Bounds(0.2, 0.75, 0.5),
+    "q4_k_m": Bounds(0.2, 0.8, 0.3, NEAR_TIE_4BIT),
+    "q4_0": Bounds(0.2, 0.75, 0.5, NEAR_TIE_4BIT),
 }
 VERDICTS = {True: "pass", False: "FAIL", None: "SKIPPED"}
 
@@ -147,15 +155,27 @@ class ReferenceModel:
         return logprobs.numpy(), logits.argmax(-1).numpy()
 
     def greedy(self, prompt: Sequence[int], n: int) -> list[int]:
+        return self.greedy_following(prompt, n, (), 0.0)[0]
+
+    def greedy_following(self, prompt: Sequence[int], n: int, other: Sequence[int], tie: float) -> tuple[list[int], list[int]]:
+        """The greedy continuation, except that where `other` (another model's continuation so far
+        equal) picks a token within `tie` logits of the top one, it takes that token: (tokens, the
+        steps where it did)."""
         torch = self.torch
         produced: list[int] = []
+        followed: list[int] = []
         with torch.inference_mode():
             out = self.model(torch.tensor([list(prompt)]), use_cache=True)
-            for _ in range(n):
-                token = int(out.logits[0, -1].argmax())
+            for step in range(n):
+                logits = out.logits[0, -1]
+                token = int(logits.argmax())
+                same_so_far = list(other[:step]) == produced
+                if step < len(other) and other[step] != token and same_so_far and float(logits[token] - logits[other[step]]) <= tie:
+                    token = other[step]
+                    followed.append(step)
                 produced.append(token)
                 out = self.model(torch.tensor([[token]]), past_key_values=out.past_key_values, use_cache=True)
-        return produced
+        return produced, followed
 
 
 def transformers_available() -> bool:
@@ -229,12 +249,14 @@ def verify_gguf(gguf_path: Path, checkpoint: Path, quant: str, text: str | None 
                 f"{agreement:.1%} of {len(ref_top1)} next-token predictions equal transformers' (floor {bounds.top1:.0%})",
             )
         )
-        matching = _first_difference(ours_greedy, reference.greedy(prompt, GREEDY_TOKENS))
+        theirs, ties = reference.greedy_following(prompt, GREEDY_TOKENS, ours_greedy, bounds.near_tie)
+        matching = _first_difference(ours_greedy, theirs)
+        at_ties = f"; {len(ties)} of ours within {bounds.near_tie} logits of its top one taken as equal" if ties else ""
         checks.append(
             Check(
                 "greedy continuation",
                 matching / GREEDY_TOKENS >= bounds.greedy,
-                f"{matching}/{GREEDY_TOKENS} greedy tokens equal transformers' before the first difference (floor {bounds.greedy:.0%})",
+                f"{matching}/{GREEDY_TOKENS} greedy tokens equal transformers' before the first difference (floor {bounds.greedy:.0%}){at_ties}",
             )
         )
     why_none = reference if isinstance(reference, str) else ""

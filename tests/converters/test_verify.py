@@ -102,3 +102,21 @@ def test_cli_without_transformers_says_skipped_and_exits_0(
         line = next(line for line in printed.splitlines() if line.startswith(name))
         assert "SKIPPED" in line and "torch and transformers are not installed" in line, line
     assert "verify: NOT fully verified: 1 of 4 checks passed, 3 SKIPPED" in printed
+
+
+def test_reference_takes_the_other_models_pick_only_at_a_near_tie(tiny_checkpoint: Callable[[str], Path]) -> None:
+    """transformers' greedy continuation follows another model's pick where that pick's logit lies
+    within the tie of its top one, and only there; then it goes on greedily from that token."""
+    import torch
+
+    from converters.verify import ReferenceModel
+
+    reference = ReferenceModel(tiny_checkpoint("llama"))
+    prompt = [1, 5, 9, 13]
+    with torch.inference_mode():
+        best = torch.topk(reference.model(torch.tensor([prompt])).logits[0, -1], 2)
+    runner_up, gap = int(best.indices[1]), float(best.values[0] - best.values[1])
+    followed, steps = reference.greedy_following(prompt, 6, [runner_up], gap * 1.01)
+    assert followed[0] == runner_up and steps == [0]
+    assert followed[1:] == reference.greedy([*prompt, runner_up], 5)
+    assert reference.greedy_following(prompt, 6, [runner_up], gap * 0.99) == (reference.greedy(prompt, 6), [])
