@@ -27,7 +27,7 @@ KIB = 1024
 
 def _step(name: str, work: Path, threads: int) -> None:
     """One timed step, run in a child process."""
-    from converters.gguf import convert_checkpoint, quantize_gguf
+    from localchat.converters.gguf import convert_checkpoint, quantize_gguf
 
     checkpoint = work / "gemma-3-270m"
     started = time.perf_counter()
@@ -51,7 +51,7 @@ def _timed_child(name: str, work: Path, threads: int) -> dict[str, float]:
 
 
 def _perplexities(work: Path) -> dict[str, float]:
-    from converters.verify import ReferenceModel, reference_tokenize, verify_text
+    from localchat.converters.verify import ReferenceModel, reference_tokenize, verify_text
     from localchat.engine import Engine
     from localchat.planner import PlanRequest
     from localchat.settings import Settings
@@ -76,7 +76,7 @@ def main() -> None:
     if args.step:
         _step(args.step, args.work, args.threads)
         return
-    from converters.reference_checkpoints import build_gemma3_270m_checkpoint
+    from localchat.converters.reference_checkpoints import build_gemma3_270m_checkpoint
 
     template = importlib.resources.files("localchat.assets").joinpath("templates/gemma.jinja").read_text()
     args.work.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ import json
 
 import numpy as np
 
-from converters.verify import verify_text
+from localchat.converters.verify import verify_text
 from localchat.engine import Engine
 from localchat.planner import PlanRequest
 from localchat.settings import Settings

@@ -263,7 +263,7 @@ def weights_mib(folder: Path) -> float:
 def _reference_perplexity(checkpoint: Path, tokens: list[int]) -> float:
     import numpy as np
 
-    from converters.verify import ReferenceModel
+    from localchat.converters.verify import ReferenceModel
 
     logprobs, _ = ReferenceModel(checkpoint).logprobs_and_top1(tokens)
     return float(np.exp(-logprobs.mean()))
@@ -301,8 +301,8 @@ def main() -> None:
     if missing:
         raise SystemExit(missing)
 
-    from converters.reference_checkpoints import build_gemma3_270m_checkpoint
-    from converters.verify import reference_tokenize
+    from localchat.converters.reference_checkpoints import build_gemma3_270m_checkpoint
+    from localchat.converters.verify import reference_tokenize
     from localchat.backends.onnx import SCORE_CHUNK
     from localchat.bench import bench_text
 

@@ -24,7 +24,7 @@ from localchat.backends.base import SamplerSettings
 from localchat.engine import Engine
 from localchat.planner import PlanRequest
 from localchat.session import Chat
-from tui.app import REPLY_SETTINGS
+from localchat.tui.app import REPLY_SETTINGS
 
 PROMPTS = (
     "Write a haiku about the sea.",

@@ -13,7 +13,7 @@ CUDA builds of torchvision, torchaudio and torchcodec that it pulls):
 
     python benchmarks/vs_vllm.py --vllm-python /path/to/venv/bin/python --checkpoint DIR [--rounds 3] [--dtype bfloat16]
 
-DIR: `python -c "from converters.reference_checkpoints import gemma_checkpoint; print(gemma_checkpoint())"`
+DIR: `python -c "from localchat.converters.reference_checkpoints import gemma_checkpoint; print(gemma_checkpoint())"`
 or the pytest cache's copy (.pytest_cache/d/gemma-3-270m-hf). Prints one JSON object; record it
 with the machine's load (`uptime`).
 """

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from gguf import MODEL_ARCH, MODEL_ARCH_NAMES, GGUFWriter, RopeScalingType, get_tensor_name_map
 
-from converters.checkpoint import Checkpoint, ModelConfig, RopeSettings, TensorRef
+from localchat.converters.checkpoint import Checkpoint, ModelConfig, RopeSettings, TensorRef
 from localchat.errors import ModelError
 
 # Present in some checkpoints, recomputed by llama.cpp.

@@ -7,12 +7,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from converters.checkpoint import CheckpointSource, locate_checkpoint
-from converters.gguf import DEFAULT_QUANT, QUANT_TYPES, convert_checkpoint, default_output_path
+from localchat.converters.checkpoint import CheckpointSource, locate_checkpoint
+from localchat.converters.gguf import DEFAULT_QUANT, QUANT_TYPES, convert_checkpoint, default_output_path
 from localchat.errors import InvalidSettingError
 
 if TYPE_CHECKING:
-    from converters.verify import VerifyReport
+    from localchat.converters.verify import VerifyReport
 
 ONNX_QUANTS = ("fp32", "fp16", "int8", "int4")
 DEFAULT_QUANTS = {"gguf": DEFAULT_QUANT, "onnx": "int4"}
@@ -64,7 +64,7 @@ def _to_gguf(args: argparse.Namespace, source: CheckpointSource, bar: ProgressBa
 
 
 def _to_onnx(args: argparse.Namespace, source: CheckpointSource, bar: ProgressBar) -> tuple[Path, str]:
-    from converters.onnx import convert_to_onnx
+    from localchat.converters.onnx import convert_to_onnx
 
     if args.quant not in ONNX_QUANTS:
         raise InvalidSettingError(f"--quant {args.quant} is a GGUF type; for --to onnx choose one of: {', '.join(ONNX_QUANTS)}")
@@ -75,13 +75,13 @@ def _to_onnx(args: argparse.Namespace, source: CheckpointSource, bar: ProgressBa
 
 
 def _verify_gguf(output: Path, checkpoint: Path, quant: str) -> VerifyReport:
-    from converters.verify import verify_gguf
+    from localchat.converters.verify import verify_gguf
 
     return verify_gguf(output, checkpoint, quant)
 
 
 def _verify_onnx(output: Path, checkpoint: Path, quant: str) -> VerifyReport:
-    from converters.onnx import verify_onnx
+    from localchat.converters.onnx import verify_onnx
 
     return verify_onnx(output, checkpoint, quant)
 

@@ -24,9 +24,9 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, LlamaFileType
 from gguf.quants import quantize as gguf_quantize
 
-from converters.architectures import PlannedTensor, add_hparams, architecture_for, plan_tensors, transform
-from converters.checkpoint import Checkpoint
-from converters.tokenizer import add_tokenizer
+from localchat.converters.architectures import PlannedTensor, add_hparams, architecture_for, plan_tensors, transform
+from localchat.converters.checkpoint import Checkpoint
+from localchat.converters.tokenizer import add_tokenizer
 from localchat.errors import InvalidSettingError, LocalchatError, ModelError
 
 INCOMPLETE_SUFFIX = ".incomplete"

@@ -29,9 +29,9 @@ from pathlib import Path
 import numpy as np
 from onnx import TensorProto
 
-from converters.block_quant import quantize, quantize_gptq, unpack
-from converters.checkpoint import Checkpoint, ModelConfig, RopeSettings
-from converters.onnx_graph import MS_DOMAIN, ExternalData, GraphBuilder
+from localchat.converters.block_quant import quantize, quantize_gptq, unpack
+from localchat.converters.checkpoint import Checkpoint, ModelConfig, RopeSettings
+from localchat.converters.onnx_graph import MS_DOMAIN, ExternalData, GraphBuilder
 from localchat.backends.onnx import rotary_input_names, rotary_tables
 from localchat.errors import ModelError
 from localchat.models import ONNX_MARKER
@@ -877,6 +877,6 @@ EQUIVALENT_GGUF_TYPE = {"fp32": "f32", "fp16": "f16", "int8": "q8_0", "int4": "q
 
 def verify_onnx(folder: Path, checkpoint: Path, quant: str):  # -> converters.verify.VerifyReport
     """`--verify` for an ONNX folder: the GGUF converter's checks, which load any model the engine can."""
-    from converters.verify import verify_gguf
+    from localchat.converters.verify import verify_gguf
 
     return verify_gguf(folder, checkpoint, EQUIVALENT_GGUF_TYPE[quant])

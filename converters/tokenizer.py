@@ -17,7 +17,7 @@ from typing import Any
 
 from gguf import GGUFWriter, SpecialVocab, TokenType
 
-from converters.checkpoint import Checkpoint
+from localchat.converters.checkpoint import Checkpoint
 from localchat.errors import ModelError
 
 # tokenizer.json's Split regex -> the llama.cpp pre-tokenizer that implements it.

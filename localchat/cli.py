@@ -312,7 +312,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from tui.app import run_chat_app
+    from localchat.tui.app import run_chat_app
 
     remote = _remote(args)
     if remote is not None and args.draft_model is not None:
@@ -486,7 +486,7 @@ def build_parser() -> argparse.ArgumentParser:
     rm.add_argument("name", metavar="NAME", help="a name from `localchat list`; user/repo without :QUANT removes all of its models")
     rm.set_defaults(handler=cmd_rm)
 
-    from converters.cli import add_parser as add_convert_parser
+    from localchat.converters.cli import add_parser as add_convert_parser
 
     add_convert_parser(commands)
     return parser

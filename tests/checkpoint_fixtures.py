@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from converters.reference_checkpoints import build_gemma3_270m_checkpoint
-from converters.tokenizer import LLAMA3_REGEX, QWEN2_REGEX
-from converters.verify import verify_text
+from localchat.converters.reference_checkpoints import build_gemma3_270m_checkpoint
+from localchat.converters.tokenizer import LLAMA3_REGEX, QWEN2_REGEX
+from localchat.converters.verify import verify_text
 
 try:
     import torch

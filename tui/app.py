@@ -41,7 +41,7 @@ from localchat.reply_parser import (
 from localchat.session import GenerationSettings, GenerationStats
 from localchat.settings import Settings
 from localchat.speculative import DEFAULT_LOOKUP_DRAFT
-from tui.widgets.dialogs import (
+from localchat.tui.widgets.dialogs import (
     Confirm,
     HelpScreen,
     ModelChoice,
@@ -49,7 +49,7 @@ from tui.widgets.dialogs import (
     SystemPromptEditor,
     TextPrompt,
 )
-from tui.widgets.messages import (
+from localchat.tui.widgets.messages import (
     AssistantMessage,
     ContextStart,
     ConversationView,
@@ -57,9 +57,9 @@ from tui.widgets.messages import (
     Reasoning,
     UserMessage,
 )
-from tui.widgets.prompt import PromptInput
-from tui.widgets.sidebar import ConversationList
-from tui.widgets.status import StatusBar
+from localchat.tui.widgets.prompt import PromptInput
+from localchat.tui.widgets.sidebar import ConversationList
+from localchat.tui.widgets.status import StatusBar
 
 REPLY_SETTINGS = GenerationSettings(max_tokens=1024, lookup_draft=DEFAULT_LOOKUP_DRAFT)
 # Text reaches the screen at most this often; MarkdownStream merges what piles up in between.

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from converters.gguf import convert_checkpoint
-from converters.onnx import convert_to_onnx
+from localchat.converters.gguf import convert_checkpoint
+from localchat.converters.onnx import convert_to_onnx
 from localchat.cli import main
 from localchat.errors import ModelError
 

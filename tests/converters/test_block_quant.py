@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from converters.block_quant import quantize, quantize_gptq
+from localchat.converters.block_quant import quantize, quantize_gptq
 
 
 def output_error(restored: np.ndarray, weight: np.ndarray, second_moments: np.ndarray) -> float:

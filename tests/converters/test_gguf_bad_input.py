@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from converters import cli
-from converters.checkpoint import locate_checkpoint
-from converters.gguf import convert_checkpoint
-from converters.tokenizer import TokenizerError, bpe_pre_tokenizer
+from localchat.converters import cli
+from localchat.converters.checkpoint import locate_checkpoint
+from localchat.converters.gguf import convert_checkpoint
+from localchat.converters.tokenizer import TokenizerError, bpe_pre_tokenizer
 from localchat.errors import LocalchatError, ModelError
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from checkpoint_fixtures import TINY_ARCHITECTURES
-from converters.gguf import convert_checkpoint
-from converters.verify import verify_gguf, verify_text
+from localchat.converters.gguf import convert_checkpoint
+from localchat.converters.verify import verify_gguf, verify_text
 from localchat.engine import Engine
 from localchat.gguf_file import read_gguf_header
 from localchat.planner import PlanRequest

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFReader
 
-from converters.gguf import QUANT_TYPES, convert_checkpoint
+from localchat.converters.gguf import QUANT_TYPES, convert_checkpoint
 from localchat.cli import main
 from localchat.engine import Engine
 from localchat.errors import ModelError

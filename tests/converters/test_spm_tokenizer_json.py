@@ -8,8 +8,8 @@ from pathlib import Path
 import llama_cpp
 import pytest
 
-from converters.gguf import convert_checkpoint
-from converters.tokenizer import merge_scores
+from localchat.converters.gguf import convert_checkpoint
+from localchat.converters.tokenizer import merge_scores
 from localchat.backends.llamacpp import ensure_initialized
 from localchat.gguf_file import read_gguf_header
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from converters.gguf import QUANT_TYPES, convert_checkpoint
-from converters.verify import BOUNDS, Check, VerifyReport, perplexity_check, verify_gguf
+from localchat.converters.gguf import QUANT_TYPES, convert_checkpoint
+from localchat.converters.verify import BOUNDS, Check, VerifyReport, perplexity_check, verify_gguf
 from localchat.cli import main
 
 
@@ -90,10 +90,10 @@ def test_perplexity_check_fails_a_subtly_wrong_conversion(tiny_checkpoint: Calla
 def test_cli_without_transformers_says_skipped_and_exits_0(
     tiny_checkpoint: Callable[[str], Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import converters.verify
+    import localchat.converters.verify
 
     # As on a machine without the `convert` extra: only the tokenization can be compared.
-    monkeypatch.setattr(converters.verify, "transformers_available", lambda: False)
+    monkeypatch.setattr(localchat.converters.verify, "transformers_available", lambda: False)
     output = tmp_path / "tiny.gguf"
     assert main(["convert", str(tiny_checkpoint("qwen3")), "--to", "gguf", "--quant", "f16", "-o", str(output), "--verify"]) == 0
     printed = capsys.readouterr().out
@@ -109,7 +109,7 @@ def test_reference_takes_the_other_models_pick_only_at_a_near_tie(tiny_checkpoin
     within the tie of its top one, and only there; then it goes on greedily from that token."""
     import torch
 
-    from converters.verify import ReferenceModel
+    from localchat.converters.verify import ReferenceModel
 
     reference = ReferenceModel(tiny_checkpoint("llama"))
     prompt = [1, 5, 9, 13]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from converters.onnx import convert_to_onnx
+from localchat.converters.onnx import convert_to_onnx
 from localchat.engine import Engine
 from localchat.planner import PlanRequest
 from localchat.settings import Settings

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from converters.verify import reference_tokenize, verify_text
+from localchat.converters.verify import reference_tokenize, verify_text
 from localchat.backends.base import ARGMAX, SamplerSettings
 from localchat.backends.onnx import describe_weight_formats
 from localchat.cli import main

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from checkpoint_fixtures import TINY_ARCHITECTURES
-from converters.checkpoint import Checkpoint
-from converters.onnx import (
+from localchat.converters.checkpoint import Checkpoint
+from localchat.converters.onnx import (
     QUANT_PLANS,
     UnsupportedModelError,
     activation_statistics,
@@ -22,7 +22,7 @@ from converters.onnx import (
     convert_to_onnx,
     tokenizer_facts,
 )
-from converters.verify import ReferenceModel, greedy_continuation, reference_tokenize, verify_text
+from localchat.converters.verify import ReferenceModel, greedy_continuation, reference_tokenize, verify_text
 from localchat.bench import bench_text
 from localchat.engine import Engine
 from localchat.errors import ModelError
@@ -163,8 +163,8 @@ def test_matrices_split_in_runs_of_rows_give_the_same_logits(name: str, chunk_by
     logits, counts = {}, {}
     for split in (False, True):
         if split:
-            monkeypatch.setattr("converters.onnx.PACK_CHUNK_BYTES", chunk_bytes)
-            monkeypatch.setattr("converters.onnx.PACK_CHUNK_ROWS", 8)
+            monkeypatch.setattr("localchat.converters.onnx.PACK_CHUNK_BYTES", chunk_bytes)
+            monkeypatch.setattr("localchat.converters.onnx.PACK_CHUNK_ROWS", 8)
         folder = convert_to_onnx(source, tmp_path / str(split), "int8").output
         counts[split] = json.loads((folder / ONNX_MARKER).read_text())["operators"]
         logits[split] = first_logits(folder, settings)

@@ -14,7 +14,7 @@ import pytest
 from checkpoint_fixtures import TINY_ARCHITECTURES
 from test_onnx_conversion import prompt_and_text
 
-from converters.verify import ReferenceModel
+from localchat.converters.verify import ReferenceModel
 from localchat.backends.onnx import rotary_tables
 from localchat.engine import Engine
 from localchat.models import ONNX_MARKER

@@ -15,7 +15,7 @@ from localchat.engine import Engine
 from localchat.history import ConversationStore
 from localchat.settings import Settings
 from pilot_steps import GEMMA_FILE, GEMMA_REPO, SHORT
-from tui.app import ChatApp
+from localchat.tui.app import ChatApp
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "hub"))
 sys.path.insert(0, str(Path(__file__).parent.parent / "server"))

@@ -9,7 +9,7 @@ from textual.pilot import Pilot
 
 from localchat.backends.base import SamplerSettings
 from localchat.session import GenerationSettings
-from tui.app import ChatApp
+from localchat.tui.app import ChatApp
 
 # Short greedy replies keep a real turn on the real model well under a second on an idle machine.
 SHORT = GenerationSettings(max_tokens=8, sampler=SamplerSettings(temperature=0))

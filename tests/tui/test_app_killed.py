@@ -21,7 +21,7 @@ from localchat.history import ConversationStore
 from localchat.planner import PlanRequest
 from localchat.session import GenerationSettings
 from localchat.settings import Settings
-from tui.app import ChatApp
+from localchat.tui.app import ChatApp
 
 marker = Path(sys.argv[2])
 

@@ -12,11 +12,11 @@ from textual.widgets import OptionList, ProgressBar
 from localchat.engine import Engine
 from localchat.history import ConversationStore
 from localchat.settings import Settings
-from tui.app import ChatApp
-from tui.widgets.dialogs import HelpScreen, ModelPicker
-from tui.widgets.messages import AssistantMessage, Notice, UserMessage
-from tui.widgets.sidebar import ConversationList
-from tui.widgets.status import StatusBar
+from localchat.tui.app import ChatApp
+from localchat.tui.widgets.dialogs import HelpScreen, ModelPicker
+from localchat.tui.widgets.messages import AssistantMessage, Notice, UserMessage
+from localchat.tui.widgets.sidebar import ConversationList
+from localchat.tui.widgets.status import StatusBar
 
 pytestmark = pytest.mark.anyio
 MakeApp = Callable[..., ChatApp]

@@ -11,9 +11,9 @@ from pilot_steps import SHORT, send, wait_until
 from localchat.history import ConversationStore
 from localchat.planner import PlanRequest
 from localchat.settings import Settings
-from tui.app import ChatApp
-from tui.widgets.messages import AssistantMessage, ContextStart, UserMessage
-from tui.widgets.status import StatusBar
+from localchat.tui.app import ChatApp
+from localchat.tui.widgets.messages import AssistantMessage, ContextStart, UserMessage
+from localchat.tui.widgets.status import StatusBar
 
 pytestmark = pytest.mark.anyio
 N_CTX = 256

@@ -12,8 +12,8 @@ from textual.widgets import Input, OptionList, ProgressBar
 
 from localchat.hub import HubModelName, find_cached
 from localchat.settings import Settings
-from tui.app import ChatApp
-from tui.widgets.dialogs import ModelPicker
+from localchat.tui.app import ChatApp
+from localchat.tui.widgets.dialogs import ModelPicker
 
 pytestmark = pytest.mark.anyio
 MakeApp = Callable[..., ChatApp]

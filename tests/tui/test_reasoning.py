@@ -13,8 +13,8 @@ from textual.widgets._collapsible import CollapsibleTitle
 from localchat.engine import Engine
 from localchat.history import ConversationStore
 from localchat.templates import ChatTemplate
-from tui.app import ChatApp, ReplyText
-from tui.widgets.messages import AssistantMessage, Reasoning
+from localchat.tui.app import ChatApp, ReplyText
+from localchat.tui.widgets.messages import AssistantMessage, Reasoning
 
 pytestmark = pytest.mark.anyio
 MakeApp = Callable[..., ChatApp]

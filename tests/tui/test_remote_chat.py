@@ -26,9 +26,9 @@ from localchat.server.settings import ServerSettings
 from localchat.session import GenerationSettings
 from localchat.settings import Settings
 from localchat.templates import ChatTemplate
-from tui.app import ChatApp
-from tui.widgets.messages import AssistantMessage, Notice, Reasoning, UserMessage
-from tui.widgets.status import StatusBar
+from localchat.tui.app import ChatApp
+from localchat.tui.widgets.messages import AssistantMessage, Notice, Reasoning, UserMessage
+from localchat.tui.widgets.status import StatusBar
 
 pytestmark = pytest.mark.anyio
 MODEL = "gemma-3-270m"

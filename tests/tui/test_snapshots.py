@@ -17,9 +17,9 @@ from textual.pilot import Pilot
 
 from localchat.engine import Engine
 from localchat.history import ConversationStore
-from tui.app import ChatApp, ReplyStats, ReplyText
-from tui.widgets.messages import AssistantMessage
-from tui.widgets.status import StatusBar
+from localchat.tui.app import ChatApp, ReplyStats, ReplyText
+from localchat.tui.widgets.messages import AssistantMessage
+from localchat.tui.widgets.status import StatusBar
 
 SIZE = (80, 24)
 ANSWER = """Here is a function that adds two numbers:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tui.widgets.status import StatusBar
+from localchat.tui.widgets.status import StatusBar
 
 MODEL = "gemma-3-270m-q4_k_m"
 FIGURES = "123.4 tok/s  TTFT 0.25s  ctx 1536/2048  RAM 1.2G"
