@@ -3,21 +3,14 @@
 The graph is written straight from the checkpoint's weights with the `onnx` package (no torch
 export): GroupQueryAttention with rotary inside it and past/present KV buffers that can be the same
 memory, SkipSimplifiedLayerNormalization between blocks, MatMulNBits for quantized weights. Beside
-it go the tokenizer files and `localchat_onnx.json`, which tells the runtime what it needs.
-
-Graph inputs: input_ids (batch, seq) int64; seqlens_k (batch) int32 = tokens held after this step
-minus one; total_sequence_length () int32; logits_count (1) int64, how many last positions get
-logits; past_key_values.{i}.key/value (batch, kv_heads, max_length, head_dim); rotary.{kind}.cos/sin
-(positions, rotary_dim / 2), GroupQueryAttention's tables, which the runtime computes at load for
-its context from the marker's `rope_frequencies` (stored, they took 64 MiB for 32k positions).
-Outputs: logits (batch, logits_count, vocab) float32 and present.{i}.key/value, the same buffers
-when bound so.
+it go the tokenizer files and `localchat_onnx.json`, which tells the runtime what it needs: the
+folder's format, the graph's inputs and outputs included, is localchat/onnx_format.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.resources
-import json
 import math
 import os
 import shutil
@@ -32,14 +25,18 @@ from onnx import TensorProto
 from localchat.converters.block_quant import quantize, quantize_gptq, unpack
 from localchat.converters.checkpoint import Checkpoint, ModelConfig, RopeSettings
 from localchat.converters.onnx_graph import MS_DOMAIN, ExternalData, GraphBuilder
-from localchat.backends.onnx import rotary_input_names, rotary_tables
 from localchat.errors import ModelError
-from localchat.models import ONNX_MARKER
+from localchat.onnx_format import (
+    DATA_FILE,
+    GRAPH_FILE,
+    ONNX_MARKER,
+    MatrixFormat,
+    OnnxMetadata,
+    rotary_input_names,
+    rotary_tables,
+    write_metadata,
+)
 
-GRAPH_FILE = "model.onnx"
-DATA_FILE = "model.onnx.data"
-# 2: the rotary tables are graph inputs, computed at load.
-FORMAT_VERSION = 2
 QUANTS = ("fp32", "fp16", "int8", "int4")
 BLOCK_SIZE = 32
 # MatMulNBits accuracy level 4: activations are quantized to int8 per block and the product runs
@@ -286,8 +283,8 @@ class _Build:
     # with its width and whether a 4-bit linear reads it.
     calibrating_for: QuantPlan | None = None
     probes: dict[str, tuple[int, bool]] = field(default_factory=dict)
-    # By matrix: how it is stored ("int4/32": 4 bits in blocks of 32; "float32"), for the JSON.
-    formats: dict[str, str] = field(default_factory=dict)
+    # By matrix: how it is stored, for the marker.
+    formats: dict[str, MatrixFormat] = field(default_factory=dict)
 
     @property
     def config(self) -> ModelConfig:
@@ -377,7 +374,7 @@ class _Build:
             weight = weight * smooth
         if bits:
             block = self.quant.block(role, bits, k)
-            self.formats[name] = f"int{bits}/{block}" + (" smoothed" if smooth is not None else "")
+            self.formats[name] = MatrixFormat(f"int{bits}", block, smoothed=smooth is not None)
             seen = self.activations.get(x)
             if smooth is not None and seen is not None:
                 seen = seen / (np.outer(smooth, smooth) if seen.ndim == 2 else smooth**2)
@@ -392,7 +389,7 @@ class _Build:
             )
             y = self.matmul_nbits(x, stored, name, k=k, n=n, bits=bits, block=block)
         else:
-            self.formats[name] = np.dtype(self.quant.float_storage).name + (" smoothed" if smooth is not None else "")
+            self.formats[name] = MatrixFormat(np.dtype(self.quant.float_storage).name, smoothed=smooth is not None)
             stored = g.weight(f"{name}.weight_t", np.ascontiguousarray(weight.T).astype(self.quant.float_storage))
             if self.quant.float_storage is not self.quant.compute:
                 stored = g.op1("Cast", [stored], f"{name}/cast", to=self.compute_type)
@@ -414,10 +411,10 @@ def _embedding(build: _Build, input_ids: str) -> tuple[str, Callable[[str], str]
     head_smooth = build.smoothing(g.output_name(FINAL_NORM))
     # Tied, the table holds the head's smoothed columns, and the lookup undoes them.
     table_smooth = head_smooth if tied else None
-    smoothed = " smoothed" if table_smooth is not None else ""
-    build.formats["embed_tokens"] = (f"int{bits}/{block}" if bits else np.dtype(build.quant.float_storage).name) + smoothed
+    stored_as = MatrixFormat(f"int{bits}", block) if bits else MatrixFormat(np.dtype(build.quant.float_storage).name)
+    build.formats["embed_tokens"] = dataclasses.replace(stored_as, smoothed=table_smooth is not None)
     if tied:
-        build.formats["lm_head"] = build.formats["embed_tokens"] + " (tied)"
+        build.formats["lm_head"] = dataclasses.replace(build.formats["embed_tokens"], tied=True)
     if table_smooth is not None:
         table = table * table_smooth
     if bits:
@@ -657,7 +654,18 @@ def _all_ids(value: object) -> list[int]:
     return [int(value)] if isinstance(value, int) else []
 
 
-def tokenizer_facts(checkpoint: Checkpoint) -> dict[str, object]:
+@dataclass(frozen=True)
+class TokenizerFacts:
+    """What the marker says of the tokenizer (OnnxMetadata's fields of the same names)."""
+
+    bos_id: int | None
+    eos_id: int | None
+    eog_ids: list[int]
+    add_bos: bool
+    chat_template: str | None
+
+
+def tokenizer_facts(checkpoint: Checkpoint) -> TokenizerFacts:
     """BOS/EOS/end-of-generation ids, whether to add BOS, and the chat template."""
     from tokenizers import Tokenizer
 
@@ -695,21 +703,20 @@ def tokenizer_facts(checkpoint: Checkpoint) -> dict[str, object]:
         template = chat_json.get("chat_template")
     if isinstance(template, list):  # named templates: take the default one
         template = next((t["template"] for t in template if t.get("name") == "default"), None)
-    return {"bos_id": bos, "eos_id": eos, "eog_ids": sorted(eog), "add_bos": add_bos, "chat_template": template}
+    return TokenizerFacts(bos, eos, sorted(eog), add_bos, template)
 
 
 # -- calibration --------------------------------------------------------------------
 
 
-def calibration_tokens(checkpoint: Checkpoint, facts: dict[str, object]) -> list[int]:
+def calibration_tokens(checkpoint: Checkpoint, facts: TokenizerFacts) -> list[int]:
     """The shipped calibration text (prose in a dozen languages, chat turns, code, numbers; not
     the verification or benchmark text) in the checkpoint's tokens, BOS first if it uses one."""
     from tokenizers import Tokenizer
 
     text = importlib.resources.files("localchat.assets").joinpath(CALIBRATION_ASSET).read_text(encoding="utf-8")
     ids = Tokenizer.from_file(str(checkpoint.folder / "tokenizer.json")).encode(text, add_special_tokens=False).ids
-    bos = facts["bos_id"]
-    return ([bos] if facts["add_bos"] and isinstance(bos, int) else []) + ids[:CALIBRATION_TOKENS]
+    return ([facts.bos_id] if facts.add_bos and facts.bos_id is not None else []) + ids[:CALIBRATION_TOKENS]
 
 
 def activation_statistics(checkpoint: Checkpoint, arch: OnnxArchitecture, plan: QuantPlan, tokens: list[int],
@@ -834,32 +841,31 @@ def convert_to_onnx(source: Path, output: Path, quant: str = "fp32", *, progress
         operators = graph.operator_counts()
         kv_dtype = np.dtype(plan.compute)
         kv_bytes_per_token = config.n_layers * 2 * config.n_kv_heads * config.head_dim * kv_dtype.itemsize
-        meta = {
-            "format_version": FORMAT_VERSION,
-            "graph": GRAPH_FILE,
-            "name": config.raw.get("_name_or_path") or source.name,
-            "architecture": arch.name,
-            "source_architecture": config.architecture,
-            "quant": quant,
-            "n_layers": config.n_layers,
-            "n_heads": config.n_heads,
-            "n_kv_heads": config.n_kv_heads,
-            "head_dim": config.head_dim,
-            "hidden_size": config.hidden_size,
-            "n_vocab": config.vocab_size,
-            "n_ctx_train": config.context_length,
-            "max_positions": min(config.context_length or MAX_POSITIONS, MAX_POSITIONS),
-            "rope_frequencies": rope_frequencies(config),
-            "kv_dtype": kv_dtype.name,
-            "kv_bytes_per_token": kv_bytes_per_token,
-            "layer_bytes": int(np.mean(build.layer_bytes)) if build.layer_bytes else 0,
-            "other_bytes": int(data.n_bytes - sum(build.layer_bytes)),
-            "weight_bytes": int(data.n_bytes),
-            "operators": operators,
-            "weight_formats": build.formats,
-            **facts,
-        }
-        (partial / ONNX_MARKER).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        meta = OnnxMetadata(
+            graph=GRAPH_FILE,
+            name=config.raw.get("_name_or_path") or source.name,
+            architecture=arch.name,
+            source_architecture=config.architecture,
+            quant=quant,
+            n_layers=config.n_layers,
+            n_heads=config.n_heads,
+            n_kv_heads=config.n_kv_heads,
+            head_dim=config.head_dim,
+            hidden_size=config.hidden_size,
+            n_vocab=config.vocab_size,
+            n_ctx_train=config.context_length,
+            max_positions=min(config.context_length or MAX_POSITIONS, MAX_POSITIONS),
+            rope_frequencies=rope_frequencies(config),
+            kv_dtype=kv_dtype.name,
+            kv_bytes_per_token=kv_bytes_per_token,
+            layer_bytes=int(np.mean(build.layer_bytes)) if build.layer_bytes else 0,
+            other_bytes=int(data.n_bytes - sum(build.layer_bytes)),
+            weight_bytes=int(data.n_bytes),
+            operators=operators,
+            weight_formats={name: str(stored) for name, stored in build.formats.items()},
+            **dataclasses.asdict(facts),
+        )
+        write_metadata(partial, meta)
         if output.exists():
             shutil.rmtree(output)
         os.replace(partial, output)

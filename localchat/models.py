@@ -19,13 +19,12 @@ from gguf.constants import TokenType
 from localchat import hub
 from localchat.errors import ModelError
 from localchat.gguf_file import GgufHeader, read_gguf_header
+from localchat.onnx_format import ONNX_MARKER, read_metadata
 from localchat.planner import ModelFacts
 from localchat.settings import Settings
 
 DEFAULT_MODEL_NAME = "gemma-3-270m"
 DEFAULT_MODEL_FILE = "gemma-3-270m-q4_k_m.gguf"
-# The marker file an ONNX model folder made by `localchat convert --to onnx` carries.
-ONNX_MARKER = "localchat_onnx.json"
 GGUF_KV_BYTES = 2  # f16 K and V cache entries
 # llama.cpp's keys for a model split over several files (gguf-split, llama_split_path).
 SPLIT_COUNT_KEY = "split.count"
@@ -259,19 +258,16 @@ def _describe_gguf(name: str, path: Path, last_used: float | None) -> InstalledM
 
 
 def _describe_onnx(name: str, folder: Path, last_used: float | None) -> InstalledModel:
-    from localchat.backends.onnx import read_metadata
-
     size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
     try:
         meta = read_metadata(folder)
     except ModelError as error:
         return InstalledModel(name, "onnx", folder, size, last_used=last_used, problem=str(error))
-    context = meta.get("n_ctx_train")
     return InstalledModel(
         name, "onnx", folder, size,
-        quantization=str(meta["quant"]),
-        context_length=context if isinstance(context, int) else None,
-        architecture=str(meta["architecture"]),
+        quantization=meta.quant,
+        context_length=meta.n_ctx_train,
+        architecture=meta.architecture,
         last_used=last_used,
     )
 

@@ -24,7 +24,16 @@ import onnxruntime as ort
 from localchat.backends.base import DRY_SEQUENCE_BREAKERS, ModelInfo, SamplerSettings, TokenScores, score_rows
 from localchat.constraints import TokenGuide
 from localchat.errors import ContextOverflowError, InferenceError, ModelError
-from localchat.models import ONNX_MARKER
+from localchat.onnx_format import (
+    KV_DTYPES,
+    ONNX_MARKER,
+    TOKENIZER_FILE,
+    OnnxMetadata,
+    describe_weight_formats,
+    read_metadata,
+    rotary_input_names,
+    rotary_tables,
+)
 from localchat.planner import BuildFeatures, ModelFacts, Plan
 
 if TYPE_CHECKING:
@@ -40,7 +49,6 @@ SCORE_CHUNK = 32
 CANDIDATE_MARGIN = 30.0
 # About ln(FLT_MAX): DRY's exponent is capped so that base^exponent stays a finite float32.
 FLOAT_MAX_LOG = 88.7228391
-SUPPORTED_FORMAT = 2
 _STATE_MAGIC = b"LCOX1"
 CUDA = "CUDAExecutionProvider"
 
@@ -52,90 +60,6 @@ def build_features() -> BuildFeatures:
         amx=False,
         description=f"onnxruntime {ort.__version__}, providers {', '.join(providers)}",
     )
-
-
-def _count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _positive(value: object) -> bool:
-    return _count(value) and value > 0  # type: ignore[operator]
-
-
-def _rope_frequencies(value: object) -> bool:
-    return isinstance(value, dict) and bool(value) and all(
-        kind in ROTARY_KINDS and isinstance(f, list) and f and all(isinstance(x, float) and x > 0 for x in f) for kind, f in value.items()
-    )
-
-
-def _file_name(value: object) -> bool:
-    """A file directly in the model folder (a marker must not point elsewhere)."""
-    return isinstance(value, str) and value not in ("", ".", "..") and Path(value).name == value
-
-
-# The KV cache's types (the type the graph computes attention in: float16 for fp16 models), and
-# how onnxruntime names each.
-KV_DTYPES = {"float32": "tensor(float)", "float16": "tensor(float16)"}
-# Folders converted before fp16 compute have no kv_dtype: theirs is float32.
-DEFAULT_KV_DTYPE = "float32"
-# Kinds of attention layer with rotary tables of their own (sliding-window layers may use another
-# base frequency).
-ROTARY_KINDS = ("global", "local")
-# The marker's fields the runtime reads: (check, what the value must be, required).
-MARKER_FIELDS: dict[str, tuple[Callable[[object], bool], str, bool]] = {
-    "graph": (_file_name, "a file name in the folder", True),
-    "architecture": (lambda v: isinstance(v, str), "a string", True),
-    "source_architecture": (lambda v: isinstance(v, str), "a string", True),
-    "quant": (lambda v: isinstance(v, str), "a string", True),
-    "n_layers": (_positive, "a positive integer", True),
-    "n_kv_heads": (_positive, "a positive integer", True),
-    "head_dim": (_positive, "a positive integer", True),
-    "n_vocab": (_positive, "a positive integer", True),
-    "max_positions": (_positive, "a positive integer", True),
-    "rope_frequencies": (_rope_frequencies, "lists of positive inverse frequencies by kind (global, local)", True),
-    "n_ctx_train": (lambda v: v is None or _count(v), "an integer or null", True),
-    "kv_bytes_per_token": (_count, "an integer >= 0", True),
-    "kv_dtype": (lambda v: v in KV_DTYPES, " or ".join(KV_DTYPES), False),
-    "layer_bytes": (_count, "an integer >= 0", True),
-    "other_bytes": (_count, "an integer >= 0", True),
-    "weight_bytes": (_count, "an integer >= 0", True),
-    "operators": (lambda v: isinstance(v, dict) and all(_count(n) for n in v.values()), "operator counts", True),
-    "name": (lambda v: v is None or isinstance(v, str), "a string", False),
-    "bos_id": (lambda v: v is None or _count(v), "a token id or null", False),
-    "eos_id": (lambda v: v is None or _count(v), "a token id or null", False),
-    "add_bos": (lambda v: isinstance(v, bool), "true or false", False),
-    "eog_ids": (lambda v: isinstance(v, list) and all(_count(t) for t in v), "a list of token ids", False),
-    "chat_template": (lambda v: v is None or isinstance(v, str), "a string or null", False),
-    "weight_formats": (
-        lambda v: isinstance(v, dict) and all(isinstance(f, str) for f in v.values()), "a table of weight formats", False,
-    ),
-}
-TOKENIZER_FILE = "tokenizer.json"
-
-
-def read_metadata(folder: Path) -> dict[str, object]:
-    """The folder's marker, checked field by field; raises ModelError naming what is wrong."""
-    path = folder / ONNX_MARKER
-    try:
-        meta = json.loads(path.read_bytes().decode("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ModelError(f"{path} cannot be read ({error}); convert the model again") from None
-    if not isinstance(meta, dict):
-        raise ModelError(f"{path} is not a localchat ONNX marker (not a JSON object); convert the model again")
-    if meta.get("format_version") != SUPPORTED_FORMAT:
-        version = str(meta.get("format_version"))[:40]
-        raise ModelError(f"{folder} was made by another localchat version (format {version}); convert it again")
-    for key, (valid, expected, required) in MARKER_FIELDS.items():
-        if key not in meta:
-            if required:
-                raise ModelError(f"{path} has no '{key}'; convert the model again")
-        elif not valid(meta[key]):
-            raise ModelError(f"{path}: '{key}' must be {expected}, not {str(meta[key])[:60]!r}; convert the model again")
-    n_vocab = int(meta["n_vocab"])  # type: ignore[call-overload]
-    for key in ("bos_id", "eos_id"):
-        if isinstance(meta.get(key), int) and meta[key] >= n_vocab:
-            raise ModelError(f"{path}: '{key}' {meta[key]} is beyond the {n_vocab}-token vocabulary; convert the model again")
-    return meta
 
 
 def _release_freed_heap() -> None:
@@ -153,20 +77,20 @@ def _load_error(path: Path, error: Exception) -> ModelError:
     return ModelError(f"onnxruntime could not load {path}: {detail}; convert the model again")
 
 
-def _check_graph(session: ort.InferenceSession, meta: dict[str, object], path: Path) -> None:
+def _check_graph(session: ort.InferenceSession, meta: OnnxMetadata, path: Path) -> None:
     """The graph's inputs and outputs are the ones the marker describes (the KV buffers and the
     logits row are bound by these names and shapes)."""
-    n_layers, kv_heads, head_dim, n_vocab = (int(meta[k]) for k in ("n_layers", "n_kv_heads", "head_dim", "n_vocab"))  # type: ignore[call-overload]
+    n_layers, kv_heads, head_dim, n_vocab = meta.n_layers, meta.n_kv_heads, meta.head_dim, meta.n_vocab
     kv = [f"{kind}.{i}.{part}" for kind in ("past_key_values", "present") for i in range(n_layers) for part in ("key", "value")]
     shapes = {arg.name: arg.shape for arg in (*session.get_inputs(), *session.get_outputs())}
-    rotary = [name for kind in meta["rope_frequencies"] for name in rotary_input_names(kind)]  # type: ignore[attr-defined]
+    rotary = [name for kind in meta.rope_frequencies for name in rotary_input_names(kind)]
     wanted = {"input_ids", "seqlens_k", "total_sequence_length", "logits_count", "logits", *kv, *rotary}
     if missing := sorted(wanted - shapes.keys()) or sorted({arg.name for arg in session.get_inputs()} - wanted):
         raise ModelError(
             f"{path}: the graph does not match {ONNX_MARKER} ({n_layers} layers; the graph lacks or adds {missing[0]}); "
             "convert the model again"
         )
-    kv_type = KV_DTYPES[str(meta.get("kv_dtype", DEFAULT_KV_DTYPE))]
+    kv_type = KV_DTYPES[meta.kv_dtype]
     if wrong := next((arg for arg in session.get_inputs() if arg.name in kv and arg.type != kv_type), None):
         raise ModelError(
             f"{path}: the graph's {wrong.name} is a {wrong.type} where {ONNX_MARKER} says {kv_type}; convert the model again"
@@ -180,70 +104,28 @@ def _check_graph(session: ort.InferenceSession, meta: dict[str, object], path: P
             )
 
 
-def _layer_ranges(layers: list[int]) -> str:
-    """[0, 1, 2, 5] -> '0-2, 5'."""
-    runs: list[list[int]] = []
-    for layer in sorted(layers):
-        if runs and layer == runs[-1][1] + 1:
-            runs[-1][1] = layer
-        else:
-            runs.append([layer, layer])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
-
-
-def describe_weight_formats(formats: dict[str, str]) -> str:
-    """The converter's per-matrix formats in one line, by role: each role's most common format,
-    then the layers that differ ('mlp.down_proj int4/32 (int8/32 in layers 0-1, 16-17)')."""
-    by_role: dict[str, dict[str, list[int]]] = {}
-    for name, fmt in formats.items():
-        layer, _, role = name.removeprefix("layers.").partition(".") if name.startswith("layers.") else ("-1", "", name)
-        by_role.setdefault(role, {}).setdefault(fmt, []).append(int(layer))
-    parts = []
-    for role, kinds in by_role.items():
-        common, *others = sorted(kinds, key=lambda f: -len(kinds[f]))
-        exceptions = "; ".join(f"{fmt} in layers {_layer_ranges(kinds[fmt])}" for fmt in others)
-        parts.append(f"{role} {common}" + (f" ({exceptions})" if exceptions else ""))
-    return ", ".join(parts)
-
-
 def onnx_facts(folder: Path) -> ModelFacts:
     """Planner facts from the converter's JSON; `details` lists the fused operators."""
     meta = read_metadata(folder)
-    operators = meta.get("operators", {})
+    operators = meta.operators
     fused = ("GroupQueryAttention", "MatMulNBits", "SkipSimplifiedLayerNormalization", "SimplifiedLayerNormalization",
              "GatherBlockQuantized", "FastGelu")
     counts = ", ".join(f"{name} {operators[name]}" for name in fused if operators.get(name))
     others = sum(n for name, n in operators.items() if name not in fused)
     return ModelFacts(
         format="onnx",
-        n_layers=int(meta["n_layers"]),
-        n_ctx_train=int(min(meta["n_ctx_train"] or meta["max_positions"], meta["max_positions"])),
-        layer_bytes=int(meta["layer_bytes"]),
-        other_bytes=int(meta["other_bytes"]),
-        kv_bytes_per_token=int(meta["kv_bytes_per_token"]),
-        n_vocab=int(meta["n_vocab"]),
+        n_layers=meta.n_layers,
+        n_ctx_train=min(meta.n_ctx_train or meta.max_positions, meta.max_positions),
+        layer_bytes=meta.layer_bytes,
+        other_bytes=meta.other_bytes,
+        kv_bytes_per_token=meta.kv_bytes_per_token,
+        n_vocab=meta.n_vocab,
         details=(
-            f"onnx {meta['quant']}, {meta['source_architecture']}",
-            *([f"weights: {describe_weight_formats(formats)}"] if isinstance(formats := meta.get("weight_formats"), dict) else []),
+            f"onnx {meta.quant}, {meta.source_architecture}",
+            *([f"weights: {describe_weight_formats(meta.weight_formats)}"] if meta.weight_formats is not None else []),
             f"fused operators: {counts}; {others} other nodes",
         ),
     )
-
-
-def rotary_input_names(kind: str) -> tuple[str, str]:
-    """The graph inputs of GroupQueryAttention's cos and sin tables for one kind of layer."""
-    return f"rotary.{kind}.cos", f"rotary.{kind}.sin"
-
-
-def rotary_tables(rope_frequencies: dict[str, list[float]], n_positions: int, dtype: type) -> dict[str, np.ndarray]:
-    """The marker's `rope_frequencies` as GroupQueryAttention's cos and sin tables, (n_positions,
-    rotary pairs) by graph input, computed in float32 as transformers computes them."""
-    tables = {}
-    for kind, inverse_frequencies in rope_frequencies.items():
-        angles = np.arange(n_positions, dtype=np.float32)[:, None] * np.asarray(inverse_frequencies, dtype=np.float32)[None, :]
-        cos, sin = rotary_input_names(kind)
-        tables[cos], tables[sin] = np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
-    return tables
 
 
 class NumpySampler:
@@ -390,10 +272,10 @@ class OnnxBackend:
         self.plan = plan
         meta = read_metadata(path)
         self.meta = meta
-        self.n_layers = int(meta["n_layers"])
+        self.n_layers = meta.n_layers
         self.n_seq = plan.n_seq
-        self.n_ctx = min(plan.n_ctx, int(meta["max_positions"]))
-        n_vocab = int(meta["n_vocab"])
+        self.n_ctx = min(plan.n_ctx, meta.max_positions)
+        n_vocab = meta.n_vocab
 
         options = ort.SessionOptions()
         options.intra_op_num_threads = plan.n_threads
@@ -410,7 +292,7 @@ class OnnxBackend:
             providers.insert(0, (CUDA, {"device_id": plan.gpu_index or 0}))
         if on_progress is not None:
             on_progress(0.0)
-        for name in (str(meta["graph"]), TOKENIZER_FILE):
+        for name in (meta.graph, TOKENIZER_FILE):
             if not (path / name).is_file():
                 raise ModelError(f"{path} has no {name}; convert the model again")
         # The tokenizer first: parsing a large tokenizer.json (Gemma's is 33 MB) peaks ~250 MiB
@@ -423,7 +305,7 @@ class OnnxBackend:
             raise ModelError(f"{path / TOKENIZER_FILE} is not a tokenizer the model can use ({detail}); convert it again") from None
         _release_freed_heap()
         try:
-            self._session = ort.InferenceSession(str(path / str(meta["graph"])), options, providers=providers)
+            self._session = ort.InferenceSession(str(path / meta.graph), options, providers=providers)
         except Exception as error:  # onnxruntime raises its own exception types with the detail
             raise _load_error(path, error) from None
         _check_graph(self._session, meta, path)
@@ -434,11 +316,11 @@ class OnnxBackend:
             on_progress(1.0)
         self.device = "cuda" if use_cuda else "cpu"
 
-        kv_heads, head_dim = int(meta["n_kv_heads"]), int(meta["head_dim"])
+        kv_heads, head_dim = meta.n_kv_heads, meta.head_dim
         # One spare position: a batched decode step writes a placeholder token for every idle
         # sequence at its length, which may be n_ctx.
         self._kv_shape = (self.n_seq, kv_heads, self.n_ctx + 1, head_dim)
-        self._kv_dtype = np.dtype(str(meta.get("kv_dtype", DEFAULT_KV_DTYPE)))
+        self._kv_dtype = np.dtype(meta.kv_dtype)
         if self.device == "cpu":
             self._kv_arrays = [np.zeros(self._kv_shape, dtype=self._kv_dtype) for _ in range(2 * self.n_layers)]
             self._kv_pointers = [array.ctypes.data for array in self._kv_arrays]
@@ -451,7 +333,7 @@ class OnnxBackend:
         # The rotary tables cover every position the KV buffers hold.
         self._rotary = {
             name: ort.OrtValue.ortvalue_from_numpy(table, self.device, plan.gpu_index or 0)
-            for name, table in rotary_tables(meta["rope_frequencies"], self._kv_shape[2], self._kv_dtype.type).items()  # type: ignore[arg-type]
+            for name, table in rotary_tables(meta.rope_frequencies, self._kv_shape[2], self._kv_dtype.type).items()
         }
         self._seq_stride = int(np.prod(self._kv_shape[1:])) * self._kv_dtype.itemsize
         self.lengths = [0] * self.n_seq
@@ -467,18 +349,18 @@ class OnnxBackend:
         self._breaker_mask: np.ndarray | None = None
         self.info = ModelInfo(
             path=path,
-            name=str(meta.get("name") or path.name),
-            architecture=str(meta["architecture"]),
+            name=meta.name or path.name,
+            architecture=meta.architecture,
             n_vocab=n_vocab,
-            n_ctx_train=int(meta["n_ctx_train"] or meta["max_positions"]),
+            n_ctx_train=meta.n_ctx_train or meta.max_positions,
             n_layers=self.n_layers,
-            bos_id=meta.get("bos_id"),  # type: ignore[arg-type]
-            eos_id=meta.get("eos_id"),  # type: ignore[arg-type]
-            add_bos=bool(meta.get("add_bos")),
-            eog_ids=frozenset(int(t) for t in meta.get("eog_ids", [])),  # type: ignore[union-attr]
-            chat_template=meta.get("chat_template"),  # type: ignore[arg-type]
-            size_bytes=int(meta["weight_bytes"]),
-            extra={"quant": str(meta["quant"]), "device": self.device},
+            bos_id=meta.bos_id,
+            eos_id=meta.eos_id,
+            add_bos=meta.add_bos,
+            eog_ids=frozenset(meta.eog_ids),
+            chat_template=meta.chat_template,
+            size_bytes=meta.weight_bytes,
+            extra={"quant": meta.quant, "device": self.device},
         )
 
     # -- bindings ------------------------------------------------------------------
