@@ -10,14 +10,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import numpy as np
 
 from localchat.errors import InvalidSettingError
-
-if TYPE_CHECKING:
-    from localchat.constraints import TokenGuide
 
 
 @dataclass(frozen=True)
@@ -167,6 +164,19 @@ def token_logprob(logits: np.ndarray, token: int, top: int) -> TokenLogprob:
 
 # Rows of one `evaluate_all` that `sample(row=...)` can read: every row of a call this long or shorter.
 ROW_LIMIT = 64
+
+
+class TokenGuide(Protocol):
+    """A reply's grammar as a sampler consults it (localchat.constraints makes one from a
+    Constraint): the tokens it allows next, and the token taken."""
+
+    def mask(self, logits: np.ndarray) -> None:
+        """Set the logits of the tokens the grammar forbids next to -inf, in place."""
+        ...
+
+    def consume(self, token: int) -> None:
+        """The token chosen."""
+        ...
 
 
 class Sampler(Protocol):

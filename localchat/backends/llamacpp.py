@@ -23,10 +23,10 @@ from localchat.backends.base import (
     ROW_LIMIT,
     ModelInfo,
     SamplerSettings,
+    TokenGuide,
     TokenScores,
     score_rows,
 )
-from localchat.constraints import TokenGuide
 from localchat.errors import ContextOverflowError, InferenceError, ModelError
 from localchat.planner import BuildFeatures, FlashAttn, KvType, Plan
 

@@ -21,8 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnxruntime as ort
 
-from localchat.backends.base import DRY_SEQUENCE_BREAKERS, ModelInfo, SamplerSettings, TokenScores, score_rows
-from localchat.constraints import TokenGuide
+from localchat.backends.base import DRY_SEQUENCE_BREAKERS, ModelInfo, SamplerSettings, TokenGuide, TokenScores, score_rows
 from localchat.errors import ContextOverflowError, InferenceError, ModelError
 from localchat.onnx_format import (
     KV_DTYPES,
