@@ -113,6 +113,15 @@ def layer_of(file: str) -> int:
     return max(places)[1]
 
 
+def test_the_graph_has_the_arrows_of_every_kind_of_import() -> None:
+    """At the top, inside a function, `from package import module`, by an installed name."""
+    graph = import_graph()
+    assert "localchat/backends/base.py" in graph["localchat/session.py"]
+    assert "localchat/backends/onnx.py" in graph["localchat/engine.py"]
+    assert "localchat/hub.py" in graph["localchat/models.py"]
+    assert "tui/app.py" in graph["localchat/cli.py"]
+
+
 def test_the_layer_table_names_files_that_exist() -> None:
     for name, paths in LAYERS:
         for path in paths:
