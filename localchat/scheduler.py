@@ -143,6 +143,7 @@ class Scheduler:
             raise ContextOverflowError(
                 f"the prompt is {len(prompt)} tokens but the context holds {n_ctx}; shorten it or raise the context size (--ctx)"
             )
+        settings = self._slots[0].session.with_sampler(settings)
         request = ScheduledReply(list(prompt), settings, Reply(self._backend, settings, len(prompt)), sink)
         with self._wake:
             if self._stopping:

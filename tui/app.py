@@ -28,7 +28,7 @@ from localchat.errors import LocalchatError
 from localchat.hardware import gpu_memory_used_bytes, process_rss_bytes
 from localchat.history import ConversationStore
 from localchat.hub import HubModelName, PullCancelled, cached_models, pull
-from localchat.models import DEFAULT_MODEL_FILE, DEFAULT_MODEL_NAME, local_models
+from localchat.models import DEFAULT_MODEL_NAME, PACKAGED_MODELS, local_models, packaged_model
 from localchat.planner import PlanRequest
 from localchat.remote import RemoteEndpoint, RemoteServer
 from localchat.reply_parser import (
@@ -710,12 +710,14 @@ class ChatApp(App[int]):
         self.push_screen(HelpScreen(rows))
 
     def model_choices(self) -> list[ModelChoice]:
-        """The default model, every GGUF file and ONNX folder in the models directory, and the
-        GGUF models in the Hugging Face cache (by their hub names, which load without the network)."""
-        choices = [ModelChoice(DEFAULT_MODEL_NAME, None, "default")]
+        """The models localchat installs (the default first), every GGUF file and ONNX folder in the
+        models directory, and the GGUF models in the Hugging Face cache (by their hub names, which
+        load without the network)."""
+        choices = [ModelChoice(name, None, "default") if name == DEFAULT_MODEL_NAME else ModelChoice(name, name, "installed")
+                   for name in sorted(PACKAGED_MODELS, key=lambda name: name != DEFAULT_MODEL_NAME)]
         for ref in local_models(self.settings):
-            if ref.path.name == DEFAULT_MODEL_FILE:
-                continue  # the default model's own file
+            if packaged_model(ref.path) is not None:
+                continue  # a packaged model's own copy
             choices.append(ModelChoice(ref.name, str(ref.path), ref.format))
         for cached in cached_models(self.settings):
             choices.append(ModelChoice(cached.name, cached.name, f"hub · {cached.size / 2**20:,.0f} MiB"))

@@ -13,6 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from localchat.backends.base import SamplerSettings
 from localchat.model_pool import PoolEvent
 from localchat.prefix_cache import PrefixCache
 from localchat.scheduler import Scheduler
@@ -44,6 +45,9 @@ class _EngineCollector(Collector):
             (CounterMetricFamily, "localchat_prefix_cache_hits", "Prompts that found a saved KV prefix", lambda _, c: c.hits),
             (CounterMetricFamily, "localchat_prefix_cache_misses", "Prompts that found no saved KV prefix",
              lambda _, c: c.misses),
+            (CounterMetricFamily, "localchat_prefix_cache_skipped",
+             "Saved KV prefixes found but computed instead, computing being measured faster than restoring",
+             lambda _, c: c.skipped),
             (GaugeMetricFamily, "localchat_prefix_cache_entries", "Saved KV prefixes", lambda _, c: len(c)),
         ]
         for family_class, name, documentation, read in families:
@@ -61,6 +65,9 @@ class ServerMetrics:
             "localchat_http_requests", "HTTP requests answered", ["path", "status"], registry=self.registry
         )
         self.replies = Counter("localchat_replies", "Replies ended, by finish reason", ["finish_reason"], registry=self.registry)
+        self.sampled_replies = Counter(
+            "localchat_sampler_replies", "Replies ended, by the sampler settings they used (the model's defaults unless the "
+            "request set some)", ["sampler"], registry=self.registry)
         self.prompt_tokens = Counter("localchat_prompt_tokens", "Prompt tokens received", registry=self.registry)
         self.cached_prompt_tokens = Counter(
             "localchat_prompt_tokens_cached", "Prompt tokens whose KV was reused, not evaluated", registry=self.registry
@@ -97,6 +104,8 @@ class ServerMetrics:
     def observe_reply(self, stats: GenerationStats) -> None:
         """Called on the scheduler's thread when a reply ends (prometheus_client is thread-safe)."""
         self.replies.labels(stats.finish_reason).inc()
+        if stats.sampler is not None:
+            self.sampled_replies.labels(sampler_label(stats.sampler)).inc()
         self.prompt_tokens.inc(stats.prompt_tokens)
         self.cached_prompt_tokens.inc(stats.cached_tokens)
         self.completion_tokens.inc(stats.completion_tokens)
@@ -109,6 +118,17 @@ class ServerMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def sampler_label(sampler: SamplerSettings) -> str:
+    """A sampler's settings in a few words, as llama.cpp prints a chain (greedy: the penalties alone)."""
+    parts = ["greedy"] if sampler.greedy else [
+        f"temp={sampler.temperature:g}", f"top_k={sampler.top_k}", f"top_p={sampler.top_p:g}", f"min_p={sampler.min_p:g}"]
+    if sampler.repeat_penalized:
+        parts.append(f"repeat_penalty={sampler.repeat_penalty:g}/{sampler.penalty_last_n}")
+    if sampler.dry:
+        parts.append(f"dry={sampler.dry_multiplier:g}")
+    return " ".join(parts)
 
 
 class RequestCounter:
