@@ -74,6 +74,8 @@ class Plan:
     reasons: tuple[str, ...] = field(default=())
     kv_type: KvType = "f16"
     flash_attn: FlashAttn = "auto"
+    # llama.cpp samples inside its graph, where the output layer is on a GPU (see LoadParams).
+    backend_sampling: bool = False
     # The share of the offloaded layers each GPU holds, by GPU index; empty when one GPU (or
     # none) holds them all.
     tensor_split: tuple[float, ...] = ()
@@ -89,6 +91,7 @@ class Plan:
             n_ctx=self.n_ctx, n_seq=self.n_seq, n_threads=self.n_threads, n_threads_batch=self.n_threads_batch,
             n_gpu_layers=self.n_gpu_layers, gpu_index=self.gpu_index, tensor_split=self.tensor_split,
             use_extra_bufts=self.use_extra_bufts, kv_type=self.kv_type, flash_attn=self.flash_attn,
+            backend_sampling=self.backend_sampling,
         )
 
     def describe(self) -> str:
@@ -324,6 +327,12 @@ def plan_offload(model: ModelFacts, hardware: Hardware, build: BuildFeatures, re
     if not use_extra_bufts:
         reasons.append("AMX weight buffers off: the CPU and the llama.cpp build have AMX, which crashes on Q4_K (llama.cpp #20824)")
 
+    # With the output layer on a GPU, llama.cpp samples there: the logits row (128k floats for Llama 3)
+    # is not copied back each token. On the CPU its top-k sorts the whole row (slower than localchat's sampler).
+    backend_sampling = backend == "llama.cpp" and head_on_gpu
+    if backend_sampling:
+        reasons.append("sampling on the GPU: the output layer is there (llama.cpp's backend sampling)")
+
     return Plan(
         backend=backend,
         n_ctx=n_ctx,
@@ -337,4 +346,5 @@ def plan_offload(model: ModelFacts, hardware: Hardware, build: BuildFeatures, re
         kv_type=kv_type,
         flash_attn=flash_attn,
         tensor_split=placement.tensor_split,
+        backend_sampling=backend_sampling,
     )

@@ -338,12 +338,14 @@ class Decoder:
 
     def __init__(self, session: Session, reply: Reply, settings: SamplerSettings | None, prompt: Sequence[int],
                  lookup_draft: int = 0) -> None:
-        """Call once `prompt` is in the KV cache (the sampler's penalties see it). `lookup_draft`:
+        """Call before `prompt` is evaluated, or once it is: the sampler's penalties see it, and a backend that
+        samples on the device draws the first token with the prompt's last one. `lookup_draft`:
         see GenerationSettings (the session's draft model, if it has one, drafts where lookup has
         no draft, while it pays: DraftPace); only `advance` drafts."""
         self.session = session
         self.reply = reply
-        self.sampler: Sampler = session.backend.make_sampler(settings or session.sampler_defaults, reply.guide)
+        self.sampler: Sampler = session.backend.make_sampler(settings or session.sampler_defaults, reply.guide,
+                                                             seq=session.seq, raw_logits=reply.top_logprobs is not None)
         self.sampler.accept(prompt)
         self.draft_model = session.draft_model
         if self.draft_model is not None and prompt:
@@ -535,9 +537,11 @@ class Generation:
         session, reply = self.session, self._reply
         decoder: Decoder | None = None
         try:
+            # The sampler first: a backend that samples on the device draws the first token when the
+            # prompt's last token is evaluated.
+            decoder = Decoder(session, reply, self.settings.sampler, self.prompt, self.settings.lookup_draft)
             reply.prefilled(*session.prefill(self.prompt, self._cancelled.is_set))
             if not self._cancelled.is_set():
-                decoder = Decoder(session, reply, self.settings.sampler, self.prompt, self.settings.lookup_draft)
                 pieces = [decoder.sample()]
                 while True:
                     yield from (text for text in pieces if text)

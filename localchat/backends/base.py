@@ -72,6 +72,9 @@ class LoadParams:
     n_gpu_layers: int = 0
     # The main GPU (with a split, the one with most free memory); None on the CPU.
     gpu_index: int | None = None
+    # Sample inside the model's graph where a reply allows it (llama.cpp's backend sampling): the
+    # logits row stays where the output layer is computed. Worth it with the output layer on a GPU.
+    backend_sampling: bool = False
     # The share of the offloaded layers each GPU holds, by GPU index; empty when one GPU (or none) holds them all.
     tensor_split: tuple[float, ...] = ()
     # llama.cpp's repacked CPU weight buffers (off on AMX CPUs: llama.cpp issue 20824).
@@ -290,8 +293,11 @@ class Backend(Protocol):
         """Drop `seq`'s KV cache from position `start` on (`start == 0` clears it)."""
         ...
 
-    def make_sampler(self, settings: SamplerSettings, guide: TokenGuide | None = None) -> Sampler:
-        """A sampler with `settings`; with a `guide`, only tokens its grammar allows are picked."""
+    def make_sampler(self, settings: SamplerSettings, guide: TokenGuide | None = None, *, seq: int | None = None,
+                     raw_logits: bool = False) -> Sampler:
+        """A sampler with `settings`; with a `guide`, only tokens its grammar allows are picked. `seq`: the
+        sequence whose replies it samples (a backend may then sample on the device); `raw_logits`: the
+        caller reads `logits` too (logprobs)."""
         ...
 
     def sample(self, seq: int, sampler: Sampler, row: int = -1) -> int:

@@ -34,7 +34,7 @@ from localchat.backends.base import (
     TokenScores,
     score_rows,
 )
-from localchat.backends.llamacpp_sampler import LlamaSampler
+from localchat.backends.llamacpp_sampler import DeviceSampler, LlamaSampler, device_chain, device_sampleable
 from localchat.constraints import TokenGuide
 from localchat.errors import ContextOverflowError, InferenceError, ModelError
 
@@ -203,6 +203,9 @@ class LlamaContext:
         params.swa_full = True
         # Sequences share all n_ctx cells instead of n_ctx / n_seq each.
         params.kv_unified = True
+        if load.backend_sampling:
+            # A draft's rows are sampled on the device too (llama.cpp's default: one output a sequence).
+            params.n_outputs_max_per_seq = ROW_LIMIT
         self.pointer = llama_cpp.llama_init_from_model(model.pointer, params)
         if not self.pointer:
             detail = "; ".join(_recent_errors) or "out of memory?"
@@ -269,6 +272,9 @@ class LlamaCppBackend:
         self._piece_cache: dict[int, bytes] = {}
         self._piece_buffer = ctypes.create_string_buffer(256)
         self._dry_samplers: dict[tuple[float, float, int, int], llama_cpp.llama_sampler_p] = {}
+        # Sampler chains attached to sequences for backend sampling (load.backend_sampling), with their settings.
+        self._attached: dict[int, tuple[SamplerSettings, llama_cpp.llama_sampler_p]] = {}
+        self._natives.callback(self._detach_all)
         self.info = self._read_info(path)
 
     def _owned(self, native: LlamaModel | LlamaContext | LlamaBatch) -> typing.Any:
@@ -401,11 +407,16 @@ class LlamaCppBackend:
             self.truncate(rows[-1][0], rows[-1][2])
 
     def evaluate_all(self, seq: int, tokens: Sequence[int], start: int) -> np.ndarray:
+        """As the interface says; for a sequence sampled on the device the rows are not read back (an
+        empty array: the device drew each row's token)."""
         chunk = min(ROW_LIMIT, self._n_batch)
         rows = []
         for offset in range(0, len(tokens), chunk):
             part = tokens[offset : offset + chunk]
             self.evaluate(seq, part, start + offset, all_logits=True)
+            if seq in self._attached:
+                rows.append(np.empty((len(part), 0), dtype=np.float32))
+                continue
             view = self._logits_rows()
             # Earlier chunks' rows are overwritten by the next decode: copied.
             rows.append(view if offset + chunk >= len(tokens) else view.copy())
@@ -421,8 +432,43 @@ class LlamaCppBackend:
 
     # -- sampling ------------------------------------------------------------------
 
-    def make_sampler(self, settings: SamplerSettings, guide: TokenGuide | None = None) -> LlamaSampler:
+    def make_sampler(self, settings: SamplerSettings, guide: TokenGuide | None = None, *, seq: int | None = None,
+                     raw_logits: bool = False) -> LlamaSampler | DeviceSampler:
+        """A sampler for a reply on `seq`. Where the plan samples on the device (the output layer on a
+        GPU) and the reply allows it (device_sampleable), llama.cpp samples inside its graph."""
+        if self.load.backend_sampling and seq is not None and device_sampleable(settings, guide, raw_logits):
+            chain = self._attach(seq, settings)
+            if chain is not None:
+                return DeviceSampler(settings, chain, self._ctx)
+        if seq is not None:
+            self._detach(seq)  # sampling on the host needs the raw logits
         return LlamaSampler(settings, self.info.n_vocab, self._dry_sampler(settings) if settings.dry else None, guide)
+
+    def _attach(self, seq: int, settings: SamplerSettings) -> llama_cpp.llama_sampler_p | None:
+        """The device chain for `settings` attached to `seq`: the one attached if its settings are the same
+        (reset: attaching another makes llama.cpp reserve its graph again), else a new one; None if llama.cpp
+        cannot run it on the device."""
+        attached = self._attached.get(seq)
+        if attached is not None and attached[0] == settings:
+            llama_cpp.llama_sampler_reset(attached[1])
+            return attached[1]
+        self._detach(seq)
+        chain = device_chain(settings)
+        if not llama_cpp.llama_set_sampler(self._ctx, seq, chain):
+            llama_cpp.llama_sampler_free(chain)
+            return None
+        self._attached[seq] = (settings, chain)
+        return chain
+
+    def _detach(self, seq: int) -> None:
+        attached = self._attached.pop(seq, None)
+        if attached is not None:
+            llama_cpp.llama_set_sampler(self._ctx, seq, None)
+            llama_cpp.llama_sampler_free(attached[1])
+
+    def _detach_all(self) -> None:
+        for seq in list(self._attached):
+            self._detach(seq)
 
     def _dry_sampler(self, settings: SamplerSettings) -> llama_cpp.llama_sampler_p:
         """A DRY sampler for these parameters, made once: llama.cpp finds the tokens holding a
@@ -460,13 +506,19 @@ class LlamaCppBackend:
             cached = self._logits_view = (address, self._n_outputs, view)
         return cached[2][: self._n_outputs]
 
-    def sample(self, seq: int, sampler: LlamaSampler, row: int = -1) -> int:  # type: ignore[override]
+    def sample(self, seq: int, sampler: LlamaSampler | DeviceSampler, row: int = -1) -> int:  # type: ignore[override]
+        if isinstance(sampler, DeviceSampler):
+            # Counted back from the last output row: llama.cpp reads a positive index as a batch position.
+            return sampler.pick_output(self._index(seq, row) - self._n_outputs)
         return sampler.pick(self.logits(seq, row))
 
     def logits(self, seq: int, row: int = -1) -> np.ndarray:
+        if seq in self._attached:
+            raise ValueError(f"sequence {seq} is sampled on the device: its raw logits were not read back")
         return self._logits_rows()[self._index(seq, row)]
 
     def score(self, seq: int, tokens: Sequence[int]) -> TokenScores:
+        self._detach(seq)
         self.truncate(seq, 0)
         logprobs = np.empty(len(tokens) - 1, dtype=np.float64)
         top1 = np.empty(len(tokens) - 1, dtype=np.int64)

@@ -175,3 +175,46 @@ class LlamaSampler:
     def close(self) -> None:
         self._natives.close()
         self.stages = []
+
+
+def device_chain(settings: SamplerSettings) -> llama_cpp.llama_sampler_p:
+    """The chain llama.cpp runs inside the model's graph (backend sampling): truncations, temperature and the
+    draw, or greedy; none of its samplers keeps a history, so it needs no penalties."""
+    return LlamaSampler._truncate_and_draw(settings)
+
+
+def device_sampleable(settings: SamplerSettings, guide: TokenGuide | None, raw_logits: bool) -> bool:
+    """Whether llama.cpp can sample a reply inside its graph: no penalties (llama.cpp samples every row of a
+    draft from one history, so a drafted row would miss the drafted tokens before it), no grammar, and no
+    raw logits read back (logprobs)."""
+    return guide is None and not raw_logits and not settings.penalized
+
+
+class DeviceSampler:
+    """A reply sampled by llama.cpp inside the model's graph (llama_set_sampler), on the device that
+    computes the output layer: the logits row never leaves it. The chain is attached to the reply's
+    sequence by the backend, which owns it; `pick` reads the token the last decode drew for a row and
+    commits it (llama.cpp draws every row of a draft, and keeps those committed)."""
+
+    guide = None
+
+    def __init__(self, settings: SamplerSettings, chain: llama_cpp.llama_sampler_p, context: llama_cpp.llama_context_p) -> None:
+        self.settings = settings
+        self.chain = chain
+        self._context = context
+
+    def accept(self, tokens: Sequence[int]) -> None:
+        """The prompt: nothing to remember (no penalties)."""
+
+    def pick_output(self, index: int) -> int:
+        token = int(llama_cpp.llama_get_sampled_token_ith(self._context, index))
+        if token < 0:
+            raise RuntimeError(f"llama.cpp drew no token for output {index}")
+        llama_cpp.llama_sampler_accept(self.chain, token)
+        return token
+
+    def reset(self) -> None:
+        llama_cpp.llama_sampler_reset(self.chain)
+
+    def close(self) -> None:
+        """The chain stays attached to its sequence for the next reply with the same settings."""

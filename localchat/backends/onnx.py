@@ -615,7 +615,8 @@ class OnnxBackend:
 
     # -- sampling ------------------------------------------------------------------
 
-    def make_sampler(self, settings: SamplerSettings, guide: TokenGuide | None = None) -> NumpySampler:
+    def make_sampler(self, settings: SamplerSettings, guide: TokenGuide | None = None, *, seq: int | None = None,
+                     raw_logits: bool = False) -> NumpySampler:
         return NumpySampler(settings, self._dry_breakers() if settings.dry else None, guide)
 
     def _dry_breakers(self) -> np.ndarray:
