@@ -253,10 +253,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_info(args: argparse.Namespace) -> int:
     from localchat.engine import plan_model
 
+    from localchat.models import PACKAGED_MODELS, inspect_gguf
+    from localchat.sampling_defaults import sampler_defaults
+
     model_plan = plan_model(args.model, Settings(), _plan_request(args))
     hw, facts, plan = model_plan.hardware, model_plan.facts, model_plan.plan
-    print(f"model      {model_plan.model.path} ({model_plan.model.format}, {facts.weight_bytes / MIB:.0f} MiB of weights, "
+    packaged = PACKAGED_MODELS.get(model_plan.model.name)
+    print(f"model      {model_plan.model.name}" + (f": {packaged.note}" if packaged is not None else ""))
+    print(f"           {model_plan.model.path} ({model_plan.model.format}, {facts.weight_bytes / MIB:.0f} MiB of weights, "
           f"{facts.n_layers} layers, trained context {facts.n_ctx_train})")
+    if model_plan.model.format == "gguf":
+        metadata = {k: str(v) for k, v in inspect_gguf(model_plan.model.path)[0].metadata.items() if k.startswith("general.")}
+        defaults = sampler_defaults(metadata)
+        print(f"sampler    {defaults.settings.describe()} (defaults: {defaults.source}; flags and requests go over them)")
     for line in facts.details:
         print(f"           {line}")
     print(f"cpu        {hw.cpu_name}: {hw.physical_cores} cores, {hw.logical_cores} threads"

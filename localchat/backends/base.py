@@ -164,6 +164,16 @@ class SamplerSettings:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    def describe(self) -> str:
+        """The settings in a few words, in the chain's order (greedy: the penalties and the pick)."""
+        parts = [] if self.greedy else [f"top_k={self.top_k}", f"top_p={self.top_p:g}", f"min_p={self.min_p:g}"]
+        if self.repeat_penalized:
+            parts.insert(0, f"repeat_penalty={self.repeat_penalty:g}/{self.penalty_last_n}")
+        if self.dry:
+            parts.insert(int(self.repeat_penalized), f"dry={self.dry_multiplier:g}")
+        parts.append("greedy" if self.greedy else f"temp={self.temperature:g}")
+        return " ".join(parts)
+
     @property
     def repeat_penalized(self) -> bool:
         """Whether the repeat, frequency or presence penalty is on."""

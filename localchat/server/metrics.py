@@ -13,7 +13,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from localchat.backends.base import SamplerSettings
 from localchat.model_pool import PoolEvent
 from localchat.prefix_cache import PrefixCache
 from localchat.scheduler import Scheduler
@@ -105,7 +104,7 @@ class ServerMetrics:
         """Called on the scheduler's thread when a reply ends (prometheus_client is thread-safe)."""
         self.replies.labels(stats.finish_reason).inc()
         if stats.sampler is not None:
-            self.sampled_replies.labels(sampler_label(stats.sampler)).inc()
+            self.sampled_replies.labels(stats.sampler.describe()).inc()
         self.prompt_tokens.inc(stats.prompt_tokens)
         self.cached_prompt_tokens.inc(stats.cached_tokens)
         self.completion_tokens.inc(stats.completion_tokens)
@@ -118,17 +117,6 @@ class ServerMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
-
-
-def sampler_label(sampler: SamplerSettings) -> str:
-    """A sampler's settings in a few words, as llama.cpp prints a chain (greedy: the penalties alone)."""
-    parts = ["greedy"] if sampler.greedy else [
-        f"temp={sampler.temperature:g}", f"top_k={sampler.top_k}", f"top_p={sampler.top_p:g}", f"min_p={sampler.min_p:g}"]
-    if sampler.repeat_penalized:
-        parts.append(f"repeat_penalty={sampler.repeat_penalty:g}/{sampler.penalty_last_n}")
-    if sampler.dry:
-        parts.append(f"dry={sampler.dry_multiplier:g}")
-    return " ".join(parts)
 
 
 class RequestCounter:
