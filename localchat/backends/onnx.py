@@ -19,7 +19,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnxruntime as ort
 
-from localchat.backends.base import DRY_SEQUENCE_BREAKERS, ModelInfo, SamplerSettings, TokenGuide, TokenScores, score_rows
+from localchat.backends.base import (
+    DRY_SEQUENCE_BREAKERS,
+    BuildFeatures,
+    LoadParams,
+    ModelFacts,
+    ModelInfo,
+    SamplerSettings,
+    TokenGuide,
+    TokenScores,
+    score_rows,
+)
 from localchat.backends.numpy_sampler import NumpySampler
 from localchat.errors import ContextOverflowError, InferenceError, ModelError
 from localchat.onnx_format import (
@@ -32,7 +42,6 @@ from localchat.onnx_format import (
     rotary_input_names,
     rotary_tables,
 )
-from localchat.planner import BuildFeatures, ModelFacts, Plan
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -128,30 +137,30 @@ class OnnxBackend:
     name = "onnxruntime"
     even_rows = False
 
-    def __init__(self, path: Path, plan: Plan, *, on_progress: Callable[[float], None] | None = None) -> None:
+    def __init__(self, path: Path, params: LoadParams, *, on_progress: Callable[[float], None] | None = None) -> None:
         from tokenizers import Tokenizer
 
-        self.plan = plan
+        self.params = params
         meta = read_metadata(path)
         self.meta = meta
         self.n_layers = meta.n_layers
-        self.n_seq = plan.n_seq
-        self.n_ctx = min(plan.n_ctx, meta.max_positions)
+        self.n_seq = params.n_seq
+        self.n_ctx = min(params.n_ctx, meta.max_positions)
         n_vocab = meta.n_vocab
 
         options = ort.SessionOptions()
-        options.intra_op_num_threads = plan.n_threads
+        options.intra_op_num_threads = params.n_threads
         options.inter_op_num_threads = 1
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.log_severity_level = 3
-        use_cuda = plan.uses_gpu and CUDA in ort.get_available_providers()
+        use_cuda = params.uses_gpu and CUDA in ort.get_available_providers()
         # No memory pattern on the CPU: with one, a run's intermediate tensors get one block sized
         # for the whole run. Without, Gemma 3 270M int4 peaked 36 MiB lower evaluating a 512-token
         # prompt (580 MiB), at the same prefill and decode speed. Not measured on a GPU.
         options.enable_mem_pattern = use_cuda
         providers: list[object] = ["CPUExecutionProvider"]
         if use_cuda:
-            providers.insert(0, (CUDA, {"device_id": plan.gpu_index or 0}))
+            providers.insert(0, (CUDA, {"device_id": params.gpu_index or 0}))
         if on_progress is not None:
             on_progress(0.0)
         for name in (meta.graph, TOKENIZER_FILE):
@@ -188,13 +197,13 @@ class OnnxBackend:
             self._kv_pointers = [array.ctypes.data for array in self._kv_arrays]
         else:
             self._kv_values = [
-                ort.OrtValue.ortvalue_from_shape_and_type(self._kv_shape, self._kv_dtype, self.device, plan.gpu_index or 0)
+                ort.OrtValue.ortvalue_from_shape_and_type(self._kv_shape, self._kv_dtype, self.device, params.gpu_index or 0)
                 for _ in range(2 * self.n_layers)
             ]
             self._kv_pointers = [value.data_ptr() for value in self._kv_values]
         # The rotary tables cover every position the KV buffers hold.
         self._rotary = {
-            name: ort.OrtValue.ortvalue_from_numpy(table, self.device, plan.gpu_index or 0)
+            name: ort.OrtValue.ortvalue_from_numpy(table, self.device, params.gpu_index or 0)
             for name, table in rotary_tables(meta.rope_frequencies, self._kv_shape[2], self._kv_dtype.type).items()
         }
         self._seq_stride = int(np.prod(self._kv_shape[1:])) * self._kv_dtype.itemsize
@@ -351,7 +360,8 @@ class OnnxBackend:
 
     # -- sampling ------------------------------------------------------------------
 
-    def make_sampler(self, settings: SamplerSettings, guide: TokenGuide | None = None) -> NumpySampler:
+    def make_sampler(self, settings: SamplerSettings, guide: TokenGuide | None = None, *, seq: int | None = None,
+                     raw_logits: bool = False) -> NumpySampler:
         return NumpySampler(settings, self._dry_breakers() if settings.dry else None, guide)
 
     def _dry_breakers(self) -> np.ndarray:

@@ -13,7 +13,7 @@ from textual.widgets import Button, Input, Label, OptionList, ProgressBar
 from textual.widgets.option_list import Option
 
 from localchat.hub import cached_models
-from localchat.models import DEFAULT_MODEL_FILE, DEFAULT_MODEL_NAME, local_models
+from localchat.models import DEFAULT_MODEL_NAME, PACKAGED_MODELS, local_models, packaged_model
 from localchat.settings import Settings
 
 
@@ -25,12 +25,13 @@ class ModelChoice:
 
 
 def model_choices(settings: Settings) -> list[ModelChoice]:
-    """The default model, every GGUF file and ONNX folder in the models directory, and the GGUF
-    models in the Hugging Face cache (by their hub names, which load without the network)."""
-    choices = [ModelChoice(DEFAULT_MODEL_NAME, None, "default")]
+    """The models localchat installs (the default first), every GGUF file and ONNX folder in the models
+    directory, and the GGUF models in the Hugging Face cache (by their hub names, which load without the network)."""
+    choices = [ModelChoice(name, None, "default") if name == DEFAULT_MODEL_NAME else ModelChoice(name, name, "installed")
+               for name in sorted(PACKAGED_MODELS, key=lambda name: name != DEFAULT_MODEL_NAME)]
     for ref in local_models(settings):
-        if ref.path.name == DEFAULT_MODEL_FILE:
-            continue  # the default model's own file
+        if packaged_model(ref.path) is not None:
+            continue  # a packaged model's own copy
         choices.append(ModelChoice(ref.name, str(ref.path), ref.format))
     for cached in cached_models(settings):
         choices.append(ModelChoice(cached.name, cached.name, f"hub · {cached.size / 2**20:,.0f} MiB"))
