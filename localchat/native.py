@@ -12,6 +12,7 @@ its own C++ runtime is refused in one line with the command that rebuilds it, ra
 from __future__ import annotations
 
 import importlib.util
+import re
 import struct
 from pathlib import Path
 
@@ -69,12 +70,13 @@ def check_llama_cpp_build() -> None:
     folder = Path(next(iter(spec.submodule_search_locations))) / "lib"
     carriers = statically_linked_cxx(folder) if folder.is_dir() else []
     if carriers:
-        from importlib.metadata import version
-
+        # The package's version without importing it (that would load the libraries).
+        init = (folder.parent / "__init__.py").read_text(encoding="utf-8", errors="replace")
+        found = re.search(r"""__version__\s*=\s*["']([^"']+)""", init)
         raise ModelError(
             f"llama.cpp's {', '.join(carriers)} carries its own copy of the C++ runtime (libstdc++ linked statically), "
             "which crashes the process beside numpy's; rebuild it with the system compiler: "
-            + REBUILD.format(version=version("llama-cpp-python"))
+            + REBUILD.format(version=found.group(1) if found else "VERSION")
         )
 
 

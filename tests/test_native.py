@@ -82,7 +82,7 @@ def test_a_build_that_would_crash_is_refused_in_one_line(tmp_path: Path, localch
     raise if imported), and `localchat run` says what is wrong and how to rebuild, in one line."""
     package = tmp_path / "site" / "llama_cpp"
     (package / "lib").mkdir(parents=True)
-    (package / "__init__.py").write_text("raise SystemExit('a refused build was loaded')\n")
+    (package / "__init__.py").write_text("__version__ = '0.3.36'\nraise SystemExit('a refused build was loaded')\n")
     compile_cxx_library(package / "lib", "libggml-cuda.so", "-static-libstdc++")
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "site"), "LOCALCHAT_HOME": str(localchat_home)}
     run = subprocess.run([sys.executable, "-m", "localchat", "run", "-m", str(default_model), "-n", "2", "Hi"],
@@ -90,4 +90,4 @@ def test_a_build_that_would_crash_is_refused_in_one_line(tmp_path: Path, localch
     assert run.returncode == 1, run.stderr
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and "libggml-cuda.so carries its own copy of the C++ runtime" in lines[0], run.stderr
-    assert "pip install --force-reinstall" in lines[0] and "Traceback" not in run.stderr
+    assert "pip install --force-reinstall --no-cache-dir llama-cpp-python==0.3.36" in lines[0] and "Traceback" not in run.stderr

@@ -58,7 +58,10 @@ def test_replies_decoded_together_equal_replies_decoded_alone(slots: str, reques
     """With three slots the batch is odd, and llama.cpp evaluates it with a throwaway row added. A batch
     rounds apart from a lone sequence: each reply equals its lone one up to the lone one's first near tie."""
     engine: Engine = request.getfixturevalue(slots)
-    questions = ["Name a colour.", "Name a fruit.", "Name a planet."][: engine.backend.n_seq]
+    # Questions the chat model answers without a near tie in its first tokens (a colour or a fruit of its
+    # choosing has one at the first or third token).
+    questions = ["What is the capital of Japan?", "How many days are in a week?",
+                 f"Copy this text exactly: {COPY_PASSAGE}"][: engine.backend.n_seq]
     alone = []
     for question in questions:
         engine.sessions[0].reset()
@@ -85,10 +88,10 @@ def test_replies_decoded_together_equal_replies_decoded_alone(slots: str, reques
         together = [collect(sink) for sink in sinks]
     finally:
         scheduler.close()
-    compared = [assert_same_until_near_tie(lone.completion_ids, lone.logprobs, stats.completion_ids, min_compared=1)
-                for lone, (_, stats) in zip(alone, together, strict=True)]
     # Enough of the batched steps are compared to catch a wrong row or a lost throwaway row.
-    assert sum(compared) >= 4 * len(questions), compared
+    compared = [assert_same_until_near_tie(lone.completion_ids, lone.logprobs, stats.completion_ids, min_compared=6)
+                for lone, (_, stats) in zip(alone, together, strict=True)]
+    assert sum(compared) >= 6 * len(questions), compared
     assert (len(questions), True) in batches  # the replies really shared decode steps, with cells to spare
     assert all(stats.finish_reason in ("stop", "length") for _, stats in together)
 

@@ -19,14 +19,15 @@ from localchat.errors import ContextOverflowError
 from localchat.hardware import detect_hardware
 from localchat.planner import PlanRequest
 from localchat.prefix_cache import MIN_MATCH_TOKENS
-from localchat.session import PREFILL_CHUNK, Chat, Generation, GenerationSettings
+from localchat.session import PREFILL_CHUNK, Chat, Generation, GenerationSettings, tokenize_chat
 from localchat.settings import Settings
 from localchat.templates import Message
 
 GREEDY = GenerationSettings(max_tokens=24, sampler=ARGMAX)
 GREEDY_WITH_MARGINS = dataclasses.replace(GREEDY, logprobs=2)
-# Tokens a reply must share with its cold run before the cold run's first near tie.
-MIN_COMPARED = 8
+# Tokens a reply must share with its cold run before the cold run's first near tie ("The capital of France is
+# Paris." is 7 tokens, with no near tie in the default chat model).
+MIN_COMPARED = 6
 SYSTEM = "You answer questions about geography. " * 12
 
 
@@ -83,9 +84,9 @@ def test_on_a_cpu_with_amx_the_model_loads_without_extra_buffers_and_answers(
 
 def test_a_second_turn_evaluates_only_its_new_tokens_and_matches_a_cold_run(fresh: Engine) -> None:
     chat = fresh.new_chat(SYSTEM)
-    first = chat.send("Name a river in Europe.", GREEDY)
+    first = chat.send("What is the capital of France?", GREEDY)
     chat.commit(first.text())
-    second = chat.send("And one in Asia?", GREEDY)
+    second = chat.send("And what is the capital of Japan?", GREEDY)
     chat.commit(second.text())
     assert first.stats is not None and second.stats is not None
     # Everything up to the first reply is reused; only the new user turn is evaluated.
@@ -95,11 +96,11 @@ def test_a_second_turn_evaluates_only_its_new_tokens_and_matches_a_cold_run(fres
 
 
 def test_a_new_chat_with_a_known_system_prompt_restores_it_from_the_prefix_cache(fresh: Engine) -> None:
-    fresh.new_chat(SYSTEM).send("Name a mountain.", GREEDY).text()
+    fresh.new_chat(SYSTEM).send("What is the capital of Germany?", GREEDY).text()
     fresh.new_chat().send("Say hello.", GREEDY).text()  # takes the KV cache; the first chat is saved
     assert len(fresh.prefix_cache) == 1
     chat = fresh.new_chat(SYSTEM)
-    generation = chat.send("Name a lake.", GREEDY)
+    generation = chat.send("What is the capital of Spain?", GREEDY)
     generation.text()
     assert generation.stats is not None
     assert generation.stats.prefix_cache_tokens == generation.stats.cached_tokens > 60
@@ -108,13 +109,13 @@ def test_a_new_chat_with_a_known_system_prompt_restores_it_from_the_prefix_cache
 
 def test_a_saved_prefix_is_computed_instead_where_computing_is_measured_faster(fresh: Engine) -> None:
     """As on a GPU, where a prompt is computed faster than its saved state comes back from host memory."""
-    fresh.new_chat(SYSTEM).send("Name a mountain.", GREEDY).text()
+    fresh.new_chat(SYSTEM).send("What is the capital of Germany?", GREEDY).text()
     fresh.new_chat().send("Say hello.", GREEDY).text()  # takes the KV cache; the first chat is saved
     costs = fresh.prefix_cache.costs
     costs.restore_s_per_byte, costs.prefill_s_per_token = 1.0, 1e-9
     try:
         chat = fresh.new_chat(SYSTEM)
-        generation = chat.send("Name a lake.", GREEDY)
+        generation = chat.send("What is the capital of Spain?", GREEDY)
         generation.text()
     finally:
         costs.restore_s_per_byte = costs.prefill_s_per_token = None
@@ -133,7 +134,7 @@ def test_cancel_keeps_the_kv_cache_consistent(fresh: Engine) -> None:
             generation.cancel()
     assert generation.stats is not None and generation.stats.finish_reason == "cancelled"
     chat.commit("".join(pieces))
-    follow_up = chat.send("Shorter, please.", GREEDY)
+    follow_up = chat.send("What is the capital of Italy?", GREEDY)
     follow_up.text()
     assert follow_up.stats is not None
     # At least the first prompt is reused (the template may re-render the cut reply's tail).
@@ -188,13 +189,13 @@ def test_a_conversation_continued_after_a_restart_restores_its_kv_from_disk(tmp_
     settings = Settings(cache_dir=tmp_path)  # its own disk tier
     with Engine.load(str(default_model), settings, PlanRequest(n_ctx=2048)) as before:
         chat = before.new_chat(SYSTEM)
-        first = chat.send("Name a river in Europe.", GREEDY)
+        first = chat.send("What is the capital of France?", GREEDY)
         chat.commit(first.text())
         history = list(chat.messages)
     assert first.stats is not None
     with Engine.load(str(default_model), settings, PlanRequest(n_ctx=2048)) as after:
         chat = Chat(after.sessions[0], after.template, history)
-        second = chat.send("And one in Asia?", GREEDY)
+        second = chat.send("And what is the capital of Japan?", GREEDY)
         second.text()
         assert second.stats is not None
         # The first turn's prompt and reply come back from the disk tier; only the new turn is computed.
@@ -206,8 +207,8 @@ def test_a_damaged_disk_entry_gives_the_reply_of_a_cold_run(tmp_path: Path, defa
     settings = Settings(cache_dir=tmp_path)
     with Engine.load(str(default_model), settings, PlanRequest(n_ctx=2048)) as before:
         chat = before.new_chat(SYSTEM)
-        chat.commit(chat.send("Name a river in Europe.", GREEDY).text())
-        history = [*chat.messages, Message("user", "And one in Asia?")]
+        chat.commit(chat.send("What is the capital of France?", GREEDY).text())
+        history = [*chat.messages, Message("user", "And what is the capital of Japan?")]
         cold = cold_reply(before, history)
     (entry_file,) = tmp_path.rglob("*.kv")
     intact = entry_file.read_bytes()
@@ -234,8 +235,8 @@ def test_a_damaged_disk_entry_gives_the_reply_of_a_cold_run(tmp_path: Path, defa
 
 def test_a_state_saved_after_an_interrupted_evaluation_still_restores(fresh: Engine) -> None:
     session, backend = fresh.sessions[0], fresh.backend
-    prompt = backend.tokenize(SYSTEM, add_bos=True, special=False)
-    question = backend.tokenize(" Name a mountain.", add_bos=False, special=False)
+    chat = tokenize_chat(backend, fresh.template, [Message("system", SYSTEM), Message("user", "What is the capital of Germany?")])
+    prompt, question = chat[:-16], chat[-16:]  # the system prompt, then the question's turn
 
     def reply() -> Generation:
         generation = session.generate(prompt + question, GREEDY_WITH_MARGINS)
@@ -291,7 +292,7 @@ def test_penalties_run_in_llamas_sampler_chain_and_change_a_repetitive_reply(fre
 
 def test_a_cancel_during_the_prompt_stops_before_evaluating_it_all(fresh: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     chat = fresh.new_chat(SYSTEM)
-    generation = chat.send("lorem ipsum " * 300, GREEDY)
+    generation = chat.send("lorem ipsum " * 300 + "\nWhat is the capital of France?", GREEDY)
     evaluate = fresh.backend.evaluate
 
     def evaluate_then_cancel(*args: object, **kwargs: object) -> object:
@@ -313,7 +314,7 @@ def test_a_cancel_during_the_prompt_stops_before_evaluating_it_all(fresh: Engine
 
 def test_a_saved_state_the_backend_refuses_is_dropped_and_the_prompt_computed(fresh: Engine) -> None:
     chat = fresh.new_chat(SYSTEM)
-    chat.messages.append(Message("user", "Name a sea."))
+    chat.messages.append(Message("user", "What is the capital of Egypt?"))
     prompt = chat.prompt_tokens(reply_room=64)
     fresh.prefix_cache.put(prompt[:-1], b"not a llama.cpp state")
     generation = chat.reply(GREEDY)
