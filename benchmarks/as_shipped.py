@@ -8,7 +8,9 @@ first token of a short chat, single-stream decode tok/s (the stream's tokens aft
 after the first), and aggregate tok/s with 1 and 4 concurrent streams of 128 tokens (ignore_eos). Then, in
 this process, the cost of sampling alone with each model's default chain: localchat's sampler against
 llama.cpp's `llama_sampler_sample` on the same logits rows (ms per token), and greedy decoding's argmax.
-Medians; each localchat figure against llama.cpp's.
+Then drafting as shipped: a chat reply correcting a ~500-token text (input-grounded) and a story (open-ended),
+each with and without prompt-lookup drafts, with the model's default sampler. Medians; each localchat figure
+against llama.cpp's.
 
     python benchmarks/as_shipped.py --llama-server OUTDIR/llama-server [--rounds 3] [--model NAME_OR_GGUF ...]
 """
@@ -16,6 +18,7 @@ Medians; each localchat figure against llama.cpp's.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -33,10 +36,12 @@ from serve_load import free_port
 from vs_vllm import Served, start, stop_all
 
 from localchat.backends.llamacpp_sampler import LlamaSampler
+from localchat.bench import OPEN_ENDED_PROMPT, grounded_prompt
 from localchat.engine import Engine
 from localchat.models import resolve_model
 from localchat.planner import PlanRequest
-from localchat.session import tokenize_chat
+from localchat.session import GenerationSettings, tokenize_chat
+from localchat.speculative import DEFAULT_LOOKUP_DRAFT
 from localchat.settings import Settings
 from localchat.templates import Message
 
@@ -46,6 +51,7 @@ STREAMS = (1, 4)
 QUESTION = [{"role": "user", "content": "Write a story about a dragon who guards a library."}]
 SHORT = [{"role": "user", "content": "What is the capital of Japan?"}]
 SAMPLE_STEPS = 400
+DRAFTED_TOKENS = 192
 
 
 def stream(client: openai.OpenAI, messages: list[dict[str, str]], max_tokens: int) -> tuple[float, float, int]:
@@ -153,6 +159,35 @@ def sampling_cost(model: str) -> dict[str, object]:
     return {key: round(value, 4) if isinstance(value, float) else value for key, value in figures.items()}
 
 
+def drafting_as_shipped(model: str, rounds: int) -> dict[str, object]:
+    """Decode tok/s of a chat reply with prompt-lookup drafts against without, each with the model's default
+    sampler (seeded per round, the same seed both ways): a reply that corrects a text (input-grounded) and a
+    story (open-ended). Medians over alternating rounds."""
+    figures: dict[str, dict[str, list[float]]] = {}
+    with Engine.load(model, Settings(prefix_cache_disk_bytes=0), PlanRequest(n_ctx=2048)) as engine:
+        tasks = {"input-grounded": grounded_prompt(engine), "open-ended": OPEN_ENDED_PROMPT}
+        figures = {task: {"plain": [], "drafted": [], "accepted": []} for task in tasks}
+        defaults = engine.sampler_defaults.settings
+        for round_ in range(rounds):
+            for task, question in tasks.items():
+                order = (0, DEFAULT_LOOKUP_DRAFT) if round_ % 2 == 0 else (DEFAULT_LOOKUP_DRAFT, 0)
+                for lookup in order:
+                    settings = GenerationSettings(max_tokens=DRAFTED_TOKENS, ignore_eos=True, lookup_draft=lookup,
+                                                  sampler=dataclasses.replace(defaults, seed=round_))
+                    engine.sessions[0].reset()
+                    generation = engine.new_chat().send(question, settings)
+                    generation.text()
+                    stats = generation.stats
+                    assert stats is not None
+                    figures[task]["drafted" if lookup else "plain"].append(stats.decode_tok_s)
+                    if lookup and stats.drafted_tokens:
+                        figures[task]["accepted"].append(stats.accepted_tokens / stats.drafted_tokens)
+    return {task: {"plain_tok_s": round(statistics.median(f["plain"]), 1), "drafted_tok_s": round(statistics.median(f["drafted"]), 1),
+                   "speed_up": round(statistics.median(f["drafted"]) / statistics.median(f["plain"]), 3),
+                   "accepted": round(statistics.median(f["accepted"]), 2) if f["accepted"] else None}
+            for task, f in figures.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--llama-server", type=Path, help="llama.cpp's llama-server binary (without it: sampling only)")
@@ -166,7 +201,7 @@ def main() -> None:
     report: dict[str, object] = {"load": os.getloadavg(), "rounds": args.rounds}
     for model in args.model or ["smollm2-135m-instruct", "gemma-3-270m"]:
         path = resolve_model(model, settings).path
-        entry: dict[str, object] = {"sampling": sampling_cost(str(path))}
+        entry: dict[str, object] = {"sampling": sampling_cost(str(path)), "drafting": drafting_as_shipped(str(path), args.rounds)}
         if args.llama_server is not None:
             entry["servers"] = compare_servers(path, args.llama_server, args.rounds, args.threads, args.logs)
         report[model] = entry

@@ -25,7 +25,7 @@ import llama_cpp
 import numpy as np
 
 from localchat.backends.base import ARGMAX
-from localchat.backends.llamacpp import PROMPT_BATCH
+from localchat.backends.llamacpp import PROMPT_BATCH, decode_on_this_thread
 from localchat.engine import Engine
 from localchat.planner import PlanRequest
 from localchat.session import GenerationSettings
@@ -86,6 +86,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    decode_on_this_thread()  # both loops decode on this thread, as `localchat run` does
     with Engine.load(args.model, request=PlanRequest(n_ctx=2048)) as engine:
         bare, ours, shipped = [], [], []
         for _ in range(args.rounds):

@@ -100,6 +100,15 @@ def _load_engine(args: argparse.Namespace, request: PlanRequest) -> Engine:
     return Engine.load(args.model, Settings(), request, draft_model=args.draft_model)
 
 
+def _decode_here(engine: Engine) -> None:
+    """A command that decodes on the main thread alone runs llama.cpp's decodes in place (see
+    localchat.backends.llamacpp._ComputeThread)."""
+    if engine.backend.name == "llama.cpp":
+        from localchat.backends.llamacpp import decode_on_this_thread
+
+        decode_on_this_thread()
+
+
 def _lookup_draft(args: argparse.Namespace) -> int:
     return DEFAULT_LOOKUP_DRAFT if args.lookup_draft is None else args.lookup_draft
 
@@ -139,6 +148,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if endpoint is not None:
         return _run_remote(args, endpoint, prompt, dataclasses.replace(settings, sampler=_sampler_settings(args, None)))
     with _load_engine(args, _plan_request(args)) as engine:
+        _decode_here(engine)
         settings = dataclasses.replace(settings, sampler=_sampler_settings(args, engine.sampler_defaults.settings))
         left_out = 0
         if args.raw:
@@ -220,6 +230,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     # The benchmark clears the prefix cache as it goes: keep it off the user's disk tier.
     settings = Settings(prefix_cache_disk_bytes=0)
     with Engine.load(args.model, settings, _plan_request(args)) as engine:
+        _decode_here(engine)
         result = run_bench(engine)
     if args.json:
         print(json.dumps(result.as_dict()))
@@ -254,6 +265,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     from localchat.engine import plan_model
 
     from localchat.models import PACKAGED_MODELS, inspect_gguf
+    from localchat.native import build_advice
     from localchat.sampling_defaults import sampler_defaults
 
     model_plan = plan_model(args.model, Settings(), _plan_request(args))
@@ -277,6 +289,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     else:
         print("gpu        none found (NVML)")
     print(f"build      {model_plan.build.description}; GPU offload {'yes' if model_plan.build.gpu_offload else 'no'}")
+    if model_plan.model.format == "gguf" and (advice := build_advice()) is not None:
+        print(f"           {advice}")
     print(f"plan       {plan.describe()}")
     for reason in plan.reasons:
         print(f"  - {reason}")

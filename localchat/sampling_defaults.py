@@ -59,10 +59,10 @@ FAMILY_DEFAULTS: tuple[FamilyDefaults, ...] = (
     ),
     FamilyDefaults(
         "Gemma 3 270M base", {"general.name": r"gemma[- ]3[- ]270m", "general.finetune": ""},
-        {"repeat_penalty": 1.1, "penalty_last_n": 64},
+        {"repeat_penalty": 1.1, "penalty_last_n": 64, "dry_multiplier": 0.8},
         "a base model that loops without repetition control: 18 of 20 first replies looped with no penalty, "
-        "1 with the repeat penalty alone (benchmarks/repetition.py, seed 0). DRY would stop that one too but "
-        "penalises quoting the prompt, which makes grounded replies stray and prompt-lookup drafts fail",
+        "none with the repeat penalty and DRY (benchmarks/repetition.py, seed 0). DRY sees the reply alone, "
+        "so a reply quoting its prompt is not penalised and prompt-lookup drafts are taken",
     ),
 )
 

@@ -28,6 +28,9 @@ def test_run_streams_an_answer_and_reports_stats(localchat_home: Path, default_m
     assert stats["backend"] == "llama.cpp" and stats["model_path"] == str(default_model)
     assert stats["completion_tokens"] == len(stats["completion_ids"]) <= 12
     assert stats["decode_tok_s"] > 0 and stats["peak_rss_mb"] > 100
+    # The sampler the reply used: the flag over the model's family defaults (SmolLM2: top-p 0.9).
+    assert (stats["sampler"]["temperature"], stats["sampler"]["top_p"], stats["sampler"]["repeat_penalty"]) == (0, 0.9, 1.0)
+    assert stats["sampler_defaults"] == "family: SmolLM2"
 
 
 def test_run_with_lookup_drafts_takes_tokens_from_the_prompt(localchat_home: Path, default_model: Path) -> None:
@@ -47,7 +50,7 @@ def test_raw_greedy_runs_are_repeatable_and_read_stdin(localchat_home: Path) -> 
                   home=localchat_home, stdin="The capital of France is").stdout
         for _ in range(2)
     ]
-    assert outputs[0] == outputs[1] and "France" in outputs[0]
+    assert outputs[0] == outputs[1] and "Paris" in outputs[0]
 
 
 def test_info_explains_the_plan(localchat_home: Path) -> None:

@@ -55,7 +55,7 @@ def test_dry_penalises_the_token_that_would_extend_a_repeat() -> None:
 
     def penalised(history: list[int], settings: SamplerSettings | None = None) -> np.ndarray:
         sampler = NumpySampler(settings or dry_only(), mask)
-        sampler.accept(history)
+        sampler.accept(history, reply=True)
         logits = np.zeros(10, dtype=np.float32)
         sampler.penalise(logits)
         return logits
@@ -90,7 +90,7 @@ def llama_penalised(engine: Engine, settings: SamplerSettings, history: list[int
     """The logits after llama.cpp's chain for `settings` (greedy, so its last step changes none)."""
     sampler = engine.backend.make_sampler(settings)
     try:
-        sampler.accept(history)
+        sampler.accept(history, reply=True)
         data = (llama_cpp.llama_token_data * len(logits))()
         rows = np.frombuffer(data, dtype=np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")]))
         rows["id"], rows["logit"], rows["p"] = np.arange(len(logits)), logits, 0
@@ -128,7 +128,7 @@ def test_the_numpy_sampler_penalises_as_llamas_chain_does(engine: Engine, sample
     logits = np.random.default_rng(0).normal(0, 4, backend.info.n_vocab).astype(np.float32)
     ours = logits.copy()
     numpy_sampler = NumpySampler(sampler, llama_breakers(engine, history))
-    numpy_sampler.accept(history)
+    numpy_sampler.accept(history, reply=True)
     numpy_sampler.penalise(ours)
     theirs = llama_penalised(engine, sampler, history, logits)
     assert (ours != logits).any()  # the text does get penalised

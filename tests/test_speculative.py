@@ -393,19 +393,22 @@ def assert_same_up_to_near_ties(plain: Generation, drafted: Generation) -> int:
     whose logits differ from one-token evaluations by up to 0.2 (tests/test_evaluate_all.py), so
     a reply may part from the plain one only from the plain one's first near tie on."""
     assert plain.stats is not None and drafted.stats is not None
-    return assert_same_until_near_tie(plain.completion_ids, plain.logprobs, drafted.stats.completion_ids, min_compared=8)
+    return assert_same_until_near_tie(plain.completion_ids, plain.logprobs, drafted.stats.completion_ids, min_compared=0)
 
 
 def test_greedy_replies_are_the_same_with_drafting(engine: Engine) -> None:
     session = engine.sessions[0]
+    compared = 0
     for text in PROMPTS:
         prompt = engine.backend.tokenize(text, add_bos=True, special=False)
         plain, drafted = greedy_run(session, prompt, 0), greedy_run(session, prompt, 8)
-        assert_same_up_to_near_ties(plain, drafted)
+        compared += assert_same_up_to_near_ties(plain, drafted)
         if text is PROMPTS[0]:  # the reply copies the prompt: most drafted tokens are kept
             stats = drafted.stats
             assert stats is not None and stats.accepted_tokens >= stats.completion_tokens // 2
     session.reset()
+    # Enough drafted steps compared to catch a wrong row (the counting prompt has no near tie in 32 tokens).
+    assert compared >= 32, compared
 
 
 def test_a_draft_model_drafts_and_the_reply_stays_the_same(settings: Settings, default_model: Path) -> None:
@@ -414,16 +417,18 @@ def test_a_draft_model_drafts_and_the_reply_stays_the_same(settings: Settings, d
     evaluations round apart), and the reply is the one plain decoding gives."""
     with Engine.load(str(default_model), settings, PlanRequest(n_ctx=1024)) as engine:
         session = engine.sessions[0]
-        prompts = [engine.backend.tokenize(text, add_bos=True, special=False) for text in PROMPTS[1:3]]
+        prompts = [engine.backend.tokenize(text, add_bos=True, special=False) for text in (PROMPTS[3], PROMPTS[1])]
         plain = [greedy_run(session, prompt, 0) for prompt in prompts]
         engine.add_draft_model(str(default_model), PlanRequest(n_ctx=1024))
         assert session.draft_model is not None
         session.draft_model.pace = AlwaysDraft()
+        compared = 0
         for prompt, alone in zip(prompts, plain, strict=True):
             drafted = greedy_run(session, prompt, 0)
-            assert_same_up_to_near_ties(alone, drafted)
+            compared += assert_same_up_to_near_ties(alone, drafted)
             stats = drafted.stats
             assert stats is not None and stats.accepted_tokens >= 0.6 * stats.drafted_tokens > 0
+        assert compared >= 32, compared
 
 
 class _Vocabulary:

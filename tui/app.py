@@ -25,7 +25,7 @@ from localchat.errors import LocalchatError
 from localchat.hardware import gpu_memory_used_bytes, process_rss_bytes
 from localchat.history import ConversationStore
 from localchat.hub import HubModelName
-from localchat.models import DEFAULT_MODEL_NAME
+from localchat.models import DEFAULT_MODEL_NAME, PACKAGED_MODELS
 from localchat.planner import PlanRequest
 from localchat.remote import RemoteEndpoint
 from localchat.session import GenerationSettings, GenerationStats
@@ -176,7 +176,11 @@ class ChatApp(App[int]):
         self.query_one(LoadBar).display = False
         self._rebuild_chat()
         self._show_engine()
-        self.notify(f"{message.label} is ready", timeout=2)
+        packaged = PACKAGED_MODELS.get(message.label)
+        if packaged is not None and packaged.name == DEFAULT_MODEL_NAME:  # say what the default model is, once loaded
+            self.notify(f"{message.label} is ready: {packaged.note}", timeout=6)
+        else:
+            self.notify(f"{message.label} is ready", timeout=2)
 
     async def on_model_failed(self, message: ModelFailed) -> None:
         self.loading = False

@@ -117,10 +117,10 @@ class SamplerSettings:
     The defaults are llama.cpp's (its server's and CLI's): top-k 40, top-p 0.95, min-p 0.05 and
     temperature 0.8, no penalties. A model's own defaults (its GGUF's `general.sampling.*`) or its
     family's come first: localchat.sampling_defaults. The repeat penalty (over the last
-    `penalty_last_n` tokens) and DRY ("don't repeat yourself": a token that would extend a sequence
-    already seen is penalised, the more the longer) are there for models that loop; both see the
-    prompt, so DRY also penalises quoting it, which is what a grounded reply does (and what prompt
-    lookup drafts).
+    `penalty_last_n` tokens, prompt included) and DRY ("don't repeat yourself": a token that would
+    extend a sequence already seen in the reply is penalised, the more the longer) are there for
+    models that loop. DRY sees the reply alone: quoting the prompt is what a grounded reply does
+    (fixing a text, editing code) and what prompt lookup drafts, and a loop is the reply repeating itself.
     """
 
     temperature: float = 0.8
@@ -259,8 +259,9 @@ class TokenGuide(Protocol):
 class Sampler(Protocol):
     """A stateful sampler (penalties remember what it produced); made by a backend."""
 
-    def accept(self, tokens: Sequence[int]) -> None:
-        """Show it tokens it did not pick (the prompt), for its penalties."""
+    def accept(self, tokens: Sequence[int], *, reply: bool = False) -> None:
+        """Show it tokens it did not pick, for its penalties: the prompt, or (`reply`) tokens of the reply
+        (DRY sees those alone)."""
         ...
 
     def reset(self) -> None: ...

@@ -32,8 +32,8 @@ FAR_SPAN = 30.0
 class LlamaSampler:
     """A reply's sampler: llama.cpp's samplers in llama.cpp's order, each owned and freed here.
 
-    Stages: the repeat/frequency/presence penalties and DRY (both see the prompt and the reply), then
-    the truncations, temperature and the draw, or greedy."""
+    Stages: the repeat/frequency/presence penalties (which see the prompt and the reply), DRY (the reply
+    alone: see SamplerSettings), then the truncations, temperature and the draw, or greedy."""
 
     def __init__(self, settings: SamplerSettings, n_vocab: int, dry: llama_cpp.llama_sampler_p | None = None,
                  guide: TokenGuide | None = None) -> None:
@@ -54,7 +54,6 @@ class LlamaSampler:
         # The tokens a penalty may touch: the last of those seen, as far back as a penalty looks.
         window = settings.history_window
         self._seen: deque[int] = deque(maxlen=None if window < 0 else window)
-        self._remembering = [stage for stage in (self.penalties, self.dry) if stage is not None]
         self._candidates = np.zeros(n_vocab, dtype=TOKEN_DATA)
         self._array = llama_cpp.llama_token_data_array()
         self._all_ids = np.arange(n_vocab, dtype=np.int64)
@@ -89,12 +88,14 @@ class LlamaSampler:
         """Greedy with no penalties: the pick is the row's argmax (ties: the lowest id, as llama.cpp's)."""
         return self.settings.greedy and not self.settings.penalized
 
-    def accept(self, tokens: Sequence[int]) -> None:
-        """Show the penalties tokens the sampler did not pick (the prompt)."""
-        if self._remembering:
+    def accept(self, tokens: Sequence[int], *, reply: bool = False) -> None:
+        """Show the penalties tokens the sampler did not pick: the prompt, or (`reply`) tokens of the reply, which
+        DRY sees too."""
+        stages = [stage for stage in (self.penalties, self.dry if reply else None) if stage is not None]
+        if stages:
             window = self._seen.maxlen
             for token in tokens if window is None else islice(tokens, max(len(tokens) - window, 0), None):
-                for stage in self._remembering:
+                for stage in stages:
                     llama_cpp.llama_sampler_accept(stage, token)
                 self._seen.append(token)
 
@@ -108,7 +109,7 @@ class LlamaSampler:
             token = self._draw(row)
             for stage in self.stages:
                 llama_cpp.llama_sampler_accept(stage, token)
-            if self._remembering:
+            if self.penalties is not None or self.dry is not None:
                 self._seen.append(token)
         if self.guide is not None:
             self.guide.consume(token)
@@ -199,7 +200,7 @@ class DeviceSampler:
         self.chain = chain
         self._context = context
 
-    def accept(self, tokens: Sequence[int]) -> None:
+    def accept(self, tokens: Sequence[int], *, reply: bool = False) -> None:
         """The prompt: nothing to remember (no penalties)."""
 
     def pick_output(self, index: int) -> int:

@@ -32,16 +32,21 @@ class NumpySampler:
         self.rng = np.random.default_rng(settings.seed)
         window = settings.history_window
         self.history: deque[int] = deque(maxlen=None if window < 0 else window)
+        # DRY's history: the reply alone (see SamplerSettings).
+        self.reply: deque[int] = deque(maxlen=None if settings.dry_penalty_last_n < 0 else settings.dry_penalty_last_n)
         self.dry_breakers = dry_breakers
         if settings.dry and dry_breakers is None:
             raise ValueError("DRY needs the mask of the tokens that break a sequence")
 
-    def accept(self, tokens: Sequence[int]) -> None:
+    def accept(self, tokens: Sequence[int], *, reply: bool = False) -> None:
         if self.settings.penalized:
             self.history.extend(int(t) for t in tokens)
+        if reply and self.settings.dry:
+            self.reply.extend(int(t) for t in tokens)
 
     def reset(self) -> None:
         self.history.clear()
+        self.reply.clear()
 
     def close(self) -> None:
         pass
@@ -74,7 +79,7 @@ class NumpySampler:
         `dry_allowed_length` tokens loses multiplier * base^(length - allowed_length)."""
         s, breakers = self.settings, self.dry_breakers
         assert breakers is not None
-        tail = np.asarray(self._recent(s.dry_penalty_last_n), dtype=np.int64)
+        tail = np.asarray(self.reply, dtype=np.int64)
         n = len(tail)
         if n <= s.dry_allowed_length:
             return
@@ -124,6 +129,8 @@ class NumpySampler:
             token = self._sample(logits)
         if s.penalized:
             self.history.append(token)
+        if s.dry:
+            self.reply.append(token)
         if self.guide is not None:
             self.guide.consume(token)
         return token

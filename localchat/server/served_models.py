@@ -26,7 +26,11 @@ class CatalogModel:
 
     @property
     def created(self) -> int:
-        return int(self.path.stat().st_mtime)
+        """When its file was made; 0 for a packaged model not made yet (Gemma is made on first use)."""
+        try:
+            return int(self.path.stat().st_mtime)
+        except OSError:
+            return 0
 
 
 @dataclass(eq=False)

@@ -17,14 +17,19 @@ def test_dry_breaks_sequences_at_the_tokens_llama_cpp_does(gemma_engine: Engine,
     np.testing.assert_array_equal(ours, expected)
 
 
-def test_dry_changes_a_repetitive_continuation(gemma_engine: Engine) -> None:
+def test_dry_breaks_a_loop_of_the_reply_but_lets_it_quote_its_prompt(gemma_engine: Engine) -> None:
+    """DRY sees the reply alone: the first words continue the prompt's cycle as greedy decoding does (a reply
+    may quote its prompt), then the reply's own repeats are penalised and the loop breaks."""
     session = gemma_engine.sessions[0]
     prompt = gemma_engine.backend.tokenize("one two three one two three one two three one two", add_bos=True, special=False)
     outputs = []
     for sampler in (ARGMAX, SamplerSettings(temperature=0, dry_multiplier=0.8)):
         session.reset()
-        generation = session.generate(prompt, GenerationSettings(max_tokens=6, sampler=sampler, ignore_eos=True))
-        outputs.append(generation.text())
-    assert outputs[0].split()[:2] == ["three", "one"]  # the loop goes on
-    assert outputs[1].split()[:1] != ["three"]  # DRY: "three" would extend an 8-token repeat
+        generation = session.generate(prompt, GenerationSettings(max_tokens=24, sampler=sampler, ignore_eos=True))
+        outputs.append(generation.text().split())
+    plain, dry = outputs
+    assert plain[:2] == dry[:2] == ["three", "one"]  # quoting the prompt's cycle is not penalised
+    cycle = ["two", "three", "one"]
+    assert plain[2:11] == cycle * 3  # the loop goes on
+    assert dry[2:11] != cycle * 3  # DRY: the reply's own cycle, repeated, is
     session.reset()

@@ -46,7 +46,7 @@ class _ScriptSampler:
     prompts: list[str]
     text_of: Callable[[int], str]
 
-    def accept(self, tokens: Sequence[int]) -> None:
+    def accept(self, tokens: Sequence[int], *, reply: bool = False) -> None:
         """The decoder shows its sampler the reply's prompt first: record it."""
         self.prompts.append("".join(self.text_of(t) for t in tokens))
 

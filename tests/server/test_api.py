@@ -10,9 +10,11 @@ import requests
 from greedy_paths import assert_same_completion_until_near_tie, assert_same_pieces_until_near_tie
 from live_server import API_KEY, SLOTS, LiveServer
 
+from localchat.models import DEFAULT_MODEL_NAME, PACKAGED_MODELS
+
 GREEDY = {"temperature": 0, "seed": 1}
-MODEL = "gemma-3-270m"
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+MODEL = DEFAULT_MODEL_NAME
+QUESTION = [{"role": "user", "content": "What is the capital of Japan?"}]  # no near tie in the chat model's answer
 
 
 def test_chat_completion_answers_with_usage(server: LiveServer) -> None:
@@ -91,7 +93,9 @@ def test_sampling_parameters_are_honoured(server: LiveServer) -> None:
 
 def test_models_and_health(server: LiveServer) -> None:
     models = server.client().models.list()
-    assert [m.id for m in models.data] == [MODEL]
+    # Every model localchat installs; the server started with the default one.
+    assert [m.id for m in models.data] == list(PACKAGED_MODELS)
+    assert [m.id for m in models.data if m.model_extra["status"] == "loaded"] == [MODEL]  # type: ignore[index]
     health = requests.get(f"{server.url}/health", timeout=10)  # no key needed
     assert health.status_code == 200 and health.json()["status"] == "ok"
 
@@ -117,10 +121,12 @@ def test_metrics_count_requests_tokens_and_latency(server: LiveServer) -> None:
     counted = ('localchat_http_requests_total{path="/v1/completions",status="200"}', "localchat_completion_tokens_total",
                "localchat_prompt_tokens_total", "localchat_time_to_first_token_seconds_count",
                "localchat_time_per_output_token_seconds_count")
+    shipped = 'localchat_sampler_replies_total{sampler="top_k=40 top_p=0.9 min_p=0.05 temp=0.2"}'  # SmolLM2's defaults
+    counted = (*counted, shipped)
     before = {name: server.metric(name) for name in counted}
     reply = server.client().completions.create(model=MODEL, prompt="Hello", max_tokens=5, extra_body={"ignore_eos": True})
     assert reply.usage is not None
-    expected_increase = (1, 5, reply.usage.prompt_tokens, 1, 1)
+    expected_increase = (1, 5, reply.usage.prompt_tokens, 1, 1, 1)
     assert [server.metric(name) - before[name] for name in counted] == list(expected_increase)
     assert server.metric("localchat_slots") == SLOTS
     text = requests.get(f"{server.url}/metrics", headers=server.auth, timeout=10).text

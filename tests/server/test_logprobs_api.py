@@ -8,8 +8,10 @@ import math
 import pytest
 from live_server import LiveServer
 
+from localchat.models import DEFAULT_MODEL_NAME
+
 GREEDY = {"temperature": 0, "seed": 1}
-MODEL = "gemma-3-270m"
+MODEL = DEFAULT_MODEL_NAME
 QUESTION = [{"role": "user", "content": "Name three colours of the rainbow."}]
 
 

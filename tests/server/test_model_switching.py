@@ -127,7 +127,8 @@ def test_a_request_for_another_model_loads_it_while_the_first_model_streams(swit
     gaps = [b - a for (a, _), (b, _) in pairwise(first) if asked <= b <= first_token]
     print(f"longest gap between the first model's chunks meanwhile: {max(gaps):.2f} s")
     assert first[-1][1] == "data: [DONE]" and '"finish_reason":"length"' in first[-2][1]
-    assert sum('"content":' in line for _, line in first) >= 120
+    # Every token streamed (a chunk holds the text of its tokens; a character split across tokens comes whole).
+    assert sum('"content":' in line for _, line in first) >= 100
 
     listed = _models(switching)
     assert (listed[DEFAULT_MODEL_NAME], listed[SECOND]) == ("loaded", "loaded")

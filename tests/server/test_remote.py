@@ -17,6 +17,7 @@ from live_server import API_KEY, LiveServer, busy_gateway, serving, start_server
 from openai.types.chat.chat_completion_chunk import ChoiceDelta
 from scripted_app import ScriptedBackend, scripted_app
 
+from localchat.models import DEFAULT_MODEL_NAME, PACKAGED_MODELS
 from localchat.backends.base import SamplerSettings
 from localchat.remote import RemoteEndpoint, RemoteError, RemoteGeneration, RemoteServer
 from localchat.reply_parser import ParsedReply
@@ -24,7 +25,7 @@ from localchat.session import GenerationSettings
 from localchat.templates import Message
 
 GREEDY = GenerationSettings(max_tokens=12, sampler=SamplerSettings(temperature=0))
-MODEL = "gemma-3-270m"
+MODEL = DEFAULT_MODEL_NAME
 QWEN3 = (Path(__file__).parent.parent / "data" / "chat_templates" / "qwen3.jinja").read_text(encoding="utf-8")
 QWEN3_THINKING_OFF = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
 
@@ -36,13 +37,13 @@ def remote(server: LiveServer) -> Iterator[RemoteServer]:
 
 
 def test_a_remote_chat_streams_the_reply_the_server_writes(remote: RemoteServer, server: LiveServer) -> None:
-    assert remote.model == MODEL  # the server's only model, picked without being named
+    assert remote.model == MODEL  # the model the server has loaded, picked without being named
     chat = remote.new_chat("You are brief.")
-    generation = chat.send("Name a colour.", GREEDY)
+    generation = chat.send("What is the capital of Japan?", GREEDY)
     pieces = list(generation)
     chat.commit("".join(pieces))
     direct = server.client().chat.completions.create(
-        model=MODEL, messages=[{"role": "system", "content": "You are brief."}, {"role": "user", "content": "Name a colour."}],
+        model=MODEL, messages=[{"role": "system", "content": "You are brief."}, {"role": "user", "content": "What is the capital of Japan?"}],
         max_tokens=12, temperature=0, logprobs=True, top_logprobs=2,
     )
     # The direct request reuses the first one's KV cache: the same reply up to its first near tie.
@@ -50,7 +51,7 @@ def test_a_remote_chat_streams_the_reply_the_server_writes(remote: RemoteServer,
     assert_same_pieces_until_near_tie(direct.choices[0].logprobs.content, pieces, min_compared=3)
     stats = generation.stats
     assert stats is not None and stats.completion_tokens == direct.usage.completion_tokens == len(pieces)
-    assert stats.prompt_tokens == direct.usage.prompt_tokens and stats.finish_reason == "length"
+    assert stats.prompt_tokens == direct.usage.prompt_tokens and stats.finish_reason == direct.choices[0].finish_reason
     assert 0 < stats.ttft_s < 60 and generation.first_token_at is not None
     assert [m.role for m in chat.messages] == ["system", "user", "assistant"]
 
@@ -78,7 +79,7 @@ def test_a_wrong_key_says_so(server: LiveServer) -> None:
 
 
 def test_an_unknown_model_lists_what_the_server_has(server: LiveServer) -> None:
-    with pytest.raises(RemoteError, match=f"no model 'llama-70b'; it serves: {MODEL}"):
+    with pytest.raises(RemoteError, match=f"no model 'llama-70b'; it serves: {', '.join(PACKAGED_MODELS)}"):
         RemoteServer(RemoteEndpoint(f"{server.url}/v1", "llama-70b", API_KEY))
 
 

@@ -12,7 +12,9 @@ import pytest
 import requests
 from live_server import CONTEXT, MAX_REPLY_TOKENS, QUEUE, SLOTS, LiveServer, start_server
 
-MODEL = "gemma-3-270m"
+from localchat.models import DEFAULT_MODEL_NAME
+
+MODEL = DEFAULT_MODEL_NAME
 USER = [{"role": "user", "content": "Hello"}]
 
 

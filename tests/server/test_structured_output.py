@@ -16,7 +16,9 @@ import pytest
 from live_server import LiveServer
 from pydantic import BaseModel, Field
 
-MODEL = "gemma-3-270m"
+from localchat.models import DEFAULT_MODEL_NAME
+
+MODEL = DEFAULT_MODEL_NAME
 NAME = {"type": "string", "minLength": 1, "maxLength": 12}
 
 SCHEMAS: list[dict[str, Any]] = [

@@ -14,7 +14,9 @@ import openai
 import pytest
 from live_server import LiveServer, start_server
 
-MODEL = "gemma-3-270m"
+from localchat.models import DEFAULT_MODEL_NAME
+
+MODEL = DEFAULT_MODEL_NAME
 GREEDY = {"temperature": 0, "seed": 1}
 WEATHER_TOOL: Any = {"type": "function", "function": {
     "name": "get_weather", "description": "The current weather in a city.",

@@ -57,10 +57,10 @@ def make_app(engine: Engine, settings: Settings, store: ConversationStore) -> Ca
 
 
 @pytest.fixture(scope="session")
-def model_hub(default_model: Path) -> Iterator[StandInHub]:
-    """The stand-in hub on loopback with the default model as a one-file GGUF repo."""
+def model_hub(gemma_model: Path) -> Iterator[StandInHub]:
+    """The stand-in hub on loopback with Gemma 3 270M as a one-file GGUF repo."""
     hub, stop = start_hub()
-    hub.add_repo(GEMMA_REPO, [HubFile.from_disk(GEMMA_FILE, default_model)])
+    hub.add_repo(GEMMA_REPO, [HubFile.from_disk(GEMMA_FILE, gemma_model)])
     yield hub
     stop()
 

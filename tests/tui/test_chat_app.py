@@ -11,6 +11,7 @@ from textual.widgets import OptionList, ProgressBar
 
 from localchat.engine import Engine
 from localchat.history import ConversationStore
+from localchat.models import PACKAGED_MODELS
 from localchat.settings import Settings
 from localchat.tui.app import ChatApp
 from localchat.tui.widgets.dialogs import HelpScreen, ModelPicker
@@ -27,16 +28,17 @@ async def test_a_real_turn_streams_into_the_view_and_is_stored(make_app: MakeApp
     app = make_app()
     async with app.run_test(size=(80, 24)) as pilot:
         status = app.query_one(StatusBar)
-        app.prompt.text = "What is the capital of France?"
+        app.prompt.text = "What is the capital of Japan?"
         await press_and_wait_for_reply(pilot, "enter")
         assert app.prompt.text == ""
 
         answer = app.query(AssistantMessage).last()
         assert app.last_stats is not None and app.last_stats.completion_tokens > 0
         assert answer.text and answer.text == app.chat.messages[-1].content  # type: ignore[union-attr]
+        assert "Tokyo" in answer.text  # the default model is a chat model: it answers
         stored = store.messages(app.conversation.id)  # type: ignore[union-attr]
-        assert [(m.role, m.content) for m in stored] == [("user", "What is the capital of France?"), ("assistant", answer.text)]
-        assert store.get(app.conversation.id).title == "What is the capital of France?"  # type: ignore[union-attr]
+        assert [(m.role, m.content) for m in stored] == [("user", "What is the capital of Japan?"), ("assistant", answer.text)]
+        assert store.get(app.conversation.id).title == "What is the capital of Japan?"  # type: ignore[union-attr]
         assert status.state == "ready" and status.tokens_per_s is not None and status.ttft_s is not None
         assert 0 < status.context_used <= status.context_size == 2048
         assert status.backend == "llama.cpp" and status.rss_bytes > 0
@@ -193,8 +195,8 @@ async def test_a_model_that_fails_to_load_is_a_readable_error(make_app: MakeApp,
         await pilot.press("ctrl+o")
         assert isinstance(app.screen, ModelPicker)
         labels = [c.label for c in app.screen.choices]
-        assert labels == ["gemma-3-270m", "broken"]
-        app.screen.query_one(OptionList).highlighted = 1
+        assert labels == [*PACKAGED_MODELS, "broken"]  # the default model first
+        app.screen.query_one(OptionList).highlighted = labels.index("broken")
         await pilot.press("enter")
         await wait_until(pilot, lambda: not app.loading)
         error = app.query_one(".error", Notice)
@@ -231,7 +233,7 @@ async def test_loading_at_start_shows_progress_and_errors(settings: Settings, st
         assert app.engine is not None and app.query_one(ProgressBar).progress == 1.0
         assert not app.query_one("#load").display and app.query_one(StatusBar).state == "ready"
         engine = app.engine
-    assert engine.backend._model is None  # type: ignore[attr-defined]  # closed by the app that loaded it
+    assert engine.backend._model.pointer is None  # type: ignore[attr-defined]  # closed by the app that loaded it
 
     missing = ChatApp(settings, model="/nowhere/model.gguf", store=store)
     async with missing.run_test(size=(80, 24)) as pilot:

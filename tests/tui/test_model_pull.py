@@ -11,6 +11,7 @@ from stand_in_hub import Fault, StandInHub
 from textual.widgets import Input, OptionList, ProgressBar
 
 from localchat.hub import HubModelName, find_cached
+from localchat.models import PACKAGED_MODELS
 from localchat.settings import Settings
 from localchat.tui.app import ChatApp
 from localchat.tui.widgets.dialogs import ModelPicker
@@ -82,7 +83,7 @@ async def test_escape_cancels_a_pull_and_no_model_file_is_left(
         model_hub.release.set()  # the transfer moves again and meets the cancel at its next chunk
         await wait_until(pilot, lambda: picker.pulling is None)
         assert status(picker).startswith(f"Pull cancelled: the pull of {GEMMA_REPO} was cancelled; what was fetched is kept")
-        assert [c.label for c in picker.choices] == ["gemma-3-270m"]
+        assert [c.label for c in picker.choices] == list(PACKAGED_MODELS)
         assert find_cached(HubModelName(GEMMA_REPO), pull_settings) is None
         assert not list(pull_settings.hf_cache_dir.rglob("*.gguf"))  # no model file, not even a link
         kept = list(pull_settings.hf_cache_dir.rglob("*.incomplete"))

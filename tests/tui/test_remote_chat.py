@@ -19,6 +19,7 @@ from scripted_app import ScriptedBackend, scripted_app
 from localchat.backends.base import SamplerSettings
 from localchat.engine import Engine
 from localchat.history import ConversationStore
+from localchat.models import DEFAULT_MODEL_NAME
 from localchat.planner import PlanRequest
 from localchat.remote import RemoteEndpoint
 from localchat.server.app import create_app
@@ -31,7 +32,7 @@ from localchat.tui.widgets.messages import AssistantMessage, Notice, Reasoning, 
 from localchat.tui.widgets.status import StatusBar
 
 pytestmark = pytest.mark.anyio
-MODEL = "gemma-3-270m"
+MODEL = DEFAULT_MODEL_NAME
 TEMPLATES = Path(__file__).parent.parent / "data" / "chat_templates"
 QWEN3_THINKING_OFF = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
 SCRIPTED = GenerationSettings(max_tokens=100)  # the scripted model writes a character a token
