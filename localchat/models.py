@@ -276,6 +276,12 @@ def _describe_onnx(name: str, folder: Path, last_used: float | None) -> Installe
     )
 
 
+def describe_model(name: str, path: Path, last_used: float | None = None) -> InstalledModel:
+    """A row of `localchat list` for the model at `path`, a GGUF file or an ONNX folder."""
+    describe = _describe_onnx if path.is_dir() else _describe_gguf
+    return describe(name, path, last_used)
+
+
 def _list_name(ref: ModelRef) -> str:
     return DEFAULT_MODEL_NAME if ref.path.name == DEFAULT_MODEL_FILE else ref.name
 

@@ -235,6 +235,7 @@ class Scheduler:
         if not self._release_idle(len(request.prompt) + 1 - len(session.tokens), keep=slot):
             return False
         slot.request = request
+        reply.admitted()
         try:
             try:
                 reply.prefilled(*session.prefill(request.prompt))

@@ -26,6 +26,7 @@ from localchat.backends.base import (
     TokenScores,
     score_rows,
 )
+from localchat.backends.llamacpp_embeddings import LlamaEmbedder, open_embedder
 from localchat.constraints import TokenGuide
 from localchat.errors import ContextOverflowError, InferenceError, ModelError
 from localchat.planner import BuildFeatures, FlashAttn, KvType, Plan
@@ -280,6 +281,8 @@ class LlamaCppBackend:
         self._piece_cache: dict[int, bytes] = {}
         self._piece_buffer = ctypes.create_string_buffer(256)
         self._dry_samplers: dict[tuple[float, float, int, int], llama_cpp.llama_sampler_p] = {}
+        self._embedder: LlamaEmbedder | None = None
+        self._embedder_lock = threading.Lock()
         self.info = self._read_info(path)
 
     # -- model facts ---------------------------------------------------------------
@@ -493,7 +496,18 @@ class LlamaCppBackend:
         if llama_cpp.llama_state_seq_set_data(self._ctx, source, len(state), seq) == 0:
             raise InferenceError("llama.cpp refused a saved KV state (different model or context?)")
 
+    def embedder(self) -> LlamaEmbedder:
+        """The model's embeddings context, made on first use (localchat/backends/llamacpp_embeddings.py)."""
+        with self._embedder_lock:
+            if self._embedder is None:
+                self._embedder = open_embedder(self._model, self._meta, self.info.architecture, self.n_ctx,
+                                               self.plan.n_threads, self.plan.n_threads_batch, _compute.run)
+            return self._embedder
+
     def close(self) -> None:
+        if getattr(self, "_embedder", None) is not None:
+            self._embedder.close()  # before the model it was made on
+            self._embedder = None
         for sampler in getattr(self, "_dry_samplers", {}).values():
             llama_cpp.llama_sampler_free(sampler)
         self._dry_samplers = {}

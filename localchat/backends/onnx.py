@@ -16,14 +16,14 @@ from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from itertools import islice
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import numpy as np
 import onnxruntime as ort
 
 from localchat.backends.base import DRY_SEQUENCE_BREAKERS, ModelInfo, SamplerSettings, TokenScores, score_rows
 from localchat.constraints import TokenGuide
-from localchat.errors import ContextOverflowError, InferenceError, ModelError
+from localchat.errors import ContextOverflowError, InferenceError, ModelError, UnsupportedError
 from localchat.models import ONNX_MARKER
 from localchat.planner import BuildFeatures, ModelFacts, Plan
 
@@ -664,6 +664,10 @@ class OnnxBackend:
             view[...] = np.frombuffer(state, dtype=self._kv_dtype, count=view.size, offset=offset).reshape(view.shape)
             offset += size
         self.lengths[seq] = length
+
+    def embedder(self) -> NoReturn:
+        raise UnsupportedError("the ONNX backend has no embeddings: its fused model graph outputs logits only, not the "
+                               "hidden states a vector is pooled from; serve the model as GGUF (llama.cpp) for embeddings")
 
     def close(self) -> None:
         self._bindings = []

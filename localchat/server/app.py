@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from types import FrameType
 from typing import Any
 
@@ -34,7 +34,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from localchat.backends.base import SamplerSettings, TokenLogprob
 from localchat.constraints import tokenizer_for
 from localchat.engine import Engine
-from localchat.errors import ContextOverflowError, InvalidSettingError, LocalchatError
+from localchat.errors import ContextOverflowError, InvalidSettingError, LocalchatError, UnsupportedError
 from localchat.model_pool import (
     Lease,
     MemoryBudget,
@@ -45,9 +45,12 @@ from localchat.model_pool import (
 )
 from localchat.scheduler import QueueFullError, TextDelta
 from localchat.server.chat import ChatPlan, ChatReplyReader, plan_chat
+from localchat.server.embeddings import embedding_router
 from localchat.server.errors import APIError, error_response
 from localchat.server.logprobs import chat_logprobs, completion_logprobs, token_piece
 from localchat.server.metrics import CONTENT_TYPE, RequestCounter, ServerMetrics
+from localchat.server.ollama import ollama_router
+from localchat.server.ollama_models import ollama_models_router
 from localchat.server.replies import PendingReply, ReplyFailedError
 from localchat.server.schemas import (
     ChatChoice,
@@ -144,7 +147,10 @@ class CompletionService:
         defaults = SamplerSettings()
         sampler = SamplerSettings(
             temperature=defaults.temperature if body.temperature is None else body.temperature,
+            top_k=defaults.top_k if body.top_k is None else body.top_k,
             top_p=defaults.top_p if body.top_p is None else body.top_p,
+            min_p=defaults.min_p if body.min_p is None else body.min_p,
+            penalty_last_n=defaults.penalty_last_n if body.repeat_last_n is None else body.repeat_last_n,
             presence_penalty=body.presence_penalty,
             frequency_penalty=body.frequency_penalty,
             repeat_penalty=defaults.repeat_penalty if body.repeat_penalty is None else body.repeat_penalty,
@@ -166,6 +172,21 @@ class CompletionService:
         # reads only the vocabulary, so it may run beside the scheduler's thread.
         return await run_in_threadpool(prepare)
 
+    async def start_chat(self, body: ChatCompletionRequest, stop: tuple[str, ...] | None = None) -> ChatRun:
+        """Plans, tokenizes and queues the reply to `body` (`stop`: stop strings beyond OpenAI's
+        four, from another API's request; else the body's)."""
+        generation = self.generation_settings(body, body.reply_limit, self.chat.shown_tokens, body.logprobs_wanted)
+        if stop is not None:
+            generation = replace(generation, stop=stop)
+        plan, prompt = await self.chat_prompt(body)
+        constraint = plan.constraint or (body.response_format.constraint() if body.response_format is not None else None)
+        if constraint is not None:
+            generation = replace(generation, constraint=constraint)
+            # The vocabulary is read into llguidance once (seconds for a large one): off the event loop.
+            await run_in_threadpool(tokenizer_for, self.engine.backend)
+        reply = self.submit(prompt, generation)
+        return ChatRun(plan, ChatReplyReader(plan), reply, generation)
+
     async def text_prompt(self, body: CompletionRequest) -> list[int]:
         if isinstance(body.prompt, list):
             n_vocab = self.engine.backend.info.n_vocab
@@ -186,6 +207,23 @@ class CompletionService:
                 read(piece)
         finally:
             watcher.cancel()
+
+
+@dataclass(frozen=True)
+class ChatRun:
+    """A chat reply under way: how it was planned, its reader, the scheduled reply, its settings."""
+
+    plan: ChatPlan
+    reader: ChatReplyReader
+    reply: PendingReply
+    generation: GenerationSettings
+
+    def read(self, text: str) -> list[ChatDelta]:
+        """The reply's next text as deltas; once the calls wanted are made the rest is not needed."""
+        deltas = self.reader.feed(text)
+        if self.reader.complete:
+            self.reply.cancel()
+        return deltas
 
 
 async def _cancel_on_disconnect(request: Request, reply: PendingReply) -> None:
@@ -248,7 +286,15 @@ class ModelRouter:
         refused = unsupported_field(endpoint, body.model_extra)
         if refused is not None:
             raise APIError(400, refused[1], code="unsupported_parameter", param=refused[0])
-        model_id = await self.model_id(body.model)
+        return self.service(await self.lease(request, body.model))
+
+    def service(self, served: ServedModel) -> CompletionService:
+        return CompletionService(served, self.settings, self.metrics)
+
+    async def lease(self, request: Request, requested: str | None) -> ServedModel:
+        """The model `requested` names (None: the first), loaded if need be and held until the
+        response has been sent."""
+        model_id = await self.model_id(requested)
         try:
             lease = await self.pool.acquire(model_id)
         except ModelBusyError:
@@ -257,7 +303,7 @@ class ModelRouter:
             raise APIError(500, f"the model '{model_id}' could not be loaded: {error}", code="model_load_failed",
                            param="model") from error
         request.scope["state"][LEASES].append(lease)
-        return CompletionService(lease.model, self.settings, self.metrics)
+        return lease.model
 
     async def model_id(self, requested: str | None) -> str:
         """The pool's name for the model `requested` names; APIError 404 when there is none."""
@@ -322,34 +368,34 @@ class LeaseRelease:
 
 
 def _install_error_handlers(app: FastAPI, settings: ServerSettings) -> None:
-    async def api_error(_: Request, error: Exception) -> Response:
+    async def api_error(request: Request, error: Exception) -> Response:
         assert isinstance(error, APIError)
-        return error_response(error.status, error.message, code=error.code, param=error.param)
+        return error_response(request.url.path, error.status, error.message, code=error.code, param=error.param)
 
-    async def validation_error(_: Request, error: Exception) -> Response:
+    async def validation_error(request: Request, error: Exception) -> Response:
         assert isinstance(error, RequestValidationError)
         message, param = _validation_message(error)
-        return error_response(400, message, param=param)
+        return error_response(request.url.path, 400, message, param=param)
 
-    async def http_error(_: Request, error: Exception) -> Response:
+    async def http_error(request: Request, error: Exception) -> Response:
         assert isinstance(error, HTTPException)
-        return error_response(error.status_code, str(error.detail), headers=error.headers)
+        return error_response(request.url.path, error.status_code, str(error.detail), headers=error.headers)
 
-    async def context_overflow(_: Request, error: Exception) -> Response:
-        return error_response(400, str(error), code="context_length_exceeded", param="messages")
+    async def context_overflow(request: Request, error: Exception) -> Response:
+        return error_response(request.url.path, 400, str(error), code="context_length_exceeded", param="messages")
 
-    async def invalid_setting(_: Request, error: Exception) -> Response:
-        return error_response(400, str(error))
+    async def invalid_setting(request: Request, error: Exception) -> Response:
+        return error_response(request.url.path, 400, str(error))
 
-    async def queue_full(_: Request, error: Exception) -> Response:
-        return error_response(503, f"the server is busy: {error}; retry later", code="server_busy",
+    async def queue_full(request: Request, error: Exception) -> Response:
+        return error_response(request.url.path, 503, f"the server is busy: {error}; retry later", code="server_busy",
                               headers={"Retry-After": str(settings.retry_after_s)})
 
-    async def reply_failed(_: Request, error: Exception) -> Response:
-        return error_response(500, f"generation failed: {error}")
+    async def reply_failed(request: Request, error: Exception) -> Response:
+        return error_response(request.url.path, 500, f"generation failed: {error}")
 
-    async def model_busy(_: Request, error: Exception) -> Response:
-        return error_response(503, str(error), code="model_busy", param="model",
+    async def model_busy(request: Request, error: Exception) -> Response:
+        return error_response(request.url.path, 503, str(error), code="model_busy", param="model",
                               headers={"Retry-After": str(settings.retry_after_s)})
 
     handlers: dict[type[Exception], Callable[[Request, Exception], Awaitable[Response]]] = {
@@ -359,6 +405,7 @@ def _install_error_handlers(app: FastAPI, settings: ServerSettings) -> None:
         ContextOverflowError: context_overflow,
         InvalidSettingError: invalid_setting,
         TemplateError: invalid_setting,
+        UnsupportedError: invalid_setting,
         QueueFullError: queue_full,
         ReplyFailedError: reply_failed,
         ModelBusyError: model_busy,
@@ -401,6 +448,9 @@ def create_app(engine: Engine, settings: ServerSettings, loader: EngineLoader | 
         max_models=settings.max_models, wait_s=settings.model_wait_s, on_event=pool_event,
     )
     router = ModelRouter(first, pool, loader, settings, metrics)
+    # The embedding and Ollama routes, each path counted apart in /metrics too.
+    api_routers = [embedding_router(router), ollama_router(router), ollama_models_router(router, loader, settings)]
+    metrics.routes |= {route.path for api_router in api_routers for route in api_router.routes}  # type: ignore[attr-defined]
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -410,7 +460,7 @@ def create_app(engine: Engine, settings: ServerSettings, loader: EngineLoader | 
         finally:
             await pool.close()
 
-    app = FastAPI(title="localchat", summary="OpenAI-compatible API for a model on this machine", version="1",
+    app = FastAPI(title="localchat", summary="OpenAI's and Ollama's APIs for the models on this machine", version="1",
                   lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.pool = pool
     _install_error_handlers(app, settings)
@@ -419,23 +469,9 @@ def create_app(engine: Engine, settings: ServerSettings, loader: EngineLoader | 
     @app.post("/v1/chat/completions", response_model=ChatCompletion, responses={**ERROR_RESPONSES, **EVENT_STREAM})
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         service = await router.service_for(request, body, "chat")
-        generation = service.generation_settings(body, body.reply_limit, service.chat.shown_tokens, body.logprobs_wanted)
-        plan, prompt = await service.chat_prompt(body)
-        constraint = plan.constraint or (body.response_format.constraint() if body.response_format is not None else None)
-        if constraint is not None:
-            generation = replace(generation, constraint=constraint)
-            # The vocabulary is read into llguidance once (seconds for a large one): off the event loop.
-            await run_in_threadpool(tokenizer_for, service.engine.backend)
-        reader = ChatReplyReader(plan)
-        reply = service.submit(prompt, generation)
+        run = await service.start_chat(body)
+        reader, reply, generation = run.reader, run.reply, run.generation
         reply_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-
-        def read(text: str) -> list[ChatDelta]:
-            deltas = reader.feed(text)
-            if reader.complete:
-                reply.cancel()  # the calls wanted are made: the rest of the reply is not needed
-            return deltas
-
         piece = token_piece(service.engine.backend, service.chat.shown_tokens)
         # Log-probabilities of tokens whose text no chunk has carried yet: they go with the next one.
         unsent: list[TokenLogprob] = []
@@ -448,7 +484,7 @@ def create_app(engine: Engine, settings: ServerSettings, loader: EngineLoader | 
 
         def read_delta(delta: TextDelta) -> list[ChatDelta]:
             unsent.extend(delta.logprobs)
-            return read(delta.text)
+            return run.read(delta.text)
 
         if body.stream:
             def last(stats: GenerationStats) -> list[str]:
@@ -530,6 +566,9 @@ def create_app(engine: Engine, settings: ServerSettings, loader: EngineLoader | 
     @app.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE: {"schema": {"type": "string"}}}}})
     async def prometheus_metrics() -> Response:
         return Response(metrics.exposition(), media_type=CONTENT_TYPE)
+
+    for api_router in api_routers:
+        app.include_router(api_router)
 
     # The last added is the outermost: count every answer; CORS before the key, since browsers
     # send preflight requests without it; then the key; then the body bound.
