@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import llama_cpp
 import llama_cpp._ggml
@@ -83,8 +83,8 @@ class LlamaEmbedder:
         params = llama_cpp.llama_context_default_params()
         params.embeddings = True
         params.pooling_type = pooling_type if shape.native and pooling_type is not None else llama_cpp.LLAMA_POOLING_TYPE_NONE
-        # An input run over several calls keeps its KV between them, beside a whole call's tokens.
-        params.n_ctx = call_tokens if shape.native else shape.max_tokens + call_tokens
+        # A long input's KV is kept over its calls (cleared after each group of inputs).
+        params.n_ctx = max(call_tokens, shape.max_tokens)
         params.n_batch = params.n_ubatch = call_tokens
         params.n_seq_max = CALL_INPUTS
         params.kv_unified = True
@@ -101,6 +101,7 @@ class LlamaEmbedder:
         self._memory = llama_cpp.llama_get_memory(self._ctx)  # NULL for encoder-only models: nothing kept between calls
         self._call_tokens = call_tokens
         self._batch = llama_cpp.llama_batch_init(call_tokens, 0, 1)
+        self.calls = 0  # llama_decode calls made: many inputs share one (the tests count them)
 
     def embed(self, inputs: Sequence[Sequence[int]]) -> np.ndarray:
         """One vector per input (token ids, each at most `shape.max_tokens`), not normalized: (len(inputs), dimensions)."""
@@ -126,58 +127,67 @@ class LlamaEmbedder:
         if status != 0:
             raise InferenceError(f"llama.cpp failed to compute embeddings (llama_decode status {status})")
 
-    def _forget(self, seq: int) -> None:
+    def _groups(self, inputs: Sequence[Sequence[int]]) -> Iterator[range]:
+        """Consecutive inputs that one call holds whole (up to its tokens and CALL_INPUTS); an input
+        longer than a call alone."""
+        first = 0
+        while first < len(inputs):
+            end, filled = first, 0
+            while end < len(inputs) and end - first < CALL_INPUTS and filled + len(inputs[end]) <= self._call_tokens:
+                filled += len(inputs[end])
+                end += 1
+            end = max(end, first + 1)
+            yield range(first, end)
+            first = end
+
+    def _clear(self) -> None:
+        """Forget the last group's KV: the next starts from cell 0, so attention spans only its own cells."""
         if self._memory:
-            llama_cpp.llama_memory_seq_rm(self._memory, seq, -1, -1)
+            llama_cpp.llama_memory_clear(self._memory, True)
+
+    def _call(self, group: Sequence[Sequence[int]], start: int = 0) -> None:
+        """One llama_decode of `group`'s inputs, each its own sequence from position `start`."""
+        filled = 0
+        for seq, tokens in enumerate(group):
+            for offset, token in enumerate(tokens):
+                self._fill(filled + offset, token, start + offset, seq)
+            filled += len(tokens)
+        self._decode(filled)
+        self.calls += 1
+
+    def _rows(self, count: int) -> np.ndarray:
+        return np.ctypeslib.as_array(llama_cpp.llama_get_embeddings(self._ctx), shape=(count, self.shape.dimensions))
 
     def _mean(self, inputs: Sequence[Sequence[int]]) -> np.ndarray:
-        """Calls of up to CALL_TOKENS tokens, filled in input order: an input may start in one call
-        and end in a later one, its KV kept between them. Row sums per input, then means."""
-        sums = np.zeros((len(inputs), self.shape.dimensions), dtype=np.float64)
-        index, done = 0, 0  # the input being filled, and how many of its tokens are in calls already
-        while index < len(inputs):
-            filled, owners, started = 0, [], index
-            while index < len(inputs) and filled < self._call_tokens and index - started < CALL_INPUTS:
-                tokens = inputs[index]
-                take = min(len(tokens) - done, self._call_tokens - filled)
-                for offset in range(take):
-                    self._fill(filled + offset, tokens[done + offset], done + offset, index % CALL_INPUTS)
-                owners.append((index, take))
-                filled += take
-                done += take
-                if done < len(tokens):
-                    break  # the call is full: the rest of this input goes in the next
-                index, done = index + 1, 0
-            self._decode(filled)
-            rows = np.ctypeslib.as_array(llama_cpp.llama_get_embeddings(self._ctx), shape=(filled, self.shape.dimensions))
-            row = 0
-            for owner, take in owners:
-                sums[owner] += rows[row : row + take].sum(axis=0, dtype=np.float64)
-                row += take
-                if owner < index:  # ended in this call
-                    self._forget(owner % CALL_INPUTS)
-        lengths = np.array([len(tokens) for tokens in inputs], dtype=np.float64)
-        return (sums / lengths[:, None]).astype(np.float32)
+        """The mean of each input's rows; an input longer than a call runs over several, its KV kept between them."""
+        vectors = np.empty((len(inputs), self.shape.dimensions), dtype=np.float32)
+        for group in self._groups(inputs):
+            if len(inputs[group.start]) > self._call_tokens:
+                tokens, total = inputs[group.start], np.zeros(self.shape.dimensions, dtype=np.float64)
+                for offset in range(0, len(tokens), self._call_tokens):
+                    part = tokens[offset : offset + self._call_tokens]
+                    self._call([part], offset)
+                    total += self._rows(len(part)).sum(axis=0, dtype=np.float64)
+                vectors[group.start] = total / len(tokens)
+            else:
+                lengths = [len(inputs[number]) for number in group]
+                self._call([inputs[number] for number in group])
+                sums = np.add.reduceat(self._rows(sum(lengths)), np.cumsum([0, *lengths[:-1]]), axis=0, dtype=np.float64)
+                vectors[group.start : group.stop] = sums / np.array(lengths, dtype=np.float64)[:, None]
+            self._clear()
+        return vectors
 
     def _pooled(self, inputs: Sequence[Sequence[int]]) -> np.ndarray:
-        """Whole inputs per call, pooled by llama.cpp; the KV is cleared between calls."""
+        """Pooled by llama.cpp, whole inputs a call."""
         vectors = np.empty((len(inputs), self.shape.dimensions), dtype=np.float32)
-        index = 0
-        while index < len(inputs):
-            filled, first = 0, index
-            while index < len(inputs) and filled + len(inputs[index]) <= self._call_tokens and index - first < CALL_INPUTS:
-                for position, token in enumerate(inputs[index]):
-                    self._fill(filled + position, token, position, index - first)
-                filled += len(inputs[index])
-                index += 1
-            self._decode(filled)
-            for number in range(first, index):
-                pointer = llama_cpp.llama_get_embeddings_seq(self._ctx, number - first)
+        for group in self._groups(inputs):
+            self._call([inputs[number] for number in group])
+            for seq, number in enumerate(group):
+                pointer = llama_cpp.llama_get_embeddings_seq(self._ctx, seq)
                 if not pointer:
                     raise InferenceError("llama.cpp computed no pooled embedding for an input")
                 vectors[number] = np.ctypeslib.as_array(pointer, shape=(self.shape.dimensions,))
-            if self._memory:
-                llama_cpp.llama_memory_clear(self._memory, True)
+            self._clear()
         return vectors
 
     def close(self) -> None:
