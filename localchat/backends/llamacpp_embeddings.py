@@ -6,8 +6,9 @@ llama.cpp as the model says (its first token, the mean, its last token; with the
 some embedding models add after pooling), so each input is evaluated whole within one call. A
 generative model names none: its vector is the mean of its final hidden states (after the output
 norm) over the input's tokens, summed here from llama.cpp's per-token rows, so an input may run
-over several calls and be as long as the chat context. Either way inputs are packed into calls
-of up to `CALL_TOKENS` tokens, many inputs a call, each in a KV sequence of its own.
+over several calls and be as long as the chat context. Either way whole inputs are packed into
+calls of up to `CALL_TOKENS` tokens, many a call, each in a KV sequence of its own, and the KV
+cache is cleared after each call (attention then spans only the call's own cells).
 
 An embeddings context outputs every token, and llama.cpp's graph for a generative model ends in its
 output head, which for a small model with a large vocabulary is most of the work (Gemma 3 270M:

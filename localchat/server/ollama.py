@@ -72,6 +72,8 @@ SAMPLING_OPTIONS: dict[str, tuple[str, type]] = {
     "frequency_penalty": ("frequency_penalty", float),
     "seed": ("seed", int),
     "num_predict": ("max_tokens", int),
+    # localchat's own (llama.cpp's name): 0 turns DRY off, which is on by default (localchat.backends.base).
+    "dry_multiplier": ("dry_multiplier", float),
 }
 # Options localchat does not implement that change the answer, with the value that leaves it
 # unchanged (Ollama's default) and what they are.
@@ -84,6 +86,8 @@ UNSUPPORTED_OPTIONS: dict[str, tuple[object, str]] = {
 # Ollama's think efforts and the reasoning_effort a template reads ("max" is gpt-oss's "high").
 THINK_EFFORTS = {"low": "low", "medium": "medium", "high": "high", "max": "high"}
 OLLAMA_ROLES = frozenset({"system", "user", "assistant", "tool"})
+# Ollama writes a model without a tag as NAME:latest; localchat's names have no such tag.
+LATEST = ":latest"
 # Go's duration syntax (time.ParseDuration), as keep_alive takes it: "5m", "1h30m", "-1s", "0".
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
 _DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -304,7 +308,7 @@ class OllamaRoutes:
         if not requested:
             raise APIError(400, "model is required", param="model")
         try:
-            served = await self.models.lease(request, requested)
+            served = await self.models.lease(request, await self.model_id(requested))
         except APIError as error:
             if error.code == "model_not_found":
                 raise APIError(404, f"model '{requested}' not found", code=error.code, param="model") from None
@@ -312,10 +316,19 @@ class OllamaRoutes:
         self.models.pool.keep_alive(served.id, keep_alive_seconds(keep_alive))
         return served
 
+    async def model_id(self, requested: str) -> str:
+        """The server's id of the model `requested` names; Ollama's NAME:latest names NAME too."""
+        try:
+            return await self.models.model_id(requested)
+        except APIError as error:
+            if error.code != "model_not_found" or not requested.endswith(LATEST):
+                raise
+        return await self.models.model_id(requested.removesuffix(LATEST))
+
     async def unload(self, requested: str) -> None:
         """Ollama's unload request (no prompt, keep_alive 0): the model goes once idle; not loaded, nothing happens."""
         try:
-            model_id = await self.models.model_id(requested)
+            model_id = await self.model_id(requested)
         except APIError:
             raise APIError(404, f"model '{requested}' not found", code="model_not_found", param="model") from None
         self.models.pool.keep_alive(model_id, 0)

@@ -34,7 +34,7 @@ from localchat.errors import LocalchatError, ModelError
 from localchat.gguf_file import read_gguf_header
 from localchat.models import InstalledModel, describe_model, remove_model
 from localchat.server.errors import APIError
-from localchat.server.ollama import NDJSON_STREAM, ndjson, ollama_error_responses
+from localchat.server.ollama import LATEST, NDJSON_STREAM, ndjson, ollama_error_responses
 from localchat.server.ollama_schemas import (
     CopyRequest,
     ListedModel,
@@ -57,8 +57,6 @@ if TYPE_CHECKING:
 
 # The Ollama release whose API (api/types.go, server/routes.go) these routes follow.
 OLLAMA_API_VERSION = "0.32.15"
-# Ollama writes a model without a tag as NAME:latest; localchat's names have no such tag.
-LATEST = ":latest"
 # A name /api/copy may give: a file name in the models folder, without a path.
 COPY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")

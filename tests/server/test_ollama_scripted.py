@@ -148,8 +148,8 @@ def test_unknown_fields_and_load_time_options_are_accepted_as_ollama_does(
 
 def test_empty_requests_load_and_keep_alive_0_unloads(qwen3: tuple[ollama.Client, ScriptedBackend, httpx.Client]) -> None:
     client, _, http = qwen3
-    loaded = client.chat(model="scripted", messages=[])
-    assert loaded.done and loaded.done_reason == "load"
+    loaded = client.chat(model="scripted:latest", messages=[])  # Ollama's name for a model without a tag
+    assert loaded.done and loaded.done_reason == "load" and loaded.model == "scripted:latest"
     assert [model.model for model in client.ps().models] == ["scripted"]
     client.chat(model="scripted", messages=[], keep_alive=600)
     expires = client.ps().models[0].expires_at
