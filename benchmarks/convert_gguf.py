@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import localchat  # noqa: F401  (first: llama.cpp's libraries load before numpy's, localchat.native)
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent

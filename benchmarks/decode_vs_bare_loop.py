@@ -17,6 +17,7 @@ import json
 import statistics
 import time
 
+import localchat  # noqa: F401  (first: llama.cpp's libraries load before numpy's, localchat.native)
 import llama_cpp
 import numpy as np
 

@@ -13,6 +13,7 @@ import argparse
 import importlib.resources
 import json
 
+import localchat  # noqa: F401  (first: llama.cpp's libraries load before numpy's, localchat.native)
 import numpy as np
 
 from localchat.converters.verify import verify_text

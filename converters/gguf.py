@@ -10,6 +10,7 @@ atomic: everything is written to `.incomplete` files that are renamed at the end
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import shutil
 import threading
@@ -28,6 +29,7 @@ from localchat.converters.architectures import PlannedTensor, add_hparams, archi
 from localchat.converters.checkpoint import Checkpoint
 from localchat.converters.tokenizer import add_tokenizer
 from localchat.errors import InvalidSettingError, LocalchatError, ModelError
+from localchat.sampling_defaults import generation_config_sampling
 
 INCOMPLETE_SUFFIX = ".incomplete"
 # Room left on the disk beyond the estimated output, for the filesystem and other programs.
@@ -153,6 +155,18 @@ class TensorWriter:
                 yield planned, future.result()
 
 
+def add_sampling_defaults(writer: GGUFWriter, checkpoint: Checkpoint) -> None:
+    """The maker's sampling defaults from generation_config.json as `general.sampling.*`, as llama.cpp's
+    converter writes them (localchat and llama.cpp read them as the model's defaults)."""
+    path = checkpoint.folder / "generation_config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return  # as llama.cpp's converter: not every checkpoint's generation config is valid
+    for key, value in generation_config_sampling(config if isinstance(config, dict) else {}).items():
+        (writer.add_int32 if isinstance(value, int) else writer.add_float32)(key, value)
+
+
 def _write_float_gguf(
     checkpoint: Checkpoint,
     path: Path,
@@ -171,6 +185,7 @@ def _write_float_gguf(
     writer.add_name(str(config.raw.get("_name_or_path") or checkpoint.folder.name))
     tensors += add_hparams(config, arch, writer)
     writer.add_file_type(int(file_type))
+    add_sampling_defaults(writer, checkpoint)
     add_tokenizer(writer, checkpoint, n_vocab)
     tensor_writer = TensorWriter(checkpoint, float_type)
     total = sum(tensor_writer.add_info(writer, planned) for planned in tensors)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -59,15 +60,22 @@ def _plan_request(args: argparse.Namespace, n_seq: int = 1) -> PlanRequest:
     return PlanRequest(n_ctx=args.ctx, n_gpu_layers=args.gpu_layers, n_threads=args.threads, n_seq=n_seq)
 
 
+# Sampler flags and the SamplerSettings field each sets; unset, the model's defaults hold
+# (localchat.sampling_defaults: its file's, its family's, else llama.cpp's, shown by --stats).
+SAMPLER_FLAGS = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
+                 "repeat_penalty": "repeat_penalty", "dry_multiplier": "dry_multiplier", "seed": "seed"}
+
+
 def _add_sampler_options(parser: argparse.ArgumentParser) -> None:
-    defaults = SamplerSettings()
-    parser.add_argument("--temperature", type=float, default=defaults.temperature, help="0 for greedy (default: %(default)s)")
-    parser.add_argument("--top-k", type=int, default=defaults.top_k, help="(default: %(default)s)")
-    parser.add_argument("--top-p", type=float, default=defaults.top_p, help="(default: %(default)s)")
-    parser.add_argument("--min-p", type=float, default=defaults.min_p, help="(default: %(default)s)")
-    parser.add_argument("--repeat-penalty", type=float, default=defaults.repeat_penalty, help="1 disables it (default: %(default)s)")
-    parser.add_argument("--dry-multiplier", type=float, default=defaults.dry_multiplier,
-                        help="DRY repetition penalty; 0 disables it (default: %(default)s)")
+    fallback = SamplerSettings()
+    model_default = "default: the model's, else %s"
+    parser.add_argument("--temperature", type=float, help=f"0 for greedy ({model_default % fallback.temperature})")
+    parser.add_argument("--top-k", type=int, help=f"({model_default % fallback.top_k})")
+    parser.add_argument("--top-p", type=float, help=f"({model_default % fallback.top_p})")
+    parser.add_argument("--min-p", type=float, help=f"({model_default % fallback.min_p})")
+    parser.add_argument("--repeat-penalty", type=float, help=f"1 disables it ({model_default % fallback.repeat_penalty})")
+    parser.add_argument("--dry-multiplier", type=float,
+                        help=f"DRY repetition penalty; 0 disables it ({model_default % fallback.dry_multiplier})")
     parser.add_argument("--seed", type=int, help="random seed, for repeatable sampling")
 
 
@@ -96,16 +104,13 @@ def _lookup_draft(args: argparse.Namespace) -> int:
     return DEFAULT_LOOKUP_DRAFT if args.lookup_draft is None else args.lookup_draft
 
 
-def _sampler_settings(args: argparse.Namespace) -> SamplerSettings:
-    return SamplerSettings(
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        min_p=args.min_p,
-        repeat_penalty=args.repeat_penalty,
-        dry_multiplier=args.dry_multiplier,
-        seed=args.seed,
-    )
+def _sampler_settings(args: argparse.Namespace, defaults: SamplerSettings | None) -> SamplerSettings | None:
+    """`defaults` with the sampler flags given over them; None (the model's own) when none are given
+    and no defaults are known (a remote server keeps its own)."""
+    given = {field: getattr(args, flag) for flag, field in SAMPLER_FLAGS.items() if getattr(args, flag) is not None}
+    if not given and defaults is None:
+        return None
+    return dataclasses.replace(defaults or SamplerSettings(), **given)
 
 
 def _json_schema(path: Path) -> Constraint:
@@ -128,13 +133,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     constraint = _json_schema(args.json_schema) if args.json_schema is not None else None
     settings = GenerationSettings(
-        max_tokens=args.n, sampler=_sampler_settings(args), stop=tuple(args.stop or ()), constraint=constraint,
-        lookup_draft=_lookup_draft(args),
+        max_tokens=args.n, stop=tuple(args.stop or ()), constraint=constraint, lookup_draft=_lookup_draft(args),
     )
     endpoint = _remote(args)
     if endpoint is not None:
-        return _run_remote(args, endpoint, prompt, settings)
+        return _run_remote(args, endpoint, prompt, dataclasses.replace(settings, sampler=_sampler_settings(args, None)))
     with _load_engine(args, _plan_request(args)) as engine:
+        settings = dataclasses.replace(settings, sampler=_sampler_settings(args, engine.sampler_defaults.settings))
         left_out = 0
         if args.raw:
             tokens = engine.backend.tokenize(prompt, add_bos=engine.backend.info.add_bos, special=True)
@@ -163,6 +168,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                 "drafted_tokens": stats.drafted_tokens,
                 "accepted_tokens": stats.accepted_tokens,
                 "peak_rss_mb": round(peak_rss_bytes() / MIB, 1),
+                # What the reply was sampled with, and where the model's defaults among it came from.
+                "sampler": dataclasses.asdict(stats.sampler) if stats.sampler is not None else None,
+                "sampler_defaults": engine.sampler_defaults.source,
             }
             print(json.dumps(record), file=sys.stderr)
     return 0
@@ -230,7 +238,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         ("TTFT per turn, recomputed (ms)", " ".join(f"{t * 1000:.0f}" for t in cold)),
         ("turn 6 / turn 1 (reuse)", f"{reuse[-1] / reuse[0]:.2f}x"),
         ("turn 6 recomputed / reused", f"{cold[-1] / reuse[-1]:.1f}x"),
-        ("prefix-cache hit TTFT", f"{result.prefix_hit_ttft * 1000:.0f} ms"),
+        ("prefix-cache hit TTFT", f"{result.prefix_hit_ttft * 1000:.0f} ms"
+                                  f"{'' if result.prefix_restored else ' (computed: measured faster than restoring)'}"),
         ("prefix cold TTFT", f"{result.prefix_cold_ttft * 1000:.0f} ms"),
         ("hit / cold", f"{result.prefix_hit_ttft / result.prefix_cold_ttft:.2f}x"),
         ("peak RSS", f"{result.peak_rss_mb:.0f} MiB"),
@@ -244,10 +253,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_info(args: argparse.Namespace) -> int:
     from localchat.engine import plan_model
 
+    from localchat.models import PACKAGED_MODELS, inspect_gguf
+    from localchat.sampling_defaults import sampler_defaults
+
     model_plan = plan_model(args.model, Settings(), _plan_request(args))
     hw, facts, plan = model_plan.hardware, model_plan.facts, model_plan.plan
-    print(f"model      {model_plan.model.path} ({model_plan.model.format}, {facts.weight_bytes / MIB:.0f} MiB of weights, "
+    packaged = PACKAGED_MODELS.get(model_plan.model.name)
+    print(f"model      {model_plan.model.name}" + (f": {packaged.note}" if packaged is not None else ""))
+    print(f"           {model_plan.model.path} ({model_plan.model.format}, {facts.weight_bytes / MIB:.0f} MiB of weights, "
           f"{facts.n_layers} layers, trained context {facts.n_ctx_train})")
+    if model_plan.model.format == "gguf":
+        metadata = {k: str(v) for k, v in inspect_gguf(model_plan.model.path)[0].metadata.items() if k.startswith("general.")}
+        defaults = sampler_defaults(metadata)
+        print(f"sampler    {defaults.settings.describe()} (defaults: {defaults.source}; flags and requests go over them)")
     for line in facts.details:
         print(f"           {line}")
     print(f"cpu        {hw.cpu_name}: {hw.physical_cores} cores, {hw.logical_cores} threads"
@@ -386,8 +404,9 @@ def _since(when: float | None, now: float) -> str:
 
 def _list_row(model: InstalledModel, now: float) -> tuple[str, ...]:
     return (
-        model.name, model.quantization or "-", _size(model.size), _count(model.parameters),
-        str(model.context_length or "-"), model.architecture or "-", _since(model.last_used, now), str(model.path),
+        model.name, model.quantization or "-", _size(model.size) if model.size else "-", _count(model.parameters),
+        str(model.context_length or "-"), model.architecture or "-", _since(model.last_used, now),
+        f"({model.pending})" if model.pending else str(model.path),
     )
 
 

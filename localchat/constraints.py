@@ -2,7 +2,8 @@
 
 llguidance does the grammar work in Rust: per token it writes a bitmask of the allowed ids; the
 only vocabulary-sized Python work is applying that mask to the logits row, vectorised in numpy.
-Both backends' samplers call `TokenGuide.mask` before choosing and `TokenGuide.consume` after.
+Both backends' samplers call `TokenGuide.mask` before choosing and `TokenGuide.consume` after
+(localchat.backends.base.TokenGuide, the protocol they know it by).
 """
 
 from __future__ import annotations

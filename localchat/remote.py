@@ -204,24 +204,26 @@ def _request(messages: list[Message], settings: GenerationSettings, template_kwa
     """The request body: OpenAI's own fields, and the chat template's variables only when there
     are some (vLLM's, llama.cpp's and localchat's `chat_template_kwargs`). localchat's local
     sampling extras (repeat penalty, DRY, top_k, min_p) are left to the remote engine's defaults,
-    which any server accepts. A message's reasoning stays here: servers do not take it back."""
-    sampler = settings.sampler
+    which any server accepts; without a sampler in `settings`, the server's own defaults for the
+    model (its generation config) are left to it. A message's reasoning stays here: servers do not take it back."""
     body: dict[str, Any] = {
         "messages": [{"role": m.role, "content": m.content} for m in messages],
-        "temperature": sampler.temperature,
-        "top_p": sampler.top_p,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    sampler = settings.sampler
+    if sampler is not None:
+        body["temperature"] = sampler.temperature
+        body["top_p"] = sampler.top_p
     if settings.max_tokens is not None:
         body["max_tokens"] = settings.max_tokens
     if settings.stop:
         body["stop"] = list(settings.stop)
-    if sampler.seed is not None:
+    if sampler is not None and sampler.seed is not None:
         body["seed"] = sampler.seed
-    if sampler.presence_penalty:
+    if sampler is not None and sampler.presence_penalty:
         body["presence_penalty"] = sampler.presence_penalty
-    if sampler.frequency_penalty:
+    if sampler is not None and sampler.frequency_penalty:
         body["frequency_penalty"] = sampler.frequency_penalty
     constraint = settings.constraint
     if constraint is not None:

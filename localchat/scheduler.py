@@ -143,6 +143,7 @@ class Scheduler:
             raise ContextOverflowError(
                 f"the prompt is {len(prompt)} tokens but the context holds {n_ctx}; shorten it or raise the context size (--ctx)"
             )
+        settings = self._slots[0].session.with_sampler(settings)
         request = ScheduledReply(list(prompt), settings, Reply(self._backend, settings, len(prompt)), sink)
         with self._wake:
             if self._stopping:
@@ -237,6 +238,9 @@ class Scheduler:
         slot.request = request
         reply.admitted()
         try:
+            # The sampler first: a backend that samples on the device draws the first token when the
+            # prompt's last token is evaluated.
+            slot.decoder = Decoder(session, reply, request.settings.sampler, request.prompt, request.settings.lookup_draft)
             try:
                 reply.prefilled(*session.prefill(request.prompt))
             except ContextOverflowError:
@@ -245,12 +249,11 @@ class Scheduler:
                 session.reset()
                 self._release_idle(self._backend.n_ctx)
                 if self.busy_slots > 1:
-                    slot.request = None
+                    slot.decoder.close()
+                    slot.request = slot.decoder = None
                     return False
                 reply.prefilled(*session.prefill(request.prompt))
             self._note_rewritten_history(slot, request.prompt, reply.cached_tokens)
-            slot.decoder = Decoder(session, reply, request.settings.sampler, request.prompt,
-                                   request.settings.lookup_draft)
             self._emit(slot, slot.decoder.sample())
         except Exception as error:
             # One request's failure (a backend error, a bug its settings reach) must not stop the others.

@@ -10,7 +10,7 @@ import codecs
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from localchat.backends.base import ROW_LIMIT, Backend, Sampler, SamplerSettings, TokenLogprob, token_logprob
@@ -44,7 +44,8 @@ class GenerationSettings:
 
     max_tokens: int | None = 512
     stop: tuple[str, ...] = ()
-    sampler: SamplerSettings = field(default_factory=SamplerSettings)
+    # None: the model's defaults (localchat.sampling_defaults), filled in when the reply starts.
+    sampler: SamplerSettings | None = None
     ignore_eos: bool = False
     # Control tokens the reply's text shows (they print nothing otherwise): the tool-call and
     # reasoning markers a reply parser reads (localchat.chat_formats).
@@ -82,6 +83,7 @@ class GenerationStats:
     finish_reason: str  # "stop", "length" or "cancelled"
     drafted_tokens: int = 0  # speculative decoding: tokens drafted, and of those accepted
     accepted_tokens: int = 0
+    sampler: SamplerSettings | None = None  # the settings the reply was sampled with
     queued_s: float = 0.0  # of prefill_s, waiting for a slot (a server's queue) before the prompt was evaluated
 
     @property
@@ -127,10 +129,13 @@ class _StopMatcher:
 class Session:
     """One sequence of a backend's KV cache and the tokens it holds."""
 
-    def __init__(self, backend: Backend, *, seq: int = 0, prefix_cache: PrefixCache | None = None) -> None:
+    def __init__(self, backend: Backend, *, seq: int = 0, prefix_cache: PrefixCache | None = None,
+                 sampler_defaults: SamplerSettings | None = None) -> None:
         self.backend = backend
         self.seq = seq
         self.prefix_cache = prefix_cache
+        # The sampler a reply gets when its settings name none: the model's defaults.
+        self.sampler_defaults = sampler_defaults or SamplerSettings()
         self.tokens: list[int] = []
         self.lock = threading.Lock()
         # Speculative decoding by a smaller model (its own KV sequence kept in step) where prompt lookup has no draft.
@@ -155,12 +160,18 @@ class Session:
         restored = 0
         cache = self.prefix_cache
         match = cache.longest_match(prompt) if cache is not None else None
+        if cache is not None and match is not None and match.length > live \
+                and not cache.costs.restore_pays(match.state_bytes, match.length - live):
+            cache.skipped += 1
+            match = None
         if cache is not None and match is not None and match.length > live:
+            started = time.perf_counter()
             state = cache.load(match.key)
             if state is not None:
                 self.save_live_state()
                 try:
                     self.backend.restore_state(self.seq, state)
+                    cache.costs.restored(len(state), time.perf_counter() - started)
                     self.tokens = [int(t) for t in match.tokens]
                     live = restored = match.length
                 except InferenceError:
@@ -188,7 +199,10 @@ class Session:
             if cancelled():
                 break
             chunk = prompt[start : start + PREFILL_CHUNK]
+            started = time.perf_counter()
             self.backend.evaluate(self.seq, chunk, start)
+            if self.prefix_cache is not None:
+                self.prefix_cache.costs.prefilled(len(chunk), time.perf_counter() - started)
             self.tokens.extend(chunk)
         return reused, restored
 
@@ -209,7 +223,11 @@ class Session:
                 f"the prompt is {len(prompt)} tokens but the context holds {self.n_ctx}; "
                 "shorten it or raise the context size (--ctx)"
             )
-        return Generation(self, list(prompt), settings)
+        return Generation(self, list(prompt), self.with_sampler(settings))
+
+    def with_sampler(self, settings: GenerationSettings) -> GenerationSettings:
+        """`settings` with the model's default sampler where they name none."""
+        return settings if settings.sampler is not None else replace(settings, sampler=self.sampler_defaults)
 
 
 class Reply:
@@ -227,6 +245,7 @@ class Reply:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._stops = _StopMatcher(settings.stop)
         self._limit = settings.max_tokens if settings.max_tokens is not None else backend.n_ctx
+        self.sampler = settings.sampler
         self._stopped_by_string = False
         self.prompt_tokens = prompt_tokens
         self.token_ids: list[int] = []
@@ -314,6 +333,7 @@ class Reply:
             finish_reason=self.finish_reason or "cancelled",
             drafted_tokens=self.drafted_tokens,
             accepted_tokens=self.accepted_tokens,
+            sampler=self.sampler,
             queued_s=self.admitted_at - self.started_at,
         )
 
@@ -323,14 +343,16 @@ class Decoder:
     scheduler: sample a token into the reply, end it, feed the token back. The one place that
     keeps `session.tokens` equal to what the KV cache holds while a reply is decoded."""
 
-    def __init__(self, session: Session, reply: Reply, settings: SamplerSettings, prompt: Sequence[int],
+    def __init__(self, session: Session, reply: Reply, settings: SamplerSettings | None, prompt: Sequence[int],
                  lookup_draft: int = 0) -> None:
-        """Call once `prompt` is in the KV cache (the sampler's penalties see it). `lookup_draft`:
+        """Call before `prompt` is evaluated, or once it is: the sampler's penalties see it, and a backend that
+        samples on the device draws the first token with the prompt's last one. `lookup_draft`:
         see GenerationSettings (the session's draft model, if it has one, drafts where lookup has
         no draft, while it pays: DraftPace); only `advance` drafts."""
         self.session = session
         self.reply = reply
-        self.sampler: Sampler = session.backend.make_sampler(settings, reply.guide)
+        self.sampler: Sampler = session.backend.make_sampler(settings or session.sampler_defaults, reply.guide,
+                                                             seq=session.seq, raw_logits=reply.top_logprobs is not None)
         self.sampler.accept(prompt)
         self.draft_model = session.draft_model
         if self.draft_model is not None and prompt:
@@ -522,9 +544,11 @@ class Generation:
         session, reply = self.session, self._reply
         decoder: Decoder | None = None
         try:
+            # The sampler first: a backend that samples on the device draws the first token when the
+            # prompt's last token is evaluated.
+            decoder = Decoder(session, reply, self.settings.sampler, self.prompt, self.settings.lookup_draft)
             reply.prefilled(*session.prefill(self.prompt, self._cancelled.is_set))
             if not self._cancelled.is_set():
-                decoder = Decoder(session, reply, self.settings.sampler, self.prompt, self.settings.lookup_draft)
                 pieces = [decoder.sample()]
                 while True:
                     yield from (text for text in pieces if text)

@@ -1,4 +1,5 @@
-"""Fixtures shared by every test: an isolated localchat home and the real default model."""
+"""Fixtures shared by every test: an isolated localchat home and the real models localchat installs:
+the default chat model (SmolLM2-135M-Instruct) and Gemma 3 270M, a base model, by name."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from localchat.engine import Engine
-from localchat.models import default_model_path
+from localchat.models import default_model_path, gemma_model_path
 from localchat.planner import PlanRequest
 from localchat.settings import Settings
 
@@ -18,7 +19,7 @@ from localchat.settings import Settings
 pytest_plugins = ("checkpoint_fixtures",)
 # A test that needs one of these (directly or through another fixture) loads the real model or
 # builds and converts checkpoints: it belongs to the slow tier (`pytest -m "not slow"` skips it).
-SLOW_FIXTURES = frozenset({"default_model", "reference_stack"})
+SLOW_FIXTURES = frozenset({"default_model", "gemma_model", "reference_stack"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -51,8 +52,21 @@ def settings(localchat_home: Path) -> Settings:
 
 @pytest.fixture(scope="session")
 def default_model(settings: Settings) -> Path:
-    """The real Gemma 3 270M Q4_K_M, assembled from its PyPI packages."""
+    """The real default model: SmolLM2-135M-Instruct (Q4_1), a chat model, from its PyPI package."""
     return default_model_path(settings)
+
+
+@pytest.fixture(scope="session")
+def gemma_model(settings: Settings) -> Path:
+    """The real Gemma 3 270M Q4_K_M, a base model with a 262k vocabulary, assembled from its PyPI packages."""
+    return gemma_model_path(settings)
+
+
+@pytest.fixture(scope="session")
+def gemma_gguf_engine(settings: Settings, gemma_model: Path) -> Iterator[Engine]:
+    """Gemma 3 270M in llama.cpp (2k context), for the tests that need a base model or its 262k vocabulary."""
+    with Engine.load(str(gemma_model), settings, PlanRequest(n_ctx=2048)) as loaded:
+        yield loaded
 
 
 @pytest.fixture(scope="session")

@@ -58,7 +58,7 @@ class ScriptedBackend:
 
     def truncate(self, seq: int, start: int) -> None: ...
 
-    def make_sampler(self, settings: SamplerSettings, guide: object = None) -> _Sampler:
+    def make_sampler(self, settings: SamplerSettings, guide: object = None, *, seq: int | None = None, raw_logits: bool = False) -> _Sampler:
         return _Sampler()
 
     def sample(self, seq: int, sampler: _Sampler, row: int = -1) -> int:

@@ -53,7 +53,7 @@ def test_a_q8_0_kv_cache_with_flash_attention_reaches_llama_cpp(default_model: P
     """On the CPU too: the plan's cache type holds the sequence in 34 bytes per 32 values."""
     model_plan = plan_model(str(default_model), settings, PlanRequest(n_ctx=256, n_threads=2))
     assert model_plan.facts.kv_head_sizes == (256, 256)  # from the GGUF header's key/value_length
-    backend = LlamaCppBackend(default_model, dataclasses.replace(model_plan.plan, kv_type="q8_0", flash_attn="on"))
+    backend = LlamaCppBackend(default_model, dataclasses.replace(model_plan.plan.load_params, kv_type="q8_0", flash_attn="on"))
     try:
         tokens = backend.tokenize("The capital of France is Paris.", add_bos=True, special=False)
         backend.evaluate(0, tokens, 0)

@@ -41,8 +41,8 @@ def test_logprobs_are_the_raw_model_s_and_the_greedy_pick_is_the_top_one(engine:
     session = engine.sessions[0]
     prompt = engine.backend.tokenize("The capital of France is", add_bos=True, special=False)
     runs = []
-    # The model's own argmax, and the default sampler at temperature 0 (penalties on).
-    for sampler in (ARGMAX, SamplerSettings(temperature=0)):
+    # The model's own argmax, and greedy with the penalties on.
+    for sampler in (ARGMAX, SamplerSettings(temperature=0, repeat_penalty=1.1, dry_multiplier=0.8)):
         session.reset()
         generation = session.generate(prompt, GenerationSettings(max_tokens=8, sampler=sampler, logprobs=3))
         generation.text()

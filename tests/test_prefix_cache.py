@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from localchat.prefix_cache import MIN_MATCH_TOKENS, PrefixCache, _read_entry_file, common_prefix_length
+from localchat.prefix_cache import MIN_MATCH_TOKENS, PrefixCache, RestoreCosts, _read_entry_file, common_prefix_length
 
 SYSTEM = list(range(1000, 1100))
 
@@ -120,3 +120,18 @@ def test_an_entry_of_the_earlier_file_format_is_dropped(tmp_path: Path) -> None:
         _read_entry_file(earlier, with_state=True)
     assert len(PrefixCache("model", ram_budget_bytes=0, disk_dir=tmp_path, disk_budget_bytes=10_000)) == 0
     assert not earlier.exists()
+
+
+def test_a_restore_is_chosen_only_while_measured_faster_than_computing() -> None:
+    costs = RestoreCosts()
+    assert costs.restore_pays(10_000_000, 10)  # nothing measured yet: try it, and measure
+    costs.restored(1_000_000, 0.010)  # 10 ns a byte
+    assert costs.restore_pays(10_000_000, 10)  # computing not measured yet
+    costs.prefilled(32, 1.0)  # a short chunk is not timed: its batch is not full
+    assert costs.prefill_s_per_token is None
+    costs.prefilled(512, 0.512)  # 1 ms a token, as on 2 CPU cores
+    assert costs.restore_pays(10_000_000, 200)  # 0.1 s restoring against 0.2 s computing
+    assert not costs.restore_pays(10_000_000, 50)
+    for _ in range(10):  # a GPU computes 40k tokens a second
+        costs.prefilled(512, 0.0128)
+    assert not costs.restore_pays(10_000_000, 300)

@@ -3,6 +3,7 @@ numpy sampler) and the default settings against a small model's loops."""
 
 from __future__ import annotations
 
+import dataclasses
 import ctypes
 
 import llama_cpp
@@ -24,19 +25,21 @@ REPEATS = (
 
 
 def dry_only(**changes: object) -> SamplerSettings:
-    return SamplerSettings(temperature=0, repeat_penalty=1.0, **changes)  # type: ignore[arg-type]
+    """Greedy with DRY alone (llama.cpp's suggested 0.8 / 1.75 / 2 unless changed)."""
+    return SamplerSettings(**{"temperature": 0, "repeat_penalty": 1.0, "dry_multiplier": 0.8, **changes})  # type: ignore[arg-type]
 
 
-def test_the_defaults_penalise_repeats_and_argmax_does_not() -> None:
+def test_the_fallback_defaults_are_llama_cpps_and_penalise_nothing() -> None:
     defaults = SamplerSettings()
-    assert defaults.repeat_penalized and defaults.dry and defaults.penalized
-    assert (defaults.repeat_penalty, defaults.penalty_last_n) == (1.1, 64)
-    assert (defaults.dry_multiplier, defaults.dry_base, defaults.dry_allowed_length) == (0.8, 1.75, 2)
-    assert defaults.history_window == -1  # DRY looks at the whole context
+    assert (defaults.temperature, defaults.top_k, defaults.top_p, defaults.min_p) == (0.8, 40, 0.95, 0.05)
+    assert not defaults.repeat_penalized and not defaults.dry and not defaults.penalized
+    assert defaults.history_window == 0
     assert ARGMAX.greedy and not ARGMAX.penalized and ARGMAX.history_window == 0
-    assert SamplerSettings(temperature=0).penalized  # greedy alone keeps the penalties
-    assert SamplerSettings(dry_multiplier=0).history_window == 64
-    assert not SamplerSettings(dry_multiplier=0, penalty_last_n=0).penalized  # a window of 0 disables them
+    penalised = SamplerSettings(repeat_penalty=1.1, dry_multiplier=0.8)
+    assert penalised.repeat_penalized and penalised.dry and penalised.history_window == -1  # DRY looks at the whole reply
+    assert SamplerSettings(temperature=0, repeat_penalty=1.1).penalized  # greedy keeps the penalties
+    assert SamplerSettings(repeat_penalty=1.1).history_window == 64
+    assert not SamplerSettings(repeat_penalty=1.1, penalty_last_n=0).penalized  # a window of 0 disables them
 
 
 @pytest.mark.parametrize("field", ["dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n"])
@@ -92,7 +95,8 @@ def llama_penalised(engine: Engine, settings: SamplerSettings, history: list[int
         rows = np.frombuffer(data, dtype=np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")]))
         rows["id"], rows["logit"], rows["p"] = np.arange(len(logits)), logits, 0
         candidates = llama_cpp.llama_token_data_array(data=data, size=len(logits), selected=-1, sorted=False)
-        llama_cpp.llama_sampler_apply(sampler.chain, ctypes.byref(candidates))  # type: ignore[attr-defined]
+        for stage in sampler.stages:  # type: ignore[attr-defined]
+            llama_cpp.llama_sampler_apply(stage, ctypes.byref(candidates))
         return rows["logit"][np.argsort(rows["id"])].copy()
     finally:
         sampler.close()
@@ -110,13 +114,13 @@ def llama_breakers(engine: Engine, tokens: list[int]) -> np.ndarray:
 @pytest.mark.parametrize(
     ("sampler", "text"),
     [
-        (SamplerSettings(temperature=0), REPEATS),
+        (SamplerSettings(temperature=0, repeat_penalty=1.1, dry_multiplier=0.8), REPEATS),
         (SamplerSettings(temperature=0, repeat_penalty=1.3, frequency_penalty=0.2, presence_penalty=0.1, penalty_last_n=16), REPEATS),
         (dry_only(dry_multiplier=1.5, dry_base=2.0, dry_allowed_length=3, dry_penalty_last_n=40), REPEATS),
         # A repeat longer than the one where llama.cpp stops growing the penalty.
         (dry_only(), "the sea is deep and the sea is wide and " * 40 + "the sea"),
     ],
-    ids=["defaults", "repeat", "dry", "long-repeat"],
+    ids=["both", "repeat", "dry", "long-repeat"],
 )
 def test_the_numpy_sampler_penalises_as_llamas_chain_does(engine: Engine, sampler: SamplerSettings, text: str) -> None:
     backend = engine.backend
@@ -133,12 +137,16 @@ def test_the_numpy_sampler_penalises_as_llamas_chain_does(engine: Engine, sample
 
 def test_greedy_takes_the_argmax_shortcut_only_without_penalties(engine: Engine) -> None:
     assert engine.backend.make_sampler(ARGMAX).argmax_only  # type: ignore[attr-defined]
-    for settings in (SamplerSettings(temperature=0), dry_only(), SamplerSettings(temperature=0, dry_multiplier=0)):
+    for settings in (SamplerSettings(temperature=0, repeat_penalty=1.1), dry_only(), SamplerSettings(temperature=0, frequency_penalty=0.5)):
         assert not engine.backend.make_sampler(settings).argmax_only  # type: ignore[attr-defined]
 
 
-def test_the_default_penalties_stop_a_loop_of_the_default_model(engine: Engine) -> None:
-    """Issue 14: the default model answered "Write a haiku about the sea." with the same lines over and over."""
+def test_gemma_s_default_penalty_stops_its_loop(gemma_gguf_engine: Engine) -> None:
+    """Issue 14: Gemma 3 270M (a base model) answered "Write a haiku about the sea." with the same lines
+    over and over; its family's defaults (localchat.sampling_defaults) carry the repeat penalty that stops it."""
+    engine = gemma_gguf_engine
+    defaults = engine.sampler_defaults
+    assert defaults.source == "family: Gemma 3 270M base" and defaults.settings.repeat_penalized
 
     def loops(sampler: SamplerSettings) -> bool:
         """Whether a run of up to 4 non-empty lines comes 3 times in a row in the reply."""
@@ -148,4 +156,4 @@ def test_the_default_penalties_stop_a_loop_of_the_default_model(engine: Engine) 
         return any(lines[i : i + n] * 3 == lines[i : i + 3 * n] for n in range(1, 5) for i in range(len(lines)))
 
     assert loops(ARGMAX)
-    assert not loops(SamplerSettings(temperature=0))
+    assert not loops(dataclasses.replace(defaults.settings, temperature=0))

@@ -1,149 +1,51 @@
 """The chat app: a conversation list, the open conversation, a message editor and a status bar.
 
-The app is the controller: widgets only show things and post messages. The model is loaded and
-replies are generated in thread workers that talk back through `post_message` only; each
-finished message goes to the conversation store in its own transaction.
+The app is the controller, and this file its map: what each key does and what each message
+changes. Widgets (widgets/) only show things and post messages; each dialog (widgets/dialogs/)
+asks one thing. The model is loaded, replies are generated and models are pulled in thread
+workers (model_loading.py, replies.py, pulls.py) that talk back through `post_message` only. The
+rules of a stored conversation are localchat.conversation's; each finished message goes to the
+conversation store in its own transaction.
 """
 
 from __future__ import annotations
 
 import threading
-import time
-from dataclasses import dataclass, field
 
 from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.message import Message
 from textual.screen import ModalScreen
-from textual.widget import Widget
-from textual.widgets import Footer, Label, ProgressBar
-from textual.worker import get_current_worker
+from textual.widgets import Footer
 
 from localchat.chat_engine import ChatEngine, EngineChat
 from localchat.conversation import OpenConversation, Turn
-from localchat.engine import Engine
 from localchat.errors import LocalchatError
 from localchat.hardware import gpu_memory_used_bytes, process_rss_bytes
 from localchat.history import ConversationStore
-from localchat.hub import HubModelName, PullCancelled, cached_models, pull
-from localchat.models import DEFAULT_MODEL_FILE, DEFAULT_MODEL_NAME, local_models
+from localchat.hub import HubModelName
+from localchat.models import DEFAULT_MODEL_NAME
 from localchat.planner import PlanRequest
-from localchat.remote import RemoteEndpoint, RemoteServer
-from localchat.reply_parser import (
-    ContentDelta,
-    ParsedReply,
-    ReasoningDelta,
-    ReplyParser,
-    ReplyPart,
-)
+from localchat.remote import RemoteEndpoint
 from localchat.session import GenerationSettings, GenerationStats
 from localchat.settings import Settings
 from localchat.speculative import DEFAULT_LOOKUP_DRAFT
-from localchat.tui.widgets.dialogs import (
-    Confirm,
-    HelpScreen,
-    ModelChoice,
-    ModelPicker,
-    SystemPromptEditor,
-    TextPrompt,
-)
-from localchat.tui.widgets.messages import (
-    AssistantMessage,
-    ContextStart,
-    ConversationView,
-    Notice,
-    Reasoning,
-    UserMessage,
-)
+from localchat.tui.model_loading import LoadProgress, ModelFailed, ModelLoaded, load_engine
+from localchat.tui.pulls import PullEnded, PullProgress, pull_model
+from localchat.tui.replies import Reply, ReplyEnded, ReplyStats, ReplyText, write_reply
+from localchat.tui.widgets.dialogs import Confirm, HelpScreen, ModelChoice, ModelPicker, SystemPromptEditor, TextPrompt
+from localchat.tui.widgets.dialogs.help import help_rows
+from localchat.tui.widgets.dialogs.model_picker import model_choices
+from localchat.tui.widgets.load_bar import LoadBar
+from localchat.tui.widgets.messages import AssistantMessage, ConversationView, Notice, UserMessage
 from localchat.tui.widgets.prompt import PromptInput
 from localchat.tui.widgets.sidebar import ConversationList
 from localchat.tui.widgets.status import StatusBar
 
 REPLY_SETTINGS = GenerationSettings(max_tokens=1024, lookup_draft=DEFAULT_LOOKUP_DRAFT)
-# Text reaches the screen at most this often; MarkdownStream merges what piles up in between.
-FRAME_S = 1 / 30
-# The status bar's live numbers (tokens/s, context) update this often while a reply is written.
-STATS_S = 0.25
-MEMORY_S = 1.0
-WELCOME = "Type a message and press Enter to send it; Ctrl+J adds a new line. F1 lists every key."
-UNANSWERED = "This message has no answer: localchat stopped while writing it. Ctrl+R writes one."
-# Keys handled by the message editor itself, for the help screen.
-EDITOR_KEYS = [("Enter", "send the message"), ("Ctrl+J / Shift+Enter", "new line in the message")]
+MEMORY_S = 1.0  # how often the status bar's memory figures are sampled
 THEMES = ("textual-dark", "textual-light")
-
-
-# Messages from the worker threads to the app.
-
-
-@dataclass
-class ReplyText(Message):
-    text: str
-
-
-@dataclass
-class ReplyStats(Message):
-    tokens_per_s: float
-    ttft_s: float | None
-    context_used: int | None
-
-
-@dataclass
-class ReplyEnded(Message):
-    error: str | None
-
-
-@dataclass
-class LoadProgress(Message):
-    fraction: float
-
-
-@dataclass
-class ModelLoaded(Message):
-    engine: ChatEngine
-    label: str
-
-
-@dataclass
-class ModelFailed(Message):
-    label: str
-    error: str
-
-
-@dataclass
-class PullProgress(Message):
-    done: int
-    total: int | None
-
-
-@dataclass
-class PullEnded(Message):
-    name: str  # the model's name in the cache once pulled, else the name asked for
-    error: str | None
-    cancelled: bool = False
-
-
-@dataclass
-class Reply:
-    """A reply being generated (the turn that stores it) and where it is drawn."""
-
-    turn: Turn
-    widget: AssistantMessage
-    parser: ReplyParser  # the text as it reaches the view -> reasoning and content
-    parsed: ParsedReply = field(default_factory=ParsedReply)
-    thinking: Reasoning | None = None  # mounted above the answer once reasoning arrives
-    done: threading.Event = field(default_factory=threading.Event)
-
-
-def key_label(keys: str) -> str:
-    """Textual key names as a person reads them: "ctrl+q,f1" -> "Ctrl+Q / F1"."""
-    names = {"escape": "Esc", "enter": "Enter", "delete": "Delete"}
-    labels = []
-    for key in keys.split(","):
-        parts = key.split("+")
-        labels.append("+".join(names.get(p, p.upper() if len(p) <= 2 else p.capitalize()) for p in parts))
-    return " / ".join(labels)
 
 
 class ChatApp(App[int]):
@@ -222,9 +124,7 @@ class ChatApp(App[int]):
             yield ConversationList(id="conversations")
             with Vertical(id="main"):
                 yield ConversationView(id="view")
-                with Horizontal(id="load"):
-                    yield Label("Loading", id="load-label")
-                    yield ProgressBar(total=1.0, show_eta=False)
+                yield LoadBar(id="load")
                 yield PromptInput(id="prompt", placeholder="Message the model…")
         yield StatusBar()
         yield Footer(compact=True)
@@ -253,35 +153,17 @@ class ChatApp(App[int]):
 
     def load_model(self, model: str | None, label: str) -> None:
         self.loading = True
-        self.query_one("#load-label", Label).update(f"Loading {label}")
-        self.query_one(ProgressBar).update(progress=0)
-        self.query_one("#load").display = True
+        self.query_one(LoadBar).start(label)
         self.status.state = "loading"
         self._load(model, label)
 
-    @property
-    def chat(self) -> EngineChat | None:
-        """The open conversation's chat on the engine (None without one)."""
-        return self.conversation.chat if self.conversation is not None else None
-
     @work(thread=True, exclusive=True, group="load")
     def _load(self, model: str | None, label: str) -> None:
-        engine: ChatEngine
-        try:
-            if self.remote is not None:
-                engine = RemoteServer(self.remote)
-            else:
-                engine = Engine.load(
-                    model, self.settings, self.request, on_progress=lambda f: self.post_message(LoadProgress(f)),
-                    draft_model=self._draft_model if model == self._model_arg else None,
-                )
-        except (LocalchatError, OSError) as error:
-            self.post_message(ModelFailed(label, str(error)))
-            return
-        self.post_message(ModelLoaded(engine, label))
+        draft_model = self._draft_model if model == self._model_arg else None
+        load_engine(model, label, self.settings, self.request, remote=self.remote, draft_model=draft_model, post=self.post_message)
 
     def on_load_progress(self, message: LoadProgress) -> None:
-        self.query_one(ProgressBar).update(progress=message.fraction)
+        self.query_one(LoadBar).progress(message.fraction)
 
     async def on_model_loaded(self, message: ModelLoaded) -> None:
         old, self.engine = self.engine, message.engine
@@ -291,14 +173,14 @@ class ChatApp(App[int]):
             old.close()
         self.model_label = message.label
         self.loading = False
-        self.query_one("#load").display = False
+        self.query_one(LoadBar).display = False
         self._rebuild_chat()
         self._show_engine()
         self.notify(f"{message.label} is ready", timeout=2)
 
     async def on_model_failed(self, message: ModelFailed) -> None:
         self.loading = False
-        self.query_one("#load").display = False
+        self.query_one(LoadBar).display = False
         if self.engine is not None:
             self._show_engine()
             what = f"kept {self.engine.model_name}"
@@ -310,13 +192,14 @@ class ChatApp(App[int]):
         self.conversation_view.scroll_end(animate=False)
         self.notify(f"Could not load {message.label}", severity="error", timeout=5)
 
+    @property
+    def chat(self) -> EngineChat | None:
+        """The open conversation's chat on the engine (None without one)."""
+        return self.conversation.chat if self.conversation is not None else None
+
     def _show_engine(self) -> None:
         assert self.engine is not None
-        self.status.state = "ready"
-        self.status.backend = self.engine.backend_label
-        self.status.model = self.engine.model_name
-        self.status.context_size = self.engine.context_size or 0
-        self.status.gpu_bytes = gpu_memory_used_bytes() if self.engine.uses_gpu else None
+        self.status.show_engine(self.engine, gpu_memory_used_bytes() if self.engine.uses_gpu else None)
         self.prompt.placeholder = f"Message {self.engine.model_name}"
         self._show_context()
 
@@ -331,29 +214,21 @@ class ChatApp(App[int]):
             return
         if use.tokens is not None:
             self.status.context_used = use.tokens
-        self.status.left_out = use.left_out
-        self._mark_context_start(use.left_out)
+        self._show_left_out(use.left_out)
 
-    def _mark_context_start(self, left_out: int) -> None:
-        """A line above the first message the model still sees, when older ones are left out of
-        its context (Chat decides which; the view only shows it)."""
-        for old in self.conversation_view.query(ContextStart):
-            old.remove()
-        shown = self.conversation_view.query("UserMessage, AssistantMessage").nodes
-        if left_out <= 0 or left_out >= len(shown) or self.engine is None or self.engine.context_size is None:
-            return
-        self.conversation_view.mount(ContextStart(left_out, self.engine.context_size), before=self._top_of(shown[left_out]))
-
-    def _top_of(self, message: Widget) -> Widget:
-        """A message's first widget in the view: its thinking, when an answer has some."""
-        children = list(self.conversation_view.children)
-        index = children.index(message)
-        return children[index - 1] if index and isinstance(children[index - 1], Reasoning) else message
+    def _show_left_out(self, left_out: int) -> None:
+        self.status.left_out = left_out
+        self.conversation_view.mark_context_start(left_out, self.engine.context_size if self.engine is not None else None)
 
     def _sample_memory(self) -> None:
         self.status.rss_bytes = process_rss_bytes()
         if self.engine is not None and self.engine.uses_gpu:
             self.status.gpu_bytes = gpu_memory_used_bytes()
+
+    def _token_count(self, text: str) -> int | None:
+        """How many tokens `text` is for the model (None before one is loaded, or when it
+        cannot count)."""
+        return self.engine.token_count(text) if self.engine is not None else None
 
     # Conversations
 
@@ -362,25 +237,13 @@ class ChatApp(App[int]):
             self.conversation.attach(self.engine, thinking=self.thinking)
 
     def _refresh_list(self) -> None:
-        self.query_one(ConversationList).show(
-            self.store.conversations(), self.conversation.id if self.conversation else None
-        )
+        self.query_one(ConversationList).show(self.store.conversations(), self.conversation.id if self.conversation else None)
 
     async def open_conversation(self, conversation_id: int | None) -> None:
         """Show a stored conversation, or a fresh one when `conversation_id` is None."""
         self._stop_reply()
         self.conversation = OpenConversation.open(self.store, conversation_id, self.engine, thinking=self.thinking)
-        stored = self.conversation.messages()
-        widgets: list[Widget] = []
-        for m in stored:
-            if m.reasoning:
-                widgets.append(Reasoning(m.reasoning, self._token_count(m.reasoning)))
-            widgets.append(UserMessage(m.content) if m.role == "user" else AssistantMessage(m.content))
-        await self.conversation_view.remove_children()
-        if stored and stored[-1].role == "user":
-            widgets.append(Notice(UNANSWERED, id="unanswered"))
-        await self.conversation_view.mount_all(widgets or [Notice(WELCOME, id="welcome")])
-        self.conversation_view.scroll_end(animate=False)
+        await self.conversation_view.show(self.conversation.messages(), self._token_count)
         self._refresh_list()
         if self.engine is not None:
             self._show_context()
@@ -506,9 +369,7 @@ class ChatApp(App[int]):
     @on(PromptInput.Submitted)
     async def _submitted(self, message: PromptInput.Submitted) -> None:
         text = message.text.strip()
-        if not text:
-            return
-        if not self._can_generate():
+        if not text or not self._can_generate():
             return
         assert self.conversation is not None
         try:
@@ -555,7 +416,7 @@ class ChatApp(App[int]):
         answers = self.conversation_view.query(AssistantMessage)
         if turn.replacing is not None and answers:
             last = answers.last()
-            top = self._top_of(last)
+            top = self.conversation_view.top_of(last)
             if top is not last:
                 await top.remove()
             await last.remove()
@@ -563,71 +424,19 @@ class ChatApp(App[int]):
         await self._start_reply(turn)
 
     async def _start_reply(self, turn: Turn) -> None:
-        widget = AssistantMessage()
-        await self.conversation_view.mount(widget)
-        await widget.start_stream()
-        self.conversation_view.scroll_end(animate=False)
-        self.reply = Reply(turn, widget, turn.chat.reply_parser())
-        left_out = turn.chat.left_out()
-        self.status.left_out = left_out
-        self._mark_context_start(left_out)
+        self.reply = await Reply.start(turn, self.conversation_view)
+        self._show_left_out(turn.chat.left_out())
         self.status.state = "writing"
         self.status.tokens_per_s = self.status.ttft_s = None
         self._generate(self.reply)
 
     @work(thread=True, group="reply")
     def _generate(self, reply: Reply) -> None:
-        """Runs the generation; never touches a widget, only posts messages."""
-        worker = get_current_worker()
-        generation = reply.turn.generation
-        pending: list[str] = []
-        last_text = last_stats = time.monotonic()
-        error = None
-        try:
-            for piece in generation:
-                pending.append(piece)
-                now = time.monotonic()
-                if now - last_text >= FRAME_S:
-                    self.post_message(ReplyText("".join(pending)))
-                    pending.clear()
-                    last_text = now
-                if now - last_stats >= STATS_S:
-                    self.post_message(self._stats(reply.turn))
-                    last_stats = now
-                if worker.is_cancelled:
-                    generation.cancel()
-        except LocalchatError as failure:
-            error = str(failure)
-        finally:
-            if pending:
-                self.post_message(ReplyText("".join(pending)))
-            reply.done.set()
-            self.post_message(ReplyEnded(error))
-
-    @staticmethod
-    def _stats(turn: Turn) -> ReplyStats:
-        generation = turn.generation
-        ttft = generation.first_token_at - generation.started_at if generation.first_token_at else None
-        return ReplyStats(generation.tokens_per_second, ttft, turn.chat.context_used())
+        write_reply(reply, self.post_message)
 
     async def on_reply_text(self, message: ReplyText) -> None:
         if self.reply is not None:
-            await self._show_parts(self.reply, self.reply.parser.feed(message.text))
-
-    async def _show_parts(self, reply: Reply, parts: list[ReplyPart]) -> None:
-        """Content into the answer, reasoning into the folded block above it."""
-        content = ""
-        for part in parts:
-            reply.parsed.add(part)
-            if isinstance(part, ContentDelta):
-                content += part.text
-            elif isinstance(part, ReasoningDelta) and reply.widget.is_attached:
-                if reply.thinking is None:
-                    reply.thinking = Reasoning()
-                    await self.conversation_view.mount(reply.thinking, before=reply.widget)
-                reply.thinking.write(part.text)
-        if content and reply.widget.is_attached:
-            await reply.widget.write(content)
+            await self.reply.show(message.text)
 
     def _shows(self, reply: Reply) -> bool:
         """Whether `reply` belongs to the conversation on screen."""
@@ -645,22 +454,9 @@ class ChatApp(App[int]):
         if reply is None:
             return
         stats = self.last_stats = reply.turn.generation.stats
-        await self._show_parts(reply, reply.parser.finish())
-        content, reasoning = reply.parsed.content, reply.parsed.reasoning
-        reply.turn.end(content, reasoning)
-        note = ""
         if message.error:
-            note = f"error: {message.error} (Ctrl+R tries again)"
             self.notify(message.error, title="The reply failed", severity="error", timeout=8)
-        elif stats is not None and stats.finish_reason == "cancelled":
-            note = "stopped"
-        elif stats is not None and stats.finish_reason == "length":
-            note = "cut off at the length limit"
-        await reply.widget.end_stream()
-        if reply.thinking is not None and reply.thinking.is_attached:
-            reply.thinking.finish(self._token_count(reasoning))
-        if reply.widget.is_attached:  # not when the user switched conversations meanwhile
-            await reply.widget.finish(content, note)
+        await reply.end(message.error, self._token_count)
         self.status.state = "ready" if self.engine is not None else "no model"
         if stats is not None and self._shows(reply):
             self.status.tokens_per_s = stats.decode_tok_s
@@ -670,11 +466,6 @@ class ChatApp(App[int]):
         self._refresh_list()
         if self._quit_after_reply:
             self.exit(self.return_code or 0)
-
-    def _token_count(self, text: str) -> int | None:
-        """How many tokens `text` is for the model (None before one is loaded, or when it
-        cannot count)."""
-        return self.engine.token_count(text) if self.engine is not None else None
 
     def _stop_reply(self) -> None:
         if self.reply is not None:
@@ -698,28 +489,10 @@ class ChatApp(App[int]):
         self.copy_to_clipboard(text)
         self.notify(f"Copied the answer ({len(text)} characters)", timeout=2)
 
-    # Screens
+    # Dialogs
 
     def action_help(self) -> None:
-        rows = list(EDITOR_KEYS)
-        for binding in self.BINDINGS:
-            assert isinstance(binding, Binding)
-            rows.append((key_label(binding.key), binding.tooltip or binding.description))
-        rows.append(("r / d", "in the list: rename / delete a conversation"))
-        rows.append(("Ctrl+P", "command palette: themes, keys, quit"))
-        self.push_screen(HelpScreen(rows))
-
-    def model_choices(self) -> list[ModelChoice]:
-        """The default model, every GGUF file and ONNX folder in the models directory, and the
-        GGUF models in the Hugging Face cache (by their hub names, which load without the network)."""
-        choices = [ModelChoice(DEFAULT_MODEL_NAME, None, "default")]
-        for ref in local_models(self.settings):
-            if ref.path.name == DEFAULT_MODEL_FILE:
-                continue  # the default model's own file
-            choices.append(ModelChoice(ref.name, str(ref.path), ref.format))
-        for cached in cached_models(self.settings):
-            choices.append(ModelChoice(cached.name, cached.name, f"hub · {cached.size / 2**20:,.0f} MiB"))
-        return choices
+        self.push_screen(HelpScreen(help_rows(self.BINDINGS)))
 
     def action_pick_model(self) -> None:
         if self.reply is not None or self.loading:
@@ -731,7 +504,7 @@ class ChatApp(App[int]):
                 self.remote = None  # the picker's models are local ones
                 self.load_model(choice.model, choice.label)
 
-        self.push_screen(ModelPicker(self.model_choices(), self.model_label), done)
+        self.push_screen(ModelPicker(model_choices(self.settings), self.model_label), done)
 
     # Pulls from the hub, asked for in the model picker
 
@@ -758,15 +531,7 @@ class ChatApp(App[int]):
 
     @work(thread=True, exclusive=True, group="pull")
     def _pull(self, name: HubModelName, cancel: threading.Event) -> None:
-        """Pulls into the Hugging Face cache; a cancelled or failed pull takes no file for a model."""
-        try:
-            result = pull(name, self.settings, progress=lambda done, total: self.post_message(PullProgress(done, total)), cancel=cancel)
-        except PullCancelled as error:
-            self.post_message(PullEnded(str(name), str(error), cancelled=True))
-        except (LocalchatError, OSError) as error:
-            self.post_message(PullEnded(str(name), str(error)))
-        else:
-            self.post_message(PullEnded(result.model.name, None))
+        pull_model(name, self.settings, cancel, self.post_message)
 
     def on_pull_progress(self, message: PullProgress) -> None:
         if (picker := self._picker()) is not None and picker.pulling is not None:
@@ -774,19 +539,13 @@ class ChatApp(App[int]):
 
     def on_pull_ended(self, message: PullEnded) -> None:
         self._pull_cancel = None
-        if message.cancelled:
-            text = f"Pull cancelled: {message.error}"
-        elif message.error:
-            text = f"Could not pull {message.name}: {message.error}"
-        else:
-            text = f"Pulled {message.name}: Enter loads it"
         picker = self._picker()
         if picker is None:  # the dialog was closed meanwhile
-            self.notify(text, severity="error" if message.error and not message.cancelled else "information", timeout=6)
+            self.notify(message.summary(), severity="error" if message.failed else "information", timeout=6)
             return
         if message.error is None:
-            picker.show_choices(self.model_choices(), message.name)
-        picker.pull_ended(text, failed=message.error is not None)
+            picker.show_choices(model_choices(self.settings), message.name)
+        picker.pull_ended(message.summary(), failed=message.error is not None)
 
     # Shutdown
 

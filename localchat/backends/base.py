@@ -10,14 +10,78 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 
 from localchat.errors import InvalidSettingError
 
-if TYPE_CHECKING:
-    from localchat.constraints import TokenGuide
+
+# The KV cache's value type, and flash attention: "auto" leaves it to llama.cpp (its default, kept
+# for CPU plans); "on" asks for it.
+KvType = Literal["f16", "q8_0"]
+FlashAttn = Literal["auto", "on"]
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the planner needs to know of a model, read from its file before loading it."""
+
+    format: str
+    n_layers: int
+    n_ctx_train: int
+    layer_bytes: int
+    other_bytes: int
+    kv_bytes_per_token: int
+    n_vocab: int
+    # The size of one K and one V head, where the format gives them (GGUF's key/value_length).
+    kv_head_sizes: tuple[int, int] | None = None
+    # Format-specific lines for `localchat info` (an ONNX graph's fused operators).
+    details: tuple[str, ...] = ()
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.n_layers * self.layer_bytes + self.other_bytes
+
+
+@dataclass(frozen=True)
+class BuildFeatures:
+    """What the inference library was compiled with."""
+
+    gpu_offload: bool
+    amx: bool
+    description: str = ""
+    # Flash attention kernels on the GPU (a quantized V cache needs them in llama.cpp).
+    flash_attn: bool = False
+    # The installed package's version, to pin a rebuild to it.
+    version: str = ""
+
+
+@dataclass(frozen=True)
+class LoadParams:
+    """How a backend loads a model: what to offload, the context, the KV cache and threads. The
+    planner (localchat.planner) decides them from the hardware and the model."""
+
+    n_ctx: int
+    n_seq: int = 1
+    n_threads: int = 1
+    n_threads_batch: int = 1
+    n_gpu_layers: int = 0
+    # The main GPU (with a split, the one with most free memory); None on the CPU.
+    gpu_index: int | None = None
+    # Sample inside the model's graph where a reply allows it (llama.cpp's backend sampling): the
+    # logits row stays where the output layer is computed. Worth it with the output layer on a GPU.
+    backend_sampling: bool = False
+    # The share of the offloaded layers each GPU holds, by GPU index; empty when one GPU (or none) holds them all.
+    tensor_split: tuple[float, ...] = ()
+    # llama.cpp's repacked CPU weight buffers (off on AMX CPUs: llama.cpp issue 20824).
+    use_extra_bufts: bool = True
+    kv_type: KvType = "f16"
+    flash_attn: FlashAttn = "auto"
+
+    @property
+    def uses_gpu(self) -> bool:
+        return self.n_gpu_layers > 0
 
 
 @dataclass(frozen=True)
@@ -37,6 +101,8 @@ class ModelInfo:
     chat_template: str | None
     size_bytes: int
     extra: dict[str, str] = field(default_factory=dict)
+    # The model file's general.* metadata (name, basename, size label, finetune, sampling defaults).
+    metadata: dict[str, str] = field(default_factory=dict)
 
 
 # DRY's sequence breakers (llama.cpp's defaults): a repeat is never matched across a token that
@@ -48,26 +114,24 @@ DRY_SEQUENCE_BREAKERS = ("\n", ":", '"', "*")
 class SamplerSettings:
     """Sampling parameters; `temperature == 0` means greedy (penalties still apply: see ARGMAX).
 
-    The defaults stop small models' loops: a repeat penalty of 1.1 over the last 64 tokens
-    (Ollama's default) and DRY ("don't repeat yourself", llama.cpp's suggested 0.8 / 1.75 / 2),
-    which penalises a token that would extend a sequence already seen, the more the longer.
-    Each alone is not enough (benchmarks/repetition.py, first replies of the default model,
-    seed 0): 18 of 20 looped with neither, 9 with DRY alone (it lets lines of one or two tokens
-    repeat), 1 with the repeat penalty alone (a 3-line loop longer than its window), none with
-    both; with seeds 1 and 2, 34 of 40 with neither and 1 with both (a 5-token line: DRY's
-    newline breaker keeps each line's match short, and the repeat penalty weighs on every
-    token of a loop alike).
+    The defaults are llama.cpp's (its server's and CLI's): top-k 40, top-p 0.95, min-p 0.05 and
+    temperature 0.8, no penalties. A model's own defaults (its GGUF's `general.sampling.*`) or its
+    family's come first: localchat.sampling_defaults. The repeat penalty (over the last
+    `penalty_last_n` tokens) and DRY ("don't repeat yourself": a token that would extend a sequence
+    already seen is penalised, the more the longer) are there for models that loop; both see the
+    prompt, so DRY also penalises quoting it, which is what a grounded reply does (and what prompt
+    lookup drafts).
     """
 
     temperature: float = 0.8
     top_k: int = 40
     top_p: float = 0.95
     min_p: float = 0.05
-    repeat_penalty: float = 1.1
+    repeat_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     penalty_last_n: int = 64
-    dry_multiplier: float = 0.8
+    dry_multiplier: float = 0.0
     dry_base: float = 1.75
     dry_allowed_length: int = 2
     dry_penalty_last_n: int = -1
@@ -96,6 +160,16 @@ class SamplerSettings:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    def describe(self) -> str:
+        """The settings in a few words, in the chain's order (greedy: the penalties and the pick)."""
+        parts = [] if self.greedy else [f"top_k={self.top_k}", f"top_p={self.top_p:g}", f"min_p={self.min_p:g}"]
+        if self.repeat_penalized:
+            parts.insert(0, f"repeat_penalty={self.repeat_penalty:g}/{self.penalty_last_n}")
+        if self.dry:
+            parts.insert(int(self.repeat_penalized), f"dry={self.dry_multiplier:g}")
+        parts.append("greedy" if self.greedy else f"temp={self.temperature:g}")
+        return " ".join(parts)
 
     @property
     def repeat_penalized(self) -> bool:
@@ -167,6 +241,19 @@ def token_logprob(logits: np.ndarray, token: int, top: int) -> TokenLogprob:
 
 # Rows of one `evaluate_all` that `sample(row=...)` can read: every row of a call this long or shorter.
 ROW_LIMIT = 64
+
+
+class TokenGuide(Protocol):
+    """A reply's grammar as a sampler consults it (localchat.constraints makes one from a
+    Constraint): the tokens it allows next, and the token taken."""
+
+    def mask(self, logits: np.ndarray) -> None:
+        """Set the logits of the tokens the grammar forbids next to -inf, in place."""
+        ...
+
+    def consume(self, token: int) -> None:
+        """The token chosen."""
+        ...
 
 
 class Sampler(Protocol):
@@ -248,8 +335,11 @@ class Backend(Protocol):
         """Drop `seq`'s KV cache from position `start` on (`start == 0` clears it)."""
         ...
 
-    def make_sampler(self, settings: SamplerSettings, guide: TokenGuide | None = None) -> Sampler:
-        """A sampler with `settings`; with a `guide`, only tokens its grammar allows are picked."""
+    def make_sampler(self, settings: SamplerSettings, guide: TokenGuide | None = None, *, seq: int | None = None,
+                     raw_logits: bool = False) -> Sampler:
+        """A sampler with `settings`; with a `guide`, only tokens its grammar allows are picked. `seq`: the
+        sequence whose replies it samples (a backend may then sample on the device); `raw_logits`: the
+        caller reads `logits` too (logprobs)."""
         ...
 
     def sample(self, seq: int, sampler: Sampler, row: int = -1) -> int:

@@ -1,8 +1,10 @@
 """The llama.cpp backend, over llama-cpp-python's low-level (ctypes) API.
 
-All ctypes details live here. The per-token path is: one `llama_sampler_sample` (llama.cpp's C
-sampler chain reads the logits in place), or for plain greedy decoding one numpy argmax over the
-logits row; one `llama_token_to_piece` (cached); one `llama_decode` on a preallocated batch.
+All ctypes details live here and in llamacpp_sampler.py. Each native object (model, context, batch,
+sampler) has one owner that frees it once, through the backend's ExitStack. The per-token path is: a
+numpy view of the logits row (cached across steps), one numpy argmax for plain greedy decoding or
+llama.cpp's sampler chain on a few candidates (LlamaSampler), one cached token piece, one
+`llama_decode` on a preallocated batch.
 """
 
 from __future__ import annotations
@@ -10,9 +12,11 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+import typing
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
 
 import llama_cpp
@@ -21,15 +25,19 @@ import numpy as np
 from localchat.backends.base import (
     DRY_SEQUENCE_BREAKERS,
     ROW_LIMIT,
+    BuildFeatures,
+    FlashAttn,
+    KvType,
+    LoadParams,
     ModelInfo,
     SamplerSettings,
+    TokenGuide,
     TokenScores,
     score_rows,
 )
 from localchat.backends.llamacpp_embeddings import LlamaEmbedder, open_embedder
-from localchat.constraints import TokenGuide
+from localchat.backends.llamacpp_sampler import DeviceSampler, LlamaSampler, device_chain, device_sampleable
 from localchat.errors import ContextOverflowError, InferenceError, ModelError
-from localchat.planner import BuildFeatures, FlashAttn, KvType, Plan
 
 # Tokens per llama_decode call when evaluating a prompt.
 PROMPT_BATCH = 512
@@ -44,6 +52,10 @@ FLASH_ATTN_TYPES: dict[FlashAttn, int] = {
 }
 
 GGML_LOG_LEVEL_ERROR = 4  # enum ggml_log_level (NONE, DEBUG, INFO, WARN, ERROR, CONT)
+# The metadata a ModelInfo carries: the model's name and family, and its sampling defaults.
+METADATA_PREFIX = "general."
+# llama_get_logits with its pointer as a plain address, to see cheaply whether the buffer moved.
+_logits_address = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(("llama_get_logits", llama_cpp.llama_cpp._lib))
 _init_lock = threading.Lock()
 _initialized = False
 # llama.cpp's logger is process-global; keep its recent errors to explain a failed load.
@@ -120,19 +132,19 @@ def build_features() -> BuildFeatures:
     )
 
 
-def place_layers(params: llama_cpp.llama_model_params, plan: Plan) -> ctypes.Array[ctypes.c_float] | None:
-    """Set where `plan` puts the layers: on one GPU alone, or split across GPUs by
-    `plan.tensor_split`. Returns the split's C array, which must outlive the load."""
-    params.n_gpu_layers = plan.n_gpu_layers
-    if plan.gpu_index is None:
+def place_layers(params: llama_cpp.llama_model_params, load: LoadParams) -> ctypes.Array[ctypes.c_float] | None:
+    """Set where `load` puts the layers: on one GPU alone, or split across GPUs by
+    `load.tensor_split`. Returns the split's C array, which must outlive the load."""
+    params.n_gpu_layers = load.n_gpu_layers
+    if load.gpu_index is None:
         return None
-    params.main_gpu = plan.gpu_index
-    if not plan.tensor_split:
+    params.main_gpu = load.gpu_index
+    if not load.tensor_split:
         # Layer mode (the default) would spread the layers over every GPU by free memory.
         params.split_mode = llama_cpp.LLAMA_SPLIT_MODE_NONE
         return None
     params.split_mode = llama_cpp.LLAMA_SPLIT_MODE_LAYER
-    split = (ctypes.c_float * llama_cpp.llama_max_devices())(*plan.tensor_split)
+    split = (ctypes.c_float * llama_cpp.llama_max_devices())(*load.tensor_split)
     params.tensor_split = split
     return split
 
@@ -149,70 +161,74 @@ def _missing_special_token(vocab: llama_cpp.llama_vocab_p) -> str | None:
     return next((name for name, (added, token) in needed.items() if added and token < 0), None)
 
 
-class LlamaSampler:
-    """A llama.cpp sampler chain; owns its C object."""
+class LlamaModel:
+    """A loaded llama_model; frees it once."""
 
-    def __init__(
-        self, settings: SamplerSettings, n_vocab: int, dry: llama_cpp.llama_sampler_p | None = None, guide: TokenGuide | None = None
-    ) -> None:
-        """`dry`: a DRY sampler with `settings`' parameters, copied into the chain (see
-        `LlamaCppBackend.make_sampler`); `guide`: the grammar the reply must follow."""
-        self.guide = guide
-        params = llama_cpp.llama_sampler_chain_default_params()
-        params.no_perf = True
-        self.chain = llama_cpp.llama_sampler_chain_init(params)
-        self.settings = settings
-        add = lambda sampler: llama_cpp.llama_sampler_chain_add(self.chain, sampler)
-        # llama.cpp's own order: penalties, DRY, then the truncations, temperature and the draw.
-        if settings.repeat_penalized:
-            add(
-                # This build's C API still takes n_vocab first (see its include/llama.h).
-                llama_cpp.llama_sampler_init_penalties(
-                    n_vocab,
-                    settings.penalty_last_n,
-                    settings.repeat_penalty,
-                    settings.frequency_penalty,
-                    settings.presence_penalty,
-                )
-            )
-        if settings.dry:
-            if dry is None:
-                raise ValueError("DRY is on but no DRY sampler was given")
-            add(llama_cpp.llama_sampler_clone(dry))
-        if settings.greedy:
-            add(llama_cpp.llama_sampler_init_greedy())
-            return
-        if settings.top_k > 0:
-            add(llama_cpp.llama_sampler_init_top_k(settings.top_k))
-        if settings.top_p < 1.0:
-            add(llama_cpp.llama_sampler_init_top_p(settings.top_p, 1))
-        if settings.min_p > 0.0:
-            add(llama_cpp.llama_sampler_init_min_p(settings.min_p, 1))
-        add(llama_cpp.llama_sampler_init_temp(settings.temperature))
-        seed = llama_cpp.LLAMA_DEFAULT_SEED if settings.seed is None else settings.seed
-        add(llama_cpp.llama_sampler_init_dist(seed))
-
-    @property
-    def argmax_only(self) -> bool:
-        """Greedy with no penalties: the pick is the row's argmax. llama_sampler_sample would
-        first copy all n_vocab logits into candidates (0.6 ms a token for a 262k vocabulary,
-        against 0.02 ms for numpy's argmax)."""
-        return self.settings.greedy and not self.settings.penalized
-
-    def accept(self, tokens: Sequence[int]) -> None:
-        """Show the sampler tokens it did not pick (the prompt), for its penalties."""
-        if self.settings.penalized:
-            window = self.settings.history_window
-            for token in tokens if window < 0 else tokens[max(len(tokens) - window, 0) :]:
-                llama_cpp.llama_sampler_accept(self.chain, token)
-
-    def reset(self) -> None:
-        llama_cpp.llama_sampler_reset(self.chain)
+    def __init__(self, path: Path, load: LoadParams, on_progress: Callable[[float], None] | None) -> None:
+        params = llama_cpp.llama_model_default_params()
+        # The split's C array and the progress callback must outlive the load call.
+        self._split = place_layers(params, load)
+        params.use_extra_bufts = load.use_extra_bufts
+        if on_progress is not None:
+            self._progress = llama_cpp.llama_progress_callback(lambda value, _data: (on_progress(value), True)[1])
+            params.progress_callback = self._progress
+        _recent_errors.clear()
+        self.pointer = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+        if not self.pointer:
+            detail = "; ".join(_recent_errors) or "no detail from llama.cpp"
+            raise ModelError(f"llama.cpp could not load {path}: {detail}")
+        self.vocab = llama_cpp.llama_model_get_vocab(self.pointer)
 
     def close(self) -> None:
-        if self.chain is not None:
-            llama_cpp.llama_sampler_free(self.chain)
-            self.chain = None
+        if self.pointer:
+            llama_cpp.llama_model_free(self.pointer)
+            self.pointer = None
+
+
+class LlamaContext:
+    """A llama_context on a model (its KV cache and compute buffers); frees it once."""
+
+    def __init__(self, model: LlamaModel, load: LoadParams, path: Path) -> None:
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = load.n_ctx
+        params.n_batch = PROMPT_BATCH
+        params.n_ubatch = PROMPT_BATCH
+        params.n_seq_max = load.n_seq
+        params.n_threads = load.n_threads
+        params.n_threads_batch = load.n_threads_batch
+        params.no_perf = True
+        params.type_k = params.type_v = KV_CACHE_TYPES[load.kv_type]
+        params.flash_attn_type = FLASH_ATTN_TYPES[load.flash_attn]
+        # A full-size sliding-window cache lets any KV range be dropped, so a turn can always
+        # keep its common prefix (a windowed one forgets old positions and cannot roll back).
+        params.swa_full = True
+        # Sequences share all n_ctx cells instead of n_ctx / n_seq each.
+        params.kv_unified = True
+        if load.backend_sampling:
+            # A draft's rows are sampled on the device too (llama.cpp's default: one output a sequence).
+            params.n_outputs_max_per_seq = ROW_LIMIT
+        self.pointer = llama_cpp.llama_init_from_model(model.pointer, params)
+        if not self.pointer:
+            detail = "; ".join(_recent_errors) or "out of memory?"
+            raise ModelError(f"llama.cpp could not create a {load.n_ctx}-token context for {path}: {detail}")
+
+    def close(self) -> None:
+        if self.pointer:
+            llama_cpp.llama_free(self.pointer)
+            self.pointer = None
+
+
+class LlamaBatch:
+    """A preallocated llama_batch of `capacity` tokens; frees it once."""
+
+    def __init__(self, capacity: int) -> None:
+        self.batch = llama_cpp.llama_batch_init(capacity, 0, 1)
+        self._freed = False
+
+    def close(self) -> None:
+        if not self._freed:
+            llama_cpp.llama_batch_free(self.batch)
+            self._freed = True
 
 
 class LlamaCppBackend:
@@ -228,74 +244,71 @@ class LlamaCppBackend:
     # 20 ms and 4 tokens 21.
     even_rows = True
 
-    def __init__(self, path: Path, plan: Plan, *, on_progress: Callable[[float], None] | None = None) -> None:
+    def __init__(self, path: Path, load: LoadParams, *, on_progress: Callable[[float], None] | None = None) -> None:
         ensure_initialized()
-        self.plan = plan
-        model_params = llama_cpp.llama_model_default_params()
-        self._tensor_split = place_layers(model_params, plan)
-        model_params.use_extra_bufts = plan.use_extra_bufts
-        if on_progress is not None:
-            # The C callback must outlive the load call.
-            self._progress = llama_cpp.llama_progress_callback(lambda value, _data: (on_progress(value), True)[1])
-            model_params.progress_callback = self._progress
-        _recent_errors.clear()
-        self._model = llama_cpp.llama_model_load_from_file(str(path).encode(), model_params)
-        if not self._model:
-            detail = "; ".join(_recent_errors) or "no detail from llama.cpp"
-            raise ModelError(f"llama.cpp could not load {path}: {detail}")
-        if missing := _missing_special_token(llama_cpp.llama_model_get_vocab(self._model)):
-            llama_cpp.llama_model_free(self._model)
-            self._model = None
-            raise ModelError(f"{path}'s tokenizer adds a {missing} token it does not have; download or convert it again")
+        self.load = load
+        self._natives = ExitStack()
+        try:
+            self._open(path, load, on_progress)
+        except BaseException:
+            self._natives.close()
+            raise
 
-        ctx_params = llama_cpp.llama_context_default_params()
-        ctx_params.n_ctx = plan.n_ctx
-        ctx_params.n_batch = PROMPT_BATCH
-        ctx_params.n_ubatch = PROMPT_BATCH
-        ctx_params.n_seq_max = plan.n_seq
-        ctx_params.n_threads = plan.n_threads
-        ctx_params.n_threads_batch = plan.n_threads_batch
-        ctx_params.no_perf = True
-        ctx_params.type_k = ctx_params.type_v = KV_CACHE_TYPES[plan.kv_type]
-        ctx_params.flash_attn_type = FLASH_ATTN_TYPES[plan.flash_attn]
-        # A full-size sliding-window cache lets any KV range be dropped, so a turn can always
-        # keep its common prefix (a windowed one forgets old positions and cannot roll back).
-        ctx_params.swa_full = True
-        # Sequences share all n_ctx cells instead of n_ctx / n_seq each.
-        ctx_params.kv_unified = True
-        self._ctx = llama_cpp.llama_init_from_model(self._model, ctx_params)
-        if not self._ctx:
-            llama_cpp.llama_model_free(self._model)
-            self._model = None
-            detail = "; ".join(_recent_errors) or "out of memory?"
-            raise ModelError(f"llama.cpp could not create a {plan.n_ctx}-token context for {path}: {detail}")
+    def _open(self, path: Path, load: LoadParams, on_progress: Callable[[float], None] | None) -> None:
+        model = self._model = self._owned(LlamaModel(path, load, on_progress))
+        self._vocab = model.vocab
+        if missing := _missing_special_token(self._vocab):
+            raise ModelError(f"{path}'s tokenizer adds a {missing} token it does not have; download or convert it again")
+        self._ctx = self._owned(LlamaContext(model, load, path)).pointer
         self._memory = llama_cpp.llama_get_memory(self._ctx)
-        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
         # llama.cpp caps the batch at the context size and aborts on a larger one.
         self._n_batch = llama_cpp.llama_n_batch(self._ctx)
-        self.n_seq = plan.n_seq
-        self._batch = llama_cpp.llama_batch_init(max(PROMPT_BATCH, plan.n_seq), 0, 1)
+        self.n_seq = load.n_seq
+        self._batch = self._owned(LlamaBatch(max(PROMPT_BATCH, load.n_seq))).batch
         self._output_index: dict[int, int] = {}
         self._first_row: dict[int, int] = {}
+        self._n_outputs = 0  # rows of logits the last decode kept
+        self._logits_view: tuple[int, int, np.ndarray] | None = None  # (address, rows, view)
         self._piece_cache: dict[int, bytes] = {}
         self._piece_buffer = ctypes.create_string_buffer(256)
         self._dry_samplers: dict[tuple[float, float, int, int], llama_cpp.llama_sampler_p] = {}
+        # Sampler chains attached to sequences for backend sampling (load.backend_sampling), with their settings.
+        self._attached: dict[int, tuple[SamplerSettings, llama_cpp.llama_sampler_p]] = {}
+        self._natives.callback(self._detach_all)
         self._embedder: LlamaEmbedder | None = None
         self._embedder_lock = threading.Lock()
         self.info = self._read_info(path)
+
+    def _owned(self, native: LlamaModel | LlamaContext | LlamaBatch) -> typing.Any:
+        """`native`, freed when the backend closes (the last owned first)."""
+        self._natives.callback(native.close)
+        return native
 
     # -- model facts ---------------------------------------------------------------
 
     def _meta(self, key: str) -> str | None:
         buffer = ctypes.create_string_buffer(4096)
-        n = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buffer, len(buffer))
+        n = llama_cpp.llama_model_meta_val_str(self._model.pointer, key.encode(), buffer, len(buffer))
         return buffer.value.decode("utf-8", errors="replace") if n >= 0 else None
+
+    def _general_metadata(self) -> dict[str, str]:
+        """The model's general.* keys (arrays such as general.tags read as llama.cpp prints them)."""
+        found: dict[str, str] = {}
+        buffer = ctypes.create_string_buffer(1024)
+        model = self._model.pointer
+        for i in range(llama_cpp.llama_model_meta_count(model)):
+            if llama_cpp.llama_model_meta_key_by_index(model, i, buffer, len(buffer)) < 0:
+                continue
+            key = buffer.value.decode("utf-8", errors="replace")
+            if key.startswith(METADATA_PREFIX) and llama_cpp.llama_model_meta_val_str_by_index(model, i, buffer, len(buffer)) >= 0:
+                found[key] = buffer.value.decode("utf-8", errors="replace")
+        return found
 
     def _read_info(self, path: Path) -> ModelInfo:
         n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
         eog = frozenset(t for t in range(n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t)) if n_vocab <= 300_000 else frozenset()
-        template = llama_cpp.llama_model_chat_template(self._model, None)
+        template = llama_cpp.llama_model_chat_template(self._model.pointer, None)
         bos = llama_cpp.llama_vocab_bos(self._vocab)
         eos = llama_cpp.llama_vocab_eos(self._vocab)
         return ModelInfo(
@@ -303,14 +316,15 @@ class LlamaCppBackend:
             name=self._meta("general.name") or path.stem,
             architecture=self._meta("general.architecture") or "unknown",
             n_vocab=n_vocab,
-            n_ctx_train=llama_cpp.llama_model_n_ctx_train(self._model),
-            n_layers=llama_cpp.llama_model_n_layer(self._model),
+            n_ctx_train=llama_cpp.llama_model_n_ctx_train(self._model.pointer),
+            n_layers=llama_cpp.llama_model_n_layer(self._model.pointer),
             bos_id=bos if bos >= 0 else None,
             eos_id=eos if eos >= 0 else None,
             add_bos=bool(llama_cpp.llama_vocab_get_add_bos(self._vocab)),
             eog_ids=eog,
             chat_template=template.decode("utf-8", errors="replace") if template else None,
-            size_bytes=llama_cpp.llama_model_size(self._model),
+            size_bytes=llama_cpp.llama_model_size(self._model.pointer),
+            metadata=self._general_metadata(),
         )
 
     # -- text ----------------------------------------------------------------------
@@ -345,8 +359,9 @@ class LlamaCppBackend:
 
     # -- KV cache ------------------------------------------------------------------
 
-    def _decode(self, n_tokens: int) -> None:
+    def _decode(self, n_tokens: int, n_outputs: int) -> None:
         self._batch.n_tokens = n_tokens
+        self._n_outputs = n_outputs
         status = _compute.run(lambda: llama_cpp.llama_decode(self._ctx, self._batch))
         if status == 1:
             raise ContextOverflowError(f"the context is full ({self.n_ctx} tokens); start a new chat or raise --ctx")
@@ -370,8 +385,8 @@ class LlamaCppBackend:
                 batch.n_seq_id[i] = 1
                 batch.seq_id[i][0] = seq
                 batch.logits[i] = all_logits or (last and i == len(part) - 1)
-            self._decode(len(part))
-        self._output_index = {seq: -1}
+            self._decode(len(part), len(part) if all_logits else int(last))
+        self._output_index = {seq: self._n_outputs - 1}
 
     def evaluate_batch(self, items: Sequence[tuple[int, int, int]], *, spare_cell: bool = False) -> None:
         rows = list(items)
@@ -389,19 +404,23 @@ class LlamaCppBackend:
             batch.n_seq_id[i] = 1
             batch.seq_id[i][0] = seq
             batch.logits[i] = True
-        self._decode(len(rows))
+        self._decode(len(rows), len(rows))
         self._output_index = {seq: i for i, (seq, _, _) in enumerate(items)}
         if filler:
             self.truncate(rows[-1][0], rows[-1][2])
 
     def evaluate_all(self, seq: int, tokens: Sequence[int], start: int) -> np.ndarray:
-        n_vocab = self.info.n_vocab
+        """As the interface says; for a sequence sampled on the device the rows are not read back (an
+        empty array: the device drew each row's token)."""
         chunk = min(ROW_LIMIT, self._n_batch)
         rows = []
         for offset in range(0, len(tokens), chunk):
             part = tokens[offset : offset + chunk]
             self.evaluate(seq, part, start + offset, all_logits=True)
-            view = np.ctypeslib.as_array(llama_cpp.llama_get_logits(self._ctx), shape=(len(part), n_vocab))
+            if seq in self._attached:
+                rows.append(np.empty((len(part), 0), dtype=np.float32))
+                continue
+            view = self._logits_rows()
             # Earlier chunks' rows are overwritten by the next decode: copied.
             rows.append(view if offset + chunk >= len(tokens) else view.copy())
         # Row r of the call is output r - first of llama.cpp's last decode.
@@ -416,8 +435,43 @@ class LlamaCppBackend:
 
     # -- sampling ------------------------------------------------------------------
 
-    def make_sampler(self, settings: SamplerSettings, guide: TokenGuide | None = None) -> LlamaSampler:
+    def make_sampler(self, settings: SamplerSettings, guide: TokenGuide | None = None, *, seq: int | None = None,
+                     raw_logits: bool = False) -> LlamaSampler | DeviceSampler:
+        """A sampler for a reply on `seq`. Where the plan samples on the device (the output layer on a
+        GPU) and the reply allows it (device_sampleable), llama.cpp samples inside its graph."""
+        if self.load.backend_sampling and seq is not None and device_sampleable(settings, guide, raw_logits):
+            chain = self._attach(seq, settings)
+            if chain is not None:
+                return DeviceSampler(settings, chain, self._ctx)
+        if seq is not None:
+            self._detach(seq)  # sampling on the host needs the raw logits
         return LlamaSampler(settings, self.info.n_vocab, self._dry_sampler(settings) if settings.dry else None, guide)
+
+    def _attach(self, seq: int, settings: SamplerSettings) -> llama_cpp.llama_sampler_p | None:
+        """The device chain for `settings` attached to `seq`: the one attached if its settings are the same
+        (reset: attaching another makes llama.cpp reserve its graph again), else a new one; None if llama.cpp
+        cannot run it on the device."""
+        attached = self._attached.get(seq)
+        if attached is not None and attached[0] == settings:
+            llama_cpp.llama_sampler_reset(attached[1])
+            return attached[1]
+        self._detach(seq)
+        chain = device_chain(settings)
+        if not llama_cpp.llama_set_sampler(self._ctx, seq, chain):
+            llama_cpp.llama_sampler_free(chain)
+            return None
+        self._attached[seq] = (settings, chain)
+        return chain
+
+    def _detach(self, seq: int) -> None:
+        attached = self._attached.pop(seq, None)
+        if attached is not None:
+            llama_cpp.llama_set_sampler(self._ctx, seq, None)
+            llama_cpp.llama_sampler_free(attached[1])
+
+    def _detach_all(self) -> None:
+        for seq in list(self._attached):
+            self._detach(seq)
 
     def _dry_sampler(self, settings: SamplerSettings) -> llama_cpp.llama_sampler_p:
         """A DRY sampler for these parameters, made once: llama.cpp finds the tokens holding a
@@ -432,10 +486,11 @@ class LlamaCppBackend:
                 self._vocab, settings.dry_multiplier, settings.dry_base, settings.dry_allowed_length, window,
                 breakers, len(breakers),
             )
+            self._natives.callback(llama_cpp.llama_sampler_free, sampler)
         return sampler
 
     def _index(self, seq: int, row: int) -> int:
-        """llama.cpp's output index of `seq`'s last token, or of row `row` of `evaluate_all`."""
+        """The output row of `seq`'s last token, or of row `row` of `evaluate_all`."""
         if row < 0:
             return self._output_index[seq]
         index = row - self._first_row[seq]
@@ -443,37 +498,38 @@ class LlamaCppBackend:
             raise ValueError(f"row {row} of the last evaluation is no longer held (only the last {ROW_LIMIT} are)")
         return index
 
-    def sample(self, seq: int, sampler: LlamaSampler, row: int = -1) -> int:  # type: ignore[override]
-        index = self._index(seq, row)
-        guide = sampler.guide
-        if guide is not None:
-            # The chain reads the logits in place: the grammar's -inf are written there first.
-            guide.mask(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx, index), shape=(self.info.n_vocab,)))
-        if sampler.argmax_only:
-            # Ties go to the lowest id, as in llama.cpp's greedy sampler.
-            row = llama_cpp.llama_get_logits_ith(self._ctx, index)
-            token = int(np.ctypeslib.as_array(row, shape=(self.info.n_vocab,)).argmax())
-        else:
-            token = llama_cpp.llama_sampler_sample(sampler.chain, self._ctx, index)
-        if guide is not None:
-            guide.consume(token)
-        return token
+    def _logits_rows(self) -> np.ndarray:
+        """The last decode's rows of logits, `(n_outputs, n_vocab)`: a view kept while llama.cpp keeps
+        its buffer where it was (making one costs 12 us, a sixth of sampling a token)."""
+        address = _logits_address(self._ctx)  # waits for the decode, as llama_get_logits does
+        cached = self._logits_view
+        if cached is None or cached[0] != address or cached[1] < self._n_outputs:
+            pointer = ctypes.cast(address, ctypes.POINTER(ctypes.c_float))
+            view = np.ctypeslib.as_array(pointer, shape=(self._n_outputs, self.info.n_vocab))
+            cached = self._logits_view = (address, self._n_outputs, view)
+        return cached[2][: self._n_outputs]
+
+    def sample(self, seq: int, sampler: LlamaSampler | DeviceSampler, row: int = -1) -> int:  # type: ignore[override]
+        if isinstance(sampler, DeviceSampler):
+            # Counted back from the last output row: llama.cpp reads a positive index as a batch position.
+            return sampler.pick_output(self._index(seq, row) - self._n_outputs)
+        return sampler.pick(self.logits(seq, row))
 
     def logits(self, seq: int, row: int = -1) -> np.ndarray:
-        pointer = llama_cpp.llama_get_logits_ith(self._ctx, self._index(seq, row))
-        return np.ctypeslib.as_array(pointer, shape=(self.info.n_vocab,))
+        if seq in self._attached:
+            raise ValueError(f"sequence {seq} is sampled on the device: its raw logits were not read back")
+        return self._logits_rows()[self._index(seq, row)]
 
     def score(self, seq: int, tokens: Sequence[int]) -> TokenScores:
+        self._detach(seq)
         self.truncate(seq, 0)
         logprobs = np.empty(len(tokens) - 1, dtype=np.float64)
         top1 = np.empty(len(tokens) - 1, dtype=np.int64)
-        n_vocab = self.info.n_vocab
         chunk = min(SCORE_CHUNK, self._n_batch)
         for offset in range(0, len(tokens), chunk):
             part = tokens[offset : offset + chunk]
             self.evaluate(seq, part, offset, all_logits=True)
-            pointer = llama_cpp.llama_get_logits(self._ctx)
-            logits = np.ctypeslib.as_array(pointer, shape=(len(part), n_vocab))
+            logits = self._logits_rows()
             # Row i predicts token offset + i + 1.
             rows = min(len(part), len(tokens) - 1 - offset)
             if rows <= 0:
@@ -497,27 +553,21 @@ class LlamaCppBackend:
             raise InferenceError("llama.cpp refused a saved KV state (different model or context?)")
 
     def embedder(self) -> LlamaEmbedder:
-        """The model's embeddings context, made on first use (localchat/backends/llamacpp_embeddings.py)."""
+        """The model's embeddings context, made on first use (localchat/backends/llamacpp_embeddings.py)
+        and owned as the other natives are: freed before the model it was made on."""
         with self._embedder_lock:
             if self._embedder is None:
-                self._embedder = open_embedder(self._model, self._meta, self.info.architecture, self.n_ctx,
-                                               self.plan.n_threads, self.plan.n_threads_batch, _compute.run)
+                self._embedder = open_embedder(self._model.pointer, self._meta, self.info.architecture, self.n_ctx,
+                                               self.load.n_threads, self.load.n_threads_batch, _compute.run)
+                self._natives.callback(self._embedder.close)
             return self._embedder
 
     def close(self) -> None:
-        if getattr(self, "_embedder", None) is not None:
-            self._embedder.close()  # before the model it was made on
-            self._embedder = None
-        for sampler in getattr(self, "_dry_samplers", {}).values():
-            llama_cpp.llama_sampler_free(sampler)
-        self._dry_samplers = {}
-        if getattr(self, "_ctx", None):
-            llama_cpp.llama_batch_free(self._batch)
-            llama_cpp.llama_free(self._ctx)
-            self._ctx = None
-        if getattr(self, "_model", None):
-            llama_cpp.llama_model_free(self._model)
-            self._model = None
+        """Free the batch, the context, the model and the DRY samplers, each once."""
+        natives = getattr(self, "_natives", None)
+        if natives is not None:
+            natives.close()
+            self._logits_view = None
 
     def __del__(self) -> None:
         self.close()

@@ -9,6 +9,7 @@ place of an idle one, and each loaded model has its own engine and scheduler.
 
 from __future__ import annotations
 
+import dataclasses
 import asyncio
 import logging
 import signal
@@ -31,7 +32,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from localchat.backends.base import SamplerSettings, TokenLogprob
+from localchat.backends.base import TokenLogprob
 from localchat.constraints import tokenizer_for
 from localchat.engine import Engine
 from localchat.errors import ContextOverflowError, InvalidSettingError, LocalchatError, UnsupportedError
@@ -144,19 +145,14 @@ class CompletionService:
         limit = self.settings.max_reply_tokens
         if reply_limit is not None and reply_limit > limit:
             raise APIError(400, f"max_tokens is {reply_limit} but this server allows at most {limit}", param="max_tokens")
-        defaults = SamplerSettings()
-        sampler = SamplerSettings(
-            temperature=defaults.temperature if body.temperature is None else body.temperature,
-            top_k=defaults.top_k if body.top_k is None else body.top_k,
-            top_p=defaults.top_p if body.top_p is None else body.top_p,
-            min_p=defaults.min_p if body.min_p is None else body.min_p,
-            penalty_last_n=defaults.penalty_last_n if body.repeat_last_n is None else body.repeat_last_n,
-            presence_penalty=body.presence_penalty,
-            frequency_penalty=body.frequency_penalty,
-            repeat_penalty=defaults.repeat_penalty if body.repeat_penalty is None else body.repeat_penalty,
-            dry_multiplier=defaults.dry_multiplier if body.dry_multiplier is None else body.dry_multiplier,
-            seed=body.seed,
-        )
+        # The request's fields over the model's defaults (localchat.sampling_defaults).
+        given = {field: value for field, value in (
+            ("temperature", body.temperature), ("top_k", body.top_k), ("top_p", body.top_p), ("min_p", body.min_p),
+            ("penalty_last_n", body.repeat_last_n), ("repeat_penalty", body.repeat_penalty),
+            ("dry_multiplier", body.dry_multiplier), ("seed", body.seed),
+        ) if value is not None}
+        sampler = dataclasses.replace(self.engine.sampler_defaults.settings, presence_penalty=body.presence_penalty,
+                                      frequency_penalty=body.frequency_penalty, **given)
         return GenerationSettings(max_tokens=reply_limit or limit, stop=body.stop_strings, sampler=sampler,
                                   ignore_eos=body.ignore_eos, shown_tokens=shown_tokens, logprobs=logprobs,
                                   lookup_draft=self.settings.lookup_draft)

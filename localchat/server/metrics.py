@@ -44,6 +44,9 @@ class _EngineCollector(Collector):
             (CounterMetricFamily, "localchat_prefix_cache_hits", "Prompts that found a saved KV prefix", lambda _, c: c.hits),
             (CounterMetricFamily, "localchat_prefix_cache_misses", "Prompts that found no saved KV prefix",
              lambda _, c: c.misses),
+            (CounterMetricFamily, "localchat_prefix_cache_skipped",
+             "Saved KV prefixes found but computed instead, computing being measured faster than restoring",
+             lambda _, c: c.skipped),
             (GaugeMetricFamily, "localchat_prefix_cache_entries", "Saved KV prefixes", lambda _, c: len(c)),
         ]
         for family_class, name, documentation, read in families:
@@ -61,6 +64,9 @@ class ServerMetrics:
             "localchat_http_requests", "HTTP requests answered", ["path", "status"], registry=self.registry
         )
         self.replies = Counter("localchat_replies", "Replies ended, by finish reason", ["finish_reason"], registry=self.registry)
+        self.sampled_replies = Counter(
+            "localchat_sampler_replies", "Replies ended, by the sampler settings they used (the model's defaults unless the "
+            "request set some)", ["sampler"], registry=self.registry)
         self.prompt_tokens = Counter("localchat_prompt_tokens", "Prompt tokens received", registry=self.registry)
         self.cached_prompt_tokens = Counter(
             "localchat_prompt_tokens_cached", "Prompt tokens whose KV was reused, not evaluated", registry=self.registry
@@ -97,6 +103,8 @@ class ServerMetrics:
     def observe_reply(self, stats: GenerationStats) -> None:
         """Called on the scheduler's thread when a reply ends (prometheus_client is thread-safe)."""
         self.replies.labels(stats.finish_reason).inc()
+        if stats.sampler is not None:
+            self.sampled_replies.labels(stats.sampler.describe()).inc()
         self.prompt_tokens.inc(stats.prompt_tokens)
         self.cached_prompt_tokens.inc(stats.cached_tokens)
         self.completion_tokens.inc(stats.completion_tokens)

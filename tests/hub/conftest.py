@@ -62,13 +62,13 @@ def hub(stand_in_hub: StandInHub) -> Iterator[StandInHub]:
 
 
 @pytest.fixture(scope="session")
-def gemma_repos(stand_in_hub: StandInHub, default_model: Path, tmp_path_factory: pytest.TempPathFactory) -> StandInHub:
+def gemma_repos(stand_in_hub: StandInHub, gemma_model: Path, tmp_path_factory: pytest.TempPathFactory) -> StandInHub:
     """The default model as a hub repo (with a small second GGUF), and split into two parts in another."""
     data = tmp_path_factory.mktemp("stand-in-gemma")
-    parts = split_gguf(default_model, data, "gemma-3-270m-Q4_K_M")
+    parts = split_gguf(gemma_model, data, "gemma-3-270m-Q4_K_M")
     small = make_gguf(data / "gemma-3-270m-Q8_0.gguf", gguf.LlamaFileType.MOSTLY_Q8_0, seed=6)
     stand_in_hub.add_repo(GEMMA, [
-        HubFile.from_disk("gemma-3-270m-Q4_K_M.gguf", default_model),
+        HubFile.from_disk("gemma-3-270m-Q4_K_M.gguf", gemma_model),
         HubFile.from_disk("gemma-3-270m-Q8_0.gguf", small),
     ])
     stand_in_hub.add_repo(GEMMA_SPLIT, [HubFile.from_disk(part.name, part) for part in parts])

@@ -11,6 +11,8 @@ import pytest
 from stand_in_hub import StandInHub
 from stand_in_repos import CHECKPOINT, GATED, GEMMA, GEMMA_SPLIT, MIB, TINY, localchat
 
+from localchat.models import DEFAULT_MODEL_NAME, PACKAGED_MODELS
+
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"}  # and nothing listens there
 
 
@@ -36,12 +38,15 @@ def test_pull_list_rm(hub: StandInHub, cli_env: dict[str, str], tmp_path: Path) 
 
     listed = json.loads(localchat("list", "--json", env=cli_env).stdout)
     rows = {row["name"]: row for row in listed}
-    assert rows.keys() == {f"{TINY}:Q6_K", f"{TINY}:Q8_0"}
+    assert rows.keys() == {*PACKAGED_MODELS, f"{TINY}:Q6_K", f"{TINY}:Q8_0"}
+    # The models localchat installs come first; Gemma is made from its PyPI chunks on first use, not by a list.
+    assert rows["gemma-3-270m"]["pending"] and rows[DEFAULT_MODEL_NAME]["architecture"] == "llama"
     q6 = rows[f"{TINY}:Q6_K"]
     assert (q6["quantization"], q6["architecture"], q6["context_length"], q6["size"]) == ("Q6_K", "llama", 4096, size)
     assert q6["parameters"] == 256 * 64 + 2 * (64 * 64 + 128 * 64) and q6["path"] == str(first_part) and q6["last_used"] is None
     table = localchat("list", env=cli_env).stdout.splitlines()
     assert re.match(r"NAME\s+QUANT\s+SIZE\s+PARAMS\s+CONTEXT\s+ARCH\s+LAST USED\s+WHERE$", table[0])
+    table = [line for line in table if not line.startswith(tuple(PACKAGED_MODELS))]
     assert re.match(rf"{re.escape(TINY)}:Q6_K\s+Q6_K\s+{size / MIB:.1f} MiB\s+41K\s+4096\s+llama\s+never\s+{re.escape(str(first_part))}$", table[1])
 
     removed = localchat("rm", f"{TINY}:Q6_K", env=cli_env)

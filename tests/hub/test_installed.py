@@ -9,7 +9,7 @@ from stand_in_hub import StandInHub
 from stand_in_repos import TINY
 
 from localchat.hub import HubModelName, pull
-from localchat.models import ModelUsage, installed_models, remove_model, resolve_model
+from localchat.models import PACKAGED_MODELS, ModelUsage, installed_models, remove_model, resolve_model
 from localchat.settings import Settings
 
 
@@ -23,7 +23,7 @@ def test_local_and_cached_models_are_listed_by_the_names_that_run_them(hub: Stan
     resolve_model(f"{TINY}:Q4_K_S", hub_settings)
 
     rows = {row.name: row for row in installed_models(hub_settings)}
-    assert rows.keys() == {"broken", "mine", f"{TINY}:Q4_K_S"}
+    assert rows.keys() == {*PACKAGED_MODELS, "broken", "mine", f"{TINY}:Q4_K_S"}
     mine, cached = rows["mine"], rows[f"{TINY}:Q4_K_S"]
     assert (mine.quantization, mine.architecture, mine.context_length, mine.size) == ("Q8_0", "llama", 4096, source.stat().st_size)
     assert cached.quantization == "Q4_K_S" and cached.last_used is not None and mine.last_used is not None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,8 +43,12 @@ PREFERRED = '"}]{'
 class _ScriptSampler:
     tokens: deque[int]
     guide: TokenGuide | None
+    prompts: list[str]
+    text_of: Callable[[int], str]
 
-    def accept(self, tokens: Sequence[int]) -> None: ...
+    def accept(self, tokens: Sequence[int]) -> None:
+        """The decoder shows its sampler the reply's prompt first: record it."""
+        self.prompts.append("".join(self.text_of(t) for t in tokens))
 
     def reset(self) -> None: ...
 
@@ -72,7 +76,6 @@ class ScriptedBackend:
         self._ids = {character: FIRST_CHARACTER + number for number, character in enumerate(ALPHABET)}
         self._characters = {token: character for character, token in self._ids.items()}
         self._held: dict[int, list[int]] = {}
-        self._last = 0
         self._preferred = [EOS, *(self._ids[c] for c in PREFERRED)]
 
     def tokenize(self, text: str, *, add_bos: bool, special: bool) -> list[int]:
@@ -101,7 +104,6 @@ class ScriptedBackend:
 
     def evaluate(self, seq: int, tokens: Sequence[int], start: int) -> None:
         self._held[seq] = self._held.get(seq, [])[:start] + list(tokens)
-        self._last = seq
 
     def evaluate_batch(self, items: Sequence[tuple[int, int, int]], *, spare_cell: bool = False) -> None:
         for seq, token, position in items:
@@ -116,12 +118,10 @@ class ScriptedBackend:
     def truncate(self, seq: int, start: int) -> None:
         self._held[seq] = self._held.get(seq, [])[:start]
 
-    def make_sampler(self, settings: SamplerSettings, guide: TokenGuide | None = None) -> _ScriptSampler:
-        # The scheduler makes a sampler right after a prompt's prefill: record that prompt.
-        self.prompts.append("".join(self.token_text(t) for t in self._held[self._last]))
+    def make_sampler(self, settings: SamplerSettings, guide: TokenGuide | None = None, *, seq: int | None = None, raw_logits: bool = False) -> _ScriptSampler:
         script = self.tokenize(self.replies.popleft(), add_bos=False, special=True) if self.replies else []
         self.sampled.append(0)
-        return _ScriptSampler(deque([*script, EOS]), guide)
+        return _ScriptSampler(deque([*script, EOS]), guide, self.prompts, self.token_text)
 
     def sample(self, seq: int, sampler: _ScriptSampler, row: int = -1) -> int:  # type: ignore[override]
         time.sleep(self.seconds_per_token)

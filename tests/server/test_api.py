@@ -7,6 +7,7 @@ import json
 import openai
 import pytest
 import requests
+from greedy_paths import assert_same_completion_until_near_tie, assert_same_pieces_until_near_tie
 from live_server import API_KEY, SLOTS, LiveServer
 
 GREEDY = {"temperature": 0, "seed": 1}
@@ -26,17 +27,23 @@ def test_chat_completion_answers_with_usage(server: LiveServer) -> None:
 
 
 def test_streamed_chat_matches_the_whole_reply_and_reports_usage(server: LiveServer) -> None:
+    """The second request reuses the first's KV cache and may draft: another evaluation path, so the two replies
+    are the same up to the whole one's first near tie (tests/greedy_paths.py)."""
     client = server.client()
-    whole = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=24, **GREEDY)
+    whole = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=24, logprobs=True, top_logprobs=2,
+                                           **GREEDY)
     chunks = list(client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=24, stream=True,
-                                                 stream_options={"include_usage": True}, **GREEDY))
-    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert text == whole.choices[0].message.content
+                                                 stream_options={"include_usage": True}, logprobs=True, **GREEDY))
+    pieces = [e.token for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content or []]
+    assert "".join(pieces) == "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert whole.choices[0].logprobs is not None and whole.choices[0].logprobs.content is not None
+    compared = assert_same_pieces_until_near_tie(whole.choices[0].logprobs.content, pieces, min_compared=4)
     assert chunks[0].choices[0].delta.role == "assistant"
-    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
     usage_chunk = chunks[-1]
     assert usage_chunk.choices == [] and usage_chunk.usage is not None
-    assert usage_chunk.usage.completion_tokens == whole.usage.completion_tokens  # type: ignore[union-attr]
+    assert usage_chunk.usage.completion_tokens == len(pieces)
+    if compared == len(pieces) == len(whole.choices[0].logprobs.content):  # no near tie: the same reply
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
     assert all(c.usage is None for c in chunks[:-1])
 
 
@@ -52,11 +59,16 @@ def test_a_stream_is_server_sent_events_ending_with_done(server: LiveServer) -> 
 
 def test_text_completion_whole_and_streamed(server: LiveServer) -> None:
     client = server.client()
-    whole = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=6, **GREEDY)
+    whole = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=6, logprobs=2, **GREEDY)
     assert whole.object == "text_completion" and whole.choices[0].text.strip()
     assert whole.usage is not None and whole.usage.completion_tokens <= 6
-    pieces = list(client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=6, stream=True, **GREEDY))
-    assert "".join(p.choices[0].text for p in pieces if p.choices) == whole.choices[0].text
+    pieces = list(client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=6, stream=True,
+                                            logprobs=1, **GREEDY))
+    streamed = [t for p in pieces if p.choices and p.choices[0].logprobs for t in p.choices[0].logprobs.tokens or []]
+    assert "".join(streamed) == "".join(p.choices[0].text for p in pieces if p.choices)
+    # The stream reuses the first request's KV cache: the same pieces up to the whole reply's first near tie.
+    assert whole.choices[0].logprobs is not None
+    assert_same_completion_until_near_tie(whole.choices[0].logprobs, streamed, min_compared=2)
 
 
 def test_sampling_parameters_are_honoured(server: LiveServer) -> None:

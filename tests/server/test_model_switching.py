@@ -16,7 +16,7 @@ import openai
 import pytest
 from live_server import API_KEY, LiveServer, start_server
 
-from localchat.models import DEFAULT_MODEL_FILE, DEFAULT_MODEL_NAME, installed_models
+from localchat.models import DEFAULT_MODEL_NAME, GEMMA_MODEL_FILE, PACKAGED_MODELS, installed_models
 from localchat.remote import RemoteEndpoint, RemoteServer
 from localchat.settings import Settings
 
@@ -27,18 +27,19 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 HELLO = [{"role": "user", "content": "Say hello."}]
 
 
-def _home_with_two_models(home: Path, default_model: Path) -> Path:
-    """A localchat home whose models folder holds the default model, a second name for it and a damaged file."""
+def _home_with_two_models(home: Path, gemma_model: Path) -> Path:
+    """A localchat home whose models folder holds Gemma 3 270M (a packaged model's copy), a second name for it
+    and a damaged file; the default model stays where its package put it."""
     models = home / "cache" / "models"
     models.mkdir(parents=True)
-    for name in (DEFAULT_MODEL_FILE, f"{SECOND}.gguf"):
-        _link_or_copy(default_model, models / name)
-    shutil.copy2(default_model.with_name(DEFAULT_MODEL_FILE + ".verified"), models / (DEFAULT_MODEL_FILE + ".verified"))
-    (models / f"{BROKEN}.gguf").write_bytes(default_model.read_bytes()[:4096])  # cut short: a download gone wrong
-    # The default model as a hub repo in this home's own Hugging Face cache, as a pull leaves it.
+    for name in (GEMMA_MODEL_FILE, f"{SECOND}.gguf"):
+        _link_or_copy(gemma_model, models / name)
+    shutil.copy2(gemma_model.with_name(GEMMA_MODEL_FILE + ".verified"), models / (GEMMA_MODEL_FILE + ".verified"))
+    (models / f"{BROKEN}.gguf").write_bytes(gemma_model.read_bytes()[:4096])  # cut short: a download gone wrong
+    # Gemma as a hub repo in this home's own Hugging Face cache, as a pull leaves it.
     repo = home / "hf" / "models--local--gemma-3-270m-GGUF"
     (repo / "blobs").mkdir(parents=True)
-    _link_or_copy(default_model, repo / "blobs" / "d3f4017")
+    _link_or_copy(gemma_model, repo / "blobs" / "d3f4017")
     (repo / "snapshots" / COMMIT).mkdir(parents=True)
     (repo / "snapshots" / COMMIT / "gemma-3-270m-Q4_K_M.gguf").symlink_to(Path("../../blobs/d3f4017"))
     (repo / "refs").mkdir()
@@ -54,8 +55,8 @@ def _link_or_copy(source: Path, target: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def two_models(tmp_path_factory: pytest.TempPathFactory, default_model: Path) -> Path:
-    return _home_with_two_models(tmp_path_factory.mktemp("two-models"), default_model)
+def two_models(tmp_path_factory: pytest.TempPathFactory, gemma_model: Path) -> Path:
+    return _home_with_two_models(tmp_path_factory.mktemp("two-models"), gemma_model)
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +91,7 @@ def _stream_raw(server: LiveServer, body: dict[str, object], arrivals: list[tupl
 def test_models_lists_every_local_model_and_marks_the_loaded_one(switching: LiveServer, two_models: Path) -> None:
     listed = _models(switching)
     settings = Settings(data_dir=two_models / "data", cache_dir=two_models / "cache", hf_cache_dir=two_models / "hf")
-    assert set(listed) == {model.name for model in installed_models(settings)} == {DEFAULT_MODEL_NAME, SECOND, BROKEN,
+    assert set(listed) == {model.name for model in installed_models(settings)} == {*PACKAGED_MODELS, SECOND, BROKEN,
                                                                                    f"{HUB}:Q4_K_M"}
     assert listed[DEFAULT_MODEL_NAME] == "loaded" and listed[SECOND] == "unloaded"
     # A remote chat on this server without a model named takes the one loaded.

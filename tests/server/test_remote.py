@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from greedy_paths import assert_same_pieces_until_near_tie
 from live_server import API_KEY, LiveServer, busy_gateway, serving, start_server
 from openai.types.chat.chat_completion_chunk import ChoiceDelta
 from scripted_app import ScriptedBackend, scripted_app
@@ -42,9 +43,11 @@ def test_a_remote_chat_streams_the_reply_the_server_writes(remote: RemoteServer,
     chat.commit("".join(pieces))
     direct = server.client().chat.completions.create(
         model=MODEL, messages=[{"role": "system", "content": "You are brief."}, {"role": "user", "content": "Name a colour."}],
-        max_tokens=12, temperature=0,
+        max_tokens=12, temperature=0, logprobs=True, top_logprobs=2,
     )
-    assert "".join(pieces) == direct.choices[0].message.content
+    # The direct request reuses the first one's KV cache: the same reply up to its first near tie.
+    assert direct.choices[0].logprobs is not None and direct.choices[0].logprobs.content is not None
+    assert_same_pieces_until_near_tie(direct.choices[0].logprobs.content, pieces, min_compared=3)
     stats = generation.stats
     assert stats is not None and stats.completion_tokens == direct.usage.completion_tokens == len(pieces)
     assert stats.prompt_tokens == direct.usage.prompt_tokens and stats.finish_reason == "length"

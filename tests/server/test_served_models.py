@@ -38,7 +38,8 @@ def loader(tmp_path: Path) -> EngineLoader:
 
 def test_the_catalog_is_what_localchat_list_shows(loader: EngineLoader) -> None:
     ids = [model.id for model in loader.catalog()]
-    assert ids == ["gemma-3-270m", "mine", "user/repo:Q8_0"]
+    # The packaged models first (the default chat model, then Gemma, whose copy is here), then the rest.
+    assert ids == ["smollm2-135m-instruct", "gemma-3-270m", "mine", "user/repo:Q8_0"]
     assert set(ids) == {model.name for model in installed_models(loader.settings)}
 
 

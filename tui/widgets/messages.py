@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from markdown_it import MarkdownIt
 from markdown_it.rules_core import StateCore
 from textual.containers import VerticalScroll
+from textual.widget import Widget
 from textual.widgets import Collapsible, Markdown, Static
 from textual.widgets._markdown import MarkdownStream
 
+from localchat.history import StoredMessage
+
 EMPTY_REPLY = "*(no answer)*"
+WELCOME = "Type a message and press Enter to send it; Ctrl+J adds a new line. F1 lists every key."
+UNANSWERED = "This message has no answer: localchat stopped while writing it. Ctrl+R writes one."
 
 
 def _keep_line_breaks(state: StateCore) -> None:
@@ -110,3 +117,33 @@ class ConversationView(VerticalScroll):
 
     def on_mount(self) -> None:
         self.anchor()
+
+    async def show(self, stored: list[StoredMessage], token_count: Callable[[str], int | None]) -> None:
+        """A stored conversation: each answer with its thinking folded above it, and a line under a
+        question left unanswered (or a welcome, in an empty conversation)."""
+        widgets: list[Widget] = []
+        for m in stored:
+            if m.reasoning:
+                widgets.append(Reasoning(m.reasoning, token_count(m.reasoning)))
+            widgets.append(UserMessage(m.content) if m.role == "user" else AssistantMessage(m.content))
+        await self.remove_children()
+        if stored and stored[-1].role == "user":
+            widgets.append(Notice(UNANSWERED, id="unanswered"))
+        await self.mount_all(widgets or [Notice(WELCOME, id="welcome")])
+        self.scroll_end(animate=False)
+
+    def mark_context_start(self, left_out: int, n_ctx: int | None) -> None:
+        """A line above the first message the model still sees, when older ones are left out of
+        its context of `n_ctx` tokens (Chat decides which; the view only shows it)."""
+        for old in self.query(ContextStart):
+            old.remove()
+        shown = self.query("UserMessage, AssistantMessage").nodes
+        if left_out <= 0 or left_out >= len(shown) or n_ctx is None:
+            return
+        self.mount(ContextStart(left_out, n_ctx), before=self.top_of(shown[left_out]))
+
+    def top_of(self, message: Widget) -> Widget:
+        """A message's first widget in the view: its thinking, when an answer has some."""
+        children = list(self.children)
+        index = children.index(message)
+        return children[index - 1] if index and isinstance(children[index - 1], Reasoning) else message

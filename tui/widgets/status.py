@@ -8,6 +8,8 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
+from localchat.chat_engine import ChatEngine
+
 MIB = 1024**2
 GAP = "  "
 
@@ -32,6 +34,15 @@ class StatusBar(Widget):
     gpu_bytes: reactive[int | None] = reactive(None)
     backend: reactive[str] = reactive("")
     model: reactive[str] = reactive("")
+
+    def show_engine(self, engine: ChatEngine, gpu_bytes: int | None) -> None:
+        """A model is ready: its backend, name and context size, and the GPU memory in use (None
+        when it runs on no GPU)."""
+        self.state = "ready"
+        self.backend = engine.backend_label
+        self.model = engine.model_name
+        self.context_size = engine.context_size or 0
+        self.gpu_bytes = gpu_bytes
 
     def numbers(self, *, ttft: bool = True) -> str:
         parts = [self.state]

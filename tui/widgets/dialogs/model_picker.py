@@ -1,46 +1,20 @@
-"""Modal screens: help, model picker (with pulls from the hub), rename, delete confirmation, system prompt."""
+"""The model picker: the models on this machine, and a field to pull one from the hub by name."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rich.table import Table
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.screen import ModalScreen
-from textual.widgets import (
-    Button,
-    Input,
-    Label,
-    OptionList,
-    ProgressBar,
-    Static,
-    TextArea,
-)
+from textual.widgets import Button, Input, Label, OptionList, ProgressBar
 from textual.widgets.option_list import Option
 
-
-class HelpScreen(ModalScreen[None]):
-    """The key bindings, one per row."""
-
-    BINDINGS = [Binding("escape,f1,q", "dismiss", "Close")]
-
-    def __init__(self, rows: list[tuple[str, str]]) -> None:
-        super().__init__()
-        self.rows = rows
-
-    def compose(self) -> ComposeResult:
-        table = Table.grid(padding=(0, 2))
-        table.add_column(style="bold", no_wrap=True)
-        table.add_column()
-        for keys, description in self.rows:
-            table.add_row(keys, description)
-        with Vertical(classes="dialog", id="help") as dialog:
-            dialog.border_title = "Keys"
-            dialog.border_subtitle = "Esc closes"
-            yield Static(table)
+from localchat.hub import cached_models
+from localchat.models import DEFAULT_MODEL_NAME, PACKAGED_MODELS, local_models, packaged_model
+from localchat.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -48,6 +22,20 @@ class ModelChoice:
     label: str
     model: str | None  # what Engine.load takes: None for the default model, else a path or a hub name
     detail: str
+
+
+def model_choices(settings: Settings) -> list[ModelChoice]:
+    """The models localchat installs (the default first), every GGUF file and ONNX folder in the models
+    directory, and the GGUF models in the Hugging Face cache (by their hub names, which load without the network)."""
+    choices = [ModelChoice(name, None, "default") if name == DEFAULT_MODEL_NAME else ModelChoice(name, name, "installed")
+               for name in sorted(PACKAGED_MODELS, key=lambda name: name != DEFAULT_MODEL_NAME)]
+    for ref in local_models(settings):
+        if packaged_model(ref.path) is not None:
+            continue  # a packaged model's own copy
+        choices.append(ModelChoice(ref.name, str(ref.path), ref.format))
+    for cached in cached_models(settings):
+        choices.append(ModelChoice(cached.name, cached.name, f"hub · {cached.size / 2**20:,.0f} MiB"))
+    return choices
 
 
 def _mib(n_bytes: int) -> str:
@@ -143,61 +131,3 @@ class ModelPicker(ModalScreen["ModelChoice | None"]):
         status.update(text)
         status.set_class(failed, "error")
         status.display = True
-
-
-class TextPrompt(ModalScreen["str | None"]):
-    """One line of text, such as a conversation's new title."""
-
-    BINDINGS = [Binding("escape", "dismiss(None)", "Cancel")]
-
-    def __init__(self, title: str, value: str) -> None:
-        super().__init__()
-        self.title_text = title
-        self.value = value
-
-    def compose(self) -> ComposeResult:
-        with Vertical(classes="dialog"):
-            yield Label(self.title_text, classes="dialog-title")
-            yield Input(self.value, select_on_focus=True)
-            yield Label("Enter saves · Esc cancels", classes="dialog-hint")
-
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        event.stop()
-        self.dismiss(event.value)
-
-
-class Confirm(ModalScreen[bool]):
-    BINDINGS = [Binding("escape,n", "dismiss(False)", "No"), Binding("y", "dismiss(True)", "Yes")]
-
-    def __init__(self, question: str) -> None:
-        super().__init__()
-        self.question = question
-
-    def compose(self) -> ComposeResult:
-        with Vertical(classes="dialog"):
-            yield Label(self.question, classes="dialog-title")
-            with Horizontal(classes="buttons"):
-                yield Button("Delete (y)", variant="error", id="yes")
-                yield Button("Keep (n)", id="no")
-
-    def on_button_pressed(self, event: Button.Pressed) -> None:
-        self.dismiss(event.button.id == "yes")
-
-
-class SystemPromptEditor(ModalScreen["str | None"]):
-    """The system prompt of one conversation: multi-line, Ctrl+S saves."""
-
-    BINDINGS = [Binding("escape", "dismiss(None)", "Cancel"), Binding("ctrl+s", "save", "Save", priority=True)]
-
-    def __init__(self, value: str) -> None:
-        super().__init__()
-        self.value = value
-
-    def compose(self) -> ComposeResult:
-        with Vertical(classes="dialog", id="system-prompt"):
-            yield Label("System prompt for this conversation", classes="dialog-title")
-            yield TextArea(self.value, soft_wrap=True, tab_behavior="focus")
-            yield Label("Ctrl+S saves · Esc cancels · empty for none", classes="dialog-hint")
-
-    def action_save(self) -> None:
-        self.dismiss(self.query_one(TextArea).text.strip())

@@ -1,0 +1,178 @@
+"""What a person gets as shipped: localchat's defaults against llama.cpp's on the same GGUF, side by side.
+
+Two servers on loopback, each as its maker ships it (no sampler flags, no sampler fields in the requests):
+`localchat serve` (the model's default sampler, prompt-lookup drafts on) and llama.cpp's own `llama-server`
+built from the llama.cpp that llama-cpp-python vendors (../shared/tools/build-llamacpp-anchors.sh OUTDIR).
+Rounds alternate which goes first; the server not measured is stopped (SIGSTOP). Per round and server: time to
+first token of a short chat, single-stream decode tok/s (the stream's tokens after the first, over the time
+after the first), and aggregate tok/s with 1 and 4 concurrent streams of 128 tokens (ignore_eos). Then, in
+this process, the cost of sampling alone with each model's default chain: localchat's sampler against
+llama.cpp's `llama_sampler_sample` on the same logits rows (ms per token), and greedy decoding's argmax.
+Medians; each localchat figure against llama.cpp's.
+
+    python benchmarks/as_shipped.py --llama-server OUTDIR/llama-server [--rounds 3] [--model NAME_OR_GGUF ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import localchat  # noqa: F401  (first: llama.cpp's libraries load before numpy's, localchat.native)
+import llama_cpp
+import numpy as np
+import openai
+from serve_load import free_port
+from vs_vllm import Served, start, stop_all
+
+from localchat.backends.llamacpp_sampler import LlamaSampler
+from localchat.engine import Engine
+from localchat.models import resolve_model
+from localchat.planner import PlanRequest
+from localchat.session import tokenize_chat
+from localchat.settings import Settings
+from localchat.templates import Message
+
+CONTEXT = 8192
+TOKENS = 128
+STREAMS = (1, 4)
+QUESTION = [{"role": "user", "content": "Write a story about a dragon who guards a library."}]
+SHORT = [{"role": "user", "content": "What is the capital of Japan?"}]
+SAMPLE_STEPS = 400
+
+
+def stream(client: openai.OpenAI, messages: list[dict[str, str]], max_tokens: int) -> tuple[float, float, int]:
+    """One streamed chat reply: time to the first content, decode tok/s after it, tokens counted by the server."""
+    began = time.perf_counter()
+    first = last = None
+    tokens = 0
+    pieces = client.chat.completions.create(model="", messages=messages, max_tokens=max_tokens, stream=True,  # type: ignore[call-overload]
+                                            stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    for chunk in pieces:
+        if chunk.choices and chunk.choices[0].delta.content:
+            last = time.perf_counter()
+            first = first or last
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+    assert first is not None and last is not None, "no content streamed"
+    return first - began, (tokens - 1) / (last - first) if last > first else 0.0, tokens
+
+
+def aggregate(client: openai.OpenAI, streams: int) -> float:
+    began = time.perf_counter()
+    with ThreadPoolExecutor(streams) as pool:
+        tokens = sum(pool.map(lambda _: stream(client, QUESTION, TOKENS)[2], range(streams)))
+    return tokens / (time.perf_counter() - began)
+
+
+def measure_server(server: Served) -> dict[str, float]:
+    client = server.client()
+    ttft = statistics.median(stream(client, SHORT, 8)[0] for _ in range(3))
+    _, decode, _ = stream(client, QUESTION, TOKENS)
+    figures = {"ttft_ms": ttft * 1000, "decode_tok_s": decode}
+    for streams in STREAMS:
+        figures[f"aggregate_tok_s_{streams}"] = aggregate(client, streams)
+    return figures
+
+
+def compare_servers(model: Path, llama_server: Path, rounds: int, threads: int, logs: Path) -> dict[str, object]:
+    commands = {
+        "localchat": [sys.executable, "-m", "localchat", "serve", "-m", str(model), "--port", "{port}", "--ctx",
+                      str(CONTEXT), "--threads", str(threads)],
+        "llama_server": [str(llama_server), "-m", str(model), "--port", "{port}", "-c", str(CONTEXT), "-t", str(threads),
+                         "--host", "127.0.0.1"],
+    }
+    servers: list[Served] = []
+    try:
+        for name, command in commands.items():
+            port = free_port()
+            servers.append(start(name, [part.replace("{port}", str(port)) for part in command], f"http://127.0.0.1:{port}",
+                                 logs / f"as_shipped-{name}.log", dict(os.environ)))
+            stream(servers[-1].client(), SHORT, 8)  # warm-up
+            servers[-1].signal(signal.SIGSTOP)
+        figures: dict[str, dict[str, list[float]]] = {s.name: {} for s in servers}
+        for round_ in range(rounds):
+            for server in servers[round_ % 2:] + servers[: round_ % 2]:
+                server.signal(signal.SIGCONT)
+                time.sleep(1)
+                for key, value in measure_server(server).items():
+                    figures[server.name].setdefault(key, []).append(value)
+                server.signal(signal.SIGSTOP)
+    finally:
+        stop_all(servers)
+    medians = {name: {key: round(statistics.median(values), 2) for key, values in record.items()}
+               for name, record in figures.items()}
+    ours, theirs = medians["localchat"], medians["llama_server"]
+    # TTFT: lower is better, so the ratio is theirs over ours (>1: localchat faster), as for speeds.
+    ratios = {key: round(theirs[key] / ours[key] if key == "ttft_ms" else ours[key] / theirs[key], 3) for key in ours}
+    return {"medians": medians, "localchat_vs_llama_server": ratios}
+
+
+def sampling_cost(model: str) -> dict[str, object]:
+    """ms per token of sampling alone with the model's default chain, on real rows of its logits."""
+    with Engine.load(model, Settings(prefix_cache_disk_bytes=0), PlanRequest(n_ctx=1024)) as engine:
+        backend, defaults = engine.backend, engine.sampler_defaults
+        prompt = tokenize_chat(backend, engine.template, [Message("user", QUESTION[0]["content"])])
+        backend.evaluate(0, prompt, 0)
+        row = np.array(backend.logits(0))
+        settings = defaults.settings
+        ours = backend.make_sampler(settings)
+        assert isinstance(ours, LlamaSampler)
+        ours.accept(prompt)
+        # llama.cpp's way: its whole chain (llama_sampler_sample copies every logit into its candidates).
+        theirs = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+        for stage in ours.stages:
+            llama_cpp.llama_sampler_chain_add(theirs, llama_cpp.llama_sampler_clone(stage))
+        target = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(backend._ctx, -1), shape=(backend.info.n_vocab,))  # type: ignore[attr-defined]
+
+        def per_token_ms(step: object) -> float:
+            times = []
+            for _ in range(SAMPLE_STEPS):
+                target[:] = row  # as a decode would leave it
+                began = time.perf_counter()
+                step()  # type: ignore[operator]
+                times.append(time.perf_counter() - began)
+            return statistics.median(times) * 1000
+
+        figures = {
+            "vocabulary": backend.info.n_vocab,
+            "sampler": defaults.source,
+            "localchat_ms": per_token_ms(lambda: ours.pick(target)),
+            "llama_cpp_ms": per_token_ms(lambda: llama_cpp.llama_sampler_sample(theirs, backend._ctx, -1)),  # type: ignore[attr-defined]
+            "argmax_ms": per_token_ms(lambda: int(target.argmax())),
+        }
+        llama_cpp.llama_sampler_free(theirs)
+        ours.close()
+    return {key: round(value, 4) if isinstance(value, float) else value for key, value in figures.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--llama-server", type=Path, help="llama.cpp's llama-server binary (without it: sampling only)")
+    parser.add_argument("--model", action="append", help="a model name or .gguf file, repeatable "
+                        "(default: the default chat model and gemma-3-270m)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--logs", type=Path, default=Path("/tmp"))
+    args = parser.parse_args()
+    settings = Settings()
+    report: dict[str, object] = {"load": os.getloadavg(), "rounds": args.rounds}
+    for model in args.model or ["smollm2-135m-instruct", "gemma-3-270m"]:
+        path = resolve_model(model, settings).path
+        entry: dict[str, object] = {"sampling": sampling_cost(str(path))}
+        if args.llama_server is not None:
+            entry["servers"] = compare_servers(path, args.llama_server, args.rounds, args.threads, args.logs)
+        report[model] = entry
+        print(json.dumps({model: entry}), file=sys.stderr, flush=True)
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()

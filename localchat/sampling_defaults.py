@@ -1,0 +1,117 @@
+"""Sampling defaults as data: the model's own, else its family's recommendation, else llama.cpp's.
+
+A GGUF file may carry its maker's defaults as `general.sampling.*` (llama.cpp's converter writes them
+from the checkpoint's `generation_config.json`, and so does `localchat convert`); llama.cpp's own tools
+read them the same way. A model without them gets its family's row below, and a model of no known
+family llama.cpp's defaults, which are `SamplerSettings()`'s. What a user or a request sets goes over all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from localchat.backends.base import SamplerSettings
+
+# GGUF key -> (SamplerSettings field, its type), as llama.cpp's common_init reads them; the keys a
+# localchat sampler has no use for (mirostat, XTC, the sampler sequence) are left out.
+GGUF_SAMPLING_KEYS: dict[str, tuple[str, Callable[[str], float | int]]] = {
+    "general.sampling.temp": ("temperature", float),
+    "general.sampling.top_k": ("top_k", int),
+    "general.sampling.top_p": ("top_p", float),
+    "general.sampling.min_p": ("min_p", float),
+    "general.sampling.penalty_last_n": ("penalty_last_n", int),
+    "general.sampling.penalty_repeat": ("repeat_penalty", float),
+}
+# generation_config.json key -> GGUF key, as llama.cpp's converter (gguf-py's Metadata.load) maps them.
+GENERATION_CONFIG_KEYS: dict[str, str] = {
+    "temperature": "general.sampling.temp",
+    "top_k": "general.sampling.top_k",
+    "top_p": "general.sampling.top_p",
+    "min_p": "general.sampling.min_p",
+    "penalty_last_n": "general.sampling.penalty_last_n",
+    "repetition_penalty": "general.sampling.penalty_repeat",
+}
+
+
+@dataclass(frozen=True)
+class FamilyDefaults:
+    """A family's recommended settings, for models whose file carries none."""
+
+    family: str
+    # GGUF metadata key -> a regular expression its value must match whole (case aside); a
+    # missing key reads as "".
+    match: Mapping[str, str]
+    settings: Mapping[str, float | int]
+    why: str
+
+    def matches(self, metadata: Mapping[str, str]) -> bool:
+        return all(re.fullmatch(pattern, metadata.get(key, ""), re.IGNORECASE) for key, pattern in self.match.items())
+
+
+FAMILY_DEFAULTS: tuple[FamilyDefaults, ...] = (
+    FamilyDefaults(
+        "SmolLM2", {"general.name": r"smollm2\b.*"}, {"temperature": 0.2, "top_p": 0.9},
+        "the model card's generation example; factual questions answered in the first sentence: 7 of 10 "
+        "at temperature 0.2, 5 of 10 at llama.cpp's 0.8 (benchmarks/first_chat.py)",
+    ),
+    FamilyDefaults(
+        "Gemma 3 270M base", {"general.name": r"gemma[- ]3[- ]270m", "general.finetune": ""},
+        {"repeat_penalty": 1.1, "penalty_last_n": 64},
+        "a base model that loops without repetition control: 18 of 20 first replies looped with no penalty, "
+        "1 with the repeat penalty alone (benchmarks/repetition.py, seed 0). DRY would stop that one too but "
+        "penalises quoting the prompt, which makes grounded replies stray and prompt-lookup drafts fail",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class SamplerDefaults:
+    """A model's default sampler and where it came from: "model", "family: NAME" or "llama.cpp"."""
+
+    settings: SamplerSettings
+    source: str
+
+
+def sampling_from_metadata(metadata: Mapping[str, str]) -> dict[str, float | int]:
+    """The SamplerSettings fields a GGUF file's `general.sampling.*` keys set (unreadable values left out)."""
+    found: dict[str, float | int] = {}
+    for key, (field, kind) in GGUF_SAMPLING_KEYS.items():
+        if key in metadata:
+            try:
+                found[field] = kind(metadata[key])
+            except ValueError:
+                continue
+    return found
+
+
+def sampler_defaults(metadata: Mapping[str, str]) -> SamplerDefaults:
+    """The default sampler for a model with this GGUF metadata."""
+    own = sampling_from_metadata(metadata)
+    if own:
+        return SamplerDefaults(_settings(own), "model")
+    family = next((row for row in FAMILY_DEFAULTS if row.matches(metadata)), None)
+    if family is not None:
+        return SamplerDefaults(_settings(family.settings), f"family: {family.family}")
+    return SamplerDefaults(SamplerSettings(), "llama.cpp")
+
+
+def _settings(fields: Mapping[str, float | int]) -> SamplerSettings:
+    try:
+        return dataclasses.replace(SamplerSettings(), **fields)
+    except ValueError:  # values out of range in a file: llama.cpp's defaults instead
+        return SamplerSettings()
+
+
+def generation_config_sampling(config: Mapping[str, object]) -> dict[str, float | int]:
+    """`general.sampling.*` GGUF keys and values from a checkpoint's generation_config.json, as
+    llama.cpp's converter writes them (ints for top_k and penalty_last_n, floats otherwise)."""
+    written: dict[str, float | int] = {}
+    for name, key in GENERATION_CONFIG_KEYS.items():
+        value = config.get(name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        written[key] = int(value) if GGUF_SAMPLING_KEYS[key][1] is int else float(value)
+    return written

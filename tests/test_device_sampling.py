@@ -1,0 +1,112 @@
+"""llama.cpp's backend sampling (the plan's choice where the output layer is on a GPU), run here on the CPU
+backend, which implements the same graph operations: the same greedy replies as sampling on the host, drafts
+verified from the rows the device drew, and the host's sampler wherever a reply needs the raw logits."""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from greedy_paths import assert_same_until_near_tie
+
+from localchat.backends.base import ARGMAX, SamplerSettings
+from localchat.backends.llamacpp import LlamaCppBackend
+from localchat.backends.llamacpp_sampler import DeviceSampler, LlamaSampler
+from localchat.engine import Engine, plan_model
+from localchat.hardware import GIB, Hardware
+from localchat.planner import PlanRequest, plan_offload
+from localchat.scheduler import ReplyDone, ReplyEvent, Scheduler, TextDelta
+from localchat.session import GenerationSettings, Session, tokenize_chat
+from localchat.settings import Settings
+from localchat.templates import Message
+from test_planner import LLAMA_CUDA_BUILD, MISTRAL_7B_Q4_K_M, RTX_3090, machine
+
+COPY = "Copy this text exactly: The keeper climbed the narrow stairs at dusk and trimmed the wick."
+
+
+@pytest.fixture(scope="module")
+def device(settings: Settings, default_model: Path) -> Iterator[Engine]:
+    """The default model with sampling on the device, two sequences."""
+    model_plan = plan_model(str(default_model), settings, PlanRequest(n_ctx=1024, n_seq=2))
+    model_plan = dataclasses.replace(model_plan, plan=dataclasses.replace(model_plan.plan, backend_sampling=True))
+    engine = Engine.from_plan(model_plan, settings)
+    yield engine
+    engine.close()
+
+
+def test_the_plan_samples_on_the_gpu_only_with_the_output_layer_there() -> None:
+    whole = plan_offload(MISTRAL_7B_Q4_K_M, machine(gpus=(RTX_3090,)), LLAMA_CUDA_BUILD)
+    assert whole.n_gpu_layers > MISTRAL_7B_Q4_K_M.n_layers and whole.backend_sampling and whole.load_params.backend_sampling
+    small = dataclasses.replace(RTX_3090, total_bytes=6 * GIB, free_bytes=5 * GIB)
+    partial = plan_offload(MISTRAL_7B_Q4_K_M, machine(gpus=(small,)), LLAMA_CUDA_BUILD)
+    assert 0 < partial.n_gpu_layers <= MISTRAL_7B_Q4_K_M.n_layers and not partial.backend_sampling
+    cpu = plan_offload(MISTRAL_7B_Q4_K_M, Hardware("CPU", 2, 2, frozenset(), 16 * GIB, 16 * GIB), LLAMA_CUDA_BUILD)
+    assert not cpu.backend_sampling
+
+
+def reply(session: Session, prompt: list[int], settings: GenerationSettings) -> tuple[list[int], object]:
+    session.reset()
+    generation = session.generate(prompt, settings)
+    generation.text()
+    assert generation.stats is not None
+    return list(generation.stats.completion_ids), generation
+
+
+def test_greedy_replies_drawn_on_the_device_equal_the_host_s(device: Engine, engine: Engine) -> None:
+    prompt = tokenize_chat(device.backend, device.template, [Message("user", COPY)])
+    assert isinstance(device.backend.make_sampler(ARGMAX, seq=0), DeviceSampler)
+    host = engine.sessions[0]
+    host.reset()
+    reference = host.generate(prompt, GenerationSettings(max_tokens=24, sampler=ARGMAX, logprobs=2))
+    reference.text()
+    for draft in (0, 8):
+        ids, generation = reply(device.sessions[0], prompt, GenerationSettings(max_tokens=24, sampler=ARGMAX, lookup_draft=draft))
+        assert_same_until_near_tie(reference.completion_ids, reference.logprobs, ids, min_compared=12)
+        if draft:  # the drafted rows were drawn on the device and taken where they matched
+            assert generation.stats.accepted_tokens > 0  # type: ignore[attr-defined]
+
+
+def test_a_reply_needing_the_raw_logits_or_a_history_is_sampled_on_the_host(device: Engine) -> None:
+    backend = device.backend
+    assert isinstance(backend, LlamaCppBackend)
+    assert isinstance(backend.make_sampler(ARGMAX, seq=1, raw_logits=True), LlamaSampler)  # logprobs
+    assert isinstance(backend.make_sampler(SamplerSettings(repeat_penalty=1.1), seq=1), LlamaSampler)
+    assert isinstance(backend.make_sampler(ARGMAX), LlamaSampler)  # no sequence named
+    prompt = backend.tokenize("The capital of France is", add_bos=True, special=False)
+    ids, generation = reply(device.sessions[1], prompt, GenerationSettings(max_tokens=6, sampler=ARGMAX, logprobs=2))
+    assert [entry.token for entry in generation.logprobs] == ids  # type: ignore[attr-defined]
+
+
+def test_seeded_sampling_on_the_device_repeats_and_depends_on_the_seed(device: Engine) -> None:
+    prompt = tokenize_chat(device.backend, device.template, [Message("user", "Write a story about a dragon.")])
+    runs = [reply(device.sessions[0], prompt, GenerationSettings(max_tokens=16, sampler=SamplerSettings(temperature=1.0, seed=seed)))[0]
+            for seed in (7, 7, 8)]
+    assert runs[0] == runs[1] and runs[0] != runs[2]
+
+
+def test_batched_replies_are_drawn_on_the_device_for_each_sequence(device: Engine) -> None:
+    questions = ["What is the capital of Japan?", "What is the capital of Italy?"]
+    alone = []
+    for question in questions:
+        prompt = tokenize_chat(device.backend, device.template, [Message("user", question)])
+        alone.append(reply(device.sessions[0], prompt, GenerationSettings(max_tokens=12, sampler=ARGMAX))[0])
+    device.sessions[0].reset()
+    scheduler = Scheduler(device, max_waiting=0)
+    scheduler.start()
+    try:
+        sinks: list[queue.SimpleQueue[ReplyEvent]] = [queue.SimpleQueue() for _ in questions]
+        for question, sink in zip(questions, sinks, strict=True):
+            prompt = tokenize_chat(device.backend, device.template, [Message("user", question)])
+            scheduler.submit(prompt, GenerationSettings(max_tokens=12, sampler=ARGMAX), sink.put)
+        together = []
+        for sink in sinks:
+            while not isinstance(event := sink.get(timeout=60), ReplyDone):
+                assert isinstance(event, TextDelta), event
+            together.append(list(event.stats.completion_ids))
+    finally:
+        scheduler.close()
+    # "The capital of X is Y." : the model is sure of every token of it.
+    assert [t[:6] for t in together] == [a[:6] for a in alone]

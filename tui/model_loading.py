@@ -1,0 +1,48 @@
+"""Loading a model (or connecting to a server) in a worker thread, and the messages it posts to the app."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from textual.message import Message
+
+from localchat.chat_engine import ChatEngine
+from localchat.engine import Engine
+from localchat.errors import LocalchatError
+from localchat.planner import PlanRequest
+from localchat.remote import RemoteEndpoint, RemoteServer
+from localchat.settings import Settings
+
+
+@dataclass
+class LoadProgress(Message):
+    fraction: float
+
+
+@dataclass
+class ModelLoaded(Message):
+    engine: ChatEngine
+    label: str
+
+
+@dataclass
+class ModelFailed(Message):
+    label: str
+    error: str
+
+
+def load_engine(model: str | None, label: str, settings: Settings, request: PlanRequest, *, remote: RemoteEndpoint | None,
+                draft_model: str | None, post: Callable[[Message], object]) -> None:
+    """The load's worker, in its thread: connects to `remote` when there is one, else loads `model`
+    (with `draft_model` drafting for it); posts the progress, then the engine or why there is none."""
+    engine: ChatEngine
+    try:
+        if remote is not None:
+            engine = RemoteServer(remote)
+        else:
+            engine = Engine.load(model, settings, request, on_progress=lambda f: post(LoadProgress(f)), draft_model=draft_model)
+    except (LocalchatError, OSError) as error:
+        post(ModelFailed(label, str(error)))
+        return
+    post(ModelLoaded(engine, label))
