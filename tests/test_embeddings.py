@@ -18,6 +18,7 @@ from localchat.backends.base import Backend
 from localchat.embeddings import embed_inputs, normalized
 from localchat.engine import Engine
 from localchat.errors import ContextOverflowError
+from localchat.gguf_file import read_gguf_header
 from localchat.planner import PlanRequest
 from localchat.settings import Settings
 
@@ -40,12 +41,13 @@ def tokens(backend: Backend, texts: Sequence[str]) -> list[list[int]]:
 
 def test_64_inputs_take_a_few_calls_and_each_keeps_its_own_vector(engine: Engine) -> None:
     embedder = engine.backend.embedder()
-    assert embedder.shape.pooling == "mean" and not embedder.shape.native and embedder.shape.dimensions == 640
+    assert embedder.shape.pooling == "mean" and not embedder.shape.native
     inputs = tokens(engine.backend, TEXTS)
     before = embedder.calls
     together = embedder.embed(inputs)
+    assert together.shape == (64, embedder.shape.dimensions) and together.dtype == np.float32
     total = sum(map(len, inputs))
-    # Whole inputs a call: 26 of these a call, 3 calls for 64 (a call's last few cells may go spare).
+    # Whole inputs a call: ~26 of these a call, 3 calls for 64 (a call's last few cells may go spare).
     assert embedder.calls - before <= -(-total // llamacpp_embeddings.CALL_TOKENS) + 1 <= 4
     alone = np.stack([embedder.embed([inputs[number]])[0] for number in (0, 21, 63)])
     assert cosines(alone, together[[0, 21, 63]]).min() >= BATCHED
@@ -55,8 +57,9 @@ def test_64_inputs_take_a_few_calls_and_each_keeps_its_own_vector(engine: Engine
 
 def test_a_long_input_runs_over_several_calls_with_its_kv_kept(engine: Engine, settings: Settings, default_model: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    """~600 tokens: two calls of 512, or three of 256 (another engine), the same mean."""
-    long = tokens(engine.backend, [" ".join(TEXTS[:32])])
+    """Over 512 tokens: two calls of 512, or three of 256 (another engine), the same mean."""
+    count = next(n for n in range(len(TEXTS)) if len(tokens(engine.backend, [" ".join(TEXTS[:n])])[0]) > 520)
+    long = tokens(engine.backend, [" ".join(TEXTS[:count])])
     assert 512 < len(long[0]) <= 3 * 256
     embedder = engine.backend.embedder()
     before = embedder.calls
@@ -81,11 +84,13 @@ def test_an_input_over_the_limit_is_cut_or_refused(engine: Engine) -> None:
 
 @pytest.fixture(scope="module")
 def embedding_model(default_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The default model with an embedding model's metadata key, `gemma3.pooling_type = mean`."""
-    target = tmp_path_factory.mktemp("embedding-model") / "gemma-3-270m-mean.gguf"
+    """The default model with an embedding model's metadata key, `{arch}.pooling_type = mean`."""
+    architecture = read_gguf_header(default_model).architecture
+    target = tmp_path_factory.mktemp("embedding-model") / f"{default_model.stem}-mean.gguf"
     reader = gguf.GGUFReader(default_model)
-    writer = gguf.GGUFWriter(target, arch="gemma3", endianess=reader.endianess)
-    copy_with_new_metadata(reader, writer, {"gemma3.pooling_type": MetadataDetails(gguf.GGUFValueType.UINT32, 1)}, [])
+    writer = gguf.GGUFWriter(target, arch=architecture, endianess=reader.endianess)
+    pooling = MetadataDetails(gguf.GGUFValueType.UINT32, gguf.PoolingType.MEAN)
+    copy_with_new_metadata(reader, writer, {f"{architecture}.pooling_type": pooling}, [])
     return target
 
 
