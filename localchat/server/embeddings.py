@@ -29,7 +29,7 @@ from localchat.server.ollama_schemas import EmbedRequest, EmbedResponse
 from localchat.server.schemas import EmbeddingList, EmbeddingRequest, ErrorResponse
 
 if TYPE_CHECKING:
-    from localchat.server.app import ModelRouter
+    from localchat.server.routing import ModelRouter
     from localchat.server.served_models import ServedModel
 
 OPENAI_ERRORS: dict[int | str, dict[str, Any]] = {

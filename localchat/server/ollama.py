@@ -56,7 +56,7 @@ from localchat.server.schemas import TokenLogprob as TokenLogprobEntry
 from localchat.session import GenerationStats
 
 if TYPE_CHECKING:
-    from localchat.server.app import ChatRun, CompletionService, ModelRouter
+    from localchat.server.routing import ChatRun, CompletionService, ModelRouter
     from localchat.server.served_models import ServedModel
 
 NDJSON = "application/x-ndjson"

@@ -51,7 +51,7 @@ from localchat.server.ollama_schemas import (
 from localchat.templates import fallback_template
 
 if TYPE_CHECKING:
-    from localchat.server.app import ModelRouter
+    from localchat.server.routing import ModelRouter
     from localchat.server.served_models import EngineLoader
     from localchat.server.settings import ServerSettings
 
