@@ -75,6 +75,8 @@ def open_webui(localchat: LiveServer, tmp_path_factory: pytest.TempPathFactory) 
         "RAG_EMBEDDING_ENGINE": "ollama", "RAG_EMBEDDING_MODEL": DEFAULT_MODEL_NAME,
         "RAG_OLLAMA_BASE_URL": localchat.url, "RAG_OLLAMA_API_KEY": API_KEY,
         "DEFAULT_MODEL_METADATA": json.dumps({"capabilities": {"builtin_tools": False}}),
+        # Replies of a 135M model kept short and from looping (Open WebUI passes these to both connections).
+        "DEFAULT_MODEL_PARAMS": json.dumps({"max_tokens": 96, "repeat_penalty": 1.1}),
         "ENABLE_TITLE_GENERATION": "false", "ENABLE_FOLLOW_UP_GENERATION": "false", "ENABLE_TAGS_GENERATION": "false",
         "ENABLE_AUTOCOMPLETE_GENERATION": "false", "ENABLE_EVALUATION_ARENA_MODELS": "false",
         # The question itself is the search query: a 135M model asked to write queries as JSON writes on to max_tokens.
