@@ -84,8 +84,13 @@ def _digest(path: Path) -> str:
     resolved = path.resolve()
     if _SHA256.match(resolved.name):
         return resolved.name
-    stat = resolved.stat()
-    return hashlib.sha256(f"{resolved}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
+    identity = f"{resolved}:{resolved.stat().st_size}:{resolved.stat().st_mtime_ns}" if resolved.exists() else str(resolved)
+    return hashlib.sha256(identity.encode()).hexdigest()
+
+
+def _modified(path: Path) -> str:
+    """When the model's file changed (a packaged model not made yet: the epoch)."""
+    return _time(path.stat().st_mtime if path.exists() else 0)
 
 
 def _details(row: InstalledModel) -> ModelDetails:
@@ -95,7 +100,7 @@ def _details(row: InstalledModel) -> ModelDetails:
 
 
 def _listed(row: InstalledModel) -> ListedModel:
-    return ListedModel(name=row.name, model=row.name, modified_at=_time(row.path.stat().st_mtime), size=row.size,
+    return ListedModel(name=row.name, model=row.name, modified_at=_modified(row.path), size=row.size,
                        digest=_digest(row.path), details=_details(row))
 
 
@@ -153,7 +158,10 @@ class OllamaModels:
         raise APIError(404, f"model '{requested}' not found", code="model_not_found", param="model")
 
     def rows(self) -> list[InstalledModel]:
-        return [describe_model(model_id, path) for model_id, path in self._paths().items()]
+        """Every model described from its file; a packaged model not made yet (it is on first use) as such."""
+        return [describe_model(model_id, path) if path.exists() else
+                InstalledModel(model_id, "gguf", path, 0, pending="made from its PyPI package on first use")
+                for model_id, path in self._paths().items()]
 
     def _checked(self, allowed: bool, what: str, flag: str) -> None:
         if not allowed:
@@ -169,6 +177,9 @@ class OllamaModels:
         if not body.wanted:
             raise APIError(400, "model is required", param="model")
         model_id, path = self.find(body.wanted)
+        if not path.exists():
+            raise APIError(400, f"'{model_id}' is made from its PyPI package on first use: chat with it, then show it",
+                           param="model")
         row = await run_in_threadpool(describe_model, model_id, path)
         if row.problem is not None:
             raise APIError(400, row.problem, param="model")
@@ -183,7 +194,7 @@ class OllamaModels:
         else:
             capabilities = ["completion", "tools"] + (["thinking"] if detect_format(template).reasons else [])
         return ShowResponse(parameters=_parameters(), template=template, details=_details(row), model_info=info,
-                            capabilities=capabilities, modified_at=_time(path.stat().st_mtime))
+                            capabilities=capabilities, modified_at=_modified(path))
 
     def _template(self, model_id: str) -> str:
         served = self.models.pool.loaded().get(model_id)

@@ -50,15 +50,15 @@ def test_a_text_gets_the_same_vector_through_every_api_and_route(server: LiveSer
     assert min(float(_unit(a.embedding) @ _unit(b)) for a, b in zip(openai_batch, ollama_batch, strict=True)) >= SAME
 
 
-def test_openais_embedding_body(server: LiveServer, engine: Engine) -> None:
+def test_openais_embedding_body(server: LiveServer, gemma_gguf_engine: Engine) -> None:
     client = server.client()
     texts = ["one", "two words"]
     reply = client.embeddings.create(model=MODEL, input=texts, encoding_format="float")
     assert reply.model == MODEL and reply.object == "list" and len(reply.data) == 2
     assert len(reply.data[0].embedding) == 640 and reply.data[1].object == "embedding"
-    counts = [len(engine.backend.tokenize(text, add_bos=True, special=False)) for text in texts]  # <bos> each
+    counts = [len(gemma_gguf_engine.backend.tokenize(text, add_bos=True, special=False)) for text in texts]  # <bos> each
     assert reply.usage.prompt_tokens == reply.usage.total_tokens == sum(counts)
-    ids = engine.backend.tokenize("The sky", add_bos=True, special=False)
+    ids = gemma_gguf_engine.backend.tokenize("The sky", add_bos=True, special=False)
     as_ids = client.embeddings.create(model=MODEL, input=[ids], encoding_format="float").data[0].embedding
     as_text = client.embeddings.create(model=MODEL, input="The sky", encoding_format="float").data[0].embedding
     assert float(_unit(as_ids) @ _unit(as_text)) >= SAME

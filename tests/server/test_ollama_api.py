@@ -66,13 +66,13 @@ def test_the_same_conversation_gives_the_same_greedy_reply_through_both_apis(ser
         assert ollama_reply.message.content == openai_reply.choices[0].message.content
 
 
-def test_generate_whole_streamed_and_raw(client: ollama.Client, engine: Engine) -> None:
+def test_generate_whole_streamed_and_raw(client: ollama.Client, gemma_gguf_engine: Engine) -> None:
     whole = client.generate(MODEL, prompt="Name a colour.", options={**GREEDY, "num_predict": 12})
     assert whole.done and whole.response and whole.context is None
     _counters_add_up(whole, 12)
     parts = list(client.generate(MODEL, prompt="The sky is", raw=True, stream=True, options={**GREEDY, "num_predict": 8}))
     # <bos> and the prompt's tokens: no template around it.
-    assert parts[-1].done and parts[-1].prompt_eval_count == len(engine.backend.tokenize("The sky is", add_bos=True, special=True))
+    assert parts[-1].done and parts[-1].prompt_eval_count == len(gemma_gguf_engine.backend.tokenize("The sky is", add_bos=True, special=True))
     assert "".join(part.response for part in parts if part.response)
 
 
