@@ -83,6 +83,12 @@ class ChatFormat:
     tools_in_system: bool = False  # Phi-4-mini reads the tools from the system message, as JSON text
 
     @property
+    def reasons(self) -> bool:
+        """Whether its replies may hold reasoning apart from the answer (a thinking model's)."""
+        return any(section.kind == "reasoning" or (section.header is not None and any(
+            kind == "reasoning" for _, kind in section.header.channels)) for section in self.sections)
+
+    @property
     def markers(self) -> tuple[str, ...]:
         """Every marker the parser looks for: control tokens among them must be shown in the reply."""
         found: list[str] = [*self.dropped, *self.read_in_headers]

@@ -323,6 +323,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         enable_thinking=False if args.no_think else None,
         max_models=args.max_models,
         allow_pull=args.allow_pull,
+        allow_model_changes=args.allow_model_changes,
         lookup_draft=_lookup_draft(args),
     )
     app_settings, request = Settings(), _plan_request(args, n_seq=args.parallel)
@@ -484,7 +485,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     bench.set_defaults(handler=cmd_bench)
 
-    serve = commands.add_parser("serve", help="serve an OpenAI-compatible API on this machine")
+    serve = commands.add_parser("serve", help="serve OpenAI's and Ollama's APIs on this machine")
     _add_model_options(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s, this machine only)")
     serve.add_argument("--port", type=int, default=8080, help="(default: %(default)s)")
@@ -500,7 +501,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="keep at most N models loaded, the least recently used idle one unloaded first "
                             "(default: as many as fit in memory, at least 1)")
     serve.add_argument("--allow-pull", action="store_true",
-                       help="let a request naming a Hugging Face model not in the cache pull it (default: only cached models)")
+                       help="let a request naming a Hugging Face model not in the cache pull it, and Ollama's /api/pull "
+                            "(default: only cached models)")
+    serve.add_argument("--allow-model-changes", action="store_true",
+                       help="let requests delete models and copy them to new names (Ollama's /api/delete, /api/copy)")
     serve.set_defaults(handler=cmd_serve)
 
     info = commands.add_parser("info", help="show the hardware, the llama.cpp build and the plan for a model")

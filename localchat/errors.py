@@ -23,3 +23,7 @@ class InferenceError(LocalchatError):
 
 class InsufficientMemoryError(LocalchatError):
     """The machine cannot hold the model with the requested context."""
+
+
+class UnsupportedError(LocalchatError):
+    """Something this model or backend cannot do (embeddings from an ONNX model), named in the message."""

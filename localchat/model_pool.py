@@ -117,6 +117,8 @@ class _Entry(Generic[T]):
     leases: int = 0
     last_used: float = 0.0
     admitted: bool = False  # its room is counted: it fitted beside the others, or they were unloaded
+    keep_alive: float | None = None  # seconds it stays loaded once idle; None: as long as room allows
+    expiry: asyncio.Task[None] | None = None  # the wait to unload it once idle for keep_alive
 
 
 class Lease(Generic[T]):
@@ -163,6 +165,40 @@ class ModelPool(Generic[T]):
         entry = self._entries.get(name)
         return entry.leases if entry is not None else 0
 
+    def need(self, name: str) -> MemoryNeed | None:
+        """What the model holds (the planner's estimate), once its load has started."""
+        return self._needs.get(name)
+
+    def keep_alive(self, name: str, seconds: float | None) -> None:
+        """How long the loaded model `name` stays loaded once idle: it is unloaded after `seconds`
+        without a lease (0: as soon as its last lease ends); None: as long as room allows."""
+        entry = self._entries.get(name)
+        if entry is None or entry.state != "loaded":
+            return
+        entry.keep_alive = seconds
+        if entry.leases == 0:
+            self._schedule_expiry(entry)
+
+    async def unload(self, name: str, reason: str) -> None:
+        """Unload `name` now if it is loaded (after its load, if one is under way); raises
+        ModelBusyError while a reply holds it."""
+        entry = self._entries.get(name)
+        while entry is not None and entry.state == "loading":
+            await asyncio.gather(asyncio.shield(entry.done), return_exceptions=True)
+            entry = self._entries.get(name)
+        if entry is None:
+            return
+        if entry.leases:
+            raise ModelBusyError(f"'{name}' has replies in flight; retry when they end")
+        await (self._start_unload(entry, reason) if entry.state == "loaded" else asyncio.shield(entry.done))
+
+    def expiry(self, name: str) -> float | None:
+        """When (on the pool's clock) the idle model `name` will be unloaded; None: not planned."""
+        entry = self._entries.get(name)
+        if entry is None or entry.keep_alive is None:
+            return None
+        return (self._clock() if entry.leases else entry.last_used) + entry.keep_alive
+
     def add_loaded(self, name: str, model: T, need: MemoryNeed) -> None:
         """A model loaded before the pool existed (the one `localchat serve` starts with)."""
         done = asyncio.get_running_loop().create_future()
@@ -190,7 +226,28 @@ class ModelPool(Generic[T]):
     def _release(self, entry: _Entry[T]) -> None:
         entry.leases -= 1
         entry.last_used = self._clock()
+        if entry.leases == 0:
+            self._schedule_expiry(entry)
         self._notify()
+
+    def _schedule_expiry(self, entry: _Entry[T]) -> None:
+        if entry.expiry is not None:
+            entry.expiry.cancel()
+            entry.expiry = None
+        if entry.keep_alive is None:
+            return
+        if entry.keep_alive <= 0:
+            self._start_unload(entry, "its keep_alive is 0")
+        else:
+            entry.expiry = self._spawn(self._expire(entry, entry.last_used))
+
+    async def _expire(self, entry: _Entry[T], idle_since: float) -> None:
+        assert entry.keep_alive is not None
+        await asyncio.sleep(max(0.0, idle_since + entry.keep_alive - self._clock()))
+        # Unless it was used (or unloaded) meanwhile.
+        if self._entries.get(entry.name) is entry and entry.state == "loaded" and not entry.leases \
+                and entry.last_used == idle_since:
+            self._start_unload(entry, f"idle for its keep_alive of {entry.keep_alive:g} s")
 
     def _room_for(self, need: MemoryNeed) -> list[_Entry[T]] | None:
         """The idle models to unload, least recently used first, so that `need` fits beside the
@@ -242,10 +299,11 @@ class ModelPool(Generic[T]):
         self._spawn(self._unload(entry, reason))
         return entry.done
 
-    def _spawn(self, work: Coroutine[None, None, None]) -> None:
+    def _spawn(self, work: Coroutine[None, None, None]) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _load(self, entry: _Entry[T]) -> None:
         """Estimate (once per model), make room, load. The seconds reported are the estimate's and
@@ -300,6 +358,9 @@ class ModelPool(Generic[T]):
 
     async def close(self) -> None:
         """Wait for loads under way, then unload every model (the server is stopping)."""
+        for entry in self._entries.values():
+            if entry.expiry is not None:
+                entry.expiry.cancel()
         while self._entries:
             entry = next(iter(self._entries.values()))
             if entry.state == "loaded":

@@ -324,6 +324,12 @@ def _describe_onnx(name: str, folder: Path, last_used: float | None) -> Installe
     )
 
 
+def describe_model(name: str, path: Path, last_used: float | None = None) -> InstalledModel:
+    """A row of `localchat list` for the model at `path`, a GGUF file or an ONNX folder."""
+    describe = _describe_onnx if path.is_dir() else _describe_gguf
+    return describe(name, path, last_used)
+
+
 def _other_local_models(settings: Settings) -> list[ModelRef]:
     """The models folder's models but the packaged ones' copies."""
     return [ref for ref in local_models(settings) if packaged_model(ref.path) is None]

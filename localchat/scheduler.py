@@ -236,6 +236,7 @@ class Scheduler:
         if not self._release_idle(len(request.prompt) + 1 - len(session.tokens), keep=slot):
             return False
         slot.request = request
+        reply.admitted()
         try:
             # The sampler first: a backend that samples on the device draws the first token when the
             # prompt's last token is evaluated.

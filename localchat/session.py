@@ -84,6 +84,7 @@ class GenerationStats:
     drafted_tokens: int = 0  # speculative decoding: tokens drafted, and of those accepted
     accepted_tokens: int = 0
     sampler: SamplerSettings | None = None  # the settings the reply was sampled with
+    queued_s: float = 0.0  # of prefill_s, waiting for a slot (a server's queue) before the prompt was evaluated
 
     @property
     def prefill_tok_s(self) -> float:
@@ -258,10 +259,15 @@ class Reply:
         self.drafted_tokens = 0
         self.accepted_tokens = 0
         self.started_at = time.perf_counter()
+        self.admitted_at = self.started_at
         self.prefilled_at = self.started_at
         self.first_token_at: float | None = None
         # The sampler consumes tokens into it; once its grammar is complete only an end token is allowed.
         self.guide = token_guide(backend, settings.constraint)
+
+    def admitted(self) -> None:
+        """The prompt's evaluation starts (a server's reply has waited for a slot until now)."""
+        self.admitted_at = time.perf_counter()
 
     def prefilled(self, cached_tokens: int, prefix_cache_tokens: int) -> None:
         """The prompt is in the KV cache, `cached_tokens` of it reused."""
@@ -328,6 +334,7 @@ class Reply:
             drafted_tokens=self.drafted_tokens,
             accepted_tokens=self.accepted_tokens,
             sampler=self.sampler,
+            queued_s=self.admitted_at - self.started_at,
         )
 
 

@@ -269,6 +269,28 @@ class Sampler(Protocol):
     def close(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class EmbeddingShape:
+    """How a model embeds: its pooling, whether the inference library pools (an embedding model
+    names its own) or the mean is taken over the tokens' rows, the vector's size, the longest input."""
+
+    pooling: str
+    native: bool
+    dimensions: int
+    max_tokens: int
+
+
+class Embedder(Protocol):
+    """A model's text embeddings, made by its backend."""
+
+    shape: EmbeddingShape
+
+    def embed(self, inputs: Sequence[Sequence[int]]) -> np.ndarray:
+        """One vector per input (token ids, each 1 to `shape.max_tokens`), not normalized:
+        float32, (len(inputs), shape.dimensions)."""
+        ...
+
+
 class Backend(Protocol):
     """A loaded model plus its KV cache: the engine's only view of an inference library."""
 
@@ -341,5 +363,10 @@ class Backend(Protocol):
         ...
 
     def restore_state(self, seq: int, state: bytes) -> None: ...
+
+    def embedder(self) -> Embedder:
+        """The model's embeddings (made on first use, freed by `close`); raises UnsupportedError
+        naming what is missing when the backend cannot make them."""
+        ...
 
     def close(self) -> None: ...

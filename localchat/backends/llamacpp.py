@@ -35,6 +35,7 @@ from localchat.backends.base import (
     TokenScores,
     score_rows,
 )
+from localchat.backends.llamacpp_embeddings import LlamaEmbedder, open_embedder
 from localchat.backends.llamacpp_sampler import DeviceSampler, LlamaSampler, device_chain, device_sampleable
 from localchat.errors import ContextOverflowError, InferenceError, ModelError
 
@@ -287,6 +288,8 @@ class LlamaCppBackend:
         # Sampler chains attached to sequences for backend sampling (load.backend_sampling), with their settings.
         self._attached: dict[int, tuple[SamplerSettings, llama_cpp.llama_sampler_p]] = {}
         self._natives.callback(self._detach_all)
+        self._embedder: LlamaEmbedder | None = None
+        self._embedder_lock = threading.Lock()
         self.info = self._read_info(path)
 
     def _owned(self, native: LlamaModel | LlamaContext | LlamaBatch) -> typing.Any:
@@ -560,6 +563,16 @@ class LlamaCppBackend:
         source = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
         if llama_cpp.llama_state_seq_set_data(self._ctx, source, len(state), seq) == 0:
             raise InferenceError("llama.cpp refused a saved KV state (different model or context?)")
+
+    def embedder(self) -> LlamaEmbedder:
+        """The model's embeddings context, made on first use (localchat/backends/llamacpp_embeddings.py)
+        and owned as the other natives are: freed before the model it was made on."""
+        with self._embedder_lock:
+            if self._embedder is None:
+                self._embedder = open_embedder(self._model.pointer, self._meta, self.info.architecture, self.n_ctx,
+                                               self.load.n_threads, self.load.n_threads_batch, _compute.run)
+                self._natives.callback(self._embedder.close)
+            return self._embedder
 
     def close(self) -> None:
         """Free the batch, the context, the model and the DRY samplers, each once."""

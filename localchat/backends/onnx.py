@@ -14,7 +14,7 @@ import struct
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import numpy as np
 import onnxruntime as ort
@@ -31,7 +31,7 @@ from localchat.backends.base import (
     score_rows,
 )
 from localchat.backends.numpy_sampler import NumpySampler
-from localchat.errors import ContextOverflowError, InferenceError, ModelError
+from localchat.errors import ContextOverflowError, InferenceError, ModelError, UnsupportedError
 from localchat.onnx_format import (
     KV_DTYPES,
     ONNX_MARKER,
@@ -418,6 +418,10 @@ class OnnxBackend:
             view[...] = np.frombuffer(state, dtype=self._kv_dtype, count=view.size, offset=offset).reshape(view.shape)
             offset += size
         self.lengths[seq] = length
+
+    def embedder(self) -> NoReturn:
+        raise UnsupportedError("the ONNX backend has no embeddings: its fused model graph outputs logits only, not the "
+                               "hidden states a vector is pooled from; serve the model as GGUF (llama.cpp) for embeddings")
 
     def close(self) -> None:
         self._bindings = []

@@ -1,16 +1,16 @@
-"""The OpenAI-compatible HTTP API over an engine: `create_app(engine, settings, loader)`.
+"""OpenAI's and Ollama's HTTP APIs over an engine: `create_app(engine, settings, loader)`.
 
 Endpoints: /v1/chat/completions and /v1/completions (streamed as server-sent events or whole),
-/v1/models, /health, /metrics. Replies come from a Scheduler that decodes the engine's slots
-together; the handlers only translate between HTTP and it. With a loader, a request may name any
-model of this machine: the model pool (localchat/model_pool.py) loads it beside the others or in
-place of an idle one, and each loaded model has its own engine and scheduler.
+/v1/models, /health, /metrics here; /v1/embeddings and Ollama's /api/... in embeddings.py,
+ollama.py and ollama_models.py, on the same model router (routing.py). Replies come from a
+Scheduler that decodes the engine's slots together; the handlers only translate between HTTP and
+it. With a loader, a request may name any model of this machine: the model pool
+(localchat/model_pool.py) loads it beside the others or in place of an idle one, and each loaded
+model has its own engine and scheduler.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import asyncio
 import logging
 import signal
 import socket
@@ -18,7 +18,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import replace
 from types import FrameType
 from typing import Any
 
@@ -33,23 +32,18 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from localchat.backends.base import TokenLogprob
-from localchat.constraints import tokenizer_for
 from localchat.engine import Engine
-from localchat.errors import ContextOverflowError, InvalidSettingError, LocalchatError
-from localchat.model_pool import (
-    Lease,
-    MemoryBudget,
-    MemoryNeed,
-    ModelBusyError,
-    ModelPool,
-    PoolEvent,
-)
+from localchat.errors import ContextOverflowError, InvalidSettingError, UnsupportedError
+from localchat.model_pool import Lease, MemoryBudget, MemoryNeed, ModelBusyError, ModelPool, PoolEvent
 from localchat.scheduler import QueueFullError, TextDelta
-from localchat.server.chat import ChatPlan, ChatReplyReader, plan_chat
+from localchat.server.embeddings import embedding_router
 from localchat.server.errors import APIError, error_response
 from localchat.server.logprobs import chat_logprobs, completion_logprobs, token_piece
 from localchat.server.metrics import CONTENT_TYPE, RequestCounter, ServerMetrics
+from localchat.server.ollama import ollama_router
+from localchat.server.ollama_models import ollama_models_router
 from localchat.server.replies import PendingReply, ReplyFailedError
+from localchat.server.routing import LEASES, ModelRouter
 from localchat.server.schemas import (
     ChatChoice,
     ChatChunkChoice,
@@ -64,17 +58,14 @@ from localchat.server.schemas import (
     ErrorResponse,
     FinishReason,
     Health,
-    ModelCard,
     ModelList,
     PromptTokensDetails,
-    SamplingFields,
     Usage,
-    unsupported_field,
 )
 from localchat.server.security import ApiKeyGuard, BodySizeLimit
-from localchat.server.served_models import CatalogModel, EngineLoader, ServedModel
+from localchat.server.served_models import EngineLoader, ServedModel
 from localchat.server.settings import ServerSettings
-from localchat.session import GenerationSettings, GenerationStats, tokenize_prompt
+from localchat.session import GenerationStats
 from localchat.templates import TemplateError
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -126,73 +117,6 @@ def _finish_reason(stats: GenerationStats) -> FinishReason:
     return "length" if stats.finish_reason == "length" else "stop"
 
 
-class CompletionService:
-    """What the completion endpoints share for one loaded model: queueing a request, relaying the reply."""
-
-    def __init__(self, served: ServedModel, settings: ServerSettings, metrics: ServerMetrics) -> None:
-        self.engine = served.engine
-        self.scheduler = served.scheduler
-        self.settings = settings
-        self.metrics = metrics
-        self.model_id = served.id
-        self.chat = served.chat
-
-    def generation_settings(self, body: SamplingFields, reply_limit: int | None,
-                            shown_tokens: frozenset[int] = frozenset(), logprobs: int | None = None) -> GenerationSettings:
-        limit = self.settings.max_reply_tokens
-        if reply_limit is not None and reply_limit > limit:
-            raise APIError(400, f"max_tokens is {reply_limit} but this server allows at most {limit}", param="max_tokens")
-        # The request's fields over the model's defaults (localchat.sampling_defaults).
-        given = {field: value for field, value in (
-            ("temperature", body.temperature), ("top_p", body.top_p), ("repeat_penalty", body.repeat_penalty),
-            ("dry_multiplier", body.dry_multiplier), ("seed", body.seed),
-        ) if value is not None}
-        sampler = dataclasses.replace(self.engine.sampler_defaults.settings, presence_penalty=body.presence_penalty,
-                                      frequency_penalty=body.frequency_penalty, **given)
-        return GenerationSettings(max_tokens=reply_limit or limit, stop=body.stop_strings, sampler=sampler,
-                                  ignore_eos=body.ignore_eos, shown_tokens=shown_tokens, logprobs=logprobs,
-                                  lookup_draft=self.settings.lookup_draft)
-
-    async def chat_prompt(self, body: ChatCompletionRequest) -> tuple[ChatPlan, list[int]]:
-        """How the request is answered, and the prompt's tokens (a forced call's opening included)."""
-
-        def prepare() -> tuple[ChatPlan, list[int]]:
-            plan = plan_chat(body, self.chat, default_thinking=self.settings.enable_thinking)
-            return plan, tokenize_prompt(self.engine.backend, self.engine.template, plan.prompt + plan.forced)
-
-        # Rendering and tokenizing take a while for long histories: off the event loop. Tokenizing
-        # reads only the vocabulary, so it may run beside the scheduler's thread.
-        return await run_in_threadpool(prepare)
-
-    async def text_prompt(self, body: CompletionRequest) -> list[int]:
-        if isinstance(body.prompt, list):
-            n_vocab = self.engine.backend.info.n_vocab
-            if max(body.prompt) >= n_vocab:
-                raise APIError(400, f"token ids must be below the vocabulary size {n_vocab}", param="prompt")
-            return list(body.prompt)
-        backend = self.engine.backend
-        return await run_in_threadpool(lambda: backend.tokenize(body.prompt, add_bos=backend.info.add_bos, special=True))
-
-    def submit(self, prompt: Sequence[int], settings: GenerationSettings) -> PendingReply:
-        return PendingReply(self.scheduler, prompt, settings, self.metrics.observe_reply)
-
-    async def read_whole(self, reply: PendingReply, request: Request, read: Callable[[TextDelta], None]) -> None:
-        """Passes the reply's pieces to `read` until it ends; a client that disconnects meanwhile cancels it."""
-        watcher = asyncio.create_task(_cancel_on_disconnect(request, reply))
-        try:
-            async for piece in reply.deltas():
-                read(piece)
-        finally:
-            watcher.cancel()
-
-
-async def _cancel_on_disconnect(request: Request, reply: PendingReply) -> None:
-    # The body has been read, so the next message is the client's disconnect.
-    while (await request.receive())["type"] != "http.disconnect":
-        continue
-    reply.cancel()
-
-
 async def _event_stream(reply: PendingReply, first: Sequence[str], piece: Callable[[TextDelta], Sequence[str]],
                         last: Callable[[GenerationStats], Sequence[str]]) -> AsyncIterator[str]:
     """Server-sent events: `first`, the `piece` events of each text piece, `last` events, then [DONE]."""
@@ -224,68 +148,6 @@ class _FirstModelOnly:
 
     def unload(self, model: ServedModel) -> None:
         model.close()
-
-
-LEASES = "localchat_model_leases"
-
-
-class ModelRouter:
-    """Which model answers a request: the one it names, loaded first if need be, else the server's
-    first model. The lease on it lasts until the response has been sent (see LeaseRelease)."""
-
-    def __init__(self, first: ServedModel, pool: ModelPool[ServedModel], loader: EngineLoader | None,
-                 settings: ServerSettings, metrics: ServerMetrics) -> None:
-        self.first = first
-        self.pool = pool
-        self.loader = loader
-        self.settings = settings
-        self.metrics = metrics
-
-    async def service_for(self, request: Request, body: SamplingFields, endpoint: str) -> CompletionService:
-        """Checks the request's fields, then leases the model it names."""
-        refused = unsupported_field(endpoint, body.model_extra)
-        if refused is not None:
-            raise APIError(400, refused[1], code="unsupported_parameter", param=refused[0])
-        model_id = await self.model_id(body.model)
-        try:
-            lease = await self.pool.acquire(model_id)
-        except ModelBusyError:
-            raise
-        except Exception as error:
-            raise APIError(500, f"the model '{model_id}' could not be loaded: {error}", code="model_load_failed",
-                           param="model") from error
-        request.scope["state"][LEASES].append(lease)
-        return CompletionService(lease.model, self.settings, self.metrics)
-
-    async def model_id(self, requested: str | None) -> str:
-        """The pool's name for the model `requested` names; APIError 404 when there is none."""
-        if not requested:
-            return self.first.id
-        for served in [self.first, *self.pool.loaded().values()]:
-            if requested in served.aliases:
-                return served.id
-        hint = ""
-        if self.loader is not None:
-            try:
-                found = await run_in_threadpool(self.loader.model_id, requested)
-            except LocalchatError as error:
-                raise APIError(404, f"{error}; GET /v1/models lists the models this server has", code="model_not_found",
-                               param="model") from None
-            if found is not None:
-                return found
-            if not self.loader.allow_pull:
-                hint = " (a Hugging Face model not in its cache is fetched on request only with `localchat serve --allow-pull`)"
-        raise APIError(404, f"The model '{requested}' does not exist on this server: GET /v1/models lists the models "
-                            f"it has, `localchat list` on its machine too{hint}", code="model_not_found", param="model")
-
-    def cards(self, catalog: Sequence[CatalogModel]) -> list[ModelCard]:
-        """Every model a request may name, with its status: those outside the catalog (a path the
-        server started with) first, then the catalog's order."""
-        states = self.pool.states()
-        listed = {model.id for model in catalog}
-        outside = {served.id: served for served in [self.first, *self.pool.loaded().values()] if served.id not in listed}
-        return [ModelCard(id=model.id, created=model.created, status=states.get(model.id, "unloaded"))
-                for model in [*outside.values(), *catalog]]
 
 
 def _log_pool_event(event: PoolEvent) -> None:
@@ -320,34 +182,34 @@ class LeaseRelease:
 
 
 def _install_error_handlers(app: FastAPI, settings: ServerSettings) -> None:
-    async def api_error(_: Request, error: Exception) -> Response:
+    async def api_error(request: Request, error: Exception) -> Response:
         assert isinstance(error, APIError)
-        return error_response(error.status, error.message, code=error.code, param=error.param)
+        return error_response(request.url.path, error.status, error.message, code=error.code, param=error.param)
 
-    async def validation_error(_: Request, error: Exception) -> Response:
+    async def validation_error(request: Request, error: Exception) -> Response:
         assert isinstance(error, RequestValidationError)
         message, param = _validation_message(error)
-        return error_response(400, message, param=param)
+        return error_response(request.url.path, 400, message, param=param)
 
-    async def http_error(_: Request, error: Exception) -> Response:
+    async def http_error(request: Request, error: Exception) -> Response:
         assert isinstance(error, HTTPException)
-        return error_response(error.status_code, str(error.detail), headers=error.headers)
+        return error_response(request.url.path, error.status_code, str(error.detail), headers=error.headers)
 
-    async def context_overflow(_: Request, error: Exception) -> Response:
-        return error_response(400, str(error), code="context_length_exceeded", param="messages")
+    async def context_overflow(request: Request, error: Exception) -> Response:
+        return error_response(request.url.path, 400, str(error), code="context_length_exceeded", param="messages")
 
-    async def invalid_setting(_: Request, error: Exception) -> Response:
-        return error_response(400, str(error))
+    async def invalid_setting(request: Request, error: Exception) -> Response:
+        return error_response(request.url.path, 400, str(error))
 
-    async def queue_full(_: Request, error: Exception) -> Response:
-        return error_response(503, f"the server is busy: {error}; retry later", code="server_busy",
+    async def queue_full(request: Request, error: Exception) -> Response:
+        return error_response(request.url.path, 503, f"the server is busy: {error}; retry later", code="server_busy",
                               headers={"Retry-After": str(settings.retry_after_s)})
 
-    async def reply_failed(_: Request, error: Exception) -> Response:
-        return error_response(500, f"generation failed: {error}")
+    async def reply_failed(request: Request, error: Exception) -> Response:
+        return error_response(request.url.path, 500, f"generation failed: {error}")
 
-    async def model_busy(_: Request, error: Exception) -> Response:
-        return error_response(503, str(error), code="model_busy", param="model",
+    async def model_busy(request: Request, error: Exception) -> Response:
+        return error_response(request.url.path, 503, str(error), code="model_busy", param="model",
                               headers={"Retry-After": str(settings.retry_after_s)})
 
     handlers: dict[type[Exception], Callable[[Request, Exception], Awaitable[Response]]] = {
@@ -357,6 +219,7 @@ def _install_error_handlers(app: FastAPI, settings: ServerSettings) -> None:
         ContextOverflowError: context_overflow,
         InvalidSettingError: invalid_setting,
         TemplateError: invalid_setting,
+        UnsupportedError: invalid_setting,
         QueueFullError: queue_full,
         ReplyFailedError: reply_failed,
         ModelBusyError: model_busy,
@@ -399,6 +262,9 @@ def create_app(engine: Engine, settings: ServerSettings, loader: EngineLoader | 
         max_models=settings.max_models, wait_s=settings.model_wait_s, on_event=pool_event,
     )
     router = ModelRouter(first, pool, loader, settings, metrics)
+    # The embedding and Ollama routes, each path counted apart in /metrics too.
+    api_routers = [embedding_router(router), ollama_router(router), ollama_models_router(router, loader, settings)]
+    metrics.routes |= {route.path for api_router in api_routers for route in api_router.routes}  # type: ignore[attr-defined]
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -408,7 +274,7 @@ def create_app(engine: Engine, settings: ServerSettings, loader: EngineLoader | 
         finally:
             await pool.close()
 
-    app = FastAPI(title="localchat", summary="OpenAI-compatible API for a model on this machine", version="1",
+    app = FastAPI(title="localchat", summary="OpenAI's and Ollama's APIs for the models on this machine", version="1",
                   lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.pool = pool
     _install_error_handlers(app, settings)
@@ -417,23 +283,9 @@ def create_app(engine: Engine, settings: ServerSettings, loader: EngineLoader | 
     @app.post("/v1/chat/completions", response_model=ChatCompletion, responses={**ERROR_RESPONSES, **EVENT_STREAM})
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         service = await router.service_for(request, body, "chat")
-        generation = service.generation_settings(body, body.reply_limit, service.chat.shown_tokens, body.logprobs_wanted)
-        plan, prompt = await service.chat_prompt(body)
-        constraint = plan.constraint or (body.response_format.constraint() if body.response_format is not None else None)
-        if constraint is not None:
-            generation = replace(generation, constraint=constraint)
-            # The vocabulary is read into llguidance once (seconds for a large one): off the event loop.
-            await run_in_threadpool(tokenizer_for, service.engine.backend)
-        reader = ChatReplyReader(plan)
-        reply = service.submit(prompt, generation)
+        run = await service.start_chat(body)
+        reader, reply, generation = run.reader, run.reply, run.generation
         reply_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-
-        def read(text: str) -> list[ChatDelta]:
-            deltas = reader.feed(text)
-            if reader.complete:
-                reply.cancel()  # the calls wanted are made: the rest of the reply is not needed
-            return deltas
-
         piece = token_piece(service.engine.backend, service.chat.shown_tokens)
         # Log-probabilities of tokens whose text no chunk has carried yet: they go with the next one.
         unsent: list[TokenLogprob] = []
@@ -446,7 +298,7 @@ def create_app(engine: Engine, settings: ServerSettings, loader: EngineLoader | 
 
         def read_delta(delta: TextDelta) -> list[ChatDelta]:
             unsent.extend(delta.logprobs)
-            return read(delta.text)
+            return run.read(delta.text)
 
         if body.stream:
             def last(stats: GenerationStats) -> list[str]:
@@ -528,6 +380,9 @@ def create_app(engine: Engine, settings: ServerSettings, loader: EngineLoader | 
     @app.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE: {"schema": {"type": "string"}}}}})
     async def prometheus_metrics() -> Response:
         return Response(metrics.exposition(), media_type=CONTENT_TYPE)
+
+    for api_router in api_routers:
+        app.include_router(api_router)
 
     # The last added is the outermost: count every answer; CORS before the key, since browsers
     # send preflight requests without it; then the key; then the body bound.

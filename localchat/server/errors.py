@@ -1,6 +1,11 @@
-"""OpenAI's error body, and the exception a handler raises to answer with it."""
+"""The error bodies, OpenAI's and Ollama's, and the exception a handler raises to answer with one.
+
+Paths under OLLAMA_PREFIX answer as Ollama does, `{"error": "..."}`; every other path as OpenAI does.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 from fastapi.responses import JSONResponse
 
@@ -16,8 +21,17 @@ class APIError(Exception):
         self.param = param
 
 
-def error_response(status: int, message: str, *, code: str | None = None, param: str | None = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
+OLLAMA_PREFIX = "/api/"
+
+
+def error_body(path: str, status: int, message: str, *, code: str | None = None, param: str | None = None) -> dict[str, Any]:
+    """The error body for a request to `path`."""
+    if path.startswith(OLLAMA_PREFIX):
+        return {"error": message}
     error_type = "invalid_request_error" if status < 500 else "server_error"
-    body = {"error": {"message": message, "type": error_type, "param": param, "code": code}}
-    return JSONResponse(body, status_code=status, headers=headers)
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+
+
+def error_response(path: str, status: int, message: str, *, code: str | None = None, param: str | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(path, status, message, code=code, param=param), status_code=status, headers=headers)

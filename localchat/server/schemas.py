@@ -96,10 +96,15 @@ class SamplingFields(_TopRequest):
     max_tokens: int | None = Field(None, ge=1, description="most tokens to generate; omitted means the server's limit")
     temperature: float | None = Field(None, ge=0, le=2, description="0 is greedy")
     top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0, description="llama.cpp's extension: sample from the k likeliest tokens (0: all)")
+    min_p: float | None = Field(None, ge=0, lt=1,
+                                description="llama.cpp's extension: drop tokens below this share of the likeliest's probability")
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     seed: int | None = Field(None, ge=0, lt=2**32)
     repeat_penalty: float | None = Field(None, gt=0, description="llama.cpp's extension: 1 turns the repeat penalty off")
+    repeat_last_n: int | None = Field(None, ge=-1,
+                                      description="llama.cpp's extension: the tokens the penalties look back on (-1: all, 0: off)")
     dry_multiplier: float | None = Field(None, ge=0, description="llama.cpp's extension: 0 turns DRY off")
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
     ignore_eos: bool = Field(False, description="llama.cpp's extension: go on past end-of-generation tokens")
@@ -245,6 +250,15 @@ class CompletionRequest(SamplingFields):
         return self.max_tokens
 
 
+class EmbeddingRequest(_TopRequest):
+    input: (str | Annotated[list[str], Field(min_length=1)] | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+            | Annotated[list[Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]], Field(min_length=1)]) = Field(
+        description="a text, a list of texts, token ids, or a list of token-id lists")
+    model: str | None = Field(None, description="the served model's id (see /v1/models); omitted means the first")
+    encoding_format: Literal["float", "base64"] = Field("float", description="base64: each vector's little-endian float32 bytes")
+    dimensions: int | None = Field(None, ge=1, description="the model's own size only: localchat does not shorten vectors")
+
+
 # -- responses -------------------------------------------------------------------------
 
 
@@ -259,9 +273,10 @@ class Usage(BaseModel):
     prompt_tokens_details: PromptTokensDetails
 
 
-class _WithoutNone(BaseModel):
+class WithoutNone(BaseModel):
     """Leaves out fields that are None: the openai SDK adds up streamed tool-call pieces key by
-    key, and a null `type` would overwrite the "function" of an earlier piece."""
+    key, and a null `type` would overwrite the "function" of an earlier piece; Ollama's bodies
+    leave out what is not set (Go's omitempty)."""
 
     @model_serializer(mode="wrap")
     def _without_none(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -326,12 +341,12 @@ class ChatCompletion(BaseModel):
     usage: Usage
 
 
-class FunctionDelta(_WithoutNone):
+class FunctionDelta(WithoutNone):
     name: str | None = None
     arguments: str | None = None
 
 
-class ToolCallDelta(_WithoutNone):
+class ToolCallDelta(WithoutNone):
     """A piece of a streamed tool call: its id, type and name come first, then argument pieces."""
 
     index: int
@@ -416,3 +431,21 @@ class ErrorResponse(BaseModel):
     """OpenAI's error body."""
 
     error: ErrorDetail
+
+
+class Embedding(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str = Field(description="of length 1; base64 text with encoding_format base64")
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage

@@ -8,15 +8,17 @@ import secrets
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from localchat.server.errors import error_body
+
 # Paths anyone may call without the key: load balancers and supervisors poll it.
 OPEN_PATHS = frozenset({"/health"})
 
 
 async def send_error(
-    send: Send, status: int, message: str, code: str, headers: tuple[tuple[bytes, bytes], ...] = ()
+    scope: Scope, send: Send, status: int, message: str, code: str, headers: tuple[tuple[bytes, bytes], ...] = ()
 ) -> None:
-    """An OpenAI-style error response, sent from outside the FastAPI app."""
-    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}).encode()
+    """An error response in the shape of the API the path belongs to, sent from outside the FastAPI app."""
+    body = json.dumps(error_body(scope["path"], status, message, code=code)).encode()
     await send({
         "type": "http.response.start",
         "status": status,
@@ -39,7 +41,7 @@ class ApiKeyGuard:
         given = dict(scope["headers"]).get(b"authorization", b"")
         if not secrets.compare_digest(given, self._expected):
             await send_error(
-                send, 401, "a valid API key is needed: send `Authorization: Bearer <key>`", "invalid_api_key",
+                scope, send, 401, "a valid API key is needed: send `Authorization: Bearer <key>`", "invalid_api_key",
                 ((b"www-authenticate", b"Bearer"),),
             )
             return
@@ -59,7 +61,7 @@ class BodySizeLimit:
             return
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
-            await send_error(send, 413, self._message, "request_too_large")
+            await send_error(scope, send, 413, self._message, "request_too_large")
             return
         received = 0
 

@@ -31,8 +31,11 @@ class ServerSettings:
     # How long a request for a model waits for busy models (replies in flight) to make room for it
     # before a 503; idle models are unloaded at once.
     model_wait_s: float = 30.0
-    # Whether a request may name a hub model not yet in the Hugging Face cache and have it pulled.
+    # Whether a request may name a hub model not yet in the Hugging Face cache and have it pulled
+    # (a chat naming it, Ollama's /api/pull).
     allow_pull: bool = False
+    # Whether requests may delete models and give them second names (Ollama's /api/delete, /api/copy).
+    allow_model_changes: bool = False
     # Prompt-lookup speculative decoding for a reply decoding alone: at most this many tokens drafted (0: off).
     lookup_draft: int = DEFAULT_LOOKUP_DRAFT
 

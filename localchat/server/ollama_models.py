@@ -1,0 +1,346 @@
+"""Ollama's model routes over localchat's models: /api/tags, /api/show, /api/ps, /api/pull,
+/api/delete, /api/copy and /api/version.
+
+The models are those `localchat list` shows (the models folder and the Hugging Face cache) and any
+the server was started with by path. /api/pull fetches GGUF models from the Hugging Face hub
+through localchat.hub, its progress streamed as Ollama streams a pull's; it is on with
+`localchat serve --allow-pull`. /api/delete and /api/copy change the models folder and the cache:
+they are on with `--allow-model-changes`. /api/copy gives a single-file GGUF model a second name in
+the models folder (a hard link where the file system allows).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import re
+import shutil
+import threading
+import time
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, Response
+
+from localchat import hub
+from localchat.backends.base import SamplerSettings
+from localchat.chat_formats import detect_format
+from localchat.errors import LocalchatError, ModelError
+from localchat.gguf_file import read_gguf_header
+from localchat.models import InstalledModel, describe_model, remove_model
+from localchat.server.errors import APIError
+from localchat.server.ollama import LATEST, NDJSON_STREAM, ndjson, ollama_error_responses
+from localchat.server.ollama_schemas import (
+    CopyRequest,
+    ListedModel,
+    ModelDetails,
+    ModelList,
+    NamedModelRequest,
+    Progress,
+    PullRequest,
+    RunningModel,
+    RunningModels,
+    ShowResponse,
+    Version,
+)
+from localchat.templates import fallback_template
+
+if TYPE_CHECKING:
+    from localchat.server.routing import ModelRouter
+    from localchat.server.served_models import EngineLoader
+    from localchat.server.settings import ServerSettings
+
+# The Ollama release whose API (api/types.go, server/routes.go) these routes follow.
+OLLAMA_API_VERSION = "0.32.15"
+# A name /api/copy may give: a file name in the models folder, without a path.
+COPY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# What /api/ps says for a model kept as long as room allows (Ollama's "for ever" is far ahead too).
+NEVER = datetime(9999, 1, 1, tzinfo=UTC)
+
+
+def _time(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def _human_count(count: int | None) -> str:
+    """Parameters as Ollama writes them: 268.10M, 7.6B."""
+    if not count:
+        return ""
+    for size, unit, digits in ((1e9, "B", 1), (1e6, "M", 2), (1e3, "K", 0)):
+        if count >= size:
+            return f"{count / size:.{digits}f}{unit}"
+    return str(count)
+
+
+def _digest(path: Path) -> str:
+    """A hub file's sha256 (its blob's name in the Hugging Face cache), else an identity of the
+    file (path, size, time) that changes when the file does: hashing gigabytes per listing is not."""
+    resolved = path.resolve()
+    if _SHA256.match(resolved.name):
+        return resolved.name
+    identity = f"{resolved}:{resolved.stat().st_size}:{resolved.stat().st_mtime_ns}" if resolved.exists() else str(resolved)
+    return hashlib.sha256(identity.encode()).hexdigest()
+
+
+def _modified(path: Path) -> str:
+    """When the model's file changed (a packaged model not made yet: the epoch)."""
+    return _time(path.stat().st_mtime if path.exists() else 0)
+
+
+def _details(row: InstalledModel) -> ModelDetails:
+    family = row.architecture or ""
+    return ModelDetails(format=row.format, family=family, families=[family] if family else None,
+                        parameter_size=_human_count(row.parameters), quantization_level=row.quantization or "")
+
+
+def _listed(row: InstalledModel) -> ListedModel:
+    return ListedModel(name=row.name, model=row.name, modified_at=_modified(row.path), size=row.size,
+                       digest=_digest(row.path), details=_details(row))
+
+
+def _parameters() -> str:
+    """The sampling defaults a request starts from, as Ollama's Modelfile parameters."""
+    defaults = SamplerSettings()
+    rows = [("temperature", defaults.temperature), ("top_k", defaults.top_k), ("top_p", defaults.top_p),
+            ("min_p", defaults.min_p), ("repeat_penalty", defaults.repeat_penalty), ("repeat_last_n", defaults.penalty_last_n)]
+    return "\n".join(f"{name:<31}{value}" for name, value in rows)
+
+
+def _model_info(path: Path, verbose: bool) -> tuple[dict[str, Any], str, bool]:
+    """A GGUF model's metadata (arrays as [] unless verbose), its chat template, and whether it
+    names a pooling (an embedding model)."""
+    header = read_gguf_header(path)
+    info: dict[str, Any] = {}
+    for key, value in header.metadata.items():
+        if key == "tokenizer.chat_template":
+            continue
+        info[key] = value.tolist() if hasattr(value, "tolist") else value
+    for key in header.array_lengths:
+        values = header.numeric_array(key) if verbose else None
+        info[key] = values.tolist() if values is not None else []
+    return info, str(header.get("tokenizer.chat_template") or ""), header.arch_value("pooling_type") is not None
+
+
+class OllamaModels:
+    """The model routes; `models` resolves and leases, `loader` lists this machine's models."""
+
+    def __init__(self, models: ModelRouter, loader: EngineLoader | None, settings: ServerSettings) -> None:
+        self.models = models
+        self.loader = loader
+        self.settings = settings
+
+    # -- finding models ---------------------------------------------------------------
+
+    def _paths(self) -> dict[str, Path]:
+        """Every model by id: loaded ones started by path, then the catalog."""
+        paths = {served.id: served.engine.model_plan.model.path
+                 for served in [self.models.first, *self.models.pool.loaded().values()]}
+        if self.loader is not None:
+            paths.update({model.id: model.path for model in self.loader.catalog()})
+        return paths
+
+    def find(self, requested: str) -> tuple[str, Path]:
+        """The id and path of the model `requested` names (NAME:latest for NAME too); 404 when none.
+        Never loads nor pulls."""
+        paths = self._paths()
+        for name in (requested, requested.removesuffix(LATEST)):
+            if name in paths:
+                return name, paths[name]
+            for model_id, path in paths.items():
+                if name in (path.name, path.stem):
+                    return model_id, path
+        raise APIError(404, f"model '{requested}' not found", code="model_not_found", param="model")
+
+    def rows(self) -> list[InstalledModel]:
+        """Every model described from its file; a packaged model not made yet (it is on first use) as such."""
+        return [describe_model(model_id, path) if path.exists() else
+                InstalledModel(model_id, "gguf", path, 0, pending="made from its PyPI package on first use")
+                for model_id, path in self._paths().items()]
+
+    def _checked(self, allowed: bool, what: str, flag: str) -> None:
+        if not allowed:
+            raise APIError(403, f"{what} is off on this server: start `localchat serve` with {flag}", code="forbidden")
+
+    # -- routes -------------------------------------------------------------------------
+
+    async def tags(self) -> ModelList:
+        rows = await run_in_threadpool(self.rows)
+        return ModelList(models=[_listed(row) for row in rows if row.problem is None])
+
+    async def show(self, body: NamedModelRequest) -> ShowResponse:
+        if not body.wanted:
+            raise APIError(400, "model is required", param="model")
+        model_id, path = self.find(body.wanted)
+        if not path.exists():
+            raise APIError(400, f"'{model_id}' is made from its PyPI package on first use: chat with it, then show it",
+                           param="model")
+        row = await run_in_threadpool(describe_model, model_id, path)
+        if row.problem is not None:
+            raise APIError(400, row.problem, param="model")
+        if row.format == "gguf":
+            info, template, embeds = await run_in_threadpool(_model_info, path, body.verbose)
+        else:
+            info, template, embeds = {"general.architecture": row.architecture}, "", False
+        # What requests render: the loaded model's template, else its file's, else localchat's fallback.
+        template = self._template(model_id) or template or fallback_template(row.architecture or "")
+        if embeds:
+            capabilities = ["embedding"]
+        else:
+            capabilities = ["completion", "tools"] + (["thinking"] if detect_format(template).reasons else [])
+        return ShowResponse(parameters=_parameters(), template=template, details=_details(row), model_info=info,
+                            capabilities=capabilities, modified_at=_modified(path))
+
+    def _template(self, model_id: str) -> str:
+        served = self.models.pool.loaded().get(model_id)
+        return served.engine.template.source if served is not None else ""
+
+    async def ps(self) -> RunningModels:
+        pool = self.models.pool
+        running = []
+        now_wall, now = time.time(), time.monotonic()
+        for model_id, served in pool.loaded().items():
+            path = served.engine.model_plan.model.path
+            row = await run_in_threadpool(describe_model, model_id, path)
+            need = pool.need(model_id)
+            vram = sum(need.gpu_bytes.values()) if need is not None else 0
+            expiry = pool.expiry(model_id)
+            expires = _time(now_wall + expiry - now) if expiry is not None else NEVER.isoformat().replace("+00:00", "Z")
+            running.append(RunningModel(
+                name=model_id, model=model_id, size=(need.ram_bytes if need is not None and need.ram_bytes else row.size) + vram,
+                digest=_digest(path), details=_details(row), expires_at=expires, size_vram=vram,
+                context_length=served.engine.backend.n_ctx,
+            ))
+        return RunningModels(models=running)
+
+    async def pull(self, body: PullRequest, request: Request) -> Response:
+        self._checked(self.settings.allow_pull, "pulling models", "--allow-pull")
+        if self.loader is None:
+            raise APIError(400, "this server serves one model and pulls none", param="model")
+        wanted = body.wanted
+        if not wanted:
+            raise APIError(400, "model is required", param="model")
+        name = hub.HubModelName.parse(wanted.removesuffix(LATEST))
+        if name is None:
+            self.find(wanted)  # a model of this machine that is not from the hub: nothing to pull
+            return JSONResponse(Progress(status="success").model_dump())
+        lines = self._pull(name, self.loader)
+        if body.stream:
+            return ndjson(lines)
+        last: Progress | None = None
+        async for line in lines:
+            if isinstance(line, dict):  # {"error": ...}
+                raise APIError(400, str(line["error"]), param="model")
+            last = line
+        assert last is not None
+        return JSONResponse(last.model_dump())
+
+    async def _pull(self, name: hub.HubModelName, loader: EngineLoader) -> AsyncIterator[Progress | dict[str, str]]:
+        """localchat.hub's pull in a worker thread, its progress as Ollama's lines; leaving early
+        (the client went away) cancels it, and the next pull resumes what it fetched."""
+        loop = asyncio.get_running_loop()
+        updates: asyncio.Queue[Progress | BaseException | None] = asyncio.Queue()
+        cancel = threading.Event()
+        status = f"pulling {name}"
+
+        def progress(done: int, total: int | None) -> None:
+            loop.call_soon_threadsafe(updates.put_nowait, Progress(status=status, digest=str(name), total=total,
+                                                                   completed=done))
+
+        def work() -> None:
+            try:
+                hub.pull(name, loader.settings, progress=progress, cancel=cancel)
+                loop.call_soon_threadsafe(updates.put_nowait, None)
+            except BaseException as error:  # handed to the stream, which answers it
+                loop.call_soon_threadsafe(updates.put_nowait, error)
+
+        yield Progress(status="pulling manifest")
+        worker = loop.run_in_executor(None, work)
+        try:
+            while (update := await updates.get()) is not None:
+                if isinstance(update, LocalchatError):
+                    yield {"error": str(update)}
+                    return
+                if isinstance(update, BaseException):
+                    raise update
+                yield update
+            for step in ("verifying sha256 digest", "writing manifest", "success"):
+                yield Progress(status=step)
+        finally:
+            cancel.set()
+            await worker
+
+    async def delete(self, body: NamedModelRequest) -> Response:
+        self._checked(self.settings.allow_model_changes, "deleting models", "--allow-model-changes")
+        if not body.wanted:
+            raise APIError(400, "model is required", param="model")
+        model_id, _ = self.find(body.wanted)
+        if self.loader is None or all(model.id != model_id for model in await run_in_threadpool(self.loader.catalog)):
+            raise APIError(400, f"'{model_id}' was given to the server by its path; it is not one of the models it may delete",
+                           param="model")
+        await self.models.pool.unload(model_id, "deleted by /api/delete")
+        try:
+            await run_in_threadpool(remove_model, model_id, self.loader.settings)
+        except ModelError as error:
+            raise APIError(404, str(error), code="model_not_found", param="model") from None
+        return Response(status_code=200)
+
+    async def copy(self, body: CopyRequest) -> Response:
+        self._checked(self.settings.allow_model_changes, "copying models", "--allow-model-changes")
+        if self.loader is None:
+            raise APIError(400, "this server serves one model and copies none", param="source")
+        _, source = self.find(body.source)
+        destination = body.destination.removesuffix(LATEST)
+        if not COPY_NAME.match(destination):
+            raise APIError(400, f'destination "{body.destination}" is invalid: give a name of letters, digits, ".", "_" '
+                                "and \"-\"", param="destination")
+        await run_in_threadpool(_copy_model, source, self.loader.settings.models_dir / f"{destination}.gguf")
+        return Response(status_code=200)
+
+    async def version(self) -> Version:
+        return Version(version=OLLAMA_API_VERSION)
+
+
+def _copy_model(source: Path, target: Path) -> None:
+    """A second name for a single-file GGUF model: a hard link, else a copy written whole then renamed."""
+    if source.is_dir() or source.suffix != ".gguf":
+        raise APIError(400, "copy works on GGUF models; this one is an ONNX folder", param="source")
+    if read_gguf_header(source).get("split.count", 1) != 1:
+        raise APIError(400, "copy works on single-file GGUF models; this one is split into parts", param="source")
+    if target.exists():
+        raise APIError(400, f"destination {target.stem} exists: delete it first or give another name", param="destination")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(target.name + ".incomplete")
+    try:
+        os.link(source.resolve(), partial)
+    except OSError:  # another file system
+        shutil.copyfile(source, partial)
+    os.replace(partial, target)
+
+
+def ollama_models_router(models: ModelRouter, loader: EngineLoader | None, settings: ServerSettings) -> APIRouter:
+    routes = OllamaModels(models, loader, settings)
+    router = APIRouter(tags=["Ollama"])
+    router.add_api_route("/api/tags", routes.tags, methods=["GET"], response_model=ModelList,
+                         responses=ollama_error_responses(401), summary="the models this server has")
+    router.add_api_route("/api/show", routes.show, methods=["POST"], response_model=ShowResponse,
+                         responses=ollama_error_responses(400, 401, 404, 413), summary="a model's details")
+    router.add_api_route("/api/ps", routes.ps, methods=["GET"], response_model=RunningModels,
+                         responses=ollama_error_responses(401), summary="the models loaded")
+    router.add_api_route("/api/pull", routes.pull, methods=["POST"], response_model=Progress,
+                         responses={**ollama_error_responses(400, 401, 403, 404, 413), **NDJSON_STREAM},
+                         summary="fetch a GGUF model from the Hugging Face hub")
+    router.add_api_route("/api/delete", routes.delete, methods=["DELETE"], response_class=Response,
+                         responses={200: {"description": "Deleted"}, **ollama_error_responses(400, 401, 403, 404, 413, 503)},
+                         summary="delete a model")
+    router.add_api_route("/api/copy", routes.copy, methods=["POST"], response_class=Response,
+                         responses={200: {"description": "Copied"}, **ollama_error_responses(400, 401, 403, 404, 413)},
+                         summary="give a GGUF model a second name")
+    router.add_api_route("/api/version", routes.version, methods=["GET"], response_model=Version,
+                         responses=ollama_error_responses(401), summary="the Ollama API version followed")
+    return router

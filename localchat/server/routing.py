@@ -1,0 +1,208 @@
+"""Which model answers a request and how a completion is queued for it: what the endpoints of both
+APIs share (app.py's OpenAI routes, ollama.py's, embeddings.py's).
+
+A request names a model (or none: the server's first); the router finds it, has the model pool load
+it if need be, and holds a lease on it until the response has been sent (app.py's LeaseRelease). A
+CompletionService turns a request's fields into generation settings over the model's defaults and
+queues the reply on the model's scheduler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from fastapi import Request
+from fastapi.concurrency import run_in_threadpool
+
+from localchat.constraints import tokenizer_for
+from localchat.errors import LocalchatError
+from localchat.model_pool import ModelBusyError, ModelPool
+from localchat.scheduler import TextDelta
+from localchat.server.chat import ChatPlan, ChatReplyReader, plan_chat
+from localchat.server.errors import APIError
+from localchat.server.metrics import ServerMetrics
+from localchat.server.replies import PendingReply
+from localchat.server.schemas import (
+    ChatCompletionRequest,
+    ChatDelta,
+    CompletionRequest,
+    ModelCard,
+    SamplingFields,
+    unsupported_field,
+)
+from localchat.server.served_models import CatalogModel, EngineLoader, ServedModel
+from localchat.server.settings import ServerSettings
+from localchat.session import GenerationSettings, tokenize_prompt
+
+# Where a request's scope keeps the leases it took (released by app.py's LeaseRelease).
+LEASES = "localchat_model_leases"
+
+
+class ModelRouter:
+    """Which model answers a request: the one it names, loaded first if need be, else the server's
+    first model. The lease on it lasts until the response has been sent (see LeaseRelease)."""
+
+    def __init__(self, first: ServedModel, pool: ModelPool[ServedModel], loader: EngineLoader | None,
+                 settings: ServerSettings, metrics: ServerMetrics) -> None:
+        self.first = first
+        self.pool = pool
+        self.loader = loader
+        self.settings = settings
+        self.metrics = metrics
+
+    async def service_for(self, request: Request, body: SamplingFields, endpoint: str) -> CompletionService:
+        """Checks the request's fields, then leases the model it names."""
+        refused = unsupported_field(endpoint, body.model_extra)
+        if refused is not None:
+            raise APIError(400, refused[1], code="unsupported_parameter", param=refused[0])
+        return self.service(await self.lease(request, body.model))
+
+    def service(self, served: ServedModel) -> CompletionService:
+        return CompletionService(served, self.settings, self.metrics)
+
+    async def lease(self, request: Request, requested: str | None) -> ServedModel:
+        """The model `requested` names (None: the first), loaded if need be and held until the
+        response has been sent."""
+        model_id = await self.model_id(requested)
+        try:
+            lease = await self.pool.acquire(model_id)
+        except ModelBusyError:
+            raise
+        except Exception as error:
+            raise APIError(500, f"the model '{model_id}' could not be loaded: {error}", code="model_load_failed",
+                           param="model") from error
+        request.scope["state"][LEASES].append(lease)
+        return lease.model
+
+    async def model_id(self, requested: str | None) -> str:
+        """The pool's name for the model `requested` names; APIError 404 when there is none."""
+        if not requested:
+            return self.first.id
+        for served in [self.first, *self.pool.loaded().values()]:
+            if requested in served.aliases:
+                return served.id
+        hint = ""
+        if self.loader is not None:
+            try:
+                found = await run_in_threadpool(self.loader.model_id, requested)
+            except LocalchatError as error:
+                raise APIError(404, f"{error}; GET /v1/models lists the models this server has", code="model_not_found",
+                               param="model") from None
+            if found is not None:
+                return found
+            if not self.loader.allow_pull:
+                hint = " (a Hugging Face model not in its cache is fetched on request only with `localchat serve --allow-pull`)"
+        raise APIError(404, f"The model '{requested}' does not exist on this server: GET /v1/models lists the models "
+                            f"it has, `localchat list` on its machine too{hint}", code="model_not_found", param="model")
+
+    def cards(self, catalog: Sequence[CatalogModel]) -> list[ModelCard]:
+        """Every model a request may name, with its status: those outside the catalog (a path the
+        server started with) first, then the catalog's order."""
+        states = self.pool.states()
+        listed = {model.id for model in catalog}
+        outside = {served.id: served for served in [self.first, *self.pool.loaded().values()] if served.id not in listed}
+        return [ModelCard(id=model.id, created=model.created, status=states.get(model.id, "unloaded"))
+                for model in [*outside.values(), *catalog]]
+
+
+class CompletionService:
+    """What the completion endpoints share for one loaded model: queueing a request, relaying the reply."""
+
+    def __init__(self, served: ServedModel, settings: ServerSettings, metrics: ServerMetrics) -> None:
+        self.engine = served.engine
+        self.scheduler = served.scheduler
+        self.settings = settings
+        self.metrics = metrics
+        self.model_id = served.id
+        self.chat = served.chat
+
+    def generation_settings(self, body: SamplingFields, reply_limit: int | None,
+                            shown_tokens: frozenset[int] = frozenset(), logprobs: int | None = None) -> GenerationSettings:
+        limit = self.settings.max_reply_tokens
+        if reply_limit is not None and reply_limit > limit:
+            raise APIError(400, f"max_tokens is {reply_limit} but this server allows at most {limit}", param="max_tokens")
+        # The request's fields over the model's defaults (localchat.sampling_defaults).
+        given = {field: value for field, value in (
+            ("temperature", body.temperature), ("top_k", body.top_k), ("top_p", body.top_p), ("min_p", body.min_p),
+            ("penalty_last_n", body.repeat_last_n), ("repeat_penalty", body.repeat_penalty),
+            ("dry_multiplier", body.dry_multiplier), ("seed", body.seed),
+        ) if value is not None}
+        sampler = dataclasses.replace(self.engine.sampler_defaults.settings, presence_penalty=body.presence_penalty,
+                                      frequency_penalty=body.frequency_penalty, **given)
+        return GenerationSettings(max_tokens=reply_limit or limit, stop=body.stop_strings, sampler=sampler,
+                                  ignore_eos=body.ignore_eos, shown_tokens=shown_tokens, logprobs=logprobs,
+                                  lookup_draft=self.settings.lookup_draft)
+
+    async def chat_prompt(self, body: ChatCompletionRequest) -> tuple[ChatPlan, list[int]]:
+        """How the request is answered, and the prompt's tokens (a forced call's opening included)."""
+
+        def prepare() -> tuple[ChatPlan, list[int]]:
+            plan = plan_chat(body, self.chat, default_thinking=self.settings.enable_thinking)
+            return plan, tokenize_prompt(self.engine.backend, self.engine.template, plan.prompt + plan.forced)
+
+        # Rendering and tokenizing take a while for long histories: off the event loop. Tokenizing
+        # reads only the vocabulary, so it may run beside the scheduler's thread.
+        return await run_in_threadpool(prepare)
+
+    async def start_chat(self, body: ChatCompletionRequest, stop: tuple[str, ...] | None = None) -> ChatRun:
+        """Plans, tokenizes and queues the reply to `body` (`stop`: stop strings beyond OpenAI's
+        four, from another API's request; else the body's)."""
+        generation = self.generation_settings(body, body.reply_limit, self.chat.shown_tokens, body.logprobs_wanted)
+        if stop is not None:
+            generation = replace(generation, stop=stop)
+        plan, prompt = await self.chat_prompt(body)
+        constraint = plan.constraint or (body.response_format.constraint() if body.response_format is not None else None)
+        if constraint is not None:
+            generation = replace(generation, constraint=constraint)
+            # The vocabulary is read into llguidance once (seconds for a large one): off the event loop.
+            await run_in_threadpool(tokenizer_for, self.engine.backend)
+        reply = self.submit(prompt, generation)
+        return ChatRun(plan, ChatReplyReader(plan), reply, generation)
+
+    async def text_prompt(self, body: CompletionRequest) -> list[int]:
+        if isinstance(body.prompt, list):
+            n_vocab = self.engine.backend.info.n_vocab
+            if max(body.prompt) >= n_vocab:
+                raise APIError(400, f"token ids must be below the vocabulary size {n_vocab}", param="prompt")
+            return list(body.prompt)
+        backend = self.engine.backend
+        return await run_in_threadpool(lambda: backend.tokenize(body.prompt, add_bos=backend.info.add_bos, special=True))
+
+    def submit(self, prompt: Sequence[int], settings: GenerationSettings) -> PendingReply:
+        return PendingReply(self.scheduler, prompt, settings, self.metrics.observe_reply)
+
+    async def read_whole(self, reply: PendingReply, request: Request, read: Callable[[TextDelta], None]) -> None:
+        """Passes the reply's pieces to `read` until it ends; a client that disconnects meanwhile cancels it."""
+        watcher = asyncio.create_task(_cancel_on_disconnect(request, reply))
+        try:
+            async for piece in reply.deltas():
+                read(piece)
+        finally:
+            watcher.cancel()
+
+
+@dataclass(frozen=True)
+class ChatRun:
+    """A chat reply under way: how it was planned, its reader, the scheduled reply, its settings."""
+
+    plan: ChatPlan
+    reader: ChatReplyReader
+    reply: PendingReply
+    generation: GenerationSettings
+
+    def read(self, text: str) -> list[ChatDelta]:
+        """The reply's next text as deltas; once the calls wanted are made the rest is not needed."""
+        deltas = self.reader.feed(text)
+        if self.reader.complete:
+            self.reply.cancel()
+        return deltas
+
+
+async def _cancel_on_disconnect(request: Request, reply: PendingReply) -> None:
+    # The body has been read, so the next message is the client's disconnect.
+    while (await request.receive())["type"] != "http.disconnect":
+        continue
+    reply.cancel()

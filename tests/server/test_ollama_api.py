@@ -1,0 +1,128 @@
+"""Ollama's API on the real server and model (tests/server/conftest.py), driven by the `ollama`
+client and langchain-ollama: chat and generate whole and streamed with real counters, structured
+`format`, tools, the model routes, and the same greedy reply through /api/chat as through
+/v1/chat/completions. The default model is a base model: its replies are checked for shape, not text."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import ollama
+import pytest
+from langchain_core.messages import AIMessage, HumanMessage
+from greedy_paths import assert_same_pieces_until_near_tie
+from langchain_ollama import ChatOllama
+from live_server import CONTEXT, LiveServer
+
+from localchat.engine import Engine
+
+MODEL = "gemma-3-270m"
+GREEDY: dict[str, Any] = {"temperature": 0, "seed": 1}
+HELLO = [{"role": "system", "content": "You answer in one short sentence."},
+         {"role": "user", "content": "Name three colours of the rainbow."}]
+
+
+@pytest.fixture(scope="module")
+def client(server: LiveServer) -> ollama.Client:
+    return ollama.Client(host=server.url, headers=server.auth, timeout=120)
+
+
+def _counters_add_up(reply: Any, most_tokens: int) -> None:
+    """The counters are measurements: set, ordered in time, within the whole request's duration."""
+    assert 0 < reply.eval_count <= most_tokens and reply.prompt_eval_count > 0
+    assert reply.prompt_eval_duration > 0 and reply.eval_duration > 0 and reply.load_duration >= 0
+    assert reply.total_duration >= reply.load_duration + reply.prompt_eval_duration + reply.eval_duration
+
+
+def test_chat_whole_and_streamed(client: ollama.Client) -> None:
+    whole = client.chat(MODEL, messages=HELLO, options={**GREEDY, "num_predict": 16})
+    assert whole.done and whole.done_reason in ("stop", "length") and whole.message.role == "assistant"
+    assert whole.message.content and whole.model == MODEL
+    _counters_add_up(whole, 16)
+
+    chunks = list(client.chat(MODEL, messages=HELLO, options={**GREEDY, "num_predict": 16}, stream=True))
+    assert [chunk.done for chunk in chunks] == [False] * (len(chunks) - 1) + [True]
+    # A line per token's text (one held back, a partial character, joins the next): at most one per token.
+    assert chunks[-1].message.content == "" and 1 <= len(chunks) - 1 <= (chunks[-1].eval_count or 0)
+    assert "".join(chunk.message.content or "" for chunk in chunks).strip()
+    _counters_add_up(chunks[-1], 16)
+
+
+def test_the_same_conversation_gives_the_same_greedy_reply_through_both_apis(server: LiveServer, client: ollama.Client) -> None:
+    """Same prompt (its token count), same sampler, same path through the scheduler: the same tokens up to the
+    reference's first near tie (the second request reuses the first's KV cache, another evaluation path:
+    tests/greedy_paths.py), and the same whole reply when no near tie came first."""
+    openai_reply = server.client().chat.completions.create(model=MODEL, messages=HELLO, max_tokens=24, logprobs=True,
+                                                           top_logprobs=2, **GREEDY)
+    ollama_reply = client.chat(MODEL, messages=HELLO, logprobs=True, top_logprobs=2, options={**GREEDY, "num_predict": 24})
+    assert openai_reply.usage is not None and ollama_reply.prompt_eval_count == openai_reply.usage.prompt_tokens
+    reference = openai_reply.choices[0].logprobs
+    assert reference is not None and reference.content is not None and ollama_reply.logprobs is not None
+    pieces = [entry.token for entry in ollama_reply.logprobs]
+    assert "".join(pieces) == ollama_reply.message.content
+    compared = assert_same_pieces_until_near_tie(reference.content, pieces, min_compared=4)
+    if compared == len(pieces) == len(reference.content):  # no near tie: the same reply
+        assert ollama_reply.message.content == openai_reply.choices[0].message.content
+
+
+def test_generate_whole_streamed_and_raw(client: ollama.Client, gemma_gguf_engine: Engine) -> None:
+    whole = client.generate(MODEL, prompt="Name a colour.", options={**GREEDY, "num_predict": 12})
+    assert whole.done and whole.response and whole.context is None
+    _counters_add_up(whole, 12)
+    parts = list(client.generate(MODEL, prompt="The sky is", raw=True, stream=True, options={**GREEDY, "num_predict": 8}))
+    # <bos> and the prompt's tokens: no template around it.
+    assert parts[-1].done and parts[-1].prompt_eval_count == len(gemma_gguf_engine.backend.tokenize("The sky is", add_bos=True, special=True))
+    assert "".join(part.response for part in parts if part.response)
+
+
+def test_format_gives_json_following_the_schema(client: ollama.Client) -> None:
+    schema = {"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue"]}, "bright": {"type": "boolean"}},
+              "required": ["colour", "bright"], "additionalProperties": False}
+    reply = client.chat(MODEL, messages=[{"role": "user", "content": "A colour, as JSON."}], format=schema,
+                        options={**GREEDY, "num_predict": 40})
+    answer = json.loads(reply.message.content or "")
+    assert set(answer) == {"colour", "bright"} and answer["colour"] in schema["properties"]["colour"]["enum"]  # type: ignore[index]
+    assert isinstance(answer["bright"], bool)
+    # Any JSON object: the base model may write a long string value, cut at num_predict.
+    free = client.generate(MODEL, prompt="JSON:", format="json", options={**GREEDY, "num_predict": 40})
+    assert free.response.startswith("{") and (free.done_reason == "length" or isinstance(json.loads(free.response), dict))
+
+
+def test_tools_answer_in_shape(client: ollama.Client) -> None:
+    def get_weather(city: str) -> str:
+        """The current weather in a city.
+
+        Args:
+          city: the city's name
+        """
+        return "sunny"
+
+    reply = client.chat(MODEL, messages=[{"role": "user", "content": "What is the weather in Paris?"}], tools=[get_weather],
+                        options={**GREEDY, "num_predict": 40})
+    for call in reply.message.tool_calls or ():
+        assert call.function.name and isinstance(call.function.arguments, dict)
+    assert reply.message.tool_calls or reply.message.content
+
+
+def test_the_model_routes(client: ollama.Client) -> None:
+    listed = {model.model: model for model in client.list().models}
+    assert MODEL in listed and listed[MODEL].details is not None and listed[MODEL].details.family == "gemma3"
+    assert listed[MODEL].size and listed[MODEL].details.quantization_level == "Q4_K_M"
+    shown = client.show(MODEL)
+    assert shown.modelinfo is not None and shown.modelinfo["general.architecture"] == "gemma3"
+    assert shown.capabilities == ["completion", "tools"] and shown.template
+    running = {model.model: model for model in client.ps().models}
+    assert running[MODEL].context_length == CONTEXT and running[MODEL].size
+    with pytest.raises(ollama.ResponseError) as missing:
+        client.show("no-such-model")
+    assert missing.value.status_code == 404 and missing.value.error == "model 'no-such-model' not found"
+
+
+def test_langchains_chat_model(server: LiveServer) -> None:
+    chat = ChatOllama(model=MODEL, base_url=server.url, client_kwargs={"headers": server.auth}, temperature=0, seed=1,
+                      num_predict=12, validate_model_on_init=True)
+    answer = chat.invoke([HumanMessage("Name a colour.")])
+    assert isinstance(answer, AIMessage) and isinstance(answer.content, str) and answer.content
+    assert answer.usage_metadata is not None and 0 < answer.usage_metadata["output_tokens"] <= 12
+    assert "".join(str(chunk.content) for chunk in chat.stream("Name a fruit."))
