@@ -68,7 +68,7 @@ def open_webui(localchat: LiveServer, tmp_path_factory: pytest.TempPathFactory) 
     data = tmp_path_factory.mktemp("open-webui")
     port = _free_port()
     env = {
-        **os.environ, "DATA_DIR": str(data), "WEBUI_AUTH": "False", "OFFLINE_MODE": "true", "HF_HUB_OFFLINE": "1",
+        **os.environ, "DATA_DIR": str(data), "WEBUI_SECRET_KEY": "localchat-test", "WEBUI_AUTH": "False", "OFFLINE_MODE": "true", "HF_HUB_OFFLINE": "1",
         "OLLAMA_BASE_URL": localchat.url, "OLLAMA_API_CONFIGS": json.dumps({"0": {"key": API_KEY}}),
         "OPENAI_API_BASE_URL": f"{localchat.url}/v1", "OPENAI_API_KEY": API_KEY,
         "OPENAI_API_CONFIGS": json.dumps({"0": {"prefix_id": "openai"}}),
@@ -86,7 +86,7 @@ def open_webui(localchat: LiveServer, tmp_path_factory: pytest.TempPathFactory) 
     log = data / "open-webui.log"
     with log.open("wb") as out:
         process = subprocess.Popen([OPEN_WEBUI_PYTHON, "-m", "open_webui", "serve", "--host", "127.0.0.1", "--port", str(port)],
-                                   env=env, stdout=out, stderr=subprocess.STDOUT)
+                                   env=env, cwd=data, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 300
