@@ -28,6 +28,7 @@ from localchat.backends.base import (
 )
 from localchat.constraints import TokenGuide
 from localchat.errors import ContextOverflowError, InferenceError, ModelError
+from localchat.gguf_file import ROUTED_EXPERT_TENSOR
 from localchat.planner import BuildFeatures, FlashAttn, KvType, Plan
 
 # Tokens per llama_decode call when evaluating a prompt.
@@ -136,6 +137,33 @@ def place_layers(params: llama_cpp.llama_model_params, plan: Plan) -> ctypes.Arr
     return split
 
 
+class _TensorBufferOverride(ctypes.Structure):
+    """llama.cpp's llama_model_tensor_buft_override: tensors matching `pattern` go to `buft`."""
+
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+def experts_in_ram_pattern(n_layers: int) -> str:
+    """The regex llama.cpp matches against tensor names: the routed experts of the first `n_layers`."""
+    return rf"^blk\.({'|'.join(map(str, range(n_layers)))}){ROUTED_EXPERT_TENSOR.pattern}"
+
+
+def keep_experts_in_ram(params: llama_cpp.llama_model_params, plan: Plan) -> ctypes.Array[_TensorBufferOverride] | None:
+    """Point llama.cpp's tensor buffer overrides at the CPU for the experts `plan` leaves in RAM
+    (llama-server's --n-cpu-moe). Returns the NULL-terminated C array, which must outlive the load."""
+    if not plan.n_cpu_moe:
+        return None
+    from llama_cpp._ggml import libggml  # ggml's own library: llama_cpp binds none of its buffer types
+
+    cpu_buffer_type = libggml.ggml_backend_cpu_buffer_type
+    cpu_buffer_type.restype = ctypes.c_void_p
+    overrides = (_TensorBufferOverride * 2)()
+    overrides[0].pattern = experts_in_ram_pattern(plan.n_cpu_moe).encode()
+    overrides[0].buft = cpu_buffer_type()
+    params.tensor_buft_overrides = ctypes.cast(overrides, ctypes.c_void_p)
+    return overrides
+
+
 def _missing_special_token(vocab: llama_cpp.llama_vocab_p) -> str | None:
     """The special token llama.cpp would add while tokenizing but the vocabulary lacks: it asserts
     on that, aborting the process (WPM vocabularies always add BOS and SEP)."""
@@ -232,6 +260,7 @@ class LlamaCppBackend:
         self.plan = plan
         model_params = llama_cpp.llama_model_default_params()
         self._tensor_split = place_layers(model_params, plan)
+        self._buffer_overrides = keep_experts_in_ram(model_params, plan)
         model_params.use_extra_bufts = plan.use_extra_bufts
         if on_progress is not None:
             # The C callback must outlive the load call.
