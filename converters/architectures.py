@@ -327,6 +327,15 @@ def _permute_for_llama_rope(weights: np.ndarray, n_heads: int) -> np.ndarray:
     return weights.reshape(n_heads, 2, shape[0] // n_heads // 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
 
 
+def rope_permuted_heads(arch: Architecture, config: ModelConfig, gguf_name: str) -> int:
+    """The heads whose rows llama.cpp's rotation wants reordered in this tensor (LLaMA's Q and K,
+    their biases and their LoRA B matrices); 0 for none."""
+    kind = gguf_name.split(".")[-2]
+    if not arch.permute_qk or kind not in ("attn_q", "attn_k"):
+        return 0
+    return config.n_heads if kind == "attn_q" else config.n_kv_heads
+
+
 def transform(planned: PlannedTensor, weights: np.ndarray) -> np.ndarray:
     if planned.permute_heads:
         weights = _permute_for_llama_rope(weights, planned.permute_heads)
@@ -443,9 +452,7 @@ def plan_tensors(checkpoint: Checkpoint, arch: Architecture) -> list[PlannedTens
             )
         if stacked := name != refs[0].name:
             refs = _stacking_order(refs)
-        heads = 0
-        if arch.permute_qk and gguf_name.split(".")[-2] in ("attn_q", "attn_k"):
-            heads = config.n_heads if gguf_name.split(".")[-2] == "attn_q" else config.n_kv_heads
+        heads = rope_permuted_heads(arch, config, gguf_name)
         add = arch.norm_offset if gguf_name.endswith("norm.weight") else 0.0
         shape = (len(refs), *refs[0].shape) if stacked else refs[0].shape
         planned.append(PlannedTensor(gguf_name, shape, tuple(refs), stacked, permute_heads=heads, add=add))

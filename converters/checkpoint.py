@@ -274,7 +274,7 @@ def _tensor_ref(path: Path, name: str, entry: object, data_start: int, data_size
     return ref
 
 
-def _read_safetensors_header(path: Path) -> list[TensorRef]:
+def read_safetensors_header(path: Path) -> list[TensorRef]:
     size = path.stat().st_size
     with path.open("rb") as stream:
         prefix = stream.read(8)
@@ -315,7 +315,7 @@ def read_json(path: Path) -> dict[str, Any]:
 
 # Tensors of the decoders localchat converts, by their name after "model.layers.N." for a layer's
 # (an expert's index written "*"): the shapes the config implies, any one of them.
-def _expected_shapes(config: ModelConfig) -> dict[str, tuple[tuple[int, ...], ...]]:
+def expected_shapes(config: ModelConfig) -> dict[str, tuple[tuple[int, ...], ...]]:
     hidden, ffn, vocab, head = config.hidden_size, config.intermediate_size, config.vocab_size, config.head_dim
     q, kv = config.n_heads * head, config.n_kv_heads * head
     expert_ffn, shared_ffn = config.expert_intermediate_size, config.shared_expert_intermediate_size
@@ -379,7 +379,7 @@ def layer_key(name: str) -> tuple[int | None, str]:
 def _check_tensors(folder: Path, config: ModelConfig, tensors: dict[str, TensorRef]) -> None:
     """Known tensors have the config's shapes and a float dtype; every layer has the same tensors.
     Which tensors an architecture needs is its converter's to say."""
-    expected = _expected_shapes(config)
+    expected = expected_shapes(config)
     layers: dict[int, set[str]] = {i: set() for i in range(config.n_layers)}
     for name, ref in tensors.items():
         index, key = layer_key(name)
@@ -428,38 +428,27 @@ def _weight_files(folder: Path) -> list[Path]:
     raise ModelError(f"{folder} has no *.safetensors weights{hint}; download the model's safetensors files")
 
 
-class Checkpoint:
-    """A Hugging Face checkpoint folder: `config`, tensor table, and tensors read one at a time."""
+class TensorFiles:
+    """Tensors of safetensors files, memory-mapped and read one at a time (nothing needs torch)."""
 
-    def __init__(self, folder: Path, accept: Callable[[ModelConfig], object] | None = None) -> None:
-        """`accept` sees the config first and raises for one its caller cannot convert, before any
-        tensor is read (a wrong architecture is named as such, not as a missing tensor)."""
-        self.folder = folder
-        config_path = folder / "config.json"
-        if not folder.is_dir():
-            raise ModelError(f"{folder} is not a folder; give a Hugging Face checkpoint folder or a hub repo id")
-        if not config_path.is_file():
-            raise ModelError(f"{folder} has no config.json; is it a Hugging Face checkpoint folder?")
-        self.config = ModelConfig.from_dict(read_json(config_path), config_path)
-        if accept is not None:
-            accept(self.config)
-        self.tensors: dict[str, TensorRef] = {}
-        for path in _weight_files(folder):
-            for ref in _read_safetensors_header(path):
-                if ref.name in self.tensors:
-                    raise ModelError(f"{folder}: tensor '{ref.name}' is in both {self.tensors[ref.name].file.name} and {path.name}; remove stray weight files")
-                self.tensors[ref.name] = ref
-        _check_tensors(folder, self.config, self.tensors)
+    def __init__(self, tensors: dict[str, TensorRef]) -> None:
+        self.tensors = tensors
         self._files: dict[Path, _MappedFile] = {}
+
+    @classmethod
+    def read(cls, paths: list[Path], folder: Path) -> TensorFiles:
+        """The tensors of `paths`, each name in one file only."""
+        tensors: dict[str, TensorRef] = {}
+        for path in paths:
+            for ref in read_safetensors_header(path):
+                if ref.name in tensors:
+                    raise ModelError(f"{folder}: tensor '{ref.name}' is in both {tensors[ref.name].file.name} and {path.name}; remove stray weight files")
+                tensors[ref.name] = ref
+        return cls(tensors)
 
     @property
     def n_bytes(self) -> int:
         return sum(ref.n_bytes for ref in self.tensors.values())
-
-    def json_file(self, name: str) -> dict[str, Any] | None:
-        """A JSON object file of the checkpoint, None if absent; a corrupt one is a ModelError."""
-        path = self.folder / name
-        return read_json(path) if path.is_file() else None
 
     def _mapped(self, ref: TensorRef) -> _MappedFile:
         if ref.file not in self._files:
@@ -490,6 +479,35 @@ class Checkpoint:
         self._files.clear()
 
 
+def read_config(folder: Path) -> ModelConfig:
+    """A checkpoint folder's config.json, read and normalised."""
+    config_path = folder / "config.json"
+    if not folder.is_dir():
+        raise ModelError(f"{folder} is not a folder; give a Hugging Face checkpoint folder or a hub repo id")
+    if not config_path.is_file():
+        raise ModelError(f"{folder} has no config.json; is it a Hugging Face checkpoint folder?")
+    return ModelConfig.from_dict(read_json(config_path), config_path)
+
+
+class Checkpoint(TensorFiles):
+    """A Hugging Face checkpoint folder: `config`, tensor table, and tensors read one at a time."""
+
+    def __init__(self, folder: Path, accept: Callable[[ModelConfig], object] | None = None) -> None:
+        """`accept` sees the config first and raises for one its caller cannot convert, before any
+        tensor is read (a wrong architecture is named as such, not as a missing tensor)."""
+        self.folder = folder
+        self.config = read_config(folder)
+        if accept is not None:
+            accept(self.config)
+        super().__init__(TensorFiles.read(_weight_files(folder), folder).tensors)
+        _check_tensors(folder, self.config, self.tensors)
+
+    def json_file(self, name: str) -> dict[str, Any] | None:
+        """A JSON object file of the checkpoint, None if absent; a corrupt one is a ModelError."""
+        path = self.folder / name
+        return read_json(path) if path.is_file() else None
+
+
 # What a conversion needs from a hub repository: no other weights formats, no extras.
 HUB_PATTERNS = [
     "config.json",
@@ -502,6 +520,8 @@ HUB_PATTERNS = [
     "special_tokens_map.json",
     "chat_template.json",
     "chat_template.jinja",
+    # A PEFT adapter's (its base model's config.json is fetched on its own).
+    "adapter_config.json",
 ]
 
 
@@ -514,8 +534,9 @@ class CheckpointSource:
     directory: Path
 
 
-def locate_checkpoint(spec: str) -> CheckpointSource:
-    """A local folder as is; otherwise a hub repo id, fetched into huggingface_hub's cache."""
+def locate_checkpoint(spec: str, patterns: list[str] = HUB_PATTERNS) -> CheckpointSource:
+    """A local folder as is; otherwise a hub repo id, its files matching `patterns` fetched into
+    huggingface_hub's cache."""
     path = Path(spec).expanduser()
     if path.exists():
         return CheckpointSource(path, path.resolve().name, path.resolve().parent)
@@ -525,9 +546,9 @@ def locate_checkpoint(spec: str) -> CheckpointSource:
     from localchat.settings import Settings
 
     try:
-        folder = pull_files(spec, HUB_PATTERNS, Settings())  # resumable, checksummed, as `localchat pull`
+        folder = pull_files(spec, patterns, Settings())  # resumable, checksummed, as `localchat pull`
     except ModelError as error:
-        files = ", ".join(HUB_PATTERNS[:6])
+        files = ", ".join(patterns[:6])
         raise ModelError(
             f"{error}; or download {files} from https://huggingface.co/{spec} into a folder and pass that folder instead"
         ) from None

@@ -1,9 +1,10 @@
 """Real Hugging Face checkpoints for the converter and ONNX tests: tiny random ones per architecture,
-and Gemma 3 270M (a pytest plugin loaded by tests/conftest.py)."""
+PEFT LoRA adapters on some, and Gemma 3 270M (a pytest plugin loaded by tests/conftest.py)."""
 
 from __future__ import annotations
 
 import importlib.resources
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -128,11 +129,11 @@ TINY_ARCHITECTURES = ("llama", "llama3-rope", "mistral", "qwen2", "qwen3", "gemm
 # The families added for issue 31, and of those the mixtures of experts.
 TINY_MORE_FAMILIES = ("phi3", "phi4-mini", "gemma2", "granite", "smollm3", "olmo2", "mixtral", "qwen2moe", "qwen3moe", "olmoe")
 TINY_MOE = ("mixtral", "qwen2moe", "qwen3moe", "olmoe")
-# Their weights' seeds, chosen (of the first 40) so that transformers' greedy continuation of the
+# Their weights' seeds (and the tiny Llama's, which LoRA tests build on), chosen (of the first 40) so that transformers' greedy continuation of the
 # verify text's first line has no two top logits within 0.2 for its first 16 tokens, and (experts)
 # routes that text over all four with no router choice within 0.002 of flipping: a comparison with
 # llama.cpp then covers enough tokens (tests/converters/test_more_families.py).
-TINY_SEEDS = {"phi3": 1, "phi4-mini": 0, "gemma2": 0, "granite": 17, "smollm3": 3, "olmo2": 0,
+TINY_SEEDS = {"llama": 0, "phi3": 1, "phi4-mini": 0, "gemma2": 0, "granite": 17, "smollm3": 3, "olmo2": 0,
               "mixtral": 24, "qwen2moe": 29, "qwen3moe": 17, "olmoe": 21}
 TINY_TOKENIZER_REGEX = {"llama": LLAMA3_REGEX, "llama3-rope": LLAMA3_REGEX, "mistral": None, "qwen2": QWEN2_REGEX, "qwen3": QWEN2_REGEX,
                         "phi3": None, "phi4-mini": LLAMA3_REGEX, "gemma2": None, "granite": None, "smollm3": LLAMA3_REGEX,
@@ -183,5 +184,63 @@ def tiny_checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.Tem
         tokenizer.save_pretrained(folder)
         made[name] = folder
         return folder
+
+    return make
+
+
+# LoRA adapters made with peft on the tiny checkpoints.
+LORA_ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
+# Family -> the adapter's PEFT settings. Between them: LLaMA's reordered Q and K rows, Phi-3's fused
+# matrices, Gemma 2, rsLoRA and a per-module alpha (folded into lora_b), a shared expert and
+# attention in mixtures of experts.
+ADAPTERS: dict[str, dict[str, object]] = {
+    "llama": {"target_modules": "all-linear"},
+    "phi3": {"target_modules": "all-linear"},
+    "gemma2": {"target_modules": "all-linear"},
+    "granite": {"target_modules": LORA_ATTENTION + ["down_proj"], "use_rslora": True, "alpha_pattern": {"o_proj": 3.0}},
+    "qwen2moe": {"target_modules": LORA_ATTENTION + ["gate_proj", "up_proj", "down_proj"]},  # the shared expert's
+    "mixtral": {"target_modules": LORA_ATTENTION},
+}
+RANK, ALPHA = 4, 8.0
+# The random factors' seed and spread per family, chosen (of the first 40 seeds) so that transformers'
+# greedy continuation with the adapter merged has no near tie in its first 16 tokens.
+FACTORS: dict[str, tuple[int, float]] = {"llama": (0, 0.3), "phi3": (2, 0.3), "gemma2": (0, 0.3), "granite": (5, 0.15),
+                                         "qwen2moe": (0, 0.3), "mixtral": (0, 0.3)}
+
+
+def make_adapter(base: Path, folder: Path, seed: int, spread: float = 0.3, **settings: object) -> tuple[Path, Path]:
+    """A PEFT LoRA adapter on `base` with random factors (PEFT starts B at 0, a no-op), and the
+    base model with it merged, as a checkpoint for transformers: (adapter, merged)."""
+    import peft
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    tuned = peft.get_peft_model(model, peft.LoraConfig(r=RANK, lora_alpha=ALPHA, **settings))
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in tuned.named_parameters():
+            if "lora_" in name:
+                parameter.copy_(spread * torch.randn(parameter.shape, generator=generator))
+    adapter, merged = folder / "adapter", folder / "merged"
+    tuned.save_pretrained(adapter)
+    tuned.merge_and_unload().save_pretrained(merged)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (base / name).is_file():
+            shutil.copy(base / name, merged / name)
+    return adapter, merged
+
+
+@pytest.fixture(scope="session")
+def tiny_lora(tiny_checkpoint: Callable[[str], Path], tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Path, Path]]:
+    """`tiny_lora(name)`: a random PEFT LoRA adapter on `tiny_checkpoint(name)`, and that checkpoint
+    with the adapter merged by peft: (adapter folder, merged checkpoint folder), made once per run."""
+    made: dict[str, tuple[Path, Path]] = {}
+
+    def make(name: str) -> tuple[Path, Path]:
+        if name not in made:
+            seed, spread = FACTORS[name]
+            made[name] = make_adapter(tiny_checkpoint(name), tmp_path_factory.mktemp(f"lora-{name}"), seed, spread, **ADAPTERS[name])
+        return made[name]
 
     return make

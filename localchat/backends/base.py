@@ -39,6 +39,16 @@ class ModelInfo:
     extra: dict[str, str] = field(default_factory=dict)
 
 
+# LoRA adapters a backend computes with: (adapter id, scale) pairs, by id, no zero scale (a zero
+# scale is no adapter, as in llama.cpp). () is the model alone.
+LoraScales = tuple[tuple[int, float], ...]
+
+
+def lora_scales(scales: dict[int, float]) -> LoraScales:
+    """The canonical LoraScales of an id -> scale mapping: equal sets of adapters compare equal."""
+    return tuple(sorted((i, float(s)) for i, s in scales.items() if s != 0.0))
+
+
 # DRY's sequence breakers (llama.cpp's defaults): a repeat is never matched across a token that
 # holds one of them, so lines, key/value pairs and quotes may start alike.
 DRY_SEQUENCE_BREAKERS = ("\n", ":", '"', "*")
@@ -250,5 +260,15 @@ class Backend(Protocol):
         ...
 
     def restore_state(self, seq: int, state: bytes) -> None: ...
+
+    def load_lora(self, path: Path) -> int:
+        """Load the LoRA adapter file `path` for this model; returns its id for `use_loras`. A file
+        that is no adapter of this model is a ModelError; a backend without adapters refuses them."""
+        ...
+
+    def use_loras(self, scales: LoraScales) -> None:
+        """Compute with these loaded adapters from the next evaluation on, for every sequence (the
+        KV cache written under other adapters is not theirs to reuse); () for the model alone."""
+        ...
 
     def close(self) -> None: ...

@@ -21,6 +21,7 @@ import numpy as np
 from localchat.backends.base import (
     DRY_SEQUENCE_BREAKERS,
     ROW_LIMIT,
+    LoraScales,
     ModelInfo,
     SamplerSettings,
     TokenScores,
@@ -176,6 +177,34 @@ def _missing_special_token(vocab: llama_cpp.llama_vocab_p) -> str | None:
     return next((name for name, (added, token) in needed.items() if added and token < 0), None)
 
 
+class LlamaLoraAdapter:
+    """A LoRA adapter loaded for a model; owns its llama_adapter_lora, freed once by `close` (before
+    the model: llama.cpp frees adapters left with their model, so a later free would be a second)."""
+
+    def __init__(self, model: llama_cpp.llama_model_p, path: Path, model_architecture: str) -> None:
+        from localchat.gguf_file import read_gguf_header
+
+        header = read_gguf_header(path)
+        if header.get("general.type") != "adapter" or header.get("adapter.type") != "lora":
+            raise ModelError(f"{path} is not a LoRA adapter (general.type {header.get('general.type')!r}); "
+                             "give the model with -m and its adapters with --lora")
+        if header.architecture != model_architecture:
+            raise ModelError(f"{path} is a LoRA adapter for {header.architecture} models and the model is {model_architecture}; "
+                             "an adapter works only with the base model it was made for")
+        _recent_errors.clear()
+        self.path = path
+        self.pointer = llama_cpp.llama_adapter_lora_init(model, str(path).encode())
+        if not self.pointer:
+            detail = "; ".join(_recent_errors) or "no detail from llama.cpp"
+            raise ModelError(f"llama.cpp cannot apply the LoRA adapter {path} to this model ({detail}); "
+                             "an adapter works only with the base model it was made for")
+
+    def close(self) -> None:
+        if self.pointer:
+            llama_cpp.llama_adapter_lora_free(self.pointer)
+            self.pointer = None
+
+
 class LlamaSampler:
     """A llama.cpp sampler chain; owns its C object."""
 
@@ -309,6 +338,8 @@ class LlamaCppBackend:
         self._piece_cache: dict[int, bytes] = {}
         self._piece_buffer = ctypes.create_string_buffer(256)
         self._dry_samplers: dict[tuple[float, float, int, int], llama_cpp.llama_sampler_p] = {}
+        self._loras: list[LlamaLoraAdapter] = []
+        self._lora_scales: LoraScales = ()
         self.info = self._read_info(path)
 
     # -- model facts ---------------------------------------------------------------
@@ -522,6 +553,22 @@ class LlamaCppBackend:
         if llama_cpp.llama_state_seq_set_data(self._ctx, source, len(state), seq) == 0:
             raise InferenceError("llama.cpp refused a saved KV state (different model or context?)")
 
+    # -- LoRA adapters -------------------------------------------------------------
+
+    def load_lora(self, path: Path) -> int:
+        self._loras.append(LlamaLoraAdapter(self._model, path, self.info.architecture))
+        return len(self._loras) - 1
+
+    def use_loras(self, scales: LoraScales) -> None:
+        # llama.cpp re-plans its compute graph after a change: only a change is passed on.
+        if scales == self._lora_scales:
+            return
+        n = len(scales)
+        adapters = (llama_cpp.llama_adapter_lora_p_ctypes * n)(*(self._loras[i].pointer for i, _ in scales)) if n else None
+        values = (ctypes.c_float * n)(*(scale for _, scale in scales)) if n else None
+        llama_cpp.llama_set_adapters_lora(self._ctx, adapters, n, values)
+        self._lora_scales = scales
+
     def close(self) -> None:
         for sampler in getattr(self, "_dry_samplers", {}).values():
             llama_cpp.llama_sampler_free(sampler)
@@ -530,6 +577,8 @@ class LlamaCppBackend:
             llama_cpp.llama_batch_free(self._batch)
             llama_cpp.llama_free(self._ctx)
             self._ctx = None
+        for adapter in getattr(self, "_loras", ()):
+            adapter.close()  # after the context that applied it, before the model
         if getattr(self, "_model", None):
             llama_cpp.llama_model_free(self._model)
             self._model = None

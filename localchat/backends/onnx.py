@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnxruntime as ort
 
-from localchat.backends.base import DRY_SEQUENCE_BREAKERS, ModelInfo, SamplerSettings, TokenScores, score_rows
+from localchat.backends.base import DRY_SEQUENCE_BREAKERS, LoraScales, ModelInfo, SamplerSettings, TokenScores, score_rows
 from localchat.constraints import TokenGuide
-from localchat.errors import ContextOverflowError, InferenceError, ModelError
+from localchat.errors import ContextOverflowError, InferenceError, InvalidSettingError, ModelError
 from localchat.models import ONNX_MARKER
 from localchat.planner import BuildFeatures, ModelFacts, Plan
 
@@ -664,6 +664,16 @@ class OnnxBackend:
             view[...] = np.frombuffer(state, dtype=self._kv_dtype, count=view.size, offset=offset).reshape(view.shape)
             offset += size
         self.lengths[seq] = length
+
+    def load_lora(self, path: Path) -> int:
+        raise InvalidSettingError(
+            f"the ONNX backend (onnxruntime) cannot apply LoRA adapters ({path}); run the model as GGUF for --lora "
+            "(localchat convert CHECKPOINT --to gguf)"
+        )
+
+    def use_loras(self, scales: LoraScales) -> None:
+        if scales:
+            raise InvalidSettingError("the ONNX backend (onnxruntime) cannot apply LoRA adapters; run the model as GGUF for them")
 
     def close(self) -> None:
         self._bindings = []

@@ -8,31 +8,18 @@ import json
 import math
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from checkpoint_fixtures import TINY_EXPERTS, TINY_MORE_FAMILIES, TINY_MOE
+from greedy_reference import GREEDY_TOKENS, compared_until_near_tie, load, reference_run
 from localchat.converters.gguf import convert_checkpoint
-from localchat.converters.verify import BOUNDS, ReferenceModel, greedy_continuation, reference_tokenize, verify_text
-from localchat.engine import Engine
+from localchat.converters.verify import BOUNDS, ReferenceModel, greedy_continuation, verify_text
 from localchat.errors import ModelError
 from localchat.gguf_file import read_gguf_header
 from localchat.models import inspect_gguf
-from localchat.planner import PlanRequest
-from localchat.settings import Settings
 
-GREEDY_TOKENS = 24
-# transformers' top two logits closer than this are a near tie: llama.cpp (its F16 KV cache, F16
-# activations) may take either, and from there the continuations part for good. Measured on these
-# checkpoints (AMD EPYC): llama.cpp's logits differ from transformers' by at most 0.07, F32 or F16;
-# a conversion bug (a wrong expert order, a missing multiplier) moves them by whole units.
-NEAR_TIE = 0.2
-MIN_COMPARED = 12
-CONTEXT = 1024  # the verify text (576 tokens here) fits; no more than phi4-mini's original context
 # Where each family's peculiarity shows in the GGUF: tensors that must be there, and keys with values.
 SIGNATURES: dict[str, tuple[tuple[str, ...], dict[str, object]]] = {
     "phi3": (("blk.0.attn_qkv.weight", "blk.0.ffn_up.weight"), {"phi3.rope.dimension_count": 16}),
@@ -56,50 +43,6 @@ GGML_F32 = 0
 K_QUANTS = (12, 14)
 
 
-@dataclass(frozen=True)
-class ReferenceRun:
-    """transformers on the verify text: its greedy continuation of the first line, with the gap
-    between the top two logits at each step, and its perplexity over the whole text."""
-
-    prompt: list[int]
-    tokens: list[int]
-    gaps: list[float]
-    text_tokens: list[int]
-    perplexity: float
-
-
-@cache
-def reference_run(checkpoint: Path) -> ReferenceRun:
-    import torch
-
-    reference = ReferenceModel(checkpoint)
-    bos = [int(reference.model.config.bos_token_id)]
-    prompt = bos + reference_tokenize(checkpoint, verify_text().splitlines()[0])
-    tokens, gaps = [], []
-    with torch.inference_mode():
-        out = reference.model(torch.tensor([prompt]), use_cache=True)
-        for _ in range(GREEDY_TOKENS):
-            top = torch.topk(out.logits[0, -1], 2)
-            tokens.append(int(top.indices[0]))
-            gaps.append(float(top.values[0] - top.values[1]))
-            out = reference.model(torch.tensor([[tokens[-1]]]), past_key_values=out.past_key_values, use_cache=True)
-    text_tokens = bos + reference_tokenize(checkpoint, verify_text())
-    logprobs, _ = reference.logprobs_and_top1(text_tokens)
-    return ReferenceRun(prompt, tokens, gaps, text_tokens, float(np.exp(-logprobs.mean())))
-
-
-def compared_until_near_tie(reference: ReferenceRun, ours: list[int]) -> int:
-    """How many of `ours` equal transformers' greedy tokens, checked up to its first near tie."""
-    tie = next((i for i, gap in enumerate(reference.gaps) if gap < NEAR_TIE), len(reference.gaps))
-    assert ours[:tie] == reference.tokens[:tie], f"parted before the first near tie (step {tie}): {ours} != {reference.tokens}"
-    assert tie >= MIN_COMPARED, f"only {tie} tokens compared before a near tie; the checkpoint's seed makes it too unsure"
-    return tie
-
-
-def _load(path: Path) -> Engine:
-    return Engine.load(str(path), Settings(prefix_cache_disk_bytes=0), PlanRequest(n_ctx=CONTEXT, n_threads=2))
-
-
 @pytest.mark.parametrize("quant", ["f32", "f16"])
 @pytest.mark.parametrize("name", TINY_MORE_FAMILIES)
 def test_family_greedy_and_tokens_equal_transformers(
@@ -108,7 +51,7 @@ def test_family_greedy_and_tokens_equal_transformers(
     checkpoint = tiny_checkpoint(name)
     output = convert_checkpoint(checkpoint, tmp_path / f"{name}.gguf", quant, threads=2).output
     reference = reference_run(checkpoint)
-    with _load(output) as engine:
+    with load(output) as engine:
         backend = engine.backend
         assert backend.tokenize(verify_text(), add_bos=False, special=False) == reference.text_tokens[1:]
         ours = greedy_continuation(backend, reference.prompt, GREEDY_TOKENS)
@@ -123,7 +66,7 @@ def test_family_quantized_loads_and_answers(name: str, quant: str, tiny_checkpoi
     checkpoint = tiny_checkpoint(name)
     output = convert_checkpoint(checkpoint, tmp_path / f"{name}-{quant}.gguf", quant, threads=2).output
     reference = reference_run(checkpoint)
-    with _load(output) as engine:
+    with load(output) as engine:
         answer = greedy_continuation(engine.backend, reference.prompt, GREEDY_TOKENS)
         perplexity = engine.backend.score(0, reference.text_tokens).perplexity
     assert len(answer) == GREEDY_TOKENS and all(0 <= token < engine.backend.info.n_vocab for token in answer)
