@@ -31,6 +31,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from localchat.adapters import requested_scales
 from localchat.backends.base import SamplerSettings, TokenLogprob
 from localchat.constraints import tokenizer_for
 from localchat.engine import Engine
@@ -63,6 +64,9 @@ from localchat.server.schemas import (
     ErrorResponse,
     FinishReason,
     Health,
+    LoraAdapterCard,
+    LoraApplied,
+    LoraScale,
     ModelCard,
     ModelList,
     PromptTokensDetails,
@@ -151,9 +155,10 @@ class CompletionService:
             dry_multiplier=defaults.dry_multiplier if body.dry_multiplier is None else body.dry_multiplier,
             seed=body.seed,
         )
+        loras = None if body.lora is None else requested_scales(self.engine.loras, ((a.id, a.scale) for a in body.lora))
         return GenerationSettings(max_tokens=reply_limit or limit, stop=body.stop_strings, sampler=sampler,
                                   ignore_eos=body.ignore_eos, shown_tokens=shown_tokens, logprobs=logprobs,
-                                  lookup_draft=self.settings.lookup_draft)
+                                  lookup_draft=self.settings.lookup_draft, loras=loras)
 
     async def chat_prompt(self, body: ChatCompletionRequest) -> tuple[ChatPlan, list[int]]:
         """How the request is answered, and the prompt's tokens (a forced call's opening included)."""
@@ -388,7 +393,7 @@ def create_app(engine: Engine, settings: ServerSettings, loader: EngineLoader | 
     unloaded, `engine` included."""
     first_id, need = loader.first(engine) if loader is not None else (engine.model_plan.model.name, MemoryNeed(0))
     first = ServedModel.of(first_id, engine, settings.queue_size)
-    routes = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"})
+    routes = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/lora-adapters"})
     metrics = ServerMetrics(lambda: {name: (m.scheduler, m.engine.prefix_cache) for name, m in pool.loaded().items()},
                             routes)
 
@@ -517,6 +522,17 @@ def create_app(engine: Engine, settings: ServerSettings, loader: EngineLoader | 
     async def models() -> ModelList:
         catalog = await run_in_threadpool(loader.catalog) if loader is not None else []
         return ModelList(data=router.cards(catalog))
+
+    # llama-server's adapter routes, for the first model (the one --lora adapted).
+    @app.get("/lora-adapters", response_model=list[LoraAdapterCard], responses=ERROR_RESPONSES)
+    async def lora_adapters() -> list[LoraAdapterCard]:
+        return [LoraAdapterCard(id=lora.id, path=str(lora.path), scale=lora.scale) for lora in first.engine.loras]
+
+    @app.post("/lora-adapters", response_model=LoraApplied, responses=ERROR_RESPONSES)
+    async def set_lora_adapters(body: list[LoraScale]) -> LoraApplied:
+        """New default scales; those not listed keep theirs (a reply naming its own is unaffected)."""
+        first.engine.set_lora_scales({adapter.id: adapter.scale for adapter in body})
+        return LoraApplied()
 
     @app.get("/health", response_model=Health, responses={503: {"model": Health, "description": "The scheduler has stopped"}})
     async def health() -> Response:
