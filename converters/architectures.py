@@ -250,8 +250,10 @@ ARCHITECTURES: dict[str, Architecture] = {
     "Gemma3ForCausalLM": Architecture(
         MODEL_ARCH.GEMMA3, norm_offset=1.0, check=_check_gemma3, metadata=_gemma3_metadata
     ),
+    # llama.cpp's gemma2 graph has no output matrix of its own: it reads the embeddings.
     "Gemma2ForCausalLM": Architecture(
-        MODEL_ARCH.GEMMA2, norm_offset=1.0, check=_check_gemma2, metadata=_gemma2_metadata
+        MODEL_ARCH.GEMMA2, norm_offset=1.0, fixed=(FixedSetting("tie_word_embeddings", True, True),), check=_check_gemma2,
+        metadata=_gemma2_metadata,
     ),
     # Phi-3 and Phi-4: fused QKV and gate/up matrices, which llama.cpp's phi3 graph takes as they are.
     "Phi3ForCausalLM": Architecture(

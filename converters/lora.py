@@ -215,5 +215,6 @@ def convert_adapter(source: Path, output: Path, quant: str = DEFAULT_LORA_QUANT,
 
 
 def is_adapter(folder: Path) -> bool:
-    return (folder / ADAPTER_CONFIG).is_file()
+    """A PEFT adapter folder, not a model's (some repos hold a merged model beside its adapter)."""
+    return (folder / ADAPTER_CONFIG).is_file() and not (folder / "config.json").is_file()
 
