@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import math
 import mmap
+import re
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,11 @@ MAX_HEADER_BYTES = 100 * 1024 * 1024
 OPTIONAL_NUMBERS = ("final_logit_softcapping", "attn_logit_softcapping", "query_pre_attn_scalar")
 # RoPE settings the converters read as numbers.
 ROPE_NUMBERS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+# Names of Phi-3's LongRoPE scaling ("su" in older configs).
+LONGROPE_TYPES = ("longrope", "su")
+# config.json keys giving the number of routed experts and of those used per token (mixtures of experts).
+EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts")
+EXPERTS_USED_KEYS = ("num_experts_per_tok",)
 
 
 def bf16_to_float32(raw: np.ndarray) -> np.ndarray:
@@ -61,8 +67,10 @@ class RopeSettings:
         extra = {k: v for k, v in values.items() if k not in ("rope_theta", "rope_type", "type")}
         rope = cls(float(values.get("rope_theta", default_theta)), str(scaling_type), extra)
         numbers = [rope.theta, *(extra[k] for k in ROPE_NUMBERS if k in extra)]
-        if scaling_type != "default" and "factor" not in extra:
-            raise ValueError(f"RoPE scaling '{scaling_type}' without a factor")
+        # LongRoPE (Phi-3, Phi-4 mini) gives per-dimension factors instead of one.
+        needed = ("long_factor", "short_factor") if scaling_type in LONGROPE_TYPES else ("factor",)
+        if scaling_type != "default" and not all(key in extra for key in needed):
+            raise ValueError(f"RoPE scaling '{scaling_type}' without {' and '.join(needed)}")
         if not all(isinstance(n, (int, float)) and not isinstance(n, bool) and math.isfinite(n) and n > 0 for n in numbers):
             raise ValueError("RoPE settings must be positive numbers")
         return rope
@@ -109,9 +117,6 @@ class ConfigReader:
             raise self._bad(key, f"an integer >= {minimum}")
         return int(value)
 
-    def optional_int(self, key: str) -> int | None:
-        return None if self.config.get(key) is None else self.int(key)
-
     def float(self, key: str, default: float) -> float:
         value = default if self.config.get(key) is None else self.config[key]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
@@ -139,6 +144,18 @@ class ModelConfig:
     sliding_window: int | None
     layer_types: tuple[str, ...]
     raw: dict[str, Any]
+    # Mixtures of experts: routed experts per layer, how many each token uses, their hidden size
+    # (`moe_intermediate_size`, else `intermediate_size`) and the shared expert's (Qwen2-MoE); 0 when dense.
+    n_experts: int = 0
+    n_experts_used: int = 0
+    expert_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+
+    @property
+    def rope_dimensions(self) -> int:
+        """Dimensions of a head that RoPE rotates (Phi-4 mini rotates 3/4 of them)."""
+        factor = self.rope.scaling.get("partial_rotary_factor", self.raw.get("partial_rotary_factor", 1.0))
+        return int(self.head_dim * factor)
 
     @classmethod
     def from_dict(cls, config: object, source: Path) -> ModelConfig:
@@ -165,6 +182,10 @@ class ModelConfig:
         for key in OPTIONAL_NUMBERS:
             if config.get(key) is not None:
                 read.float(key, 1.0)
+        n_experts = next((read.int(key) for key in EXPERT_COUNT_KEYS if config.get(key) is not None), 0)
+        n_experts_used = next((read.int(key) for key in EXPERTS_USED_KEYS if config.get(key) is not None), 0) if n_experts else 0
+        if n_experts_used > n_experts:
+            raise ModelError(f"{source}: {n_experts_used} experts used per token of {n_experts}; the config.json is corrupt")
         layer_types = config.get("layer_types") or ["full_attention"] * n_layers
         if not isinstance(layer_types, list) or len(layer_types) != n_layers or not all(isinstance(t, str) for t in layer_types):
             raise ModelError(f"{source}: 'layer_types' does not name one type for each of the {n_layers} layers; the config.json is corrupt")
@@ -182,9 +203,13 @@ class ModelConfig:
             rope=rope,
             rope_local=rope_local,
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-            sliding_window=read.optional_int("sliding_window"),
+            sliding_window=read.int("sliding_window", 0, minimum=0) or None,  # Qwen2-MoE writes 0 for none
             layer_types=tuple(layer_types),
             raw=config,
+            n_experts=n_experts,
+            n_experts_used=n_experts_used,
+            expert_intermediate_size=read.int("moe_intermediate_size", read.int("intermediate_size")) if n_experts else 0,
+            shared_expert_intermediate_size=read.int("shared_expert_intermediate_size", 0, minimum=0) if n_experts else 0,
         )
 
 
@@ -249,7 +274,7 @@ def _tensor_ref(path: Path, name: str, entry: object, data_start: int, data_size
     return ref
 
 
-def _read_safetensors_header(path: Path) -> list[TensorRef]:
+def read_safetensors_header(path: Path) -> list[TensorRef]:
     size = path.stat().st_size
     with path.open("rb") as stream:
         prefix = stream.read(8)
@@ -288,12 +313,13 @@ def read_json(path: Path) -> dict[str, Any]:
     return value
 
 
-# Tensors of the decoders localchat converts (Llama, Mistral, Qwen 2/3 and Gemma 3 share these
-# names): their shapes from the config. Layer tensors are keyed by the name after "model.layers.N.".
-def _expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+# Tensors of the decoders localchat converts, by their name after "model.layers.N." for a layer's
+# (an expert's index written "*"): the shapes the config implies, any one of them.
+def expected_shapes(config: ModelConfig) -> dict[str, tuple[tuple[int, ...], ...]]:
     hidden, ffn, vocab, head = config.hidden_size, config.intermediate_size, config.vocab_size, config.head_dim
     q, kv = config.n_heads * head, config.n_kv_heads * head
-    return {
+    expert_ffn, shared_ffn = config.expert_intermediate_size, config.shared_expert_intermediate_size
+    shapes: dict[str, tuple[int, ...] | tuple[tuple[int, ...], ...]] = {
         "model.embed_tokens.weight": (vocab, hidden),
         "lm_head.weight": (vocab, hidden),
         "model.norm.weight": (hidden,),
@@ -304,59 +330,82 @@ def _expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         "self_attn.q_proj.weight": (q, hidden),
         "self_attn.k_proj.weight": (kv, hidden),
         "self_attn.v_proj.weight": (kv, hidden),
+        "self_attn.qkv_proj.weight": (q + 2 * kv, hidden),
         "self_attn.o_proj.weight": (hidden, q),
         "self_attn.q_proj.bias": (q,),
         "self_attn.k_proj.bias": (kv,),
         "self_attn.v_proj.bias": (kv,),
-        "self_attn.q_norm.weight": (head,),
-        "self_attn.k_norm.weight": (head,),
+        # Per head (Qwen 3, Gemma 3) or across all heads (OLMo 2, OLMoE).
+        "self_attn.q_norm.weight": ((head,), (q,)),
+        "self_attn.k_norm.weight": ((head,), (kv,)),
         "mlp.gate_proj.weight": (ffn, hidden),
         "mlp.up_proj.weight": (ffn, hidden),
+        "mlp.gate_up_proj.weight": (2 * ffn, hidden),
         "mlp.down_proj.weight": (hidden, ffn),
     }
+    if config.n_experts:
+        shapes |= {
+            "mlp.gate.weight": (config.n_experts, hidden),
+            "block_sparse_moe.gate.weight": (config.n_experts, hidden),
+            "mlp.experts.*.gate_proj.weight": (expert_ffn, hidden),
+            "mlp.experts.*.up_proj.weight": (expert_ffn, hidden),
+            "mlp.experts.*.down_proj.weight": (hidden, expert_ffn),
+            "block_sparse_moe.experts.*.w1.weight": (expert_ffn, hidden),
+            "block_sparse_moe.experts.*.w3.weight": (expert_ffn, hidden),
+            "block_sparse_moe.experts.*.w2.weight": (hidden, expert_ffn),
+            "mlp.shared_expert.gate_proj.weight": (shared_ffn, hidden),
+            "mlp.shared_expert.up_proj.weight": (shared_ffn, hidden),
+            "mlp.shared_expert.down_proj.weight": (hidden, shared_ffn),
+            "mlp.shared_expert_gate.weight": (1, hidden),
+        }
+    return {key: shape if isinstance(shape[0], tuple) else (shape,) for key, shape in shapes.items()}
 
 
-# What every layer of every supported decoder has.
-REQUIRED_LAYER_TENSORS = (
-    "input_layernorm.weight",
-    "self_attn.q_proj.weight",
-    "self_attn.k_proj.weight",
-    "self_attn.v_proj.weight",
-    "self_attn.o_proj.weight",
-    "mlp.gate_proj.weight",
-    "mlp.up_proj.weight",
-    "mlp.down_proj.weight",
-)
 FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
 LAYER_PREFIX = "model.layers."
+# An expert's index in a tensor name: "mlp.experts.3.up_proj.weight".
+EXPERT_INDEX = re.compile(r"\.experts\.(\d+)\.")
+
+
+def layer_key(name: str) -> tuple[int | None, str]:
+    """(layer index, name after "model.layers.N.") of a layer's tensor; (None, name) for others."""
+    if name.startswith(LAYER_PREFIX):
+        index, _, key = name[len(LAYER_PREFIX):].partition(".")
+        if index.isdigit():
+            return int(index), key
+    return None, name
 
 
 def _check_tensors(folder: Path, config: ModelConfig, tensors: dict[str, TensorRef]) -> None:
-    """Known tensors have the config's shapes and a float dtype; every layer has the same tensors."""
-    expected = _expected_shapes(config)
+    """Known tensors have the config's shapes and a float dtype; every layer has the same tensors.
+    Which tensors an architecture needs is its converter's to say."""
+    expected = expected_shapes(config)
     layers: dict[int, set[str]] = {i: set() for i in range(config.n_layers)}
     for name, ref in tensors.items():
-        key = name
+        index, key = layer_key(name)
         if name.startswith(LAYER_PREFIX):
-            index, _, key = name[len(LAYER_PREFIX):].partition(".")
-            if not index.isdigit() or int(index) >= config.n_layers:
+            if index is None or index >= config.n_layers:
                 raise ModelError(f"{folder} has tensor '{name}' but config.json says {config.n_layers} layers; the checkpoint is inconsistent")
-            layers[int(index)].add(key)
+            layers[index].add(key)
+        if expert := EXPERT_INDEX.search(key):
+            if int(expert[1]) >= config.n_experts:
+                raise ModelError(f"{folder} has tensor '{name}' but config.json says {config.n_experts} experts; the checkpoint is inconsistent")
+            key = EXPERT_INDEX.sub(".experts.*.", key)
         if key not in expected:
             continue  # the converters refuse or ignore tensors they do not know
         if ref.dtype not in FLOAT_DTYPES:
             raise ModelError(f"{ref.file}: tensor '{name}' is {ref.dtype}; weights must be float ({', '.join(FLOAT_DTYPES)})")
-        if ref.shape != expected[key]:
+        if ref.shape not in expected[key]:
+            implied = " or ".join(str(list(shape)) for shape in expected[key])
             raise ModelError(
-                f"{ref.file}: tensor '{name}' has shape {list(ref.shape)} but config.json implies {list(expected[key])}; "
+                f"{ref.file}: tensor '{name}' has shape {list(ref.shape)} but config.json implies {implied}; "
                 "the checkpoint is inconsistent"
             )
     if "model.embed_tokens.weight" not in tensors:
         raise ModelError(f"{folder} has no token embeddings (model.embed_tokens.weight); are all weight files there?")
     first = layers.get(0, set())
     for index, names in layers.items():
-        missing = sorted({*REQUIRED_LAYER_TENSORS, *first} - names)
-        if missing:
+        if missing := sorted(first - names):
             raise ModelError(f"{folder} lacks {LAYER_PREFIX}{index}.{missing[0]}; are all weight files there?")
 
 
@@ -379,34 +428,27 @@ def _weight_files(folder: Path) -> list[Path]:
     raise ModelError(f"{folder} has no *.safetensors weights{hint}; download the model's safetensors files")
 
 
-class Checkpoint:
-    """A Hugging Face checkpoint folder: `config`, tensor table, and tensors read one at a time."""
+class TensorFiles:
+    """Tensors of safetensors files, memory-mapped and read one at a time (nothing needs torch)."""
 
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        config_path = folder / "config.json"
-        if not folder.is_dir():
-            raise ModelError(f"{folder} is not a folder; give a Hugging Face checkpoint folder or a hub repo id")
-        if not config_path.is_file():
-            raise ModelError(f"{folder} has no config.json; is it a Hugging Face checkpoint folder?")
-        self.config = ModelConfig.from_dict(read_json(config_path), config_path)
-        self.tensors: dict[str, TensorRef] = {}
-        for path in _weight_files(folder):
-            for ref in _read_safetensors_header(path):
-                if ref.name in self.tensors:
-                    raise ModelError(f"{folder}: tensor '{ref.name}' is in both {self.tensors[ref.name].file.name} and {path.name}; remove stray weight files")
-                self.tensors[ref.name] = ref
-        _check_tensors(folder, self.config, self.tensors)
+    def __init__(self, tensors: dict[str, TensorRef]) -> None:
+        self.tensors = tensors
         self._files: dict[Path, _MappedFile] = {}
+
+    @classmethod
+    def read(cls, paths: list[Path], folder: Path) -> TensorFiles:
+        """The tensors of `paths`, each name in one file only."""
+        tensors: dict[str, TensorRef] = {}
+        for path in paths:
+            for ref in read_safetensors_header(path):
+                if ref.name in tensors:
+                    raise ModelError(f"{folder}: tensor '{ref.name}' is in both {tensors[ref.name].file.name} and {path.name}; remove stray weight files")
+                tensors[ref.name] = ref
+        return cls(tensors)
 
     @property
     def n_bytes(self) -> int:
         return sum(ref.n_bytes for ref in self.tensors.values())
-
-    def json_file(self, name: str) -> dict[str, Any] | None:
-        """A JSON object file of the checkpoint, None if absent; a corrupt one is a ModelError."""
-        path = self.folder / name
-        return read_json(path) if path.is_file() else None
 
     def _mapped(self, ref: TensorRef) -> _MappedFile:
         if ref.file not in self._files:
@@ -437,6 +479,35 @@ class Checkpoint:
         self._files.clear()
 
 
+def read_config(folder: Path) -> ModelConfig:
+    """A checkpoint folder's config.json, read and normalised."""
+    config_path = folder / "config.json"
+    if not folder.is_dir():
+        raise ModelError(f"{folder} is not a folder; give a Hugging Face checkpoint folder or a hub repo id")
+    if not config_path.is_file():
+        raise ModelError(f"{folder} has no config.json; is it a Hugging Face checkpoint folder?")
+    return ModelConfig.from_dict(read_json(config_path), config_path)
+
+
+class Checkpoint(TensorFiles):
+    """A Hugging Face checkpoint folder: `config`, tensor table, and tensors read one at a time."""
+
+    def __init__(self, folder: Path, accept: Callable[[ModelConfig], object] | None = None) -> None:
+        """`accept` sees the config first and raises for one its caller cannot convert, before any
+        tensor is read (a wrong architecture is named as such, not as a missing tensor)."""
+        self.folder = folder
+        self.config = read_config(folder)
+        if accept is not None:
+            accept(self.config)
+        super().__init__(TensorFiles.read(_weight_files(folder), folder).tensors)
+        _check_tensors(folder, self.config, self.tensors)
+
+    def json_file(self, name: str) -> dict[str, Any] | None:
+        """A JSON object file of the checkpoint, None if absent; a corrupt one is a ModelError."""
+        path = self.folder / name
+        return read_json(path) if path.is_file() else None
+
+
 # What a conversion needs from a hub repository: no other weights formats, no extras.
 HUB_PATTERNS = [
     "config.json",
@@ -449,6 +520,8 @@ HUB_PATTERNS = [
     "special_tokens_map.json",
     "chat_template.json",
     "chat_template.jinja",
+    # A PEFT adapter's (its base model's config.json is fetched on its own).
+    "adapter_config.json",
 ]
 
 
@@ -461,8 +534,9 @@ class CheckpointSource:
     directory: Path
 
 
-def locate_checkpoint(spec: str) -> CheckpointSource:
-    """A local folder as is; otherwise a hub repo id, fetched into huggingface_hub's cache."""
+def locate_checkpoint(spec: str, patterns: list[str] = HUB_PATTERNS) -> CheckpointSource:
+    """A local folder as is; otherwise a hub repo id, its files matching `patterns` fetched into
+    huggingface_hub's cache."""
     path = Path(spec).expanduser()
     if path.exists():
         return CheckpointSource(path, path.resolve().name, path.resolve().parent)
@@ -472,9 +546,9 @@ def locate_checkpoint(spec: str) -> CheckpointSource:
     from localchat.settings import Settings
 
     try:
-        folder = pull_files(spec, HUB_PATTERNS, Settings())  # resumable, checksummed, as `localchat pull`
+        folder = pull_files(spec, patterns, Settings())  # resumable, checksummed, as `localchat pull`
     except ModelError as error:
-        files = ", ".join(HUB_PATTERNS[:6])
+        files = ", ".join(patterns[:6])
         raise ModelError(
             f"{error}; or download {files} from https://huggingface.co/{spec} into a folder and pass that folder instead"
         ) from None

@@ -44,13 +44,15 @@ class ProgressBar:
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("convert", help="convert a Hugging Face checkpoint to GGUF")
-    parser.add_argument("source", metavar="SRC", help="a checkpoint folder or a Hugging Face repo id")
+    parser = subparsers.add_parser("convert", help="convert a Hugging Face checkpoint, or a PEFT LoRA adapter, to GGUF")
+    parser.add_argument("source", metavar="SRC", help="a checkpoint folder, a PEFT LoRA adapter folder or a Hugging Face repo id")
     parser.add_argument("--to", choices=tuple(TARGET_STEPS), required=True, help="the output format")
     parser.add_argument("--quant", choices=(*QUANT_TYPES, *ONNX_QUANTS),
                         help=f"gguf: {', '.join(QUANT_TYPES)} (default {DEFAULT_QUANT}); onnx: {', '.join(ONNX_QUANTS)} (default int4)")
     parser.add_argument("-o", "--output", help="the output file (default: SRC-QUANT.gguf beside a folder, or in the current folder for a repo id)")
     parser.add_argument("--verify", action="store_true", help="load the result in llama.cpp and compare it with the checkpoint")
+    parser.add_argument("--base", metavar="BASE", help="a LoRA adapter's base model, a checkpoint folder or repo id "
+                                                      "(default: the adapter's base_model_name_or_path; only its config.json is read)")
     parser.add_argument("--force", action="store_true", help="overwrite the output file if it exists")
     parser.add_argument("--threads", type=int, help="threads for reading and quantizing (default: all cores)")
     parser.set_defaults(handler=run)
@@ -90,8 +92,27 @@ def _verify_onnx(output: Path, checkpoint: Path, quant: str) -> VerifyReport:
 TARGET_STEPS = {"gguf": (_to_gguf, _verify_gguf), "onnx": (_to_onnx, _verify_onnx)}
 
 
+def _adapter_to_gguf(args: argparse.Namespace, source: CheckpointSource) -> int:
+    from localchat.converters.lora import DEFAULT_LORA_QUANT, convert_adapter
+
+    if args.to != "gguf" or args.verify:
+        raise InvalidSettingError(f"{args.source} is a LoRA adapter: it converts --to gguf, without --verify "
+                                  "(check it by running its base model with --lora)")
+    quant = args.quant or DEFAULT_LORA_QUANT
+    output = Path(args.output).expanduser() if args.output else default_output_path(source.name, quant, source.directory)
+    result = convert_adapter(source.folder, output, quant, base=args.base, force=args.force)
+    print(f"wrote {result.output} (LoRA adapter, {result.n_bytes / 2**20:.1f} MiB, {result.n_tensors} tensors, {result.seconds:.1f} s)")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    from localchat.converters.lora import is_adapter
+
     source = locate_checkpoint(args.source)
+    if is_adapter(source.folder):
+        return _adapter_to_gguf(args, source)
+    if args.base is not None:
+        raise InvalidSettingError(f"--base is for LoRA adapters; {args.source} has no adapter_config.json")
     args.quant = args.quant or DEFAULT_QUANTS[args.to]
     convert, verify = TARGET_STEPS[args.to]
     bar = ProgressBar()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 import shutil
 import threading
 import time
@@ -26,7 +27,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, LlamaFileTy
 from gguf.quants import quantize as gguf_quantize
 
 from localchat.converters.architectures import PlannedTensor, add_hparams, architecture_for, plan_tensors, transform
-from localchat.converters.checkpoint import Checkpoint
+from localchat.converters.checkpoint import Checkpoint, TensorRef
 from localchat.converters.tokenizer import add_tokenizer
 from localchat.errors import InvalidSettingError, LocalchatError, ModelError
 from localchat.sampling_defaults import generation_config_sampling
@@ -34,6 +35,9 @@ from localchat.sampling_defaults import generation_config_sampling
 INCOMPLETE_SUFFIX = ".incomplete"
 # Room left on the disk beyond the estimated output, for the filesystem and other programs.
 DISK_MARGIN_BYTES = 256 * 1024 * 1024
+# Names llama.cpp's vocabulary loader takes for Phi-3's, and the tokens it then looks up by text.
+PHI3_NAME = re.compile("phi-?3", re.IGNORECASE)
+PHI3_NAMED_TOKENS = ("<unk>", "<s>", "<|endoftext|>", "</s>")
 # Elements widened to float32 at once when re-encoding a large tensor (64 MiB of float32).
 ENCODE_CHUNK_ELEMENTS = 16 * 1024 * 1024
 
@@ -104,7 +108,7 @@ class TensorWriter:
 
     def ggml_type(self, planned: PlannedTensor) -> GGMLQuantizationType:
         # llama.cpp keeps vectors (norms, biases, RoPE factors) in F32 at every quantization.
-        return GGMLQuantizationType.F32 if planned.is_vector else self.float_type
+        return GGMLQuantizationType.F32 if planned.keeps_f32 else self.float_type
 
     def add_info(self, writer: GGUFWriter, planned: PlannedTensor) -> int:
         ggml_type = self.ggml_type(planned)
@@ -122,8 +126,19 @@ class TensorWriter:
         ggml_type = self.ggml_type(planned)
         if planned.data is not None:
             return FLOAT_ENCODERS[ggml_type](planned.data)
-        ref = planned.source
-        assert ref is not None
+        if not planned.stacked:
+            return self._encode_source(planned, planned.sources[0], ggml_type)
+        # An expert's matrices, one after another along a new first axis.
+        stacked: np.ndarray | None = None
+        for i, ref in enumerate(planned.sources):
+            piece = self._encode_source(planned, ref, ggml_type)
+            if stacked is None:
+                stacked = np.empty((len(planned.sources), *piece.shape), dtype=piece.dtype)
+            stacked[i] = piece
+        assert stacked is not None
+        return stacked
+
+    def _encode_source(self, planned: PlannedTensor, ref: TensorRef, ggml_type: GGMLQuantizationType) -> np.ndarray:
         untouched = not planned.permute_heads and not planned.add
         if untouched and STORED_AS.get(ref.dtype) == ggml_type:
             stored = self.checkpoint.read_stored(ref)
@@ -167,6 +182,15 @@ def add_sampling_defaults(writer: GGUFWriter, checkpoint: Checkpoint) -> None:
         (writer.add_int32 if isinstance(value, int) else writer.add_float32)(key, value)
 
 
+def model_name(name: str, tokens: list[str]) -> str:
+    """general.name, unless llama.cpp would take it for Phi-3's and fail to load the vocabulary:
+    it gives Phi-3's tokens their attributes in any model whose name contains "phi3" or "phi-3",
+    looking each up by text. A vocabulary without them is not Phi-3's: the name loses the match."""
+    if PHI3_NAME.search(name) and not set(PHI3_NAMED_TOKENS) <= set(tokens):
+        return PHI3_NAME.sub(lambda found: found[0][:-1] + " " + found[0][-1], name)
+    return name
+
+
 def _write_float_gguf(
     checkpoint: Checkpoint,
     path: Path,
@@ -182,11 +206,11 @@ def _write_float_gguf(
     n_vocab = next(p.shape[0] for p in tensors if p.gguf_name == "token_embd.weight")
     writer = GGUFWriter(None, arch.gguf_name)
     writer.add_type("model")
-    writer.add_name(str(config.raw.get("_name_or_path") or checkpoint.folder.name))
     tensors += add_hparams(config, arch, writer)
     writer.add_file_type(int(file_type))
     add_sampling_defaults(writer, checkpoint)
-    add_tokenizer(writer, checkpoint, n_vocab)
+    vocabulary = add_tokenizer(writer, checkpoint, n_vocab)
+    writer.add_name(model_name(str(config.raw.get("_name_or_path") or checkpoint.folder.name), vocabulary.tokens))
     tensor_writer = TensorWriter(checkpoint, float_type)
     total = sum(tensor_writer.add_info(writer, planned) for planned in tensors)
     done = 0
@@ -196,8 +220,8 @@ def _write_float_gguf(
         writer.write_ti_data_to_file()
         for i, (planned, data) in enumerate(tensor_writer.encoded(tensors, threads)):
             writer.write_tensor_data(data)
-            if planned.source is not None:
-                checkpoint.release(planned.source)
+            for ref in planned.sources:
+                checkpoint.release(ref)
             done += data.nbytes
             progress(done, total, f"tensor {i + 1}/{len(tensors)}")
         writer.flush()
@@ -302,7 +326,7 @@ def convert_checkpoint(
     if output.is_dir():
         raise LocalchatError(f"{output} is a folder; give the path of the GGUF file to write with -o")
     threads = threads or os.cpu_count() or 1
-    checkpoint = Checkpoint(source)
+    checkpoint = Checkpoint(source, accept=architecture_for)
     created: list[Path] = []
     try:
         float_type = choice.float_type if choice.float_type is not None else _intermediate_float_type(checkpoint)

@@ -251,7 +251,7 @@ def convert_to_onnx(source: Path, output: Path, quant: str = "fp32", *, progress
         # --force replaces an earlier conversion, never an unrelated file or folder.
         raise ModelError(f"{output} exists and is not an ONNX model made by localchat; choose another output folder (-o)")
     started = time.perf_counter()
-    checkpoint = Checkpoint(source)
+    checkpoint = Checkpoint(source, accept=architecture_for)
     partial = output.with_name(output.name + ".incomplete")
     try:
         config = checkpoint.config

@@ -21,6 +21,7 @@ from localchat.speculative import DEFAULT_LOOKUP_DRAFT
 
 if TYPE_CHECKING:
     from localchat.constraints import Constraint
+    from localchat.adapters import LoraSpec
     from localchat.engine import Engine
     from localchat.hub import HubModelName
     from localchat.models import InstalledModel
@@ -93,11 +94,23 @@ def _add_draft_model_option(parser: argparse.ArgumentParser) -> None:
                              "faster (timed as it goes); -m's forms")
 
 
+def _add_lora_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--lora", action="append", metavar="FILE[:SCALE]",
+                        help="a LoRA adapter for the model, as GGUF (localchat convert ADAPTER_DIR --to gguf), applied at "
+                             "SCALE (default 1); repeatable")
+
+
+def _lora_specs(args: argparse.Namespace) -> tuple[LoraSpec, ...]:
+    from localchat.adapters import LoraSpec
+
+    return tuple(LoraSpec.parse(text) for text in args.lora or ())
+
+
 def _load_engine(args: argparse.Namespace, request: PlanRequest) -> Engine:
-    """The model of `-m`, with the draft model of `--draft-model` if given."""
+    """The model of `-m`, with the draft model of `--draft-model` and the adapters of `--lora` if given."""
     from localchat.engine import Engine
 
-    return Engine.load(args.model, Settings(), request, draft_model=args.draft_model)
+    return Engine.load(args.model, Settings(), request, draft_model=args.draft_model, loras=_lora_specs(args))
 
 
 def _decode_here(engine: Engine) -> None:
@@ -201,6 +214,8 @@ def _run_remote(args: argparse.Namespace, endpoint: RemoteEndpoint, prompt: str,
         raise InvalidSettingError("--raw works with local models only: a remote server applies its own chat template")
     if args.draft_model is not None:
         raise InvalidSettingError(f"--draft-model {DECODED_REMOTELY}")
+    if args.lora:
+        raise InvalidSettingError(f"--lora {DECODED_REMOTELY}")
     if args.lookup_draft is not None:
         raise InvalidSettingError(f"--lookup-draft {DECODED_REMOTELY}")
     with RemoteServer(endpoint) as server:
@@ -350,7 +365,10 @@ def cmd_chat(args: argparse.Namespace) -> int:
     remote = _remote(args)
     if remote is not None and args.draft_model is not None:
         raise InvalidSettingError(f"--draft-model {DECODED_REMOTELY}")
-    return run_chat_app(args.model, Settings(), _plan_request(args), remote=remote, draft_model=args.draft_model)
+    if remote is not None and args.lora:
+        raise InvalidSettingError(f"--lora {DECODED_REMOTELY}")
+    return run_chat_app(args.model, Settings(), _plan_request(args), remote=remote, draft_model=args.draft_model,
+                        loras=_lora_specs(args))
 
 
 def _pull(name: HubModelName, settings: Settings) -> None:
@@ -463,6 +481,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_options(chat)
     _add_remote_options(chat)
     _add_draft_model_option(chat)
+    _add_lora_option(chat)
     chat.set_defaults(handler=cmd_chat)
 
     run = commands.add_parser("run", help="answer one prompt, streaming to stdout")
@@ -476,6 +495,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json-schema", type=Path, metavar="FILE", help="the reply is JSON following this JSON schema file")
     _add_lookup_option(run)
     _add_draft_model_option(run)
+    _add_lora_option(run)
     _add_remote_options(run)
     run.add_argument("prompt", help="the prompt, or - to read it from stdin")
     run.set_defaults(handler=cmd_run)
@@ -495,6 +515,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--cors-origin", action="append", help="let web pages from this origin call the API (repeatable)")
     _add_lookup_option(serve)
     _add_draft_model_option(serve)
+    _add_lora_option(serve)
     serve.add_argument("--no-think", action="store_true",
                        help="pass enable_thinking=false to the chat template unless a request says otherwise (Qwen 3, SmolLM3...)")
     serve.add_argument("--max-models", type=int, metavar="N",

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
+from localchat.adapters import LoadedLora, LoraSpec, default_scales, requested_scales
 from localchat.backends.base import Backend
 from localchat.chat_engine import THINKING_SWITCH, LocalChat
 from localchat.errors import ModelError
@@ -110,6 +111,8 @@ class Engine:
         # One session per KV sequence: a session must know every token its sequence holds.
         self.sessions = tuple(Session(backend, seq=seq, prefix_cache=self.prefix_cache,
                                       sampler_defaults=self.sampler_defaults.settings) for seq in range(backend.n_seq))
+        # LoRA adapters loaded on the backend (--lora), by id.
+        self.loras: tuple[LoadedLora, ...] = ()
         self._draft_backend: Backend | None = None
         self._closed = False
 
@@ -122,10 +125,17 @@ class Engine:
         *,
         on_progress: Callable[[float], None] | None = None,
         draft_model: str | None = None,
+        loras: Sequence[LoraSpec] = (),
     ) -> Engine:
-        """`model` planned on this machine, with `draft_model` (if given) drafting for it."""
+        """`model` planned on this machine, with `draft_model` (if given) drafting for it and the
+        LoRA adapters `loras` applied to every reply that does not ask for others."""
         settings = settings or Settings()
         engine = cls.from_plan(plan_model(model, settings, request), settings, on_progress=on_progress)
+        try:
+            engine.add_loras(loras)
+        except BaseException:
+            engine.close()
+            raise
         if draft_model is not None:
             try:
                 engine.add_draft_model(draft_model, request)
@@ -156,6 +166,20 @@ class Engine:
         self._draft_backend = draft
         for session in self.sessions:
             session.draft_model = DraftModel(draft, session.seq)
+
+    def add_loras(self, specs: Sequence[LoraSpec]) -> None:
+        """Load adapters on the backend; each applies at its scale unless a reply asks otherwise."""
+        for spec in specs:
+            self.loras += (LoadedLora(self.backend.load_lora(spec.path), spec.path, spec.scale),)
+        self.set_lora_scales({lora.id: lora.scale for lora in self.loras})
+
+    def set_lora_scales(self, scales: dict[int, float]) -> None:
+        """New default scales for the loaded adapters (llama-server's POST /lora-adapters): those
+        given change, the others keep theirs. Replies started later use them."""
+        requested_scales(self.loras, scales.items())  # an unknown id or a bad scale is refused whole
+        self.loras = tuple(replace(lora, scale=float(scales.get(lora.id, lora.scale))) for lora in self.loras)
+        for session in self.sessions:
+            session.default_loras = default_scales(self.loras)
 
     @property
     def plan(self) -> Plan:

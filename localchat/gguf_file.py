@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,9 @@ INT64_MAX = (1 << 63) - 1
 # before it is looped over.
 MIN_KV_BYTES = 8 + 1 + 4 + 1
 MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8
+# A mixture of experts' routed experts, stacked one tensor per layer and matrix: llama.cpp's own
+# pattern for them (common.h's LLM_FFN_EXPS_REGEX, what llama-server's --cpu-moe keeps in RAM).
+ROUTED_EXPERT_TENSOR = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch|)exps")
 # Numeric arrays up to this length are kept (per-layer head counts); longer ones only counted.
 MAX_KEPT_ARRAY = 1024
 # llama.cpp maps each entry of the vocabulary to its id and asserts that none repeats.

@@ -20,7 +20,7 @@ from gguf.constants import TokenType
 
 from localchat import hub
 from localchat.errors import ModelError
-from localchat.gguf_file import GgufHeader, read_gguf_header
+from localchat.gguf_file import ROUTED_EXPERT_TENSOR, GgufHeader, read_gguf_header
 from localchat.onnx_format import ONNX_MARKER, read_metadata
 from localchat.planner import ModelFacts
 from localchat.settings import Settings
@@ -467,6 +467,7 @@ def gguf_facts(header: GgufHeader) -> ModelFacts:
     value_length = _arch_int(header, "attention.value_length", key_length)
     kv_per_token = sum(head_kv_per_layer) * (key_length + value_length) * GGUF_KV_BYTES
     layer_bytes = sum(t.n_bytes for t in header.tensors if t.name.startswith("blk."))
+    expert_bytes = sum(t.n_bytes for t in header.tensors if t.name.startswith("blk.") and ROUTED_EXPERT_TENSOR.search(t.name))
     other_bytes = sum(t.n_bytes for t in header.tensors if not t.name.startswith("blk."))
     return ModelFacts(
         format="gguf",
@@ -477,6 +478,7 @@ def gguf_facts(header: GgufHeader) -> ModelFacts:
         kv_bytes_per_token=kv_per_token,
         n_vocab=int(header.array_lengths.get("tokenizer.ggml.tokens", 0)),
         kv_head_sizes=(key_length, value_length),
+        expert_bytes=expert_bytes // n_layers,
     )
 
 

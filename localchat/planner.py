@@ -79,6 +79,9 @@ class Plan:
     # The share of the offloaded layers each GPU holds, by GPU index; empty when one GPU (or
     # none) holds them all.
     tensor_split: tuple[float, ...] = ()
+    # A mixture of experts whose layers are all on the GPU but for the routed experts of the first
+    # `n_cpu_moe` layers, which stay in RAM (llama-server's --n-cpu-moe).
+    n_cpu_moe: int = 0
 
     @property
     def uses_gpu(self) -> bool:
@@ -91,7 +94,7 @@ class Plan:
             n_ctx=self.n_ctx, n_seq=self.n_seq, n_threads=self.n_threads, n_threads_batch=self.n_threads_batch,
             n_gpu_layers=self.n_gpu_layers, gpu_index=self.gpu_index, tensor_split=self.tensor_split,
             use_extra_bufts=self.use_extra_bufts, kv_type=self.kv_type, flash_attn=self.flash_attn,
-            backend_sampling=self.backend_sampling,
+            backend_sampling=self.backend_sampling, n_cpu_moe=self.n_cpu_moe,
         )
 
     def describe(self) -> str:
@@ -102,6 +105,8 @@ class Plan:
             parts.append(f"split {shares}, main GPU {self.gpu_index}")
         elif self.gpu_index is not None:
             parts.append(f"on GPU {self.gpu_index}")
+        if self.n_cpu_moe:
+            parts.append(f"experts of {self.n_cpu_moe} layers in RAM")
         if self.backend not in WHOLE_MODEL_BACKENDS:
             parts.append(f"KV cache {self.kv_type}, flash attention {self.flash_attn}")
         parts.append(f"threads {self.n_threads}/{self.n_threads_batch}")
@@ -115,6 +120,11 @@ class _Placement:
     kv_type: KvType
     n_gpu_layers: int
     tensor_split: tuple[float, ...] = ()
+    n_cpu_moe: int = 0
+
+    def holds_more_than(self, other: _Placement) -> bool:
+        """More layers on the GPUs, or as many with fewer experts left in RAM."""
+        return (self.n_gpu_layers, -self.n_cpu_moe) > (other.n_gpu_layers, -other.n_cpu_moe)
 
 
 def _gib(n: int) -> str:
@@ -181,16 +191,31 @@ def _split_layers(model: ModelFacts, per_layer: int, gpus: tuple[Gpu, ...]) -> t
     return 0, ()
 
 
+def _experts_in_ram(model: ModelFacts, per_layer: int, gpu: Gpu) -> int | None:
+    """The fewest layers whose routed experts must stay in RAM for everything else, with the KV
+    cache and the output head, to fit on `gpu`; None if not even the rest fits."""
+    excess = model.n_layers * per_layer + model.other_bytes - _usable(gpu)
+    n = max(0, -(-excess // model.expert_bytes))
+    return n if n <= model.n_layers else None
+
+
 def _place(model: ModelFacts, n_ctx: int, kv_type: KvType, gpus: tuple[Gpu, ...], split: bool) -> _Placement:
-    """The most layers the GPUs hold with this KV cache type: on the GPU with most free memory
-    alone when it holds everything (no traffic between GPUs), else split across all of them."""
+    """The most the GPUs hold with this KV cache type: everything on the GPU with most free memory
+    when it fits there (no traffic between GPUs), else everything split across all of them; else,
+    for a mixture of experts, every layer on the one GPU but for the experts of as few layers as
+    need to stay in RAM (a token reads few experts, so the CPU's share of the work is small, as
+    with llama-server's --n-cpu-moe); else as many whole layers as fit, split or not."""
     per_layer = model.layer_bytes + kv_cache_bytes(model, n_ctx, kv_type) // max(model.n_layers, 1)
-    single = _gpu_layers(model, per_layer, max(gpus, key=lambda g: g.free_bytes))
-    if single <= model.n_layers and split and len(gpus) > 1:
-        n, shares = _split_layers(model, per_layer, gpus)
-        if n > single:
-            return _Placement(kv_type, n, shares)
-    return _Placement(kv_type, single)
+    main = max(gpus, key=lambda g: g.free_bytes)
+    single = _Placement(kv_type, _gpu_layers(model, per_layer, main))
+    if single.n_gpu_layers > model.n_layers:
+        return single
+    spread = _Placement(kv_type, *_split_layers(model, per_layer, gpus)) if split and len(gpus) > 1 else single
+    if spread.n_gpu_layers > model.n_layers:
+        return spread
+    if split and model.expert_bytes and (n_cpu_moe := _experts_in_ram(model, per_layer, main)) is not None:
+        return _Placement(kv_type, model.n_layers + 1, n_cpu_moe=n_cpu_moe)
+    return spread if spread.n_gpu_layers > single.n_gpu_layers else single
 
 
 def gpu_bytes(model: ModelFacts, plan: Plan) -> dict[int, int]:
@@ -203,7 +228,8 @@ def gpu_bytes(model: ModelFacts, plan: Plan) -> dict[int, int]:
         loads = split_loads(model, per_layer, plan.n_gpu_layers, plan.tensor_split)
         return {index: load for index, load in enumerate(loads) if load}
     head = model.other_bytes if plan.n_gpu_layers > model.n_layers else 0
-    return {plan.gpu_index: min(plan.n_gpu_layers, model.n_layers) * per_layer + head}
+    in_ram = plan.n_cpu_moe * model.expert_bytes
+    return {plan.gpu_index: min(plan.n_gpu_layers, model.n_layers) * per_layer + head - in_ram}
 
 
 def quantized_kv_possible(model: ModelFacts, build: BuildFeatures) -> bool:
@@ -233,7 +259,13 @@ def _placement_reasons(model: ModelFacts, n_ctx: int, placement: _Placement, gpu
         where = f"across {len(gpus)} GPUs in proportion to free memory, main GPU {main.index}: {shares}"
     else:
         where = f"on {main.name}, {_gib(main.free_bytes)} free"
-    if placement.n_gpu_layers > model.n_layers:
+    if placement.n_cpu_moe:
+        reasons = [
+            f"all {model.n_layers} layers {where} but for the routed experts of the first {placement.n_cpu_moe}, "
+            f"{_gib(placement.n_cpu_moe * model.expert_bytes)} left in RAM: the whole model ({_gib(model.weight_bytes)} "
+            f"of weights plus {_gib(kv)} of KV cache) does not fit, and a token reads only a few experts"
+        ]
+    elif placement.n_gpu_layers > model.n_layers:
         reasons = [f"all {model.n_layers} layers {where} (the model and its KV cache fit)"]
     elif placement.n_gpu_layers > 0:
         weights = _gib(model.weight_bytes)
@@ -241,10 +273,13 @@ def _placement_reasons(model: ModelFacts, n_ctx: int, placement: _Placement, gpu
     else:
         return [f"CPU only: {main.name} has {_gib(main.free_bytes)} free, too little for one layer"]
     if placement.kv_type != "f16":
+        if f16.n_cpu_moe:
+            in_f16 = f"the experts of {f16.n_cpu_moe} layers would stay in RAM"
+        else:
+            in_f16 = "no layer fits" if f16.n_gpu_layers == 0 else f"only {min(f16.n_gpu_layers, model.n_layers)} layers fit"
         reasons.append(
             f"KV cache {placement.kv_type} ({_gib(kv)} instead of {_gib(kv_cache_bytes(model, n_ctx))} in f16): "
-            f"in f16 {'no layer fits' if f16.n_gpu_layers == 0 else f'only {min(f16.n_gpu_layers, model.n_layers)} layers fit'} "
-            f"with a {n_ctx}-token context; flash attention on, which llama.cpp needs for a quantized V cache"
+            f"in f16 {in_f16} with a {n_ctx}-token context; flash attention on, which llama.cpp needs for a quantized V cache"
         )
     return reasons
 
@@ -276,9 +311,9 @@ def plan_offload(model: ModelFacts, hardware: Hardware, build: BuildFeatures, re
     else:
         f16 = _place(model, n_ctx, "f16", gpus, splits)
         placement = f16
-        if f16.n_gpu_layers <= model.n_layers and quantized_kv_possible(model, build):
+        if (f16.n_gpu_layers <= model.n_layers or f16.n_cpu_moe) and quantized_kv_possible(model, build):
             q8 = _place(model, n_ctx, "q8_0", gpus, splits)
-            if q8.n_gpu_layers > f16.n_gpu_layers:
+            if q8.holds_more_than(f16):
                 placement = q8
         if not splits and 0 < placement.n_gpu_layers <= model.n_layers:
             reasons.append(f"CPU only: {backend} runs a model whole and it does not fit in {gpu.name}'s {_gib(gpu.free_bytes)} free")
@@ -297,7 +332,7 @@ def plan_offload(model: ModelFacts, hardware: Hardware, build: BuildFeatures, re
     head_on_gpu = n_gpu_layers > model.n_layers
 
     def cpu_bytes(ctx: int) -> int:
-        layers = int(model.n_layers * model.layer_bytes * (1 - gpu_share))
+        layers = int(model.n_layers * model.layer_bytes * (1 - gpu_share)) + placement.n_cpu_moe * model.expert_bytes
         kv = int(kv_cache_bytes(model, ctx, kv_type) * (1 - gpu_share))
         # The embedding table stays in RAM even on a GPU; the output head moves with the last layer.
         other = model.other_bytes // 2 if head_on_gpu else model.other_bytes
@@ -347,4 +382,5 @@ def plan_offload(model: ModelFacts, hardware: Hardware, build: BuildFeatures, re
         flash_attn=flash_attn,
         tensor_split=placement.tensor_split,
         backend_sampling=backend_sampling,
+        n_cpu_moe=placement.n_cpu_moe,
     )

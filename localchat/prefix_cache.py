@@ -46,6 +46,9 @@ class _Entry:
     state: bytes | None  # None while it lives only on disk
     disk_path: Path | None
     size: int
+    # What else the KV depends on: the LoRA adapters it was computed with ("" for none). Such
+    # entries stay in RAM: adapter ids are the run's own, a restart may give them other files.
+    variant: str = ""
 
 
 @dataclass(frozen=True)
@@ -115,11 +118,13 @@ class PrefixCache:
 
     # -- lookup --------------------------------------------------------------------
 
-    def longest_match(self, tokens: Sequence[int]) -> PrefixMatch | None:
-        """The saved state sharing the longest prefix with `tokens` (at least MIN_MATCH_TOKENS)."""
+    def longest_match(self, tokens: Sequence[int], variant: str = "") -> PrefixMatch | None:
+        """The saved state of `variant` sharing the longest prefix with `tokens` (at least MIN_MATCH_TOKENS)."""
         with self._lock:
             best: PrefixMatch | None = None
             for key, entry in self._entries.items():
+                if entry.variant != variant:
+                    continue
                 length = common_prefix_length(entry.tokens, tokens)
                 if length >= MIN_MATCH_TOKENS and (best is None or length > best.length):
                     best = PrefixMatch(key, entry.tokens, length, entry.size)
@@ -147,25 +152,28 @@ class PrefixCache:
                 self._enforce_budgets()
             return state
 
-    def covers(self, tokens: Sequence[int]) -> bool:
-        """Whether some entry already holds all of `tokens` (saving them again is pointless)."""
+    def covers(self, tokens: Sequence[int], variant: str = "") -> bool:
+        """Whether some entry of `variant` already holds all of `tokens` (saving them again is pointless)."""
         with self._lock:
             return any(
-                len(entry.tokens) >= len(tokens) and common_prefix_length(entry.tokens, tokens) == len(tokens)
+                entry.variant == variant and len(entry.tokens) >= len(tokens)
+                and common_prefix_length(entry.tokens, tokens) == len(tokens)
                 for entry in self._entries.values()
             )
 
     # -- insertion -----------------------------------------------------------------
 
-    def put(self, tokens: Sequence[int], state: bytes) -> None:
-        """Save `state`, the KV cache holding exactly `tokens`; entries it extends are dropped."""
+    def put(self, tokens: Sequence[int], state: bytes, variant: str = "") -> None:
+        """Save `state`, the KV cache holding exactly `tokens` computed as `variant`; entries of
+        that variant it extends are dropped."""
         array = np.asarray(tokens, dtype=np.int32)
-        key = hashlib.sha1(self.model_key.encode() + array.tobytes()).hexdigest()
+        key = hashlib.sha1(self.model_key.encode() + variant.encode() + array.tobytes()).hexdigest()
         with self._lock:
             for other_key, entry in list(self._entries.items()):
-                if len(entry.tokens) <= len(array) and common_prefix_length(entry.tokens, array) == len(entry.tokens):
+                if (entry.variant == variant and len(entry.tokens) <= len(array)
+                        and common_prefix_length(entry.tokens, array) == len(entry.tokens)):
                     self._remove(other_key)
-            self._entries[key] = _Entry(array, state, None, len(state))
+            self._entries[key] = _Entry(array, state, None, len(state), variant)
             self._enforce_budgets()
 
     def discard(self, key: str) -> None:
@@ -202,7 +210,7 @@ class PrefixCache:
             room = self.disk_budget_bytes - self.disk_bytes
             chosen = []
             for key, entry in reversed(self._entries.items()):
-                if entry.disk_path is None and entry.state is not None and entry.size <= room:
+                if entry.disk_path is None and entry.state is not None and not entry.variant and entry.size <= room:
                     chosen.append((key, entry))
                     room -= entry.size
             for key, entry in reversed(chosen):
@@ -222,7 +230,7 @@ class PrefixCache:
                 break
             if entry.state is None:
                 continue
-            if self.disk_dir is not None and entry.size <= self.disk_budget_bytes:
+            if self.disk_dir is not None and not entry.variant and entry.size <= self.disk_budget_bytes:
                 if entry.disk_path is None:
                     try:
                         entry.disk_path = self._write_entry_file(key, entry)

@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from localchat.backends.base import Backend, TokenLogprob
+from localchat.backends.base import Backend, LoraScales, TokenLogprob
 from localchat.engine import Engine
 from localchat.errors import ContextOverflowError, InvalidSettingError, LocalchatError
 from localchat.prefix_cache import common_prefix_length
@@ -201,18 +201,21 @@ class Scheduler:
             if request.cancelled:
                 request.sink(ReplyDone(request.reply.stats()))
                 continue
-            if not self._start(self._slot_for(free, request.prompt), request):
+            if not self._start(self._slot_for(free, request), request):
                 with self._wake:
                     self._waiting.appendleft(request)  # it waits for active replies to free cells
                 return
 
-    def _slot_for(self, free: list[_Slot], prompt: list[int]) -> _Slot:
-        """The free slot already holding the longest start of `prompt`; else an empty one; else the
-        least recently used (its KV is saved to the prefix cache before it is overwritten)."""
-        return max(
-            free,
-            key=lambda slot: (common_prefix_length(slot.session.tokens, prompt), not slot.session.tokens, -slot.last_used),
-        )
+    def _slot_for(self, free: list[_Slot], request: ScheduledReply) -> _Slot:
+        """The free slot already holding the longest start of the prompt computed with the request's
+        adapters; else an empty one; else the least recently used (its KV is saved to the prefix
+        cache before it is overwritten)."""
+        def reuse(slot: _Slot) -> int:
+            session = slot.session
+            wanted = session.default_loras if request.settings.loras is None else request.settings.loras
+            return common_prefix_length(session.tokens, request.prompt) if session.loras == wanted else 0
+
+        return max(free, key=lambda slot: (reuse(slot), not slot.session.tokens, -slot.last_used))
 
     def _cells_free(self) -> int:
         return self._backend.n_ctx - sum(len(slot.session.tokens) for slot in self._slots)
@@ -242,7 +245,7 @@ class Scheduler:
             # prompt's last token is evaluated.
             slot.decoder = Decoder(session, reply, request.settings.sampler, request.prompt, request.settings.lookup_draft)
             try:
-                reply.prefilled(*session.prefill(request.prompt))
+                reply.prefilled(*session.prefill(request.prompt, loras=request.settings.loras))
             except ContextOverflowError:
                 # No room where llama.cpp looked (cells freed by a restore, fragmentation):
                 # free every idle slot and try once more, unless active replies hold the cells.
@@ -252,7 +255,7 @@ class Scheduler:
                     slot.decoder.close()
                     slot.request = slot.decoder = None
                     return False
-                reply.prefilled(*session.prefill(request.prompt))
+                reply.prefilled(*session.prefill(request.prompt, loras=request.settings.loras))
             self._note_rewritten_history(slot, request.prompt, reply.cached_tokens)
             self._emit(slot, slot.decoder.sample())
         except Exception as error:
@@ -277,7 +280,8 @@ class Scheduler:
             "Logged once.", previous, cached, len(prompt) - cached, len(prompt) - previous)
 
     def _decode_step(self) -> None:
-        """One token for every active slot, in one batch."""
+        """One token for every active slot: one batch per set of LoRA adapters the slots compute
+        with (llama.cpp applies adapters to a whole batch), most often one."""
         for slot in self._slots:
             if slot.request is not None and slot.request.cancelled:
                 self._finish(slot)
@@ -286,8 +290,15 @@ class Scheduler:
             return
         while active and not self._release_idle(len(active)):
             self._end_longest(active)
-        if not active:
-            return
+        groups: dict[LoraScales, list[_Slot]] = {}
+        for slot in active:
+            groups.setdefault(slot.session.loras, []).append(slot)
+        for loras, group in groups.items():
+            self._backend.use_loras(loras)
+            self._decode_group(group)
+
+    def _decode_group(self, active: list[_Slot]) -> None:
+        """One token for each of `active`, slots computing with the adapters set, in one batch."""
         if len(active) == 1 and self._advance_alone(active[0]):
             return
         batch = []

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
-from localchat.backends.base import ROW_LIMIT, Backend, Sampler, SamplerSettings, TokenLogprob, token_logprob
+from localchat.backends.base import ROW_LIMIT, Backend, LoraScales, Sampler, SamplerSettings, TokenLogprob, token_logprob
 from localchat.chat_formats import ChatFormat, detect_format
 from localchat.constraints import Constraint, token_guide
 from localchat.errors import ContextOverflowError, InferenceError, InvalidSettingError
@@ -58,6 +58,8 @@ class GenerationSettings:
     # the sequence's last n-gram earlier in it (0: off; the front ends give DEFAULT_LOOKUP_DRAFT).
     # A server's reply drafts while it decodes alone.
     lookup_draft: int = 0
+    # The LoRA adapters to compute the reply with; None: the engine's defaults (its --lora scales).
+    loras: LoraScales | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None and self.max_tokens < 1:
@@ -137,6 +139,9 @@ class Session:
         # The sampler a reply gets when its settings name none: the model's defaults.
         self.sampler_defaults = sampler_defaults or SamplerSettings()
         self.tokens: list[int] = []
+        # The adapters `tokens`' KV was computed with, and those a request that names none gets.
+        self.loras: LoraScales = ()
+        self.default_loras: LoraScales = ()
         self.lock = threading.Lock()
         # Speculative decoding by a smaller model (its own KV sequence kept in step) where prompt lookup has no draft.
         self.draft_model: DraftModel | None = None
@@ -145,13 +150,28 @@ class Session:
     def n_ctx(self) -> int:
         return self.backend.n_ctx
 
+    @property
+    def _variant(self) -> str:
+        """The prefix cache's key for what besides the tokens the KV depends on: the adapters."""
+        return " ".join(f"lora{i}x{scale!r}" for i, scale in self.loras)
+
     def save_live_state(self) -> None:
         """Keep what the sequence holds in the prefix cache (when long enough and not there yet)."""
-        if self.prefix_cache is not None and len(self.tokens) >= MIN_SAVE_TOKENS and not self.prefix_cache.covers(self.tokens):
+        cache, variant = self.prefix_cache, self._variant
+        if cache is not None and len(self.tokens) >= MIN_SAVE_TOKENS and not cache.covers(self.tokens, variant):
             # An evaluation interrupted after llama_decode (Ctrl-C) leaves positions that
             # `tokens` does not list; a state saved with them would not restore.
             self.backend.truncate(self.seq, len(self.tokens))
-            self.prefix_cache.put(self.tokens, self.backend.save_state(self.seq))
+            cache.put(self.tokens, self.backend.save_state(self.seq), variant)
+
+    def use_loras(self, loras: LoraScales | None) -> None:
+        """Compute with `loras` (None: the defaults) from now on. The KV computed with other
+        adapters is theirs: it goes to the prefix cache under their key and the sequence starts afresh."""
+        wanted = self.default_loras if loras is None else loras
+        if wanted != self.loras:
+            self.release()
+            self.loras = wanted
+        self.backend.use_loras(wanted)
 
     def prepare(self, prompt: Sequence[int]) -> tuple[int, int]:
         """Make the KV cache hold `prompt[:-1]` or more of it, reusing what it can.
@@ -159,7 +179,7 @@ class Session:
         live = common_prefix_length(self.tokens, prompt)
         restored = 0
         cache = self.prefix_cache
-        match = cache.longest_match(prompt) if cache is not None else None
+        match = cache.longest_match(prompt, self._variant) if cache is not None else None
         if cache is not None and match is not None and match.length > live \
                 and not cache.costs.restore_pays(match.state_bytes, match.length - live):
             cache.skipped += 1
@@ -188,12 +208,15 @@ class Session:
             del self.tokens[keep:]
         return keep, min(restored, keep)
 
-    def prefill(self, prompt: Sequence[int], cancelled: Callable[[], bool] = lambda: False) -> tuple[int, int]:
-        """Put `prompt` in the KV cache, evaluating only what `prepare` cannot reuse; the backend
-        then holds the logits of its last token. Returns what `prepare` returns.
+    def prefill(self, prompt: Sequence[int], cancelled: Callable[[], bool] = lambda: False,
+                loras: LoraScales | None = None) -> tuple[int, int]:
+        """Put `prompt` in the KV cache computed with `loras` (None: the defaults), evaluating only
+        what `prepare` cannot reuse; the backend then holds the logits of its last token. Returns
+        what `prepare` returns.
 
         Evaluates in chunks so that `cancelled` can stop a long prompt part way; the tokens
         evaluated by then stay in the KV cache."""
+        self.use_loras(loras)
         reused, restored = self.prepare(prompt)
         for start in range(reused, len(prompt), PREFILL_CHUNK):
             if cancelled():
@@ -547,7 +570,7 @@ class Generation:
             # The sampler first: a backend that samples on the device draws the first token when the
             # prompt's last token is evaluated.
             decoder = Decoder(session, reply, self.settings.sampler, self.prompt, self.settings.lookup_draft)
-            reply.prefilled(*session.prefill(self.prompt, self._cancelled.is_set))
+            reply.prefilled(*session.prefill(self.prompt, self._cancelled.is_set, self.settings.loras))
             if not self._cancelled.is_set():
                 pieces = [decoder.sample()]
                 while True:

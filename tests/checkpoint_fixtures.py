@@ -1,9 +1,10 @@
 """Real Hugging Face checkpoints for the converter and ONNX tests: tiny random ones per architecture,
-and Gemma 3 270M (a pytest plugin loaded by tests/conftest.py)."""
+PEFT LoRA adapters on some, and Gemma 3 270M (a pytest plugin loaded by tests/conftest.py)."""
 
 from __future__ import annotations
 
 import importlib.resources
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -57,21 +58,32 @@ def bpe_tokenizer(split_regex: str | None, vocab_size: int = 600):
 def _randomize(model, seed: int) -> None:
     """Random weights with clear preferences, rounded to f16 so an F16 GGUF holds them exactly."""
     generator = torch.Generator().manual_seed(seed)
+    # Any width behaves as 64 does: the head's logits spread as much, each layer amplifies as much
+    # (wider, a few logits would dwarf the rest and rounding noise would grow layer by layer).
+    width = 8 / model.config.hidden_size ** 0.5
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             noise = torch.randn(parameter.shape, generator=generator)
             if parameter.ndim == 1:  # norms and biases: off their 1 / 0 defaults
                 parameter.copy_(parameter + 0.2 * noise)
             else:  # a wide output head: clear winners, so greedy decoding has no near-ties
-                parameter.copy_((1.0 if "lm_head" in name or "embed_tokens" in name else 0.15) * noise)
+                parameter.copy_(width * (1.0 if "lm_head" in name or "embed_tokens" in name else 0.15) * noise)
             parameter.copy_(parameter.half().float())
 
 
 TINY_SIZES = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048)
+# Mixtures of experts 256 wide, so that llama.cpp's K-quants (blocks of 256) apply to the experts' rows.
+TINY_MOE_SIZES = dict(TINY_SIZES, hidden_size=256, intermediate_size=256, num_experts_per_tok=2)
+TINY_EXPERTS = 4
+# Phi-4 mini's kind of RoPE: 3/4 of each head rotated, LongRoPE factors; its original context is
+# beyond the tests' contexts, so llama.cpp and transformers both take the short factors.
+TINY_LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+                 "long_factor": [1.0 + i / 4 for i in range(6)], "short_factor": [1.0 + i / 8 for i in range(6)]}
 
 
 def _tiny_configs(vocab_size: int) -> dict[str, Callable[[], object]]:
     common = dict(TINY_SIZES, vocab_size=vocab_size, bos_token_id=0, eos_token_id=1, num_hidden_layers=2)
+    moe = dict(common, **TINY_MOE_SIZES)
     return {
         "llama": lambda: transformers.LlamaConfig(**common, head_dim=16),
         "llama3-rope": lambda: transformers.LlamaConfig(
@@ -87,11 +99,45 @@ def _tiny_configs(vocab_size: int) -> dict[str, Callable[[], object]]:
             rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
                              "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}},
         ),
+        "phi3": lambda: transformers.Phi3Config(**common, pad_token_id=None),
+        "phi4-mini": lambda: transformers.Phi3Config(
+            **dict(common, max_position_embeddings=4096), pad_token_id=None, rope_parameters=TINY_LONGROPE,
+            original_max_position_embeddings=1024,
+        ),
+        "gemma2": lambda: transformers.Gemma2Config(
+            **dict(common, num_hidden_layers=4), head_dim=16, query_pre_attn_scalar=16, sliding_window=TINY_SLIDING_WINDOW
+        ),
+        "granite": lambda: transformers.GraniteConfig(
+            **common, attention_multiplier=0.2, embedding_multiplier=3.0, residual_multiplier=0.5, logits_scaling=2.0
+        ),
+        # Four layers: the fourth has no RoPE.
+        "smollm3": lambda: transformers.SmolLM3Config(**dict(common, num_hidden_layers=4), pad_token_id=None),
+        "olmo2": lambda: transformers.Olmo2Config(**common, pad_token_id=None),
+        "mixtral": lambda: transformers.MixtralConfig(**moe, num_local_experts=TINY_EXPERTS),
+        "qwen2moe": lambda: transformers.Qwen2MoeConfig(
+            **moe, num_experts=TINY_EXPERTS, moe_intermediate_size=256, shared_expert_intermediate_size=256
+        ),
+        "qwen3moe": lambda: transformers.Qwen3MoeConfig(
+            **moe, num_experts=TINY_EXPERTS, moe_intermediate_size=256, norm_topk_prob=True, head_dim=64
+        ),
+        # llama.cpp's OLMoE has as many key/value heads as query heads, as OLMoE-1B-7B.
+        "olmoe": lambda: transformers.OlmoeConfig(**dict(moe, num_key_value_heads=4), num_experts=TINY_EXPERTS, pad_token_id=None),
     }
 
 
 TINY_ARCHITECTURES = ("llama", "llama3-rope", "mistral", "qwen2", "qwen3", "gemma3")
-TINY_TOKENIZER_REGEX = {"llama": LLAMA3_REGEX, "llama3-rope": LLAMA3_REGEX, "mistral": None, "qwen2": QWEN2_REGEX, "qwen3": QWEN2_REGEX}
+# The families added for issue 31, and of those the mixtures of experts.
+TINY_MORE_FAMILIES = ("phi3", "phi4-mini", "gemma2", "granite", "smollm3", "olmo2", "mixtral", "qwen2moe", "qwen3moe", "olmoe")
+TINY_MOE = ("mixtral", "qwen2moe", "qwen3moe", "olmoe")
+# Their weights' seeds (and the tiny Llama's, which LoRA tests build on), chosen (of the first 40) so that transformers' greedy continuation of the
+# verify text's first line has no two top logits within 0.2 for its first 16 tokens, and (experts)
+# routes that text over all four with no router choice within 0.002 of flipping: a comparison with
+# llama.cpp then covers enough tokens (tests/converters/test_more_families.py).
+TINY_SEEDS = {"llama": 0, "phi3": 1, "phi4-mini": 0, "gemma2": 0, "granite": 17, "smollm3": 3, "olmo2": 0,
+              "mixtral": 24, "qwen2moe": 29, "qwen3moe": 17, "olmoe": 21}
+TINY_TOKENIZER_REGEX = {"llama": LLAMA3_REGEX, "llama3-rope": LLAMA3_REGEX, "mistral": None, "qwen2": QWEN2_REGEX, "qwen3": QWEN2_REGEX,
+                        "phi3": None, "phi4-mini": LLAMA3_REGEX, "gemma2": None, "granite": None, "smollm3": LLAMA3_REGEX,
+                        "olmo2": None, "mixtral": None, "qwen2moe": QWEN2_REGEX, "qwen3moe": QWEN2_REGEX, "olmoe": None}
 
 
 @pytest.fixture(scope="session")
@@ -131,12 +177,70 @@ def tiny_checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.Tem
         config = _tiny_configs(vocab_size)[name]()
         torch.manual_seed(0)
         model = transformers.AutoModelForCausalLM.from_config(config)
-        _randomize(model, seed=len(made))
+        _randomize(model, seed=TINY_SEEDS.get(name, len(made)))
         if name == "gemma3":
             model = model.to(torch.bfloat16)  # as Google ships it; bf16 -> f16 is exact
         model.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
         made[name] = folder
         return folder
+
+    return make
+
+
+# LoRA adapters made with peft on the tiny checkpoints.
+LORA_ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
+# Family -> the adapter's PEFT settings. Between them: LLaMA's reordered Q and K rows, Phi-3's fused
+# matrices, Gemma 2, rsLoRA and a per-module alpha (folded into lora_b), a shared expert and
+# attention in mixtures of experts.
+ADAPTERS: dict[str, dict[str, object]] = {
+    "llama": {"target_modules": "all-linear"},
+    "phi3": {"target_modules": "all-linear"},
+    "gemma2": {"target_modules": "all-linear"},
+    "granite": {"target_modules": LORA_ATTENTION + ["down_proj"], "use_rslora": True, "alpha_pattern": {"o_proj": 3.0}},
+    "qwen2moe": {"target_modules": LORA_ATTENTION + ["gate_proj", "up_proj", "down_proj"]},  # the shared expert's
+    "mixtral": {"target_modules": LORA_ATTENTION},
+}
+RANK, ALPHA = 4, 8.0
+# The random factors' seed and spread per family, chosen (of the first 40 seeds) so that transformers'
+# greedy continuation with the adapter merged has no near tie in its first 16 tokens.
+FACTORS: dict[str, tuple[int, float]] = {"llama": (0, 0.3), "phi3": (2, 0.3), "gemma2": (0, 0.3), "granite": (5, 0.15),
+                                         "qwen2moe": (0, 0.3), "mixtral": (0, 0.3)}
+
+
+def make_adapter(base: Path, folder: Path, seed: int, spread: float = 0.3, **settings: object) -> tuple[Path, Path]:
+    """A PEFT LoRA adapter on `base` with random factors (PEFT starts B at 0, a no-op), and the
+    base model with it merged, as a checkpoint for transformers: (adapter, merged)."""
+    import peft
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    tuned = peft.get_peft_model(model, peft.LoraConfig(r=RANK, lora_alpha=ALPHA, **settings))
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in tuned.named_parameters():
+            if "lora_" in name:
+                parameter.copy_(spread * torch.randn(parameter.shape, generator=generator))
+    adapter, merged = folder / "adapter", folder / "merged"
+    tuned.save_pretrained(adapter)
+    tuned.merge_and_unload().save_pretrained(merged)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (base / name).is_file():
+            shutil.copy(base / name, merged / name)
+    return adapter, merged
+
+
+@pytest.fixture(scope="session")
+def tiny_lora(tiny_checkpoint: Callable[[str], Path], tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Path, Path]]:
+    """`tiny_lora(name)`: a random PEFT LoRA adapter on `tiny_checkpoint(name)`, and that checkpoint
+    with the adapter merged by peft: (adapter folder, merged checkpoint folder), made once per run."""
+    made: dict[str, tuple[Path, Path]] = {}
+
+    def make(name: str) -> tuple[Path, Path]:
+        if name not in made:
+            seed, spread = FACTORS[name]
+            made[name] = make_adapter(tiny_checkpoint(name), tmp_path_factory.mktemp(f"lora-{name}"), seed, spread, **ADAPTERS[name])
+        return made[name]
 
     return make

@@ -64,3 +64,38 @@ def test_a_q8_0_kv_cache_with_flash_attention_reaches_llama_cpp(default_model: P
     # adds a header of about 2 KiB (1,864 bytes measured).
     kv = len(tokens) * model_plan.facts.kv_bytes_per_token * 34 // 64
     assert kv < state < kv + 4096
+
+
+def test_experts_left_in_ram_reach_llama_cpp_as_tensor_buffer_overrides(tiny_checkpoint, tmp_path: Path) -> None:
+    """On the CPU build too: every routed expert of the plan's layers is overridden to the CPU
+    buffer type (llama.cpp logs each), no other tensor is, and the model answers as without."""
+    from localchat.backends import llamacpp
+    from localchat.converters.gguf import convert_checkpoint
+    from localchat.converters.verify import greedy_continuation
+
+    model = convert_checkpoint(tiny_checkpoint("qwen2moe"), tmp_path / "moe.gguf", "f16", threads=2).output
+    plan = plan_model(str(model), Settings(prefix_cache_disk_bytes=0), PlanRequest(n_ctx=256, n_threads=2)).plan
+    prompt = list(range(1, 20))
+    plain = LlamaCppBackend(model, plan)
+    try:
+        expected = greedy_continuation(plain, prompt, 12)
+    finally:
+        plain.close()
+
+    overridden: list[str] = []
+
+    @llama_cpp.llama_log_callback
+    def record(level: int, text: bytes | None, _data: object) -> None:
+        if text and b"buffer type overridden to CPU" in text:
+            overridden.append(text.decode().split()[1])
+
+    llama_cpp.llama_log_set(record, None)
+    try:
+        backend = LlamaCppBackend(model, dataclasses.replace(plan, n_cpu_moe=1))
+    finally:
+        llama_cpp.llama_log_set(llamacpp._log_callback, None)
+    try:
+        assert sorted(overridden) == ["blk.0.ffn_down_exps.weight", "blk.0.ffn_gate_exps.weight", "blk.0.ffn_up_exps.weight"]
+        assert greedy_continuation(backend, prompt, 12) == expected
+    finally:
+        backend.close()

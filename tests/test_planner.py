@@ -273,3 +273,57 @@ def test_onnx_uses_one_gpu_whatever_the_others_hold() -> None:
     plan = plan_offload(ONNX_7B_INT4, machine(gpus=gpus), CUDA_BUILD)
     assert plan.n_gpu_layers == ONNX_7B_INT4.n_layers + 1 and plan.gpu_index == 1 and plan.tensor_split == ()
     assert "KV cache" not in plan.describe()
+
+
+# Mixtures of experts. Qwen3-30B-A3B Q4_K_M: 48 layers of 360 MiB, 340 MiB of them the 128 routed
+# experts (a token reads 8); 4 KV heads of 128 -> 96 KiB of f16 KV per token.
+QWEN3_30B_A3B_Q4_K_M = ModelFacts(
+    format="gguf",
+    n_layers=48,
+    n_ctx_train=40960,
+    layer_bytes=360 * MIB,
+    other_bytes=300 * MIB,
+    kv_bytes_per_token=48 * 4 * (128 + 128) * 2,
+    n_vocab=151936,
+    kv_head_sizes=(128, 128),
+    expert_bytes=340 * MIB,
+)
+RTX_3060 = Gpu(0, "NVIDIA GeForce RTX 3060", 12 * GIB, 11 * GIB)
+
+
+def test_moe_that_does_not_fit_keeps_the_fewest_layers_experts_in_ram() -> None:
+    plan = plan_offload(QWEN3_30B_A3B_Q4_K_M, machine(ram_gib=64, gpus=(RTX_3060,)), CUDA_BUILD, PlanRequest(n_ctx=8192))
+    # 48 x (360 + 16 MiB of KV) + 300 = 18348 MiB against 10 GiB usable: 8108 MiB too much, so the
+    # experts of 24 layers (24 x 340 = 8160 MiB) stay in RAM and everything else is on the GPU.
+    assert (plan.n_gpu_layers, plan.n_cpu_moe, plan.kv_type) == (49, 24, "f16")
+    used = gpu_bytes(QWEN3_30B_A3B_Q4_K_M, plan)[0]
+    assert used <= RTX_3060.free_bytes - GPU_RESERVE_BYTES < used + QWEN3_30B_A3B_Q4_K_M.expert_bytes
+    assert any("routed experts of the first 24" in reason for reason in plan.reasons)
+    assert "experts of 24 layers in RAM" in plan.describe()
+
+
+def test_moe_with_a_quantized_kv_cache_leaves_fewer_experts_in_ram() -> None:
+    plan = plan_offload(QWEN3_30B_A3B_Q4_K_M, machine(ram_gib=64, gpus=(RTX_3060,)), LLAMA_CUDA_BUILD, PlanRequest(n_ctx=32768))
+    # f16: 48 x (360 + 64) + 300 = 20652 MiB, 31 layers' experts in RAM; q8_0 (34 MiB of KV a layer): 19212, 27.
+    assert (plan.n_gpu_layers, plan.n_cpu_moe, plan.kv_type) == (49, 27, "q8_0")
+    assert any("in f16 the experts of 31 layers would stay in RAM" in reason for reason in plan.reasons)
+
+
+def test_moe_that_fits_keeps_its_experts_on_the_gpu() -> None:
+    plan = plan_offload(QWEN3_30B_A3B_Q4_K_M, machine(ram_gib=64, gpus=(Gpu(0, "H100", 80 * GIB, 78 * GIB),)), LLAMA_CUDA_BUILD)
+    assert (plan.n_gpu_layers, plan.n_cpu_moe) == (49, 0)
+
+
+def test_moe_whose_dense_part_does_not_fit_offloads_whole_layers() -> None:
+    gpu = Gpu(0, "GT 1030", 2 * GIB, int(1.9 * GIB))
+    plan = plan_offload(QWEN3_30B_A3B_Q4_K_M, machine(ram_gib=64, gpus=(gpu,)), LLAMA_CUDA_BUILD, PlanRequest(n_ctx=32768))
+    # 48 x (20 MiB of dense weights + 34 MiB of q8_0 KV) + 300 MiB exceed 0.9 GiB: whole layers, experts with them.
+    assert plan.n_cpu_moe == 0 and 0 < plan.n_gpu_layers < 48
+
+
+def test_experts_left_in_ram_count_against_the_ram() -> None:
+    with pytest.raises(InsufficientMemoryError, match="needs about"):
+        plan_offload(QWEN3_30B_A3B_Q4_K_M, machine(ram_gib=8, gpus=(RTX_3060,)), LLAMA_CUDA_BUILD, PlanRequest(n_ctx=8192))
+    dense = ModelFacts(**{**QWEN3_30B_A3B_Q4_K_M.__dict__, "expert_bytes": 0})
+    plan = plan_offload(dense, machine(ram_gib=64, gpus=(RTX_3060,)), LLAMA_CUDA_BUILD, PlanRequest(n_ctx=8192))
+    assert plan.n_cpu_moe == 0 and plan.n_gpu_layers < 48  # a dense model of that size offloads whole layers

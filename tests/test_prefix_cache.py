@@ -135,3 +135,26 @@ def test_a_restore_is_chosen_only_while_measured_faster_than_computing() -> None
     for _ in range(10):  # a GPU computes 40k tokens a second
         costs.prefilled(512, 0.0128)
     assert not costs.restore_pays(10_000_000, 300)
+
+
+def test_a_kv_state_computed_with_adapters_is_found_only_with_the_same_adapters(tmp_path: Path) -> None:
+    """The KV depends on the LoRA adapters as much as on the tokens: the variant is part of the key."""
+    cache = PrefixCache("model", ram_budget_bytes=1 << 20)
+    cache.put(SYSTEM, b"plain")
+    cache.put(SYSTEM, b"tuned", "lora0x1.0")
+    assert len(cache) == 2  # neither extends the other across variants
+    assert cache.load(cache.longest_match(SYSTEM + [1]).key) == b"plain"
+    assert cache.load(cache.longest_match(SYSTEM + [1], "lora0x1.0").key) == b"tuned"
+    assert cache.longest_match(SYSTEM + [1], "lora0x0.5") is None and not cache.covers(SYSTEM, "lora1x1.0")
+
+
+def test_adapter_kv_states_stay_in_ram(tmp_path: Path) -> None:
+    """Adapter ids are one run's (another run may load other files under them): an adapter state
+    evicted from RAM is dropped, not written to the disk tier, nor persisted at exit."""
+    cache = PrefixCache("model", ram_budget_bytes=150, disk_dir=tmp_path, disk_budget_bytes=10_000)
+    cache.put(SYSTEM, b"t" * 100, "lora0x1.0")
+    cache.put([7] + SYSTEM, b"p" * 100)  # over the RAM budget: the oldest, the adapter's, goes
+    assert cache.longest_match(SYSTEM, "lora0x1.0") is None and not list(tmp_path.glob("*.kv"))
+    cache.put([8] + SYSTEM, b"u" * 40, "lora0x1.0")
+    cache.persist()
+    assert [path.read_bytes().endswith(b"p" * 100) for path in tmp_path.glob("*.kv")] == [True]

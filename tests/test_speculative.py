@@ -123,6 +123,9 @@ class MarkovBackend:
     def token_text(self, token: int) -> str:
         return self.token_bytes(token).decode()
 
+    def use_loras(self, scales: tuple) -> None:
+        assert scales == (), "no adapters on this stand-in"
+
 
 class AlwaysDraft(DraftPace):
     """Drafting every step, paying or not: what is checked is the reply, not the pace."""

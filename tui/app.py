@@ -19,6 +19,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Footer
 
+from localchat.adapters import LoraSpec
 from localchat.chat_engine import ChatEngine, EngineChat
 from localchat.conversation import OpenConversation, Turn
 from localchat.errors import LocalchatError
@@ -80,10 +81,12 @@ class ChatApp(App[int]):
         store: ConversationStore | None = None,
         reply_settings: GenerationSettings = REPLY_SETTINGS,
         draft_model: str | None = None,
+        loras: tuple[LoraSpec, ...] = (),
     ) -> None:
         """Loads `model` on start (or connects to `remote`), or uses `engine` as given (the caller
-        then closes it). `draft_model` drafts for `model` (speculative decoding), not for models
-        picked later: a draft model must share its target's vocabulary."""
+        then closes it). `draft_model` drafts for `model` (speculative decoding) and `loras` adapt
+        it, not models picked later: a draft model must share its target's vocabulary, an adapter
+        its base model's tensors."""
         super().__init__()
         self.reply_settings = reply_settings
         self.last_stats: GenerationStats | None = None
@@ -100,6 +103,7 @@ class ChatApp(App[int]):
         self.model_label = label
         self._model_arg = model
         self._draft_model = draft_model
+        self._loras = loras
         self._owned: set[int] = set()  # ids of engines this app loaded and must close
         self.store = store or ConversationStore.open(settings)
         self._owns_store = store is None
@@ -159,8 +163,9 @@ class ChatApp(App[int]):
 
     @work(thread=True, exclusive=True, group="load")
     def _load(self, model: str | None, label: str) -> None:
-        draft_model = self._draft_model if model == self._model_arg else None
-        load_engine(model, label, self.settings, self.request, remote=self.remote, draft_model=draft_model, post=self.post_message)
+        draft_model, loras = (self._draft_model, self._loras) if model == self._model_arg else (None, ())
+        load_engine(model, label, self.settings, self.request, remote=self.remote, draft_model=draft_model, loras=loras,
+                    post=self.post_message)
 
     def on_load_progress(self, message: LoadProgress) -> None:
         self.query_one(LoadBar).progress(message.fraction)
@@ -577,8 +582,8 @@ class ChatApp(App[int]):
 
 
 def run_chat_app(model: str | None, settings: Settings, request: PlanRequest, remote: RemoteEndpoint | None = None,
-                 draft_model: str | None = None) -> int:
+                 draft_model: str | None = None, loras: tuple[LoraSpec, ...] = ()) -> int:
     """`localchat chat`: the app on `model` (None for the default) or on the `remote` server, with
-    `draft_model` drafting for `model`; returns the exit status."""
-    app = ChatApp(settings, model=model, request=request, remote=remote, draft_model=draft_model)
+    `draft_model` drafting for `model` and the adapters `loras` on it; returns the exit status."""
+    app = ChatApp(settings, model=model, request=request, remote=remote, draft_model=draft_model, loras=loras)
     return app.run() or 0

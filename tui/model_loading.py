@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from textual.message import Message
 
+from localchat.adapters import LoraSpec
 from localchat.chat_engine import ChatEngine
 from localchat.engine import Engine
 from localchat.errors import LocalchatError
@@ -33,15 +34,17 @@ class ModelFailed(Message):
 
 
 def load_engine(model: str | None, label: str, settings: Settings, request: PlanRequest, *, remote: RemoteEndpoint | None,
-                draft_model: str | None, post: Callable[[Message], object]) -> None:
+                draft_model: str | None, loras: Sequence[LoraSpec], post: Callable[[Message], object]) -> None:
     """The load's worker, in its thread: connects to `remote` when there is one, else loads `model`
-    (with `draft_model` drafting for it); posts the progress, then the engine or why there is none."""
+    (with `draft_model` drafting for it and `loras` applied); posts the progress, then the engine or
+    why there is none."""
     engine: ChatEngine
     try:
         if remote is not None:
             engine = RemoteServer(remote)
         else:
-            engine = Engine.load(model, settings, request, on_progress=lambda f: post(LoadProgress(f)), draft_model=draft_model)
+            engine = Engine.load(model, settings, request, on_progress=lambda f: post(LoadProgress(f)), draft_model=draft_model,
+                                 loras=loras)
     except (LocalchatError, OSError) as error:
         post(ModelFailed(label, str(error)))
         return

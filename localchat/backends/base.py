@@ -38,6 +38,8 @@ class ModelFacts:
     kv_head_sizes: tuple[int, int] | None = None
     # Format-specific lines for `localchat info` (an ONNX graph's fused operators).
     details: tuple[str, ...] = ()
+    # Of `layer_bytes`, the routed experts' matrices (a mixture of experts; 0 for a dense model).
+    expert_bytes: int = 0
 
     @property
     def weight_bytes(self) -> int:
@@ -78,6 +80,9 @@ class LoadParams:
     use_extra_bufts: bool = True
     kv_type: KvType = "f16"
     flash_attn: FlashAttn = "auto"
+    # A mixture of experts whose layers are all on the GPU but for the routed experts of the first
+    # `n_cpu_moe` layers, which stay in RAM (llama-server's --n-cpu-moe).
+    n_cpu_moe: int = 0
 
     @property
     def uses_gpu(self) -> bool:
@@ -103,6 +108,16 @@ class ModelInfo:
     extra: dict[str, str] = field(default_factory=dict)
     # The model file's general.* metadata (name, basename, size label, finetune, sampling defaults).
     metadata: dict[str, str] = field(default_factory=dict)
+
+
+# LoRA adapters a backend computes with: (adapter id, scale) pairs, by id, no zero scale (a zero
+# scale is no adapter, as in llama.cpp). () is the model alone.
+LoraScales = tuple[tuple[int, float], ...]
+
+
+def lora_scales(scales: dict[int, float]) -> LoraScales:
+    """The canonical LoraScales of an id -> scale mapping: equal sets of adapters compare equal."""
+    return tuple(sorted((i, float(s)) for i, s in scales.items() if s != 0.0))
 
 
 # DRY's sequence breakers (llama.cpp's defaults): a repeat is never matched across a token that
@@ -367,6 +382,16 @@ class Backend(Protocol):
     def embedder(self) -> Embedder:
         """The model's embeddings (made on first use, freed by `close`); raises UnsupportedError
         naming what is missing when the backend cannot make them."""
+        ...
+
+    def load_lora(self, path: Path) -> int:
+        """Load the LoRA adapter file `path` for this model; returns its id for `use_loras`. A file
+        that is no adapter of this model is a ModelError; a backend without adapters refuses them."""
+        ...
+
+    def use_loras(self, scales: LoraScales) -> None:
+        """Compute with these loaded adapters from the next evaluation on, for every sequence (the
+        KV cache written under other adapters is not theirs to reuse); () for the model alone."""
         ...
 
     def close(self) -> None: ...

@@ -29,6 +29,7 @@ from localchat.backends.base import (
     FlashAttn,
     KvType,
     LoadParams,
+    LoraScales,
     ModelInfo,
     SamplerSettings,
     TokenGuide,
@@ -38,6 +39,7 @@ from localchat.backends.base import (
 from localchat.backends.llamacpp_embeddings import LlamaEmbedder, open_embedder
 from localchat.backends.llamacpp_sampler import DeviceSampler, LlamaSampler, device_chain, device_sampleable
 from localchat.errors import ContextOverflowError, InferenceError, ModelError
+from localchat.gguf_file import ROUTED_EXPERT_TENSOR
 
 # Tokens per llama_decode call when evaluating a prompt.
 PROMPT_BATCH = 512
@@ -161,6 +163,33 @@ def place_layers(params: llama_cpp.llama_model_params, load: LoadParams) -> ctyp
     return split
 
 
+class _TensorBufferOverride(ctypes.Structure):
+    """llama.cpp's llama_model_tensor_buft_override: tensors matching `pattern` go to `buft`."""
+
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+def experts_in_ram_pattern(n_layers: int) -> str:
+    """The regex llama.cpp matches against tensor names: the routed experts of the first `n_layers`."""
+    return rf"^blk\.({'|'.join(map(str, range(n_layers)))}){ROUTED_EXPERT_TENSOR.pattern}"
+
+
+def keep_experts_in_ram(params: llama_cpp.llama_model_params, load: LoadParams) -> ctypes.Array[_TensorBufferOverride] | None:
+    """Point llama.cpp's tensor buffer overrides at the CPU for the experts `load` leaves in RAM
+    (llama-server's --n-cpu-moe). Returns the NULL-terminated C array, which must outlive the load."""
+    if not load.n_cpu_moe:
+        return None
+    from llama_cpp._ggml import libggml  # ggml's own library: llama_cpp binds none of its buffer types
+
+    cpu_buffer_type = libggml.ggml_backend_cpu_buffer_type
+    cpu_buffer_type.restype = ctypes.c_void_p
+    overrides = (_TensorBufferOverride * 2)()
+    overrides[0].pattern = experts_in_ram_pattern(load.n_cpu_moe).encode()
+    overrides[0].buft = cpu_buffer_type()
+    params.tensor_buft_overrides = ctypes.cast(overrides, ctypes.c_void_p)
+    return overrides
+
+
 def _missing_special_token(vocab: llama_cpp.llama_vocab_p) -> str | None:
     """The special token llama.cpp would add while tokenizing but the vocabulary lacks: it asserts
     on that, aborting the process (WPM vocabularies always add BOS and SEP)."""
@@ -173,13 +202,42 @@ def _missing_special_token(vocab: llama_cpp.llama_vocab_p) -> str | None:
     return next((name for name, (added, token) in needed.items() if added and token < 0), None)
 
 
+class LlamaLoraAdapter:
+    """A LoRA adapter loaded for a model; owns its llama_adapter_lora, freed once by `close` (before
+    the model: llama.cpp frees adapters left with their model, so a later free would be a second)."""
+
+    def __init__(self, model: llama_cpp.llama_model_p, path: Path, model_architecture: str) -> None:
+        from localchat.gguf_file import read_gguf_header
+
+        header = read_gguf_header(path)
+        if header.get("general.type") != "adapter" or header.get("adapter.type") != "lora":
+            raise ModelError(f"{path} is not a LoRA adapter (general.type {header.get('general.type')!r}); "
+                             "give the model with -m and its adapters with --lora")
+        if header.architecture != model_architecture:
+            raise ModelError(f"{path} is a LoRA adapter for {header.architecture} models and the model is {model_architecture}; "
+                             "an adapter works only with the base model it was made for")
+        _recent_errors.clear()
+        self.path = path
+        self.pointer = llama_cpp.llama_adapter_lora_init(model, str(path).encode())
+        if not self.pointer:
+            detail = "; ".join(_recent_errors) or "no detail from llama.cpp"
+            raise ModelError(f"llama.cpp cannot apply the LoRA adapter {path} to this model ({detail}); "
+                             "an adapter works only with the base model it was made for")
+
+    def close(self) -> None:
+        if self.pointer:
+            llama_cpp.llama_adapter_lora_free(self.pointer)
+            self.pointer = None
+
+
 class LlamaModel:
     """A loaded llama_model; frees it once."""
 
     def __init__(self, path: Path, load: LoadParams, on_progress: Callable[[float], None] | None) -> None:
         params = llama_cpp.llama_model_default_params()
-        # The split's C array and the progress callback must outlive the load call.
+        # The split's and the overrides' C arrays and the progress callback must outlive the load call.
         self._split = place_layers(params, load)
+        self._buffer_overrides = keep_experts_in_ram(params, load)
         params.use_extra_bufts = load.use_extra_bufts
         if on_progress is not None:
             self._progress = llama_cpp.llama_progress_callback(lambda value, _data: (on_progress(value), True)[1])
@@ -268,6 +326,10 @@ class LlamaCppBackend:
 
     def _open(self, path: Path, load: LoadParams, on_progress: Callable[[float], None] | None) -> None:
         model = self._model = self._owned(LlamaModel(path, load, on_progress))
+        # LoRA adapters (load_lora) are freed after the context that applied them, before the model:
+        # llama.cpp frees those left with their model, so a later free would be a second.
+        self._loras: list[LlamaLoraAdapter] = []
+        self._natives.callback(self._close_loras)
         self._vocab = model.vocab
         if missing := _missing_special_token(self._vocab):
             raise ModelError(f"{path}'s tokenizer adds a {missing} token it does not have; download or convert it again")
@@ -290,6 +352,7 @@ class LlamaCppBackend:
         self._natives.callback(self._detach_all)
         self._embedder: LlamaEmbedder | None = None
         self._embedder_lock = threading.Lock()
+        self._lora_scales: LoraScales = ()
         self.info = self._read_info(path)
 
     def _owned(self, native: LlamaModel | LlamaContext | LlamaBatch) -> typing.Any:
@@ -563,6 +626,28 @@ class LlamaCppBackend:
         source = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
         if llama_cpp.llama_state_seq_set_data(self._ctx, source, len(state), seq) == 0:
             raise InferenceError("llama.cpp refused a saved KV state (different model or context?)")
+
+    # -- LoRA adapters -------------------------------------------------------------
+
+    def load_lora(self, path: Path) -> int:
+        self._loras.append(LlamaLoraAdapter(self._model.pointer, path, self.info.architecture))
+        return len(self._loras) - 1
+
+    def use_loras(self, scales: LoraScales) -> None:
+        # llama.cpp re-plans its compute graph after a change: only a change is passed on.
+        if scales == self._lora_scales:
+            return
+        n = len(scales)
+        adapters = (llama_cpp.llama_adapter_lora_p_ctypes * n)(*(self._loras[i].pointer for i, _ in scales)) if n else None
+        values = (ctypes.c_float * n)(*(scale for _, scale in scales)) if n else None
+        llama_cpp.llama_set_adapters_lora(self._ctx, adapters, n, values)
+        self._lora_scales = scales
+
+    def _close_loras(self) -> None:
+        for adapter in self._loras:
+            adapter.close()
+
+    # -- embeddings and closing ----------------------------------------------------
 
     def embedder(self) -> LlamaEmbedder:
         """The model's embeddings context, made on first use (localchat/backends/llamacpp_embeddings.py)

@@ -23,6 +23,7 @@ from localchat.backends.base import (
     DRY_SEQUENCE_BREAKERS,
     BuildFeatures,
     LoadParams,
+    LoraScales,
     ModelFacts,
     ModelInfo,
     SamplerSettings,
@@ -31,7 +32,7 @@ from localchat.backends.base import (
     score_rows,
 )
 from localchat.backends.numpy_sampler import NumpySampler
-from localchat.errors import ContextOverflowError, InferenceError, ModelError, UnsupportedError
+from localchat.errors import ContextOverflowError, InferenceError, InvalidSettingError, ModelError, UnsupportedError
 from localchat.onnx_format import (
     KV_DTYPES,
     ONNX_MARKER,
@@ -422,6 +423,16 @@ class OnnxBackend:
     def embedder(self) -> NoReturn:
         raise UnsupportedError("the ONNX backend has no embeddings: its fused model graph outputs logits only, not the "
                                "hidden states a vector is pooled from; serve the model as GGUF (llama.cpp) for embeddings")
+
+    def load_lora(self, path: Path) -> int:
+        raise InvalidSettingError(
+            f"the ONNX backend (onnxruntime) cannot apply LoRA adapters ({path}); run the model as GGUF for --lora "
+            "(localchat convert CHECKPOINT --to gguf)"
+        )
+
+    def use_loras(self, scales: LoraScales) -> None:
+        if scales:
+            raise InvalidSettingError("the ONNX backend (onnxruntime) cannot apply LoRA adapters; run the model as GGUF for them")
 
     def close(self) -> None:
         self._bindings = []

@@ -58,6 +58,9 @@ from localchat.server.schemas import (
     ErrorResponse,
     FinishReason,
     Health,
+    LoraAdapterCard,
+    LoraApplied,
+    LoraScale,
     ModelList,
     PromptTokensDetails,
     Usage,
@@ -249,7 +252,7 @@ def create_app(engine: Engine, settings: ServerSettings, loader: EngineLoader | 
     unloaded, `engine` included."""
     first_id, need = loader.first(engine) if loader is not None else (engine.model_plan.model.name, MemoryNeed(0))
     first = ServedModel.of(first_id, engine, settings.queue_size)
-    routes = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"})
+    routes = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/lora-adapters"})
     metrics = ServerMetrics(lambda: {name: (m.scheduler, m.engine.prefix_cache) for name, m in pool.loaded().items()},
                             routes)
 
@@ -367,6 +370,17 @@ def create_app(engine: Engine, settings: ServerSettings, loader: EngineLoader | 
     async def models() -> ModelList:
         catalog = await run_in_threadpool(loader.catalog) if loader is not None else []
         return ModelList(data=router.cards(catalog))
+
+    # llama-server's adapter routes, for the first model (the one --lora adapted).
+    @app.get("/lora-adapters", response_model=list[LoraAdapterCard], responses=ERROR_RESPONSES)
+    async def lora_adapters() -> list[LoraAdapterCard]:
+        return [LoraAdapterCard(id=lora.id, path=str(lora.path), scale=lora.scale) for lora in first.engine.loras]
+
+    @app.post("/lora-adapters", response_model=LoraApplied, responses=ERROR_RESPONSES)
+    async def set_lora_adapters(body: list[LoraScale]) -> LoraApplied:
+        """New default scales; those not listed keep theirs (a reply naming its own is unaffected)."""
+        first.engine.set_lora_scales({adapter.id: adapter.scale for adapter in body})
+        return LoraApplied()
 
     @app.get("/health", response_model=Health, responses={503: {"model": Health, "description": "The scheduler has stopped"}})
     async def health() -> Response:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from fastapi import Request
 from fastapi.concurrency import run_in_threadpool
 
+from localchat.adapters import requested_scales
 from localchat.constraints import tokenizer_for
 from localchat.errors import LocalchatError
 from localchat.model_pool import ModelBusyError, ModelPool
@@ -132,9 +133,10 @@ class CompletionService:
         ) if value is not None}
         sampler = dataclasses.replace(self.engine.sampler_defaults.settings, presence_penalty=body.presence_penalty,
                                       frequency_penalty=body.frequency_penalty, **given)
+        loras = None if body.lora is None else requested_scales(self.engine.loras, ((a.id, a.scale) for a in body.lora))
         return GenerationSettings(max_tokens=reply_limit or limit, stop=body.stop_strings, sampler=sampler,
                                   ignore_eos=body.ignore_eos, shown_tokens=shown_tokens, logprobs=logprobs,
-                                  lookup_draft=self.settings.lookup_draft)
+                                  lookup_draft=self.settings.lookup_draft, loras=loras)
 
     async def chat_prompt(self, body: ChatCompletionRequest) -> tuple[ChatPlan, list[int]]:
         """How the request is answered, and the prompt's tokens (a forced call's opening included)."""

@@ -89,6 +89,13 @@ class StreamOptions(_Request):
     include_usage: bool = False
 
 
+class LoraScale(_Request):
+    """One loaded LoRA adapter and the scale to apply it with (llama-server's `lora` entries)."""
+
+    id: int = Field(ge=0, description="the adapter's id in GET /lora-adapters")
+    scale: float = Field(description="its weight; 0 turns it off")
+
+
 class SamplingFields(_TopRequest):
     """What both completion endpoints take besides the prompt."""
 
@@ -111,6 +118,9 @@ class SamplingFields(_TopRequest):
     n: int = Field(1, ge=1, le=1, description="only one choice per request")
     stream: bool = False
     stream_options: StreamOptions | None = None
+    lora: list[LoraScale] | None = Field(
+        None, description="llama.cpp's extension: the loaded LoRA adapters to apply to this reply, with their scales; "
+                          "adapters not listed are off; omitted means the server's --lora scales")
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
@@ -411,6 +421,18 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+class LoraAdapterCard(BaseModel):
+    """A LoRA adapter the served model loaded (--lora), as llama-server's GET /lora-adapters lists it."""
+
+    id: int
+    path: str
+    scale: float = Field(description="the scale a reply gets unless its request's `lora` says otherwise")
+
+
+class LoraApplied(BaseModel):
+    success: bool = True
 
 
 class Health(BaseModel):

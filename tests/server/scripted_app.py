@@ -20,7 +20,8 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from openai import OpenAI
 
-from localchat.backends.base import ModelInfo, SamplerSettings, TokenScores
+from localchat.adapters import LoraSpec
+from localchat.backends.base import LoraScales, ModelInfo, SamplerSettings, TokenScores
 from localchat.constraints import TokenGuide
 from localchat.engine import Engine, ModelPlan
 from localchat.models import ModelRef
@@ -69,6 +70,10 @@ class ScriptedBackend:
     replies: deque[str] = field(default_factory=deque)
     prompts: list[str] = field(default_factory=list)
     sampled: list[int] = field(default_factory=list)  # tokens written, per reply
+    lora_files: list[Path] = field(default_factory=list)
+    loras: LoraScales = ()  # the adapters set now
+    batches: list[tuple[LoraScales, tuple[int, ...]]] = field(default_factory=list)  # adapters and sequences of each batch
+    evaluated: list[tuple[int, LoraScales]] = field(default_factory=list)  # each evaluation's sequence and adapters
 
     def __post_init__(self) -> None:
         self.info = ModelInfo(Path("scripted.gguf"), "scripted", "scripted", N_VOCAB, self.n_ctx, 1, BOS, EOS,
@@ -103,9 +108,11 @@ class ScriptedBackend:
         return {BOS: "<bos>", EOS: "<eos>", UNKNOWN: "\ufffd"}.get(token, "")
 
     def evaluate(self, seq: int, tokens: Sequence[int], start: int) -> None:
+        self.evaluated.append((seq, self.loras))
         self._held[seq] = self._held.get(seq, [])[:start] + list(tokens)
 
     def evaluate_batch(self, items: Sequence[tuple[int, int, int]], *, spare_cell: bool = False) -> None:
+        self.batches.append((self.loras, tuple(seq for seq, _, _ in items)))
         for seq, token, position in items:
             self.evaluate(seq, [token], position)
 
@@ -146,20 +153,30 @@ class ScriptedBackend:
     def restore_state(self, seq: int, state: bytes) -> None:
         self._held[seq] = json.loads(state)
 
+    def load_lora(self, path: Path) -> int:
+        self.lora_files.append(path)
+        return len(self.lora_files) - 1
+
+    def use_loras(self, scales: LoraScales) -> None:
+        self.loras = scales
+
     def close(self) -> None: ...
 
 
-def scripted_app(backend: ScriptedBackend, home: Path, settings: ServerSettings | None = None) -> FastAPI:
-    """The app over `backend`."""
+def scripted_app(backend: ScriptedBackend, home: Path, settings: ServerSettings | None = None,
+                 loras: Sequence[LoraSpec] = ()) -> FastAPI:
+    """The app over `backend`, with `loras` loaded on it."""
     model_file = home / "scripted.gguf"
     model_file.write_bytes(b"scripted")
     plan = ModelPlan(ModelRef(model_file, "gguf", "scripted"), None, None, None, None)  # type: ignore[arg-type]
     engine = Engine(plan, backend, Settings(data_dir=home, cache_dir=home, prefix_cache_disk_bytes=0))  # type: ignore[arg-type]
+    engine.add_loras(loras)
     return create_app(engine, settings or ServerSettings())
 
 
 @contextmanager
-def scripted_client(backend: ScriptedBackend, home: Path, settings: ServerSettings | None = None) -> Iterator[tuple[OpenAI, TestClient]]:
+def scripted_client(backend: ScriptedBackend, home: Path, settings: ServerSettings | None = None,
+                    loras: Sequence[LoraSpec] = ()) -> Iterator[tuple[OpenAI, TestClient]]:
     """The app over `backend`, and an openai client and a plain HTTP client talking to it in process."""
-    with TestClient(scripted_app(backend, home, settings)) as http:
+    with TestClient(scripted_app(backend, home, settings, loras)) as http:
         yield OpenAI(base_url="http://testserver/v1", api_key="none", http_client=http, max_retries=0), http

@@ -1,0 +1,75 @@
+"""transformers as the reference for llama.cpp's greedy tokens: its continuation of the verify text's
+first line, with the gap between its top two logits at each step, compared up to its first near tie."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+
+from localchat.converters.verify import ReferenceModel, reference_tokenize, verify_text
+from localchat.engine import Engine
+from localchat.planner import PlanRequest
+from localchat.settings import Settings
+
+GREEDY_TOKENS = 24
+# transformers' top two logits closer than this are a near tie: llama.cpp (its F16 KV cache, F16
+# activations) may take either, and from there the continuations part for good. Measured on these
+# checkpoints (AMD EPYC): llama.cpp's logits differ from transformers' by at most 0.07, F32 or F16;
+# a conversion bug (a wrong expert order, a missing multiplier) moves them by whole units.
+NEAR_TIE = 0.2
+MIN_COMPARED = 12
+CONTEXT = 1024  # the verify text (576 tokens here) fits; no more than phi4-mini's original context
+
+
+@dataclass(frozen=True)
+class ReferenceRun:
+    """transformers on the verify text: its greedy continuation of the first line, with the gap
+    between the top two logits at each step, and its perplexity over the whole text."""
+
+    prompt: list[int]
+    tokens: list[int]
+    gaps: list[float]
+    text_tokens: list[int]
+    perplexity: float
+    logprobs: np.ndarray  # of each of text_tokens after the first
+
+
+@cache
+def reference_run(checkpoint: Path) -> ReferenceRun:
+    import torch
+
+    reference = ReferenceModel(checkpoint)
+    bos = [int(reference.model.config.bos_token_id)]
+    prompt = bos + reference_tokenize(checkpoint, verify_text().splitlines()[0])
+    tokens, gaps = [], []
+    with torch.inference_mode():
+        out = reference.model(torch.tensor([prompt]), use_cache=True)
+        for _ in range(GREEDY_TOKENS):
+            top = torch.topk(out.logits[0, -1], 2)
+            tokens.append(int(top.indices[0]))
+            gaps.append(float(top.values[0] - top.values[1]))
+            out = reference.model(torch.tensor([[tokens[-1]]]), past_key_values=out.past_key_values, use_cache=True)
+    text_tokens = bos + reference_tokenize(checkpoint, verify_text())
+    logprobs, _ = reference.logprobs_and_top1(text_tokens)
+    return ReferenceRun(prompt, tokens, gaps, text_tokens, float(np.exp(-logprobs.mean())), logprobs)
+
+
+def compared_until_near_tie(reference: ReferenceRun, ours: list[int]) -> int:
+    """How many of `ours` equal transformers' greedy tokens, checked up to its first near tie."""
+    tie = next((i for i, gap in enumerate(reference.gaps) if gap < NEAR_TIE), len(reference.gaps))
+    assert ours[:tie] == reference.tokens[:tie], f"parted before the first near tie (step {tie}): {ours} != {reference.tokens}"
+    assert tie >= MIN_COMPARED, f"only {tie} tokens compared before a near tie; the checkpoint's seed makes it too unsure"
+    return tie
+
+
+def logprob_distance(a: np.ndarray, b: np.ndarray) -> float:
+    """The mean difference of two models' log-probabilities of the same tokens."""
+    return float(np.mean(np.abs(a - b)))
+
+
+def load(path: Path, **kwargs: object) -> Engine:
+    """A converted model in llama.cpp, as the comparisons run it."""
+    return Engine.load(str(path), Settings(prefix_cache_disk_bytes=0), PlanRequest(n_ctx=CONTEXT, n_threads=2), **kwargs)
