@@ -1,4 +1,5 @@
-"""What switching LoRA adapters per request costs, on the default model (Gemma 3 270M Q4_K_M).
+"""What switching LoRA adapters per request costs, on Gemma 3 270M Q4_K_M (the packaged model
+whose checkpoint is at hand to make adapters for).
 
 Two random rank-16 PEFT adapters on every linear layer of the Gemma 3 270M checkpoint (made once in
 the work folder, converted with `localchat convert`), loaded with the model. Three kinds of request,
@@ -34,7 +35,7 @@ from pathlib import Path
 from localchat.adapters import LoraSpec
 from localchat.backends.base import ARGMAX, LoraScales
 from localchat.engine import Engine
-from localchat.models import default_model_path
+from localchat.models import gemma_model_path
 from localchat.planner import PlanRequest
 from localchat.session import GenerationSettings, tokenize_chat
 from localchat.settings import Settings
@@ -110,7 +111,7 @@ def main() -> None:
     settings = Settings(prefix_cache_disk_bytes=0)
     loras = {"none": [(), ()], "same": [((0, 1.0),), ((0, 1.0),)], "switch": [((0, 1.0),), ((1, 1.0),)]}
     times: dict[str, list[float]] = {kind: [] for kind in KINDS}
-    with Engine.load(str(default_model_path(settings)), settings, PlanRequest(n_ctx=2048),
+    with Engine.load(str(gemma_model_path(settings)), settings, PlanRequest(n_ctx=2048),
                      loras=[LoraSpec(path, 0.0) for path in adapters]) as engine:
         session, asked = engine.sessions[0], 0
 
