@@ -74,7 +74,7 @@ def test_experts_left_in_ram_reach_llama_cpp_as_tensor_buffer_overrides(tiny_che
     from localchat.converters.verify import greedy_continuation
 
     model = convert_checkpoint(tiny_checkpoint("qwen2moe"), tmp_path / "moe.gguf", "f16", threads=2).output
-    plan = plan_model(str(model), Settings(prefix_cache_disk_bytes=0), PlanRequest(n_ctx=256, n_threads=2)).plan
+    plan = plan_model(str(model), Settings(prefix_cache_disk_bytes=0), PlanRequest(n_ctx=256, n_threads=2)).plan.load_params
     prompt = list(range(1, 20))
     plain = LlamaCppBackend(model, plan)
     try:
