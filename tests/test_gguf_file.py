@@ -14,6 +14,16 @@ from localchat.models import gguf_facts
 
 def test_header_of_the_default_model(default_model: Path) -> None:
     header = read_gguf_header(default_model)
+    assert header.architecture == "llama" and header.arch_value("block_count") == 30
+    assert header.array_lengths["tokenizer.ggml.tokens"] == 49152 and len(header.tensors) == 272
+    facts = gguf_facts(header)
+    # SmolLM2-135M: 30 layers x 3 KV heads x (64 + 64) x f16.
+    assert facts.kv_bytes_per_token == 30 * 3 * 128 * 2 and facts.kv_head_sizes == (64, 64)
+    assert facts.n_ctx_train == 8192 and facts.n_vocab == 49152
+
+
+def test_header_of_gemma(gemma_model: Path) -> None:
+    header = read_gguf_header(gemma_model)
     assert header.architecture == "gemma3"
     assert header.arch_value("block_count") == 18
     assert header.array_lengths["tokenizer.ggml.tokens"] == 262144

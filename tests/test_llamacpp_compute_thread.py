@@ -17,6 +17,7 @@ from localchat.engine import Engine
 
 def test_decodes_asked_for_by_several_threads_all_run_on_one_thread(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     backend = engine.backend
+    engine.sessions[0].reset()  # the shared engine's sequence 0 may hold an earlier test's tokens
     decoding_threads: set[int] = set()
     real_decode = llama_cpp.llama_decode
 

@@ -49,11 +49,11 @@ def test_a_cpu_plan_leaves_llama_cpp_defaults() -> None:
     assert (params.n_gpu_layers, params.split_mode, params.main_gpu) == (0, defaults.split_mode, defaults.main_gpu)
 
 
-def test_a_q8_0_kv_cache_with_flash_attention_reaches_llama_cpp(default_model: Path, settings: Settings) -> None:
+def test_a_q8_0_kv_cache_with_flash_attention_reaches_llama_cpp(gemma_model: Path, settings: Settings) -> None:
     """On the CPU too: the plan's cache type holds the sequence in 34 bytes per 32 values."""
-    model_plan = plan_model(str(default_model), settings, PlanRequest(n_ctx=256, n_threads=2))
+    model_plan = plan_model(str(gemma_model), settings, PlanRequest(n_ctx=256, n_threads=2))
     assert model_plan.facts.kv_head_sizes == (256, 256)  # from the GGUF header's key/value_length
-    backend = LlamaCppBackend(default_model, dataclasses.replace(model_plan.plan.load_params, kv_type="q8_0", flash_attn="on"))
+    backend = LlamaCppBackend(gemma_model, dataclasses.replace(model_plan.plan.load_params, kv_type="q8_0", flash_attn="on"))
     try:
         tokens = backend.tokenize("The capital of France is Paris.", add_bos=True, special=False)
         backend.evaluate(0, tokens, 0)

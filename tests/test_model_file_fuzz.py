@@ -1,4 +1,4 @@
-"""Damaged and hostile copies of the default GGUF: the header reader answers each with a parse or
+"""Damaged and hostile copies of the real Gemma 3 270M GGUF: the header reader answers each with a parse or
 one ModelError, and `localchat run` with one line on stderr: never a traceback, never a crash.
 
 The fuzz cases mutate the real header with its vocabulary cut to its first entries (every other
@@ -162,11 +162,11 @@ def shrink_vocabulary(header: bytes, keep: int) -> bytes:
     return bytes(out)
 
 
-def real_seed(default_model: Path, keep: int | None) -> Seed:
-    real = read_gguf_header(default_model)
-    with default_model.open("rb") as stream:
+def real_seed(model: Path, keep: int | None) -> Seed:
+    real = read_gguf_header(model)
+    with model.open("rb") as stream:
         header = stream.read(real.data_offset)
-    data_bytes = default_model.stat().st_size - real.data_offset
+    data_bytes = model.stat().st_size - real.data_offset
     if keep is None:
         return Seed.locate(header, real.data_offset + data_bytes)
     # The shrunk header's padding differs: read where its data starts, then cut or pad to it.
@@ -176,8 +176,8 @@ def real_seed(default_model: Path, keep: int | None) -> Seed:
 
 
 @pytest.fixture(scope="module")
-def seed(default_model: Path) -> Seed:
-    return real_seed(default_model, VOCABULARY_KEEP)
+def seed(gemma_model: Path) -> Seed:
+    return real_seed(gemma_model, VOCABULARY_KEEP)
 
 
 # -- mutations: each takes the seed and a seeded random source, returns (what, header, size) ----------
@@ -477,8 +477,8 @@ CLI_CASES: dict[str, tuple[Callable[[Seed], bytes], str]] = {
 
 
 @pytest.fixture(scope="module")
-def full_seed(default_model: Path) -> Seed:
-    return real_seed(default_model, None)
+def full_seed(gemma_model: Path) -> Seed:
+    return real_seed(gemma_model, None)
 
 
 @pytest.mark.parametrize("case", sorted(CLI_CASES))

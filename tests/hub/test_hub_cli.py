@@ -97,7 +97,7 @@ def test_run_pulls_on_first_use_then_runs_offline(gemma_repos: StandInHub, cli_e
     assert info.returncode == 0 and "18 layers" in info.stdout
 
     rows = {row["name"]: row for row in json.loads(localchat("list", "--json", env=cli_env | OFFLINE).stdout)}
-    assert rows.keys() == {f"{GEMMA}:Q4_K_M", f"{GEMMA_SPLIT}:Q4_K_M"}
+    assert rows.keys() == {*PACKAGED_MODELS, f"{GEMMA}:Q4_K_M", f"{GEMMA_SPLIT}:Q4_K_M"}
     assert rows[f"{GEMMA}:Q4_K_M"]["last_used"] is not None and rows[f"{GEMMA_SPLIT}:Q4_K_M"]["parameters"] == rows[f"{GEMMA}:Q4_K_M"]["parameters"]
 
 
