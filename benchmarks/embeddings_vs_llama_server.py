@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+import localchat  # noqa: F401  (first: llama.cpp's libraries load in the order that works, localchat.native)
 import numpy as np
 from serve_load import free_port
 from vs_vllm import Served, start, stop_all

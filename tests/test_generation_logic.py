@@ -58,6 +58,9 @@ class ScriptedBackend:
 
     def truncate(self, seq: int, start: int) -> None: ...
 
+    def use_loras(self, scales: tuple) -> None:
+        assert scales == (), "no adapters on this stand-in"
+
     def make_sampler(self, settings: SamplerSettings, guide: object = None, *, seq: int | None = None, raw_logits: bool = False) -> _Sampler:
         return _Sampler()
 

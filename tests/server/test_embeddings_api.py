@@ -5,12 +5,15 @@ refusals are as each API gives them."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
 import numpy as np
 import ollama
 import openai
 import pytest
 from langchain_ollama import OllamaEmbeddings
-from live_server import LiveServer
+from live_server import LiveServer, start_server
 
 from localchat.engine import Engine
 
@@ -18,6 +21,15 @@ MODEL = "gemma-3-270m"
 TEXT = "The lighthouse keeper wrote down every ship that passed."
 OTHERS = [f"Line {number}: a different sentence about the harbour and its boats." for number in range(63)]
 SAME = 0.9999  # cosine
+
+
+@pytest.fixture(scope="module")
+def server(localchat_home: Path) -> Iterator[LiveServer]:
+    """A server of this module's own: its requests load Gemma beside the default model, which the
+    shared server's other tests (one model loaded, its slots idle) do not expect."""
+    running = start_server(localchat_home)
+    yield running
+    running.stop()
 
 
 def _unit(vector: object) -> np.ndarray:

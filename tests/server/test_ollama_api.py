@@ -1,19 +1,21 @@
 """Ollama's API on the real server and model (tests/server/conftest.py), driven by the `ollama`
 client and langchain-ollama: chat and generate whole and streamed with real counters, structured
 `format`, tools, the model routes, and the same greedy reply through /api/chat as through
-/v1/chat/completions. The default model is a base model: its replies are checked for shape, not text."""
+/v1/chat/completions, on Gemma 3 270M (a base model: its replies are checked for shape, not text)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import ollama
 import pytest
-from langchain_core.messages import AIMessage, HumanMessage
 from greedy_paths import assert_same_pieces_until_near_tie
+from langchain_core.messages import AIMessage, HumanMessage
 from langchain_ollama import ChatOllama
-from live_server import CONTEXT, LiveServer
+from live_server import CONTEXT, LiveServer, start_server
 
 from localchat.engine import Engine
 
@@ -21,6 +23,15 @@ MODEL = "gemma-3-270m"
 GREEDY: dict[str, Any] = {"temperature": 0, "seed": 1}
 HELLO = [{"role": "system", "content": "You answer in one short sentence."},
          {"role": "user", "content": "Name three colours of the rainbow."}]
+
+
+@pytest.fixture(scope="module")
+def server(localchat_home: Path) -> Iterator[LiveServer]:
+    """A server of this module's own: its requests load Gemma beside the default model, which the
+    shared server's other tests (one model loaded, its slots idle) do not expect."""
+    running = start_server(localchat_home)
+    yield running
+    running.stop()
 
 
 @pytest.fixture(scope="module")
