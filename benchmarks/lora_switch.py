@@ -101,7 +101,7 @@ def _switch_step(engine: Engine, rounds: int) -> dict[str, object]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--work", type=Path, default=Path("/tmp/localchat-lora-bench"))
@@ -139,7 +139,7 @@ def main() -> None:
     switch_ratio = statistics.median(w / s for w, s in zip(times["switch"], times["same"]))
     record = {
         "model": "gemma-3-270m Q4_K_M", "adapters": f"2 x rank {RANK}, every linear layer, F16",
-        "tokens": args.tokens, "rounds": args.rounds, "requests_per_round": args.requests,
+        "tokens": args.tokens, "rounds": args.rounds,
         "median_reply_s": {kind: round(value, 4) for kind, value in medians.items()},
         "quartiles_s": quartiles,
         "overhead_vs_none_of_medians": {kind: f"{medians[kind] / medians['none'] - 1:+.1%}" for kind in ("same", "switch")},

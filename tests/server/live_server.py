@@ -1,4 +1,5 @@
-"""A real `localchat serve` process on a free loopback port, and what tests ask of it."""
+"""A real `localchat serve` process on a free loopback port, and what tests ask of it; other servers
+(vLLM, Open WebUI) started the same way."""
 
 from __future__ import annotations
 
@@ -86,15 +87,42 @@ class LiveServer:
             time.sleep(0.1)
 
 
-def _free_loopback_port() -> int:
+def free_loopback_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
 
 
+@contextmanager
+def other_server(name: str, command: list[str], port: int, ready_path: str, log: Path, *, timeout_s: float,
+                 env: dict[str, str] | None = None, cwd: Path | None = None) -> Iterator[str]:
+    """Another maker's server (`command`, listening on loopback `port`), its output in `log`; yields its
+    root URL once `ready_path` answers, and stops it after."""
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                if requests.get(f"{url}{ready_path}", timeout=2).ok:
+                    break
+            except requests.ConnectionError:
+                pass
+            assert process.poll() is None and time.monotonic() < deadline, f"{name} did not start:\n{log.read_text()[-3000:]}"
+            time.sleep(1)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
 def start_server(home: Path, *extra_args: str, env: dict[str, str] | None = None) -> LiveServer:
     """`localchat serve` with the default model (`env` added to the environment); returns once /health answers."""
-    port = _free_loopback_port()
+    port = free_loopback_port()
     command = [sys.executable, "-m", "localchat", "serve", "--port", str(port), "--parallel", str(SLOTS),
                "--queue", str(QUEUE), "--ctx", str(CONTEXT), "--api-key", API_KEY, *extra_args]
     log = home / f"serve-{port}.log"
@@ -119,7 +147,7 @@ def start_server(home: Path, *extra_args: str, env: dict[str, str] | None = None
 def serving(app: FastAPI) -> Iterator[str]:
     """`app` (create_app's, as `localchat serve` runs it) on a free loopback port, by uvicorn in a
     thread of this process; yields its API root (http://127.0.0.1:PORT/v1)."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=_free_loopback_port(), log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_loopback_port(), log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:

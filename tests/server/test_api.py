@@ -121,7 +121,7 @@ def test_metrics_count_requests_tokens_and_latency(server: LiveServer) -> None:
     counted = ('localchat_http_requests_total{path="/v1/completions",status="200"}', "localchat_completion_tokens_total",
                "localchat_prompt_tokens_total", "localchat_time_to_first_token_seconds_count",
                "localchat_time_per_output_token_seconds_count")
-    shipped = 'localchat_sampler_replies_total{sampler="top_k=40 top_p=0.9 min_p=0.05 temp=0.2"}'  # SmolLM2's defaults
+    shipped = 'localchat_sampler_replies_total{sampler="dry=1.2 top_k=40 top_p=0.9 min_p=0.05 temp=0.2"}'  # SmolLM2's defaults
     counted = (*counted, shipped)
     before = {name: server.metric(name) for name in counted}
     reply = server.client().completions.create(model=MODEL, prompt="Hello", max_tokens=5, extra_body={"ignore_eos": True})

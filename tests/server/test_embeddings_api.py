@@ -5,15 +5,12 @@ refusals are as each API gives them."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import numpy as np
 import ollama
 import openai
 import pytest
 from langchain_ollama import OllamaEmbeddings
-from live_server import LiveServer, start_server
+from live_server import LiveServer
 
 from localchat.engine import Engine
 
@@ -23,24 +20,15 @@ OTHERS = [f"Line {number}: a different sentence about the harbour and its boats.
 SAME = 0.9999  # cosine
 
 
-@pytest.fixture(scope="module")
-def server(localchat_home: Path) -> Iterator[LiveServer]:
-    """A server of this module's own: its requests load Gemma beside the default model, which the
-    shared server's other tests (one model loaded, its slots idle) do not expect."""
-    running = start_server(localchat_home)
-    yield running
-    running.stop()
-
-
 def _unit(vector: object) -> np.ndarray:
     array = np.asarray(vector, dtype=np.float64)
     return array / np.linalg.norm(array)
 
 
-def test_a_text_gets_the_same_vector_through_every_api_and_route(server: LiveServer) -> None:
-    client = server.client()
-    ollama_client = ollama.Client(host=server.url, headers=server.auth, timeout=120)
-    langchain = OllamaEmbeddings(model=MODEL, base_url=server.url, client_kwargs={"headers": server.auth})
+def test_a_text_gets_the_same_vector_through_every_api_and_route(gemma_server: LiveServer) -> None:
+    client = gemma_server.client()
+    ollama_client = ollama.Client(host=gemma_server.url, headers=gemma_server.auth, timeout=120)
+    langchain = OllamaEmbeddings(model=MODEL, base_url=gemma_server.url, client_kwargs={"headers": gemma_server.auth})
     reference = client.embeddings.create(model=MODEL, input=TEXT, encoding_format="float").data[0].embedding
     assert abs(np.linalg.norm(reference) - 1) < 1e-5
     routes = {
@@ -62,8 +50,8 @@ def test_a_text_gets_the_same_vector_through_every_api_and_route(server: LiveSer
     assert min(float(_unit(a.embedding) @ _unit(b)) for a, b in zip(openai_batch, ollama_batch, strict=True)) >= SAME
 
 
-def test_openais_embedding_body(server: LiveServer, gemma_gguf_engine: Engine) -> None:
-    client = server.client()
+def test_openais_embedding_body(gemma_server: LiveServer, gemma_gguf_engine: Engine) -> None:
+    client = gemma_server.client()
     texts = ["one", "two words"]
     reply = client.embeddings.create(model=MODEL, input=texts, encoding_format="float")
     assert reply.model == MODEL and reply.object == "list" and len(reply.data) == 2
@@ -81,17 +69,17 @@ def test_openais_embedding_body(server: LiveServer, gemma_gguf_engine: Engine) -
     assert "640 dimensions" in refused.value.body["message"]  # type: ignore[index]
 
 
-def test_an_input_too_long_is_refused_before_any_work(server: LiveServer) -> None:
+def test_an_input_too_long_is_refused_before_any_work(gemma_server: LiveServer) -> None:
     """OpenAI's route refuses it, and Ollama's when told not to cut it (tests/test_embeddings.py cuts one)."""
     long = "word " * 5000  # more than the server's 4096-token context
-    refused = server.post("/v1/embeddings", {"model": MODEL, "input": long})
+    refused = gemma_server.post("/v1/embeddings", {"model": MODEL, "input": long})
     assert refused.status_code == 400 and refused.json()["error"]["code"] == "context_length_exceeded"
-    kept = server.post("/api/embed", {"model": MODEL, "input": long, "truncate": False})
+    kept = gemma_server.post("/api/embed", {"model": MODEL, "input": long, "truncate": False})
     assert kept.status_code == 400 and "at most 4096 can be embedded" in kept.json()["error"]
 
 
-def test_an_empty_ollama_request_only_loads(server: LiveServer) -> None:
-    assert server.post("/api/embed", {"model": MODEL}).json()["embeddings"] == []
-    assert server.post("/api/embeddings", {"model": MODEL}).json() == {"embedding": []}
-    missing = server.post("/api/embed", {"model": "no-such-model", "input": "x"})
+def test_an_empty_ollama_request_only_loads(gemma_server: LiveServer) -> None:
+    assert gemma_server.post("/api/embed", {"model": MODEL}).json()["embeddings"] == []
+    assert gemma_server.post("/api/embeddings", {"model": MODEL}).json() == {"embedding": []}
+    missing = gemma_server.post("/api/embed", {"model": "no-such-model", "input": "x"})
     assert (missing.status_code, missing.json()) == (404, {"error": "model 'no-such-model' not found"})

@@ -6,8 +6,6 @@ client and langchain-ollama: chat and generate whole and streamed with real coun
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import ollama
@@ -15,7 +13,7 @@ import pytest
 from greedy_paths import assert_same_pieces_until_near_tie
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_ollama import ChatOllama
-from live_server import CONTEXT, LiveServer, start_server
+from live_server import CONTEXT, LiveServer
 
 from localchat.engine import Engine
 
@@ -26,17 +24,8 @@ HELLO = [{"role": "system", "content": "You answer in one short sentence."},
 
 
 @pytest.fixture(scope="module")
-def server(localchat_home: Path) -> Iterator[LiveServer]:
-    """A server of this module's own: its requests load Gemma beside the default model, which the
-    shared server's other tests (one model loaded, its slots idle) do not expect."""
-    running = start_server(localchat_home)
-    yield running
-    running.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server: LiveServer) -> ollama.Client:
-    return ollama.Client(host=server.url, headers=server.auth, timeout=120)
+def client(gemma_server: LiveServer) -> ollama.Client:
+    return ollama.Client(host=gemma_server.url, headers=gemma_server.auth, timeout=120)
 
 
 def _counters_add_up(reply: Any, most_tokens: int) -> None:
@@ -60,11 +49,11 @@ def test_chat_whole_and_streamed(client: ollama.Client) -> None:
     _counters_add_up(chunks[-1], 16)
 
 
-def test_the_same_conversation_gives_the_same_greedy_reply_through_both_apis(server: LiveServer, client: ollama.Client) -> None:
+def test_the_same_conversation_gives_the_same_greedy_reply_through_both_apis(gemma_server: LiveServer, client: ollama.Client) -> None:
     """Same prompt (its token count), same sampler, same path through the scheduler: the same tokens up to the
     reference's first near tie (the second request reuses the first's KV cache, another evaluation path:
     tests/greedy_paths.py), and the same whole reply when no near tie came first."""
-    openai_reply = server.client().chat.completions.create(model=MODEL, messages=HELLO, max_tokens=24, logprobs=True,
+    openai_reply = gemma_server.client().chat.completions.create(model=MODEL, messages=HELLO, max_tokens=24, logprobs=True,
                                                            top_logprobs=2, **GREEDY)
     ollama_reply = client.chat(MODEL, messages=HELLO, logprobs=True, top_logprobs=2, options={**GREEDY, "num_predict": 24})
     assert openai_reply.usage is not None and ollama_reply.prompt_eval_count == openai_reply.usage.prompt_tokens
@@ -130,8 +119,8 @@ def test_the_model_routes(client: ollama.Client) -> None:
     assert missing.value.status_code == 404 and missing.value.error == "model 'no-such-model' not found"
 
 
-def test_langchains_chat_model(server: LiveServer) -> None:
-    chat = ChatOllama(model=MODEL, base_url=server.url, client_kwargs={"headers": server.auth}, temperature=0, seed=1,
+def test_langchains_chat_model(gemma_server: LiveServer) -> None:
+    chat = ChatOllama(model=MODEL, base_url=gemma_server.url, client_kwargs={"headers": gemma_server.auth}, temperature=0, seed=1,
                       num_predict=12, validate_model_on_init=True)
     answer = chat.invoke([HumanMessage("Name a colour.")])
     assert isinstance(answer, AIMessage) and isinstance(answer.content, str) and answer.content

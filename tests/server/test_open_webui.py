@@ -21,15 +21,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import requests
-from live_server import API_KEY, LiveServer, start_server
+from live_server import API_KEY, LiveServer, free_loopback_port, other_server, start_server
 
 from localchat.models import DEFAULT_MODEL_NAME
 
@@ -48,12 +45,6 @@ pytestmark = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def localchat(tmp_path_factory: pytest.TempPathFactory, default_model: Path) -> Iterator[LiveServer]:
     server = start_server(tmp_path_factory.mktemp("open-webui-localchat"))
@@ -66,7 +57,7 @@ def open_webui(localchat: LiveServer, tmp_path_factory: pytest.TempPathFactory) 
     """Open WebUI on loopback, offline and without login, on localchat's two APIs; its root URL."""
     assert OPEN_WEBUI_PYTHON is not None
     data = tmp_path_factory.mktemp("open-webui")
-    port = _free_port()
+    port = free_loopback_port()
     env = {
         **os.environ, "DATA_DIR": str(data), "WEBUI_SECRET_KEY": "localchat-test", "WEBUI_AUTH": "False", "OFFLINE_MODE": "true", "HF_HUB_OFFLINE": "1",
         "OLLAMA_BASE_URL": localchat.url, "OLLAMA_API_CONFIGS": json.dumps({"0": {"key": API_KEY}}),
@@ -83,28 +74,9 @@ def open_webui(localchat: LiveServer, tmp_path_factory: pytest.TempPathFactory) 
         "ENABLE_RETRIEVAL_QUERY_GENERATION": "false",
         "ANONYMIZED_TELEMETRY": "false", "SCARF_NO_ANALYTICS": "true", "DO_NOT_TRACK": "true",
     }
-    log = data / "open-webui.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen([OPEN_WEBUI_PYTHON, "-m", "open_webui", "serve", "--host", "127.0.0.1", "--port", str(port)],
-                                   env=env, cwd=data, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                if requests.get(f"{url}/health", timeout=2).ok:
-                    break
-            except requests.ConnectionError:
-                pass
-            assert process.poll() is None and time.monotonic() < deadline, f"Open WebUI did not start:\n{log.read_text()[-3000:]}"
-            time.sleep(1)
+    command = [OPEN_WEBUI_PYTHON, "-m", "open_webui", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    with other_server("Open WebUI", command, port, "/health", data / "open-webui.log", timeout_s=300, env=env, cwd=data) as url:
         yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
 
 
 def _streamed(chat: dict[str, object]) -> bool:

@@ -5,7 +5,6 @@ so the default run skips these; `localchat serve` stands in for it there (test_r
 from __future__ import annotations
 
 import os
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from live_server import free_loopback_port, other_server
 
 from localchat.backends.base import SamplerSettings
 from localchat.remote import RemoteEndpoint, RemoteServer
@@ -32,37 +32,13 @@ pytestmark = [
 @pytest.fixture(scope="module")
 def vllm_url(gemma_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """vLLM serving the Gemma checkpoint in float32, whose greedy tokens equal transformers'."""
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    port = free_loopback_port()
     assert VLLM_PYTHON is not None
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(gemma_checkpoint), "--host", "127.0.0.1",
-             "--port", str(port), "--dtype", "float32", "--served-model-name", MODEL, "--max-model-len", str(CONTEXT)],
-            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2"},
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 600
-        while True:
-            try:
-                if requests.get(f"{url}/v1/models", timeout=2).ok:
-                    break
-            except requests.ConnectionError:
-                pass
-            assert process.poll() is None and time.monotonic() < deadline, f"vLLM did not start:\n{log.read_text()[-3000:]}"
-            time.sleep(1)
+    command = [VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(gemma_checkpoint), "--host", "127.0.0.1",
+               "--port", str(port), "--dtype", "float32", "--served-model-name", MODEL, "--max-model-len", str(CONTEXT)]
+    with other_server("vLLM", command, port, "/v1/models", tmp_path_factory.mktemp("vllm") / "vllm.log", timeout_s=600,
+                      env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2"}) as url:
         yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
 
 
 def test_a_remote_chat_on_vllm_gives_transformers_greedy_reply(vllm_url: str, gemma_checkpoint: Path) -> None:
