@@ -157,3 +157,33 @@ def test_gemma_s_default_penalty_stops_its_loop(gemma_gguf_engine: Engine) -> No
 
     assert loops(ARGMAX)
     assert not loops(dataclasses.replace(defaults.settings, temperature=0))
+
+
+@pytest.mark.parametrize(
+    "sampler",
+    [
+        SamplerSettings(seed=7),  # llama.cpp's defaults: top-k 40, top-p 0.95, min-p 0.05, temperature 0.8
+        SamplerSettings(seed=7, temperature=0.2, top_p=0.9, dry_multiplier=1.2),  # SmolLM2's row
+        # Penalties strong enough to push seen tokens out of the top-k, so unseen ones below it move in.
+        SamplerSettings(seed=7, repeat_penalty=1.5, presence_penalty=1.0, penalty_last_n=64, dry_multiplier=0.8),
+    ],
+    ids=["llama.cpp", "smollm2", "penalised"],
+)
+def test_the_candidates_sampler_picks_what_llamas_chain_picks_on_the_whole_row(engine: Engine, sampler: SamplerSettings) -> None:
+    """The same seeded draws, token for token, as the chain run on every logit of each row."""
+    backend = engine.backend
+    history = backend.tokenize(REPEATS, add_bos=True, special=False)
+    rng = np.random.default_rng(0)
+    rows = rng.normal(0, 2, (40, backend.info.n_vocab)).astype(np.float32)
+    rows[:, history[-12:]] += 6.0  # the tokens just seen among the best, as in a reply that repeats itself
+    ours, whole = backend.make_sampler(sampler), backend.make_sampler(sampler)
+    whole._whole_row = True  # type: ignore[attr-defined]
+    try:
+        for sampler_ in (ours, whole):
+            sampler_.accept(history, reply=True)
+        picked = [(ours.pick(row.copy()), whole.pick(row.copy())) for row in rows]
+    finally:
+        ours.close()
+        whole.close()
+    assert [a for a, _ in picked] == [b for _, b in picked]
+    assert len({a for a, _ in picked}) > 5  # draws, not one token over and over

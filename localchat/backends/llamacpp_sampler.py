@@ -138,6 +138,8 @@ class LlamaSampler:
             ids = np.flatnonzero(row >= best - NEAR_SPAN)
             if ids.size < s.top_k:
                 ids = np.flatnonzero(row >= best - FAR_SPAN)
+            # Top-k keeps k of them: the k best unseen ones (their logits stay as they are) or seen ones.
+            ids = _among_best(row, ids, s.top_k + seen.size)
         else:  # min-p alone truncates
             ids = np.flatnonzero(row >= best + np.log(s.min_p))
         return np.union1d(ids, seen) if seen.size else ids
@@ -172,6 +174,15 @@ class LlamaSampler:
     def close(self) -> None:
         self._natives.close()
         self.stages = []
+
+
+def _among_best(row: np.ndarray, ids: np.ndarray, n: int) -> np.ndarray:
+    """Those of `ids` (ascending) whose logits are among their `n` best, ties at the n-th kept."""
+    if ids.size <= n:
+        return ids
+    values = row[ids]
+    nth = np.partition(values, ids.size - n)[ids.size - n]
+    return ids[values >= nth]
 
 
 def device_chain(settings: SamplerSettings) -> llama_cpp.llama_sampler_p:
