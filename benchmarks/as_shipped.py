@@ -40,7 +40,8 @@ from localchat.bench import OPEN_ENDED_PROMPT, grounded_prompt
 from localchat.engine import Engine
 from localchat.models import resolve_model
 from localchat.planner import PlanRequest
-from localchat.session import GenerationSettings, tokenize_chat
+from localchat.chat import tokenize_chat
+from localchat.session import GenerationSettings
 from localchat.speculative import DEFAULT_LOOKUP_DRAFT
 from localchat.settings import Settings
 from localchat.templates import Message

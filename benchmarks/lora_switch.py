@@ -37,7 +37,8 @@ from localchat.backends.base import ARGMAX, LoraScales
 from localchat.engine import Engine
 from localchat.models import gemma_model_path
 from localchat.planner import PlanRequest
-from localchat.session import GenerationSettings, tokenize_chat
+from localchat.chat import tokenize_chat
+from localchat.session import GenerationSettings
 from localchat.settings import Settings
 from localchat.templates import Message
 

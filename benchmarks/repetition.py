@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, replace
 from localchat.backends.base import SamplerSettings
 from localchat.engine import Engine
 from localchat.planner import PlanRequest
-from localchat.session import Chat
+from localchat.chat import Chat
 from localchat.tui.app import REPLY_SETTINGS
 
 PROMPTS = (

@@ -14,7 +14,8 @@ import json
 from localchat.backends.base import ARGMAX
 from localchat.engine import Engine
 from localchat.planner import PlanRequest
-from localchat.session import Chat, GenerationSettings, GenerationStats
+from localchat.chat import Chat
+from localchat.session import GenerationSettings, GenerationStats
 from localchat.templates import Message
 
 GREEDY = GenerationSettings(max_tokens=32, sampler=ARGMAX)

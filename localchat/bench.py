@@ -7,9 +7,10 @@ from dataclasses import asdict, dataclass
 from importlib.resources import files
 
 from localchat.backends.base import ARGMAX
+from localchat.chat import Chat
 from localchat.engine import Engine
 from localchat.hardware import MIB, peak_rss_bytes
-from localchat.session import Chat, GenerationSettings, GenerationStats
+from localchat.session import GenerationSettings, GenerationStats
 from localchat.speculative import DEFAULT_LOOKUP_DRAFT
 from localchat.templates import Message
 

@@ -12,8 +12,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
+from localchat.chat import Chat
 from localchat.reply_parser import ReplyParser
-from localchat.session import Chat, GenerationSettings, GenerationStats
+from localchat.session import GenerationSettings, GenerationStats
 from localchat.templates import Message
 
 # The template variable that turns a model's thinking off (Qwen 3, SmolLM3, DeepSeek V3.1 read it).

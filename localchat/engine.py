@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 
 from localchat.adapters import LoadedLora, LoraSpec, default_scales, requested_scales
 from localchat.backends.base import Backend
+from localchat.chat import Chat
 from localchat.chat_engine import THINKING_SWITCH, LocalChat
 from localchat.errors import ModelError
 from localchat.hardware import Hardware, detect_hardware
@@ -17,7 +18,7 @@ from localchat.native import require_llama_cpp
 from localchat.planner import BuildFeatures, ModelFacts, Plan, PlanRequest, plan_offload
 from localchat.prefix_cache import PrefixCache
 from localchat.sampling_defaults import sampler_defaults
-from localchat.session import Chat, Session
+from localchat.session import Session
 from localchat.settings import Settings
 from localchat.speculative import DraftModel, check_same_vocabulary
 from localchat.templates import ChatTemplate, Message

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 import pytest
 
 from localchat.errors import ContextOverflowError
-from localchat.session import Chat, GenerationSettings, Session
+from localchat.chat import Chat
+from localchat.session import GenerationSettings, Session
 from localchat.templates import ChatTemplate, Message
 
 # One line per message, so a message of n characters costs n + len("role: \n") tokens.

@@ -19,7 +19,8 @@ from localchat.engine import Engine, plan_model
 from localchat.hardware import GIB, Hardware
 from localchat.planner import PlanRequest, plan_offload
 from localchat.scheduler import ReplyDone, ReplyEvent, Scheduler, TextDelta
-from localchat.session import GenerationSettings, Session, tokenize_chat
+from localchat.chat import tokenize_chat
+from localchat.session import GenerationSettings, Session
 from localchat.settings import Settings
 from localchat.templates import Message
 from test_planner import LLAMA_CUDA_BUILD, MISTRAL_7B_Q4_K_M, RTX_3090, machine

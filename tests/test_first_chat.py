@@ -10,7 +10,7 @@ from pathlib import Path
 from localchat.engine import Engine
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from first_chat import FACTUAL, first_chat, loops, noise  # noqa: E402
+from first_chat import first_chat, loops, noise  # noqa: E402
 
 
 def test_the_checks_tell_loops_and_noise_from_answers() -> None:

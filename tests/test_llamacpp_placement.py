@@ -9,7 +9,8 @@ from pathlib import Path
 import llama_cpp
 import pytest
 
-from localchat.backends.llamacpp import FLASH_ATTN_TYPES, KV_CACHE_TYPES, LlamaCppBackend, place_layers
+from localchat.backends.llamacpp import LlamaCppBackend
+from localchat.backends.llamacpp_natives import FLASH_ATTN_TYPES, KV_CACHE_TYPES, log_callback, place_layers
 from localchat.engine import plan_model
 from localchat.hardware import GIB, Gpu, Hardware
 from localchat.planner import FlashAttn, KvType, PlanRequest, plan_offload
@@ -69,7 +70,6 @@ def test_a_q8_0_kv_cache_with_flash_attention_reaches_llama_cpp(gemma_model: Pat
 def test_experts_left_in_ram_reach_llama_cpp_as_tensor_buffer_overrides(tiny_checkpoint, tmp_path: Path) -> None:
     """On the CPU build too: every routed expert of the plan's layers is overridden to the CPU
     buffer type (llama.cpp logs each), no other tensor is, and the model answers as without."""
-    from localchat.backends import llamacpp
     from localchat.converters.gguf import convert_checkpoint
     from localchat.converters.verify import greedy_continuation
 
@@ -93,7 +93,7 @@ def test_experts_left_in_ram_reach_llama_cpp_as_tensor_buffer_overrides(tiny_che
     try:
         backend = LlamaCppBackend(model, dataclasses.replace(plan, n_cpu_moe=1))
     finally:
-        llama_cpp.llama_log_set(llamacpp._log_callback, None)
+        llama_cpp.llama_log_set(log_callback, None)
     try:
         assert sorted(overridden) == ["blk.0.ffn_down_exps.weight", "blk.0.ffn_gate_exps.weight", "blk.0.ffn_up_exps.weight"]
         assert greedy_continuation(backend, prompt, 12) == expected

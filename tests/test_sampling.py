@@ -14,7 +14,8 @@ from localchat.backends.base import ARGMAX, DRY_SEQUENCE_BREAKERS, SamplerSettin
 from localchat.backends.onnx import NumpySampler
 from localchat.engine import Engine
 from localchat.errors import InvalidSettingError
-from localchat.session import Chat, GenerationSettings
+from localchat.chat import Chat
+from localchat.session import GenerationSettings
 
 # A text whose end repeats what came before, across lines and after a colon.
 REPEATS = (

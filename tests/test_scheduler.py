@@ -15,7 +15,8 @@ from localchat.backends.base import ARGMAX
 from localchat.engine import Engine
 from localchat.planner import PlanRequest
 from localchat.scheduler import QueueFullError, ReplyDone, ReplyEvent, Scheduler, TextDelta
-from localchat.session import GenerationSettings, GenerationStats, tokenize_chat
+from localchat.chat import tokenize_chat
+from localchat.session import GenerationSettings, GenerationStats
 from localchat.settings import Settings
 from localchat.templates import Message
 

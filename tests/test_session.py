@@ -19,7 +19,8 @@ from localchat.errors import ContextOverflowError
 from localchat.hardware import detect_hardware
 from localchat.planner import PlanRequest
 from localchat.prefix_cache import MIN_MATCH_TOKENS
-from localchat.session import PREFILL_CHUNK, Chat, Generation, GenerationSettings, tokenize_chat
+from localchat.chat import Chat, tokenize_chat
+from localchat.session import PREFILL_CHUNK, Generation, GenerationSettings
 from localchat.settings import Settings
 from localchat.templates import Message
 

@@ -18,6 +18,7 @@ from fastapi import Request
 from fastapi.concurrency import run_in_threadpool
 
 from localchat.adapters import requested_scales
+from localchat.chat import tokenize_prompt
 from localchat.constraints import tokenizer_for
 from localchat.errors import LocalchatError
 from localchat.model_pool import ModelBusyError, ModelPool
@@ -36,7 +37,7 @@ from localchat.server.schemas import (
 )
 from localchat.server.served_models import CatalogModel, EngineLoader, ServedModel
 from localchat.server.settings import ServerSettings
-from localchat.session import GenerationSettings, tokenize_prompt
+from localchat.session import GenerationSettings
 
 # Where a request's scope keeps the leases it took (released by app.py's LeaseRelease).
 LEASES = "localchat_model_leases"

@@ -1,0 +1,191 @@
+"""The llama.cpp backend's native objects, each with one owner that frees it once (model, context,
+batch, LoRA adapter), how a load's parameters reach them (layers, splits, experts left in RAM), and
+llama.cpp's log, whose recent errors explain a failed load."""
+
+from __future__ import annotations
+
+import ctypes
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+import llama_cpp
+
+from localchat.backends.base import ROW_LIMIT, FlashAttn, KvType, LoadParams
+from localchat.errors import ModelError
+from localchat.gguf_file import ROUTED_EXPERT_TENSOR
+
+# Tokens per llama_decode call when evaluating a prompt.
+PROMPT_BATCH = 512
+
+# The planner's KV cache types and flash attention settings in llama.cpp's terms.
+KV_CACHE_TYPES: dict[KvType, int] = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0}
+FLASH_ATTN_TYPES: dict[FlashAttn, int] = {
+    "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
+    "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+}
+
+GGML_LOG_LEVEL_ERROR = 4  # enum ggml_log_level (NONE, DEBUG, INFO, WARN, ERROR, CONT)
+# llama.cpp's logger is process-global; keep its recent errors to explain a failed load.
+recent_errors: deque[str] = deque(maxlen=8)
+
+
+@llama_cpp.llama_log_callback
+def log_callback(level: int, text: bytes | None, _user_data: ctypes.c_void_p) -> None:
+    if text and level == GGML_LOG_LEVEL_ERROR:
+        recent_errors.append(text.decode("utf-8", errors="replace").strip())
+
+
+def place_layers(params: llama_cpp.llama_model_params, load: LoadParams) -> ctypes.Array[ctypes.c_float] | None:
+    """Set where `load` puts the layers: on one GPU alone, or split across GPUs by
+    `load.tensor_split`. Returns the split's C array, which must outlive the load."""
+    params.n_gpu_layers = load.n_gpu_layers
+    if load.gpu_index is None:
+        return None
+    params.main_gpu = load.gpu_index
+    if not load.tensor_split:
+        # Layer mode (the default) would spread the layers over every GPU by free memory.
+        params.split_mode = llama_cpp.LLAMA_SPLIT_MODE_NONE
+        return None
+    params.split_mode = llama_cpp.LLAMA_SPLIT_MODE_LAYER
+    split = (ctypes.c_float * llama_cpp.llama_max_devices())(*load.tensor_split)
+    params.tensor_split = split
+    return split
+
+
+class _TensorBufferOverride(ctypes.Structure):
+    """llama.cpp's llama_model_tensor_buft_override: tensors matching `pattern` go to `buft`."""
+
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+def experts_in_ram_pattern(n_layers: int) -> str:
+    """The regex llama.cpp matches against tensor names: the routed experts of the first `n_layers`."""
+    return rf"^blk\.({'|'.join(map(str, range(n_layers)))}){ROUTED_EXPERT_TENSOR.pattern}"
+
+
+def keep_experts_in_ram(params: llama_cpp.llama_model_params, load: LoadParams) -> ctypes.Array[_TensorBufferOverride] | None:
+    """Point llama.cpp's tensor buffer overrides at the CPU for the experts `load` leaves in RAM
+    (llama-server's --n-cpu-moe). Returns the NULL-terminated C array, which must outlive the load."""
+    if not load.n_cpu_moe:
+        return None
+    from llama_cpp._ggml import libggml  # ggml's own library: llama_cpp binds none of its buffer types
+
+    cpu_buffer_type = libggml.ggml_backend_cpu_buffer_type
+    cpu_buffer_type.restype = ctypes.c_void_p
+    overrides = (_TensorBufferOverride * 2)()
+    overrides[0].pattern = experts_in_ram_pattern(load.n_cpu_moe).encode()
+    overrides[0].buft = cpu_buffer_type()
+    params.tensor_buft_overrides = ctypes.cast(overrides, ctypes.c_void_p)
+    return overrides
+
+
+def missing_special_token(vocab: llama_cpp.llama_vocab_p) -> str | None:
+    """The special token llama.cpp would add while tokenizing but the vocabulary lacks: it asserts
+    on that, aborting the process (WPM vocabularies always add BOS and SEP)."""
+    wpm = llama_cpp.llama_vocab_type(vocab) == llama_cpp.LLAMA_VOCAB_TYPE_WPM
+    needed = {
+        "BOS": (wpm or llama_cpp.llama_vocab_get_add_bos(vocab), llama_cpp.llama_vocab_bos(vocab)),
+        "EOS": (not wpm and llama_cpp.llama_vocab_get_add_eos(vocab), llama_cpp.llama_vocab_eos(vocab)),
+        "SEP": (wpm, llama_cpp.llama_vocab_sep(vocab)),
+    }
+    return next((name for name, (added, token) in needed.items() if added and token < 0), None)
+
+
+class LlamaLoraAdapter:
+    """A LoRA adapter loaded for a model; owns its llama_adapter_lora, freed once by `close` (before
+    the model: llama.cpp frees adapters left with their model, so a later free would be a second)."""
+
+    def __init__(self, model: llama_cpp.llama_model_p, path: Path, model_architecture: str) -> None:
+        from localchat.gguf_file import read_gguf_header
+
+        header = read_gguf_header(path)
+        if header.get("general.type") != "adapter" or header.get("adapter.type") != "lora":
+            raise ModelError(f"{path} is not a LoRA adapter (general.type {header.get('general.type')!r}); "
+                             "give the model with -m and its adapters with --lora")
+        if header.architecture != model_architecture:
+            raise ModelError(f"{path} is a LoRA adapter for {header.architecture} models and the model is {model_architecture}; "
+                             "an adapter works only with the base model it was made for")
+        recent_errors.clear()
+        self.path = path
+        self.pointer = llama_cpp.llama_adapter_lora_init(model, str(path).encode())
+        if not self.pointer:
+            detail = "; ".join(recent_errors) or "no detail from llama.cpp"
+            raise ModelError(f"llama.cpp cannot apply the LoRA adapter {path} to this model ({detail}); "
+                             "an adapter works only with the base model it was made for")
+
+    def close(self) -> None:
+        if self.pointer:
+            llama_cpp.llama_adapter_lora_free(self.pointer)
+            self.pointer = None
+
+
+class LlamaModel:
+    """A loaded llama_model; frees it once."""
+
+    def __init__(self, path: Path, load: LoadParams, on_progress: Callable[[float], None] | None) -> None:
+        params = llama_cpp.llama_model_default_params()
+        # The split's and the overrides' C arrays and the progress callback must outlive the load call.
+        self._split = place_layers(params, load)
+        self._buffer_overrides = keep_experts_in_ram(params, load)
+        params.use_extra_bufts = load.use_extra_bufts
+        if on_progress is not None:
+            self._progress = llama_cpp.llama_progress_callback(lambda value, _data: (on_progress(value), True)[1])
+            params.progress_callback = self._progress
+        recent_errors.clear()
+        self.pointer = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+        if not self.pointer:
+            detail = "; ".join(recent_errors) or "no detail from llama.cpp"
+            raise ModelError(f"llama.cpp could not load {path}: {detail}")
+        self.vocab = llama_cpp.llama_model_get_vocab(self.pointer)
+
+    def close(self) -> None:
+        if self.pointer:
+            llama_cpp.llama_model_free(self.pointer)
+            self.pointer = None
+
+
+class LlamaContext:
+    """A llama_context on a model (its KV cache and compute buffers); frees it once."""
+
+    def __init__(self, model: LlamaModel, load: LoadParams, path: Path) -> None:
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = load.n_ctx
+        params.n_batch = PROMPT_BATCH
+        params.n_ubatch = PROMPT_BATCH
+        params.n_seq_max = load.n_seq
+        params.n_threads = load.n_threads
+        params.n_threads_batch = load.n_threads_batch
+        params.no_perf = True
+        params.type_k = params.type_v = KV_CACHE_TYPES[load.kv_type]
+        params.flash_attn_type = FLASH_ATTN_TYPES[load.flash_attn]
+        # A full-size sliding-window cache lets any KV range be dropped, so a turn can always
+        # keep its common prefix (a windowed one forgets old positions and cannot roll back).
+        params.swa_full = True
+        # Sequences share all n_ctx cells instead of n_ctx / n_seq each.
+        params.kv_unified = True
+        if load.backend_sampling:
+            # A draft's rows are sampled on the device too (llama.cpp's default: one output a sequence).
+            params.n_outputs_max_per_seq = ROW_LIMIT
+        self.pointer = llama_cpp.llama_init_from_model(model.pointer, params)
+        if not self.pointer:
+            detail = "; ".join(recent_errors) or "out of memory?"
+            raise ModelError(f"llama.cpp could not create a {load.n_ctx}-token context for {path}: {detail}")
+
+    def close(self) -> None:
+        if self.pointer:
+            llama_cpp.llama_free(self.pointer)
+            self.pointer = None
+
+
+class LlamaBatch:
+    """A preallocated llama_batch of `capacity` tokens; frees it once."""
+
+    def __init__(self, capacity: int) -> None:
+        self.batch = llama_cpp.llama_batch_init(capacity, 0, 1)
+        self._freed = False
+
+    def close(self) -> None:
+        if not self._freed:
+            llama_cpp.llama_batch_free(self.batch)
+            self._freed = True
