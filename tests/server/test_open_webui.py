@@ -74,7 +74,8 @@ def open_webui(localchat: LiveServer, tmp_path_factory: pytest.TempPathFactory) 
         "ENABLE_RETRIEVAL_QUERY_GENERATION": "false",
         "ANONYMIZED_TELEMETRY": "false", "SCARF_NO_ANALYTICS": "true", "DO_NOT_TRACK": "true",
     }
-    command = [OPEN_WEBUI_PYTHON, "-m", "open_webui", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    # Its console script, run by its venv's python (the package has no __main__).
+    command = [OPEN_WEBUI_PYTHON, "-c", "from open_webui import app; app()", "serve", "--host", "127.0.0.1", "--port", str(port)]
     with other_server("Open WebUI", command, port, "/health", data / "open-webui.log", timeout_s=300, env=env, cwd=data) as url:
         yield url
 
