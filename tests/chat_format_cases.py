@@ -38,6 +38,12 @@ TIME_TOOL = {"type": "function", "function": {
     "name": "get_time", "description": "The local time in a city.",
     "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "City name"}}, "required": ["city"]}}}
 ASK = Message("user", "What's the weather in Zürich? 東京 too.")
+# The server tests' scripted Qwen3 turn: a question for both tools, and a reply that reasons, then calls both.
+QWEN3 = (TEMPLATES / "qwen3.jinja").read_text(encoding="utf-8")
+TOOLS = [WEATHER_TOOL, TIME_TOOL]
+TOOLS_QUESTION = [{"role": "user", "content": "Weather and time in Zürich?"}]
+QWEN3_CALLS = ('<think>\nThe user wants both.\n</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n'
+               '</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {"city": "Zürich"}}\n</tool_call>')
 WEATHER = ToolCall("call_abc123def456", "get_weather", {"city": "Zürich"})
 TIME = ToolCall("call_xyz789", "get_time", {"city": "東京"})
 

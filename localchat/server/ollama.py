@@ -350,10 +350,15 @@ class OllamaRoutes:
         service = self.models.service(served)
         openai_body, stop = self._chat_body(body.model, openai_messages, body, served,
                                             [tool.model_dump(exclude_none=True) for tool in body.tools or ()])
+        return await self._answer(body, service, openai_body, stop, timer, request, chat=True)
+
+    async def _answer(self, body: ChatRequest | GenerateRequest, service: CompletionService, openai_body: ChatCompletionRequest,
+                      stop: tuple[str, ...] | None, timer: _Timer, request: Request, *, chat: bool) -> Response:
+        """The reply to a chat or generate request, streamed or whole (or its rendered prompt alone)."""
         if body.debug_render_only:
             return await self._render(service, openai_body, body.model)
         run = await service.start_chat(openai_body, stop)
-        writer = _ReplyWriter(run, service, body.model, timer, chat=True)
+        writer = _ReplyWriter(run, service, body.model, timer, chat=chat)
         if body.stream:
             return ndjson(writer.stream())
         return JSONResponse(await writer.whole(request))
@@ -395,13 +400,7 @@ class OllamaRoutes:
             return await self._generate_raw(body, service, timer, request)
         messages = ([{"role": "system", "content": body.system}] if body.system else []) + [{"role": "user", "content": body.prompt}]
         openai_body, stop = self._chat_body(body.model, messages, body, served, [])
-        if body.debug_render_only:
-            return await self._render(service, openai_body, body.model)
-        run = await service.start_chat(openai_body, stop)
-        writer = _ReplyWriter(run, service, body.model, timer, chat=False)
-        if body.stream:
-            return ndjson(writer.stream())
-        return JSONResponse(await writer.whole(request))
+        return await self._answer(body, service, openai_body, stop, timer, request, chat=False)
 
     async def _generate_raw(self, body: GenerateRequest, service: CompletionService, timer: _Timer, request: Request) -> Response:
         fields, stop = sampling_fields(body.options)

@@ -14,16 +14,10 @@ from typing import Any
 import httpx
 import ollama
 import pytest
-from chat_format_cases import TIME_TOOL, WEATHER_TOOL
+from chat_format_cases import QWEN3, QWEN3_CALLS, TOOLS, TOOLS_QUESTION
 from live_server import serving
 from scripted_app import ScriptedBackend, scripted_app
 
-TEMPLATES = Path(__file__).parent.parent / "data" / "chat_templates"
-QWEN3 = (TEMPLATES / "qwen3.jinja").read_text(encoding="utf-8")
-TOOLS = [WEATHER_TOOL, TIME_TOOL]
-ASK = [{"role": "user", "content": "Weather and time in Zürich?"}]
-QWEN3_CALLS = ('<think>\nThe user wants both.\n</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n'
-               '</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {"city": "Zürich"}}\n</tool_call>')
 
 
 @pytest.fixture
@@ -43,13 +37,13 @@ def _calls(message: Any) -> list[tuple[str, dict[str, Any]]]:
 def test_calls_and_thinking_come_back_in_ollamas_shape(qwen3: tuple[ollama.Client, ScriptedBackend, httpx.Client]) -> None:
     client, backend, _ = qwen3
     backend.replies.extend([QWEN3_CALLS] * 2)
-    whole = client.chat(model="scripted", messages=ASK, tools=TOOLS, think=True)
+    whole = client.chat(model="scripted", messages=TOOLS_QUESTION, tools=TOOLS, think=True)
     assert whole.message.thinking == "The user wants both." and whole.message.content == ""
     assert _calls(whole.message) == [("get_weather", {"city": "Zürich"}), ("get_time", {"city": "Zürich"})]
     assert whole.done and whole.done_reason == "stop"
     assert "<tools>" in backend.prompts[-1] and '"name": "get_time"' in backend.prompts[-1]
 
-    chunks = list(client.chat(model="scripted", messages=ASK, tools=TOOLS, think=True, stream=True))
+    chunks = list(client.chat(model="scripted", messages=TOOLS_QUESTION, tools=TOOLS, think=True, stream=True))
     assert "".join(chunk.message.thinking or "" for chunk in chunks) == "The user wants both."
     assert [chunk.done for chunk in chunks] == [False] * (len(chunks) - 1) + [True]
     assert _calls(chunks[-1].message) == _calls(whole.message)
@@ -62,14 +56,14 @@ def test_a_history_in_ollamas_shape_renders_as_the_openai_one(qwen3: tuple[ollam
     the ollama client would reorder the tools' schema keys)."""
     _, backend, http = qwen3
     backend.replies.extend(["Sunny, and it is noon.", "Sunny, and it is noon."])
-    history: Any = [*ASK, {"role": "assistant", "content": "", "tool_calls": [
+    history: Any = [*TOOLS_QUESTION, {"role": "assistant", "content": "", "tool_calls": [
         {"function": {"name": "get_weather", "arguments": {"city": "Zürich"}}},
         {"function": {"name": "get_time", "arguments": {"city": "Zürich"}}}]},
         {"role": "tool", "tool_name": "get_time", "content": "12:00"},
         {"role": "tool", "tool_name": "get_weather", "content": "Sunny"}]
     reply = http.post("/api/chat", json={"model": "scripted", "messages": history, "tools": TOOLS, "stream": False})
     assert reply.json()["message"] == {"role": "assistant", "content": "Sunny, and it is noon."}
-    openai_history: Any = [*ASK, {"role": "assistant", "content": None, "tool_calls": [
+    openai_history: Any = [*TOOLS_QUESTION, {"role": "assistant", "content": None, "tool_calls": [
         {"id": "a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Zürich"}'}},
         {"id": "b", "type": "function", "function": {"name": "get_time", "arguments": '{"city": "Zürich"}'}}]},
         {"role": "tool", "tool_call_id": "b", "content": "12:00"},
@@ -82,7 +76,7 @@ def test_a_history_in_ollamas_shape_renders_as_the_openai_one(qwen3: tuple[ollam
 def test_think_false_turns_the_templates_thinking_off(qwen3: tuple[ollama.Client, ScriptedBackend, httpx.Client]) -> None:
     client, backend, _ = qwen3
     backend.replies.append("Hello.")
-    assert client.chat(model="scripted", messages=ASK, think=False).message.content == "Hello."
+    assert client.chat(model="scripted", messages=TOOLS_QUESTION, think=False).message.content == "Hello."
     assert backend.prompts[-1].endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
 
 
@@ -91,7 +85,7 @@ def test_format_holds_the_reply_to_json(qwen3: tuple[ollama.Client, ScriptedBack
     client, backend, _ = qwen3
     schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
     backend.replies.extend(["Not JSON at all."] * 2)
-    assert json.loads(client.chat(model="scripted", messages=ASK, format=schema).message.content or "") == {"city": ""}
+    assert json.loads(client.chat(model="scripted", messages=TOOLS_QUESTION, format=schema).message.content or "") == {"city": ""}
     assert isinstance(json.loads(client.generate(model="scripted", prompt="x", format="json").response), dict)
 
 
@@ -107,19 +101,19 @@ def test_generate_is_a_chat_of_one_message_or_raw(qwen3: tuple[ollama.Client, Sc
 
 
 @pytest.mark.parametrize(("path", "body", "status", "error"), [
-    ("/api/chat", {"model": "nope", "messages": ASK}, 404, "model 'nope' not found"),
-    ("/api/chat", {"messages": ASK}, 400, "model is required"),
+    ("/api/chat", {"model": "nope", "messages": TOOLS_QUESTION}, 404, "model 'nope' not found"),
+    ("/api/chat", {"messages": TOOLS_QUESTION}, 400, "model is required"),
     ("/api/chat", {"model": "scripted", "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}, 400,
      "messages.0.images: localchat serves text models, which cannot read images; send text only"),
-    ("/api/chat", {"model": "scripted", "messages": ASK, "options": {"mirostat": 2}}, 400,
+    ("/api/chat", {"model": "scripted", "messages": TOOLS_QUESTION, "options": {"mirostat": 2}}, 400,
      "options.mirostat: Mirostat sampling is not supported by localchat; leave it out"),
-    ("/api/chat", {"model": "scripted", "messages": ASK, "options": {"top_k": "many"}}, 400,
+    ("/api/chat", {"model": "scripted", "messages": TOOLS_QUESTION, "options": {"top_k": "many"}}, 400,
      'option "top_k" must be of type integer'),
-    ("/api/chat", {"model": "scripted", "messages": ASK, "options": {"top_p": 0}}, 400,
+    ("/api/chat", {"model": "scripted", "messages": TOOLS_QUESTION, "options": {"top_p": 0}}, 400,
      "options.top_p: Input should be greater than 0"),
-    ("/api/chat", {"model": "scripted", "messages": ASK, "keep_alive": "soon"}, 400,
+    ("/api/chat", {"model": "scripted", "messages": TOOLS_QUESTION, "keep_alive": "soon"}, 400,
      'keep_alive: invalid duration "soon": give seconds or a duration such as "5m" or "1h30m"'),
-    ("/api/chat", {"model": "scripted", "messages": ASK, "stream": "yes"}, 400, "stream: Input should be a valid boolean"),
+    ("/api/chat", {"model": "scripted", "messages": TOOLS_QUESTION, "stream": "yes"}, 400, "stream: Input should be a valid boolean"),
     ("/api/generate", {"model": "scripted", "prompt": "x", "suffix": "y"}, 400,
      "suffix: localchat has no fill-in-the-middle; send the text before it as the prompt"),
     ("/api/generate", {"model": "scripted", "prompt": "x", "raw": True, "system": "s"}, 400,
@@ -138,11 +132,11 @@ def test_unknown_fields_and_load_time_options_are_accepted_as_ollama_does(
         qwen3: tuple[ollama.Client, ScriptedBackend, httpx.Client]) -> None:
     client, backend, http = qwen3
     backend.replies.append("Fine.")
-    body = {"model": "scripted", "messages": ASK, "stream": False, "some_future_field": 1,
+    body = {"model": "scripted", "messages": TOOLS_QUESTION, "stream": False, "some_future_field": 1,
             "options": {"num_ctx": 8192, "num_gpu": 99, "num_thread": 2, "typical_p": 1.0, "not_an_option": True}}
     assert http.post("/api/chat", json=body).json()["message"]["content"] == "Fine."
     with pytest.raises(ollama.ResponseError) as refused:
-        client.chat(model="scripted", messages=ASK, options={"typical_p": 0.5})
+        client.chat(model="scripted", messages=TOOLS_QUESTION, options={"typical_p": 0.5})
     assert refused.value.status_code == 400 and "typical_p" in refused.value.error
 
 
@@ -161,6 +155,6 @@ def test_empty_requests_load_and_keep_alive_0_unloads(qwen3: tuple[ollama.Client
 
 def test_the_debug_render_answers_the_prompt_only(qwen3: tuple[ollama.Client, ScriptedBackend, httpx.Client]) -> None:
     _, backend, http = qwen3
-    body = {"model": "scripted", "messages": ASK, "_debug_render_only": True, "think": False}
+    body = {"model": "scripted", "messages": TOOLS_QUESTION, "_debug_render_only": True, "think": False}
     rendered = http.post("/api/chat", json=body).json()["_debug_info"]["rendered_template"]
     assert rendered.startswith("<|im_start|>user\nWeather and time in Zürich?") and backend.prompts == []

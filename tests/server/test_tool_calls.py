@@ -11,18 +11,12 @@ from typing import Any
 
 import openai
 import pytest
-from chat_format_cases import TIME_TOOL, WEATHER_TOOL
+from chat_format_cases import QWEN3, QWEN3_CALLS, TEMPLATES, TOOLS, TOOLS_QUESTION, WEATHER_TOOL
 from scripted_app import ScriptedBackend, scripted_client
 
 from localchat.server.settings import ServerSettings
 from localchat.templates import fallback_template
 
-TEMPLATES = Path(__file__).parent.parent / "data" / "chat_templates"
-QWEN3 = (TEMPLATES / "qwen3.jinja").read_text(encoding="utf-8")
-TOOLS = [WEATHER_TOOL, TIME_TOOL]
-ASK = [{"role": "user", "content": "Weather and time in Zürich?"}]
-QWEN3_CALLS = ('<think>\nThe user wants both.\n</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n'
-               '</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {"city": "Zürich"}}\n</tool_call>')
 
 
 @pytest.fixture
@@ -39,7 +33,7 @@ def _calls(message: Any) -> list[tuple[str, dict[str, Any]]]:
 def test_calls_and_reasoning_come_back_whole_and_streamed(qwen3: tuple[openai.OpenAI, ScriptedBackend]) -> None:
     client, backend = qwen3
     backend.replies.extend([QWEN3_CALLS] * 3)
-    whole = client.chat.completions.create(model="scripted", messages=ASK, tools=TOOLS)
+    whole = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=TOOLS)
     message = whole.choices[0].message
     assert whole.choices[0].finish_reason == "tool_calls"
     assert message.content is None and message.reasoning_content == "The user wants both."  # type: ignore[attr-defined]
@@ -47,7 +41,7 @@ def test_calls_and_reasoning_come_back_whole_and_streamed(qwen3: tuple[openai.Op
     assert all(call.id.startswith("call_") and call.type == "function" for call in message.tool_calls or ())
     assert "<tools>" in backend.prompts[-1] and '"name": "get_time"' in backend.prompts[-1]
 
-    chunks = list(client.chat.completions.create(model="scripted", messages=ASK, tools=TOOLS, stream=True))
+    chunks = list(client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=TOOLS, stream=True))
     deltas = [chunk.choices[0].delta for chunk in chunks]
     pieces = [(call.index, call) for delta in deltas for call in delta.tool_calls or ()]
     firsts: dict[int, Any] = {}
@@ -62,7 +56,7 @@ def test_calls_and_reasoning_come_back_whole_and_streamed(qwen3: tuple[openai.Op
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
     # The SDK's stream helper assembles the pieces into the same calls.
-    with client.chat.completions.stream(model="scripted", messages=ASK, tools=TOOLS) as stream:
+    with client.chat.completions.stream(model="scripted", messages=TOOLS_QUESTION, tools=TOOLS) as stream:
         final = stream.get_final_completion()
     assert _calls(final.choices[0].message) == _calls(message)
 
@@ -73,15 +67,15 @@ def test_markers_that_are_control_tokens_are_read(tmp_path: Path) -> None:
     mistral = ScriptedBackend((TEMPLATES / "mistral_small3_2.jinja").read_text(encoding="utf-8"), ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"))
     mistral.replies.append('[TOOL_CALLS]get_weather[ARGS]{"city": "Bern"}[TOOL_CALLS]get_time[ARGS]{"city": "Bern"}')
     with scripted_client(mistral, tmp_path) as (client, _):
-        reply = client.chat.completions.create(model="scripted", messages=ASK, tools=TOOLS)
+        reply = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=TOOLS)
     assert _calls(reply.choices[0].message) == [("get_weather", {"city": "Bern"}), ("get_time", {"city": "Bern"})]
 
     harmony = ("<|channel|>", "<|message|>", "<|end|>", "<|start|>", "<|constrain|>", "<|call|>", "<|return|>")
     gpt_oss = ScriptedBackend((TEMPLATES / "gpt_oss.jinja").read_text(encoding="utf-8"), harmony)
     gpt_oss.replies.extend(["<|channel|>analysis<|message|>Simple.<|end|><|start|>assistant<|channel|>final<|message|>Sunny.<|return|>"] * 2)
     with scripted_client(gpt_oss, tmp_path) as (client, _):
-        whole = client.chat.completions.create(model="scripted", messages=ASK, extra_body={"reasoning_effort": "low"})
-        chunks = list(client.chat.completions.create(model="scripted", messages=ASK, stream=True))
+        whole = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, extra_body={"reasoning_effort": "low"})
+        chunks = list(client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, stream=True))
     assert "Reasoning: low" in gpt_oss.prompts[0] and "Reasoning: medium" in gpt_oss.prompts[1]
     assert whole.choices[0].message.content == "Sunny." and whole.choices[0].finish_reason == "stop"
     assert whole.choices[0].message.reasoning_content == "Simple."  # type: ignore[attr-defined]
@@ -94,10 +88,10 @@ def test_a_named_function_is_forced(qwen3: tuple[openai.OpenAI, ScriptedBackend]
     client, backend = qwen3
     backend.replies.extend(['{"city": "Oslo"}}\n</tool_call>'] * 2)
     choice = {"type": "function", "function": {"name": "get_time"}}
-    reply = client.chat.completions.create(model="scripted", messages=ASK, tools=TOOLS, tool_choice=choice)  # type: ignore[arg-type]
+    reply = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=TOOLS, tool_choice=choice)  # type: ignore[arg-type]
     assert backend.prompts[-1].endswith('<|im_start|>assistant\n<tool_call>\n{"name": "get_time", "arguments": ')
     assert _calls(reply.choices[0].message) == [("get_time", {"city": "Oslo"})]
-    chunks = list(client.chat.completions.create(model="scripted", messages=ASK, tools=TOOLS, tool_choice=choice, stream=True))  # type: ignore[arg-type]
+    chunks = list(client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=TOOLS, tool_choice=choice, stream=True))  # type: ignore[arg-type]
     first_call = chunks[1].choices[0].delta.tool_calls  # right after the role, before the model wrote a token
     assert first_call is not None and first_call[0].function is not None and first_call[0].function.name == "get_time"
 
@@ -105,7 +99,7 @@ def test_a_named_function_is_forced(qwen3: tuple[openai.OpenAI, ScriptedBackend]
 def test_required_makes_the_model_pick_a_function(qwen3: tuple[openai.OpenAI, ScriptedBackend]) -> None:
     client, backend = qwen3
     backend.replies.append('get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>')
-    reply = client.chat.completions.create(model="scripted", messages=ASK, tools=TOOLS, tool_choice="required")
+    reply = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=TOOLS, tool_choice="required")
     assert backend.prompts[-1].endswith('<tool_call>\n{"name": "')
     assert _calls(reply.choices[0].message) == [("get_weather", {"city": "Oslo"})]
     assert reply.choices[0].finish_reason == "tool_calls"
@@ -117,11 +111,11 @@ def test_a_model_that_would_not_call_still_returns_a_valid_call(qwen3: tuple[ope
     refused token by token, and what it may write instead is a call whose arguments follow the schema."""
     client, backend = qwen3
     backend.replies.extend(["I would rather chat about the weather."] * 2)
-    reply = client.chat.completions.create(model="scripted", messages=ASK, tools=TOOLS, tool_choice=choice)
+    reply = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=TOOLS, tool_choice=choice)
     calls = _calls(reply.choices[0].message)
     assert len(calls) == 1 and calls[0][0] in ("get_weather", "get_time") and calls[0][1] == {"city": ""}
     assert reply.choices[0].finish_reason == "tool_calls" and reply.choices[0].message.content is None
-    streamed = list(client.chat.completions.create(model="scripted", messages=ASK, tools=TOOLS, tool_choice=choice, stream=True))
+    streamed = list(client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=TOOLS, tool_choice=choice, stream=True))
     arguments = "".join(call.function.arguments or "" for chunk in streamed for call in chunk.choices[0].delta.tool_calls or ()
                         if call.function is not None)
     assert json.loads(arguments) == {"city": ""}
@@ -132,7 +126,7 @@ def test_without_parallel_calls_the_reply_ends_after_its_first_call(tmp_path: Pa
     script = QWEN3_CALLS + "\nAnd more text the model goes on writing." * 80  # 3,000 tokens: 6 s unless stopped
     backend.replies.append(script)
     with scripted_client(backend, tmp_path) as (client, _):
-        reply = client.chat.completions.create(model="scripted", messages=ASK, tools=TOOLS, parallel_tool_calls=False)
+        reply = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=TOOLS, parallel_tool_calls=False)
     assert _calls(reply.choices[0].message) == [("get_weather", {"city": "Zürich"})]
     assert reply.choices[0].finish_reason == "tool_calls"
     assert reply.usage is not None and reply.usage.completion_tokens < len(script) / 2  # stopped, not run to its end
@@ -141,7 +135,7 @@ def test_without_parallel_calls_the_reply_ends_after_its_first_call(tmp_path: Pa
 def test_tool_choice_none_shows_no_tools_and_reads_no_calls(qwen3: tuple[openai.OpenAI, ScriptedBackend]) -> None:
     client, backend = qwen3
     backend.replies.append('<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
-    reply = client.chat.completions.create(model="scripted", messages=ASK, tools=TOOLS, tool_choice="none")
+    reply = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=TOOLS, tool_choice="none")
     assert "get_time" not in backend.prompts[-1]
     assert reply.choices[0].message.tool_calls is None and reply.choices[0].finish_reason == "stop"
     assert reply.choices[0].message.content == '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
@@ -153,13 +147,13 @@ def test_a_reply_held_to_a_response_format_is_never_read_as_a_call(tmp_path: Pat
     backend.replies.append('{"name": "Bob"}')
     schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
     with scripted_client(backend, tmp_path) as (client, _):
-        reply = client.chat.completions.create(model="scripted", messages=ASK, tools=TOOLS, response_format={
+        reply = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=TOOLS, response_format={
             "type": "json_schema", "json_schema": {"name": "person", "schema": schema}})
     assert reply.choices[0].message.content == '{"name": "Bob"}' and reply.choices[0].message.tool_calls is None
 
 
 HISTORY: list[dict[str, Any]] = [
-    *ASK,
+    *TOOLS_QUESTION,
     {"role": "assistant", "content": None, "tool_calls": [
         {"id": "call_7f3a9b2c", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Zürich"}'}}]},
     {"role": "tool", "tool_call_id": "call_7f3a9b2c", "content": "21 °C, clear"},
@@ -191,18 +185,18 @@ def test_thinking_is_turned_off_by_the_request_or_the_server(tmp_path: Path) -> 
     backend.replies.extend(["Hi."] * 4)
     off = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
     with scripted_client(backend, tmp_path) as (client, _):
-        client.chat.completions.create(model="scripted", messages=ASK)
-        client.chat.completions.create(model="scripted", messages=ASK, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
-        client.chat.completions.create(model="scripted", messages=ASK, extra_body={"reasoning_effort": "none"})
+        client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION)
+        client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, extra_body={"reasoning_effort": "none"})
     with scripted_client(backend, tmp_path, ServerSettings(enable_thinking=False)) as (client, _):
-        client.chat.completions.create(model="scripted", messages=ASK)
+        client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION)
     assert [prompt.endswith(off) for prompt in backend.prompts] == [False, True, True, True]
 
 
 def test_reasoning_is_split_out_without_tools(qwen3: tuple[openai.OpenAI, ScriptedBackend]) -> None:
     client, backend = qwen3
     backend.replies.append("<think>\nParis, surely.\n</think>\n\nParis.")
-    reply = client.chat.completions.create(model="scripted", messages=ASK)
+    reply = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION)
     assert reply.choices[0].message.content == "Paris."
     assert reply.choices[0].message.reasoning_content == "Paris, surely."  # type: ignore[attr-defined]
 
@@ -212,8 +206,8 @@ def test_reasoning_is_split_out_without_tools(qwen3: tuple[openai.OpenAI, Script
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_moon"}}}, "tool_choice"),
     ({"tools": [WEATHER_TOOL, WEATHER_TOOL]}, "tools"),
     ({"tools": [{"type": "function", "function": {"name": "no spaces allowed"}}]}, "tools.0.function.name"),
-    ({"messages": [*ASK, {"role": "tool", "content": "21"}]}, "messages.1.tool_call_id"),
-    ({"messages": [*ASK, {"role": "assistant", "tool_calls": [
+    ({"messages": [*TOOLS_QUESTION, {"role": "tool", "content": "21"}]}, "messages.1.tool_call_id"),
+    ({"messages": [*TOOLS_QUESTION, {"role": "assistant", "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]}, "messages.1.tool_calls.0.function.arguments"),
     ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
     ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format"),
@@ -228,7 +222,7 @@ def test_requests_localchat_cannot_honour_get_400_naming_the_field(qwen3: tuple[
                                                                    param: str) -> None:
     client, _ = qwen3
     with pytest.raises(openai.BadRequestError) as refused:
-        client.chat.completions.create(model="scripted", messages=ASK, extra_body=extra)  # type: ignore[arg-type]
+        client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, extra_body=extra)  # type: ignore[arg-type]
     error = refused.value.body
     assert isinstance(error, dict) and error["param"] == param, error
 
@@ -237,7 +231,7 @@ def test_harmless_fields_are_accepted(qwen3: tuple[openai.OpenAI, ScriptedBacken
     client, backend = qwen3
     backend.replies.append("Hi.")
     reply = client.chat.completions.create(
-        model="scripted", messages=ASK, user="u1", metadata={"k": "v"}, store=False, logprobs=False, response_format={"type": "text"},
+        model="scripted", messages=TOOLS_QUESTION, user="u1", metadata={"k": "v"}, store=False, logprobs=False, response_format={"type": "text"},
         extra_body={"service_tier": "auto", "some_other_servers_option": 3})
     assert reply.choices[0].message.content == "Hi."
 
