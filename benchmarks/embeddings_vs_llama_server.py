@@ -8,6 +8,9 @@ and `--pooling mean` (a generative model names no pooling, and llama-server's Op
 "none"); localchat pools a generative model by the mean too. Also checked: the two servers' vectors
 for the same inputs (cosine), which shows they pool alike. Medians over rounds; prints one JSON object.
 
+Measured (AMD EPYC, 2 threads, 5 rounds, SmolLM2-135M-Instruct): localchat 25.4 s against 27.6 s
+(0.92x), cosine of the two servers' vectors at least 0.99997.
+
     python benchmarks/embeddings_vs_llama_server.py --llama-server OUTDIR/llama-server [--rounds 5] [--model GGUF]
 """
 

@@ -20,6 +20,10 @@ the rounds, beside the medians of the reply times themselves.
 What the switch itself costs is measured apart as well: one decode step right after the adapters
 change (llama.cpp re-plans its compute graph) against one with the same adapters, in alternation.
 
+Measured (AMD EPYC, 2 threads, 20 rounds): switching every request against keeping one adapter +0.4%
+of a reply's time (a decode step right after a switch 22.5 ms against 17.9); any adapter against none +15%,
+llama.cpp computing the adapters' matrices.
+
     python benchmarks/lora_switch.py [--rounds 30] [--work DIR]
 """
 
