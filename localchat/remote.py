@@ -13,7 +13,6 @@ since retrying is the person's call (a 429's Retry-After is passed on).
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -27,12 +26,11 @@ from openai import OpenAI
 
 from localchat.chat_engine import THINKING_SWITCH, ContextUse
 from localchat.chat_formats import GENERIC, REASONING, ChatFormat
-from localchat.errors import LocalchatError
+from localchat.remote_endpoint import API_KEY_VARIABLE, RemoteEndpoint, RemoteError
 from localchat.reply_parser import ReplyParser
 from localchat.session import GenerationSettings, GenerationStats
 from localchat.templates import Message
 
-API_KEY_VARIABLE = "LOCALCHAT_REMOTE_API_KEY"
 # Connecting and each read; a remote's first token may wait behind a long prompt or a model load.
 TIMEOUT_S = 600.0
 # A reply's text here: the server's reasoning between the markers a reasoning model writes, then its
@@ -42,35 +40,6 @@ REPLY_FORMAT = ChatFormat("remote", (), REASONING, GENERIC.call)
 # Where servers put the reasoning they split out: vLLM, llama.cpp and localchat's reasoning_content;
 # newer vLLM and OpenRouter's reasoning.
 REASONING_FIELDS = ("reasoning_content", "reasoning")
-
-
-class RemoteError(LocalchatError):
-    """A remote server that cannot be reached, refuses the request or fails mid-reply."""
-
-    def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-
-
-@dataclass(frozen=True)
-class RemoteEndpoint:
-    """Where the remote is: `base_url` ends at its API root (`.../v1`); `model` None picks the
-    server's only model."""
-
-    base_url: str
-    model: str | None = None
-    api_key: str | None = None
-
-
-def remote_endpoint(model: str | None, *, remote_model: str | None = None, api_key: str | None = None) -> RemoteEndpoint | None:
-    """The endpoint `model` names when it is an http(s) URL (`http://host:8000/v1#MODEL`), else None.
-    The API key comes from `api_key`, else LOCALCHAT_REMOTE_API_KEY."""
-    if model is None or not model.startswith(("http://", "https://")):
-        return None
-    url, _, fragment = model.partition("#")
-    if not urlsplit(url).hostname:
-        raise RemoteError(f"'{model}' is not a server's address: write it as http://HOST:PORT/v1")
-    return RemoteEndpoint(url.rstrip("/"), remote_model or fragment or None, api_key or os.environ.get(API_KEY_VARIABLE))
 
 
 def _status_error(error: openai.APIStatusError, endpoint: RemoteEndpoint) -> RemoteError:

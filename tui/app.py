@@ -28,7 +28,7 @@ from localchat.history import ConversationStore
 from localchat.hub import HubModelName
 from localchat.models import DEFAULT_MODEL_NAME, PACKAGED_MODELS
 from localchat.planner import PlanRequest
-from localchat.remote import RemoteEndpoint
+from localchat.remote_endpoint import RemoteEndpoint
 from localchat.session import GenerationSettings, GenerationStats
 from localchat.settings import Settings
 from localchat.speculative import DEFAULT_LOOKUP_DRAFT

@@ -12,7 +12,7 @@ from localchat.chat_engine import ChatEngine
 from localchat.engine import Engine
 from localchat.errors import LocalchatError
 from localchat.planner import PlanRequest
-from localchat.remote import RemoteEndpoint, RemoteServer
+from localchat.remote_endpoint import RemoteEndpoint
 from localchat.settings import Settings
 
 
@@ -41,6 +41,8 @@ def load_engine(model: str | None, label: str, settings: Settings, request: Plan
     engine: ChatEngine
     try:
         if remote is not None:
+            from localchat.remote import RemoteServer  # openai's client: imported for a remote only
+
             engine = RemoteServer(remote)
         else:
             engine = Engine.load(model, settings, request, on_progress=lambda f: post(LoadProgress(f)), draft_model=draft_model,

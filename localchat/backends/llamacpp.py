@@ -2,10 +2,9 @@
 
 All ctypes details live here, in llamacpp_natives.py (the owners of the model, context, batch and
 LoRA adapters, each freeing its object once, through the backend's ExitStack) and in
-llamacpp_sampler.py. The per-token path is: a
-numpy view of the logits row (cached across steps), one numpy argmax for plain greedy decoding or
-llama.cpp's sampler chain on a few candidates (LlamaSampler), one cached token piece, one
-`llama_decode` on a preallocated batch.
+llamacpp_sampler.py. The per-token path is: a numpy view of the logits row (cached across steps),
+one numpy argmax for plain greedy decoding or llama.cpp's sampler chain on a few candidates
+(LlamaSampler), one cached token piece, one `llama_decode` on a preallocated batch.
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ import pytest
 from live_server import API_KEY, LiveServer, start_server
 
 from localchat.models import DEFAULT_MODEL_NAME, GEMMA_MODEL_FILE, PACKAGED_MODELS, installed_models
-from localchat.remote import RemoteEndpoint, RemoteServer
+from localchat.remote import RemoteServer
+from localchat.remote_endpoint import RemoteEndpoint
 from localchat.settings import Settings
 
 SECOND = "gemma-3-270m-copy"

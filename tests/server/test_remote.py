@@ -19,7 +19,8 @@ from scripted_app import ScriptedBackend, scripted_app
 
 from localchat.models import DEFAULT_MODEL_NAME, PACKAGED_MODELS
 from localchat.backends.base import SamplerSettings
-from localchat.remote import RemoteEndpoint, RemoteError, RemoteGeneration, RemoteServer
+from localchat.remote import RemoteGeneration, RemoteServer
+from localchat.remote_endpoint import RemoteEndpoint, RemoteError
 from localchat.reply_parser import ParsedReply
 from localchat.session import GenerationSettings
 from localchat.templates import Message

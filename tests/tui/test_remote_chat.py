@@ -21,7 +21,7 @@ from localchat.engine import Engine
 from localchat.history import ConversationStore
 from localchat.models import DEFAULT_MODEL_NAME
 from localchat.planner import PlanRequest
-from localchat.remote import RemoteEndpoint
+from localchat.remote_endpoint import RemoteEndpoint
 from localchat.server.app import create_app
 from localchat.server.settings import ServerSettings
 from localchat.session import GenerationSettings
