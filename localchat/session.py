@@ -18,15 +18,13 @@ from localchat.constraints import Constraint, token_guide
 from localchat.errors import ContextOverflowError, InferenceError, InvalidSettingError
 from localchat.prefix_cache import PrefixCache, common_prefix_length
 from localchat.speculative import (
-    ACCEPTANCE_WEIGHT,
     DRAFT_GROWTH,
-    DRAFT_MIN_ACCEPTANCE,
     DRAFT_MODEL_TOKENS,
-    INITIAL_ACCEPTANCE,
     INITIAL_DRAFT,
     DraftModel,
-    DraftPace,
+    LookupDrafting,
     NgramIndex,
+    StepCosts,
 )
 
 # Live KV tokens about to be overwritten are saved to the prefix cache when at least this many.
@@ -142,6 +140,8 @@ class Session:
         self.lock = threading.Lock()
         # Speculative decoding by a smaller model (its own KV sequence kept in step) where prompt lookup has no draft.
         self.draft_model: DraftModel | None = None
+        # What plain and drafting steps cost here, timed: how long prompt lookup drafts.
+        self.step_costs = StepCosts()
 
     @property
     def n_ctx(self) -> int:
@@ -377,16 +377,11 @@ class Decoder:
         self.draft_model = session.draft_model
         if self.draft_model is not None and prompt:
             self.draft_model.follow(prompt)
-        # Adaptive: a drafter's draft grows while its drafts are taken whole and shrinks when one is
-        # cut short; prompt lookup's up to `lookup_draft` (0: off), a draft model's DRAFT_MODEL_TOKENS.
+        # Prompt lookup drafts as long as is expected to be fastest (0: off); a draft model's draft grows
+        # while its drafts are taken whole and shrinks when one is cut short, up to DRAFT_MODEL_TOKENS.
         self.lookup_limit = lookup_draft
-        self.draft_length = min(INITIAL_DRAFT, lookup_draft)
+        self.lookup = LookupDrafting(lookup_draft, session.step_costs, session.backend.even_rows)
         self.model_draft_length = min(INITIAL_DRAFT, DRAFT_MODEL_TOKENS)
-        # Whether lookup drafts pay (a draft model keeps its own pace, across replies).
-        self.lookup_pace = DraftPace()
-        # The estimated share of first drafted tokens the sampler picks too (prompt lookup drafts
-        # only while it is at least DRAFT_MIN_ACCEPTANCE).
-        self.acceptance = INITIAL_ACCEPTANCE
         # Prompt lookup searches the prompt and the reply so far.
         self.ngrams = NgramIndex(prompt)
 
@@ -407,6 +402,7 @@ class Decoder:
             token = backend.sample(seq, self.sampler, *rows)
             text = reply.add(token, token_logprob(logits, token, reply.top_logprobs))
         self.ngrams.append(token)
+        self.lookup.append(token)
         if reply.finish_reason is None and len(session.tokens) >= session.n_ctx:
             reply.end("length")
         return text
@@ -440,19 +436,17 @@ class Decoder:
         kept exactly (tests/test_speculative.py checks it statistically)."""
         session, reply = self.session, self.reply
         room = min(session.n_ctx - len(session.tokens) - 1, reply.remaining - 1)
-        # Prompt lookup first, as it costs nothing; else the draft model while it pays.
-        length = self.draft_length
-        if session.backend.even_rows and length % 2 == 0:
-            length += 1  # with the pending token, an even count of rows
-        lookup = self.ngrams.draft(min(room, self.lookup_limit, length)) if room > 0 else []
+        costs = session.step_costs
+        # Prompt lookup first, as drafting costs nothing but the rows; else the draft model while it pays.
+        lookup, n = self.ngrams.draft(min(room, self.lookup_limit)) if room > 0 else ([], 0)
+        length = self.lookup.length(lookup, n, room) if lookup else 0
         started = time.perf_counter()
-        if lookup and self.acceptance >= DRAFT_MIN_ACCEPTANCE and self.lookup_pace.use_drafts():
-            accepted = self._verify(lookup, room, cancelled, emit)
+        if length:
+            draft = lookup[:length]
+            accepted = self._verify(draft, room, cancelled, emit)
             if accepted is None:
                 return False
-            self.lookup_pace.drafted(time.perf_counter() - started, len(lookup), accepted + 1)
-            self._observe(accepted > 0)
-            self.draft_length = self._next_length(self.draft_length, self.lookup_limit, accepted >= len(lookup))
+            costs.drafted(time.perf_counter() - started, self._rows(draft, room))
             return True
         draft_model = self.draft_model
         if room > 0 and draft_model is not None and draft_model.pace.use_drafts():
@@ -468,17 +462,15 @@ class Decoder:
             return False
         emit(self.sample())
         elapsed = time.perf_counter() - started
-        self.lookup_pace.plain(elapsed)
+        costs.plain(elapsed)
         if draft_model is not None:
             draft_model.pace.plain(elapsed)
-        if lookup:  # a prediction only: was it right?
-            self._observe(reply.token_ids[-1] == lookup[0])
         return True
 
     @property
     def longest_draft(self) -> int:
         """The most tokens the next step may draft (0: this reply never drafts), a filler included."""
-        longest = max(self.draft_length, self.model_draft_length if self.draft_model is not None else 0)
+        longest = max(self.lookup_limit, self.model_draft_length if self.draft_model is not None else 0)
         return longest + 1 if longest and self.session.backend.even_rows else longest
 
     def _verify(self, draft: list[int], room: int, cancelled: Callable[[], bool],
@@ -490,7 +482,7 @@ class Decoder:
         session, reply = self.session, self.reply
         if cancelled():
             return None
-        if session.backend.even_rows and len(draft) % 2 == 0 and len(draft) < room:
+        if self._rows(draft, room) > len(draft):
             draft = [*draft, draft[-1]]
         seq, token, position = self.pending
         session.backend.evaluate_all(seq, [token, *draft], position)
@@ -509,13 +501,15 @@ class Decoder:
         session.backend.truncate(seq, len(session.tokens))
         return accepted
 
+    def _rows(self, draft: Sequence[int], room: int) -> int:
+        """The rows `draft` takes to verify: one more where a filler makes the count even."""
+        filler = self.session.backend.even_rows and len(draft) % 2 == 0 and len(draft) < room
+        return len(draft) + filler
+
     @staticmethod
     def _next_length(length: int, limit: int, whole: bool) -> int:
         """A drafter's next draft length: longer after a draft taken whole, one shorter after a cut one."""
         return min(limit, length + DRAFT_GROWTH) if whole else max(1, length - 1)
-
-    def _observe(self, first_accepted: bool) -> None:
-        self.acceptance += ACCEPTANCE_WEIGHT * (first_accepted - self.acceptance)
 
     def close(self) -> None:
         self.sampler.close()

@@ -8,6 +8,9 @@ smaller model with the same vocabulary that decodes greedily a few tokens ahead.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
 
 from localchat.backends.base import Backend
 from localchat.errors import ModelError
@@ -16,32 +19,127 @@ from localchat.prefix_cache import common_prefix_length
 # Prompt lookup tries the sequence's last n-gram for these n, longest first.
 LOOKUP_NGRAMS = (3, 2, 1)
 # The longest prompt-lookup draft the front ends (run, serve, the chat app) use unless told otherwise.
-# On by default: a reply drafts only once its predictions come true, so one that never repeats (or
-# whose sampler penalises repeats, as DRY does) pays nothing. Long, because llama.cpp's CPU kernels
-# make each row of a draft cost about 5 ms after the first's 21 in an even count of rows (mostly the
-# 262k-row output head; benchmarks/speculative.py --step-cost; see LlamaCppBackend.even_rows), so a
-# copied run pays off more the longer it is drafted. benchmarks/speculative.py, AMD EPYC, greedy,
-# default model, speedup in decode tok/s, drafts of 8 / 16 / 24 (first drafts of 2, before drafts
-# were verified in even counts of rows): input-grounded 128 tokens 1.52 / 1.86 / 1.92x, 384 tokens
-# 1.67 / 1.99 / 2.25x; open-ended 128 tokens 1.42 / 1.50 / 1.45x. The chat sampler takes no draft.
-# Odd: with the token before it, a whole draft is an even count of rows.
+# On by default: a step drafts only when drafting is expected to give tokens faster than a plain step
+# (LookupDrafting), so a reply that never repeats its prompt, or whose sampler does not pick what
+# lookup predicts, pays nothing. Long, because a copied run pays off more the longer it is drafted
+# once a step's fixed cost is paid (benchmarks/speculative.py --step-cost). Odd: with the token before
+# it, a whole draft is an even count of rows (see LlamaCppBackend.even_rows).
 DEFAULT_LOOKUP_DRAFT = 25
-# Drafting goes on while the estimated share of first drafted tokens accepted stays at least this: a
-# draft's first row costs most of a plain step more (one step of 2 rows with logits takes 1.8-1.9x one
-# of 1 row: benchmarks/speculative.py --step-cost), so below it drafting loses. Under it the decoder
-# only predicts, to see when drafts would be taken again.
-DRAFT_MIN_ACCEPTANCE = 0.5
-# The weight of the newest step in that estimate (an exponential moving average).
-ACCEPTANCE_WEIGHT = 0.2
-# A reply starts predicting only: one prediction come true lifts the estimate over the bar. So a
-# reply that never repeats (or a sampler that penalises repeats, as DRY does) costs no draft rows.
-INITIAL_ACCEPTANCE = DRAFT_MIN_ACCEPTANCE - ACCEPTANCE_WEIGHT / 4
-# The first draft's length; each draft taken whole lengthens the next by DRAFT_GROWTH. Drafting
-# starts only once a prediction came true, so the first draft is likely taken: input-grounded,
-# 128 tokens, drafts up to 24, first drafts of 2 / 4 / 8: 1.89 / 1.86 / 2.05x (open-ended 1.57 /
-# 1.68 / 1.74x).
+# A drafting step costs a plain step and FIXED + PER_ROW * k plain steps more for k drafted rows, fit
+# to the session's timed steps; until then this line, measured with benchmarks/speculative.py
+# --step-cost on AMD EPYC (2 threads): SmolLM2-135M 0.31 + 0.57k (0.88 for k = 1, 14.5 for k = 25),
+# Gemma 3 270M 0.38 + 0.27k. The dearer of the two: a wrong guess there costs only a late start.
+PRIOR_FIXED = 0.31
+PRIOR_PER_ROW = 0.57
+# The weight of the newest step in the timed figures (moving averages).
+COST_WEIGHT = 0.1
+# The weight of the newest prediction in how far predictions come true (after the first 1/WEIGHT,
+# which are averaged plainly).
+TAKEN_WEIGHT = 0.3
+# A step drafts only where its expected tokens per second beat a plain step's by this factor: the
+# best of many lengths, each estimated, is picked, so its estimate is more often high than low.
+DRAFT_MARGIN = 1.05
+# The first draft model's draft length; each draft taken whole lengthens the next by DRAFT_GROWTH.
 INITIAL_DRAFT = 8
 DRAFT_GROWTH = 2
+
+
+class StepCosts:
+    """What steps cost on one session's model, timed: a plain step (one token in, one sampled), and
+    a drafting step's extra cost over it, a line in the count of drafted rows fit by least squares to
+    recent drafting steps (the prior line weighing as one step). Kept across the session's replies."""
+
+    def __init__(self) -> None:
+        self.plain_s: float | None = None
+        # Moving averages of 1, k, k^2, u and k*u over drafting steps of k rows costing u plain steps more.
+        self._sums = np.zeros(5)
+        for rows in (1, DEFAULT_LOOKUP_DRAFT):
+            self._add(rows, PRIOR_FIXED + PRIOR_PER_ROW * rows, COST_WEIGHT / 2)
+
+    def plain(self, seconds: float) -> None:
+        self.plain_s = _moving_average(self.plain_s, seconds, COST_WEIGHT)
+
+    def drafted(self, seconds: float, rows: int) -> None:
+        if self.plain_s is not None:
+            self._add(rows, seconds / self.plain_s - 1, COST_WEIGHT)
+
+    def _add(self, rows: int, extra: float, weight: float) -> None:
+        self._sums += weight * (np.array([1.0, rows, rows * rows, extra, rows * extra]) - self._sums)
+
+    @property
+    def line(self) -> tuple[float, float]:
+        """(fixed, per row): a step drafting k rows costs 1 + fixed + per_row * k plain steps."""
+        n, k, kk, u, ku = self._sums
+        per_row = max((n * ku - k * u) / (n * kk - k * k), 0.01)
+        return max((u - per_row * k) / n, 0.0), per_row
+
+
+class LookupDrafting:
+    """How many prompt-lookup tokens a step of one reply drafts: the count expected to give tokens
+    fastest, from the session's step costs and how far this reply's earlier predictions came true,
+    or 0 where a plain step is expected to be faster.
+
+    Every step predicts: the tokens lookup finds are followed as the reply goes on, drafted or not,
+    to see how many came true (a run of r). Per n-gram length of the match (a 3-gram match is a
+    better guide than a 1-gram one), a moving average of min(r, k) for every k gives a draft of k's
+    expected tokens kept. So a reply that stops repeating its prompt stops drafting at once, and one
+    that starts copying drafts as soon as a prediction has come true, without a draft paid to find out."""
+
+    def __init__(self, limit: int, costs: StepCosts, even_rows: bool) -> None:
+        self.limit = limit
+        self.costs = costs
+        self.even_rows = even_rows
+        # n -> (predictions resolved, moving average of min(r, k) for k = 0..limit).
+        self._taken: dict[int, tuple[int, np.ndarray]] = {}
+        self._open: list[_Prediction] = []  # predictions still coming true
+        self._ks = np.arange(limit + 1)
+
+    def length(self, draft: Sequence[int], n: int, room: int) -> int:
+        """How many of `draft` (lookup's prediction, from a match of an `n`-gram) to draft now, with
+        room for `room` more tokens; predicts it, drafted or not."""
+        self._open.append(_Prediction(n, list(draft)))
+        taken = self._expected_taken(n, len(draft))
+        if self.costs.plain_s is None or taken is None:
+            return 0
+        fixed, per_row = self.costs.line
+        ks = self._ks[1 : len(draft) + 1]
+        rows = ks + (self.even_rows & (ks % 2 == 0) & (ks < room))
+        speed = (1 + taken[1:]) / (1 + fixed + per_row * rows)
+        best = int(speed.argmax())
+        return int(ks[best]) if speed[best] >= DRAFT_MARGIN else 0
+
+    def _expected_taken(self, n: int, length: int) -> np.ndarray | None:
+        """The expected count of tokens kept from drafts of 0..length, or None before any evidence."""
+        if n in self._taken:
+            return self._taken[n][1][: length + 1]
+        # Nothing resolved yet: the oldest prediction still coming true says at least this far.
+        alive = next((p.kept for p in self._open if p.n == n and p.kept), 0)
+        return np.minimum(self._ks[: length + 1], alive) if alive else None
+
+    def append(self, token: int) -> None:
+        """The reply's next token: the open predictions that it ends are resolved."""
+        still: list[_Prediction] = []
+        for prediction in self._open:
+            if prediction.kept < len(prediction.tokens) and prediction.tokens[prediction.kept] == token:
+                prediction.kept += 1
+                if prediction.kept < len(prediction.tokens):
+                    still.append(prediction)
+                    continue
+            self._resolve(prediction)
+        self._open = still
+
+    def _resolve(self, prediction: _Prediction) -> None:
+        count, average = self._taken.get(prediction.n, (0, np.zeros(self.limit + 1)))
+        weight = max(TAKEN_WEIGHT, 1 / (count + 1))
+        average += weight * (np.minimum(self._ks, prediction.kept) - average)
+        self._taken[prediction.n] = (count + 1, average)
+
+
+@dataclass
+class _Prediction:
+    n: int  # the length of the n-gram lookup matched
+    tokens: list[int]
+    kept: int = 0  # how many came true so far
 
 
 class NgramIndex:
@@ -63,35 +161,28 @@ class NgramIndex:
                 self._latest[tuple(tokens[end - n :])] = end - n
         tokens.append(token)
 
-    def draft(self, limit: int) -> list[int]:
+    def draft(self, limit: int) -> tuple[list[int], int]:
         """Up to `limit` tokens that followed the latest earlier occurrence of the sequence's last
-        n-gram (the longest n found): what a text quoting its prompt will likely say next."""
+        n-gram (the longest n found), and that n: what a text quoting its prompt will likely say next."""
         tokens = self.tokens
         for n in LOOKUP_NGRAMS:
             start = self._latest.get(tuple(tokens[-n:])) if len(tokens) > n else None
             if start is not None:
-                return tokens[start + n : start + n + limit]
-        return []
+                return tokens[start + n : start + n + limit], n
+        return [], 0
 
 
 # A draft model drafts at most this many tokens a step (fewer while its drafts are cut short).
 DRAFT_MODEL_TOKENS = 8
-# Drafting goes on only while it pays: while a token costs less with drafts (drafting, and the
+# A draft model drafts only while it pays: while a token costs less with drafts (drafting, and the
 # target's verification, per token kept) than a plain step does, both timed as moving averages
 # weighing the newest step this much. A drafter that loses is tried again after DRAFT_RETRY plain
 # steps, twice as many after each further loss; one that would lose even with every drafted token
 # taken, twice running (one slow step may be the machine's), is not tried again. Measured with
-# benchmarks/speculative.py (AMD EPYC, greedy) and a raw "Tell story number N about a dragon." on
-# the default model (what benchmarks/vs_llama_server.py sends; the reply repeats the line with the
-# next number, so drafts are cut at each number yet pay):
-# - the Q4_K_M of Gemma 3 270M drafting for its Q8_0 is as fast as its target (both keep the
-#   262k-row Q8_0 head): drafting every step 0.62x input-grounded and 0.60x open-ended, timed
-#   1.01x and 0.98x (96 tokens);
-# - prompt lookup on that Q8_0's open-ended story (43% of drafted tokens taken): 0.72x drafting on
-#   acceptance alone, timed 0.99x;
-# - weight 0.3 and retries after 16: that Q8_0 story 0.93-1.10x, but the dragon stories 1.0-1.1x
-#   where drafting on acceptance alone gives 1.3x (one cut draft flipped the estimate, and each
-#   flip cost 16 steps undrafted); weight 0.1 and retries after 4: 1.1-1.8x.
+# benchmarks/speculative.py (AMD EPYC, greedy): the Q4_K_M of Gemma 3 270M drafting for its Q8_0 is
+# as fast as its target (both keep the 262k-row Q8_0 head): drafting every step 0.62x input-grounded
+# and 0.60x open-ended, timed 1.01x and 0.98x (96 tokens). Weight 0.1 and retries after 4, as weight
+# 0.3 and retries after 16 flipped to plain steps on one cut draft and stayed there too long.
 PACE_WEIGHT = 0.1
 DRAFT_RETRY = 4
 # Token ids compared to tell whether two vocabularies are the same: every this-many-th id, and the last.
@@ -185,8 +276,8 @@ class DraftPace:
         self._wait, self._retry = self._retry, 2 * self._retry
 
 
-def _moving_average(average: float | None, value: float) -> float:
-    return value if average is None else average + PACE_WEIGHT * (value - average)
+def _moving_average(average: float | None, value: float, weight: float = PACE_WEIGHT) -> float:
+    return value if average is None else average + weight * (value - average)
 
 
 def check_same_vocabulary(target: Backend, draft: Backend) -> None:
