@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from localchat.backends.base import ARGMAX, DRY_SEQUENCE_BREAKERS, SamplerSettings
+from localchat.backends.llamacpp_sampler import BLOCK, RowBlocks
 from localchat.backends.onnx import NumpySampler
 from localchat.engine import Engine
 from localchat.errors import InvalidSettingError
@@ -160,6 +161,21 @@ def test_gemma_s_default_penalty_stops_its_loop(gemma_gguf_engine: Engine) -> No
     assert not loops(dataclasses.replace(defaults.settings, temperature=0))
 
 
+@pytest.mark.parametrize("size", [BLOCK * 12, BLOCK * 12 + 37, 37])
+def test_row_blocks_find_the_logits_at_least_a_threshold(size: int) -> None:
+    """As a search of the whole row finds them, a shorter last block included; the k-th best block's
+    best is at most the k-th best logit."""
+    rng = np.random.default_rng(size)
+    row = rng.normal(0, 3, size).astype(np.float32)
+    row[-1] = row.max() + 1  # the best in the last block
+    blocks = RowBlocks(row)
+    assert blocks.best == row.max()
+    for threshold in (blocks.best, blocks.best - 2, blocks.kth_best(5), -np.inf):
+        np.testing.assert_array_equal(blocks.at_least(threshold), np.flatnonzero(row >= threshold))
+    for k in (1, 5, min(40, size)):
+        assert blocks.kth_best(k) <= np.sort(row)[-k]
+
+
 @pytest.mark.parametrize(
     "sampler",
     [
@@ -167,8 +183,11 @@ def test_gemma_s_default_penalty_stops_its_loop(gemma_gguf_engine: Engine) -> No
         SamplerSettings(seed=7, temperature=0.2, top_p=0.9, dry_multiplier=1.2),  # SmolLM2's row
         # Penalties strong enough to push seen tokens out of the top-k, so unseen ones below it move in.
         SamplerSettings(seed=7, repeat_penalty=1.5, presence_penalty=1.0, penalty_last_n=64, dry_multiplier=0.8),
+        SamplerSettings(seed=7, repeat_penalty=1.1, penalty_last_n=64, dry_multiplier=0.8),  # Gemma's row
+        SamplerSettings(seed=7, top_k=0, top_p=1.0, min_p=0.1),  # min-p alone truncates
+        SamplerSettings(temperature=0, repeat_penalty=1.5, dry_multiplier=0.8),  # greedy after penalties
     ],
-    ids=["llama.cpp", "smollm2", "penalised"],
+    ids=["llama.cpp", "smollm2", "penalised", "gemma", "min-p", "greedy-penalised"],
 )
 def test_the_candidates_sampler_picks_what_llamas_chain_picks_on_the_whole_row(engine: Engine, sampler: SamplerSettings) -> None:
     """The same seeded draws, token for token, as the chain run on every logit of each row."""
