@@ -15,13 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-import llguidance
 import numpy as np
-from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
 from localchat.errors import InferenceError, InvalidSettingError
 
 if TYPE_CHECKING:
+    import llguidance
     from localchat.backends.base import Backend
 
 ConstraintKind = Literal["json_schema", "lark", "regex"]
@@ -31,9 +30,9 @@ ConstraintKind = Literal["json_schema", "lark", "regex"]
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 # How each kind of source becomes an llguidance grammar.
 GRAMMAR_FROM: dict[str, Callable[[str], str]] = {
-    "json_schema": lambda source: llguidance.LLMatcher.grammar_from_json_schema(source, defaults=JSON_LAYOUT),
-    "lark": llguidance.LLMatcher.grammar_from_lark,
-    "regex": llguidance.LLMatcher.grammar_from_regex,
+    "json_schema": lambda source: _llguidance().LLMatcher.grammar_from_json_schema(source, defaults=JSON_LAYOUT),
+    "lark": lambda source: _llguidance().LLMatcher.grammar_from_lark(source),
+    "regex": lambda source: _llguidance().LLMatcher.grammar_from_regex(source),
 }
 # Any JSON object (OpenAI's response_format {"type": "json_object"}).
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
@@ -51,7 +50,7 @@ class Constraint:
     def __post_init__(self) -> None:
         if self.kind not in GRAMMAR_FROM:
             raise InvalidSettingError(f"unknown constraint kind '{self.kind}'; use one of {', '.join(GRAMMAR_FROM)}")
-        message = llguidance.LLMatcher.validate_grammar(self.grammar)
+        message = _llguidance().LLMatcher.validate_grammar(self.grammar)
         if message:
             detail = " ".join(message.split())[:300]
             raise InvalidSettingError(f"the {self.kind.replace('_', ' ')} cannot be used: {detail}")
@@ -66,6 +65,13 @@ class Constraint:
     @classmethod
     def json_schema(cls, schema: object) -> Constraint:
         return cls("json_schema", json.dumps(schema))
+
+
+def _llguidance():  # type: ignore[no-untyped-def]
+    """llguidance, imported when a reply first needs a grammar (15 ms of a start that needs none)."""
+    import llguidance
+
+    return llguidance
 
 
 class _Vocabulary:
@@ -99,6 +105,7 @@ def tokenizer_for(backend: Backend) -> llguidance.LLTokenizer:
     with _tokenizers_lock:
         tokenizer = _tokenizers.get(backend)
         if tokenizer is None:
+            llguidance = _llguidance()
             wrapper = llguidance.TokenizerWrapper(_Vocabulary(backend))
             eos = sorted(backend.info.eog_ids) or None
             tokenizer = _tokenizers[backend] = llguidance.LLTokenizer(wrapper, n_vocab=backend.info.n_vocab, eos_token=eos)
@@ -109,9 +116,12 @@ class TokenGuide:
     """One reply's place in its grammar: which tokens may come next, and the tokens taken."""
 
     def __init__(self, backend: Backend, constraint: Constraint) -> None:
-        self._matcher = llguidance.LLMatcher(tokenizer_for(backend), constraint.grammar, log_level=0)
+        from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
+
+        self._matcher = _llguidance().LLMatcher(tokenizer_for(backend), constraint.grammar, log_level=0)
         self._check()
         self._bitmask = allocate_token_bitmask(1, backend.info.n_vocab)
+        self._fill_bitmask = fill_next_token_bitmask
 
     def _check(self) -> None:
         if self._matcher.is_error():
@@ -119,7 +129,7 @@ class TokenGuide:
 
     def mask(self, logits: np.ndarray) -> None:
         """Set the logits of the tokens the grammar forbids next to -inf, in place."""
-        fill_next_token_bitmask(self._matcher, self._bitmask)
+        self._fill_bitmask(self._matcher, self._bitmask)
         self._check()
         allowed = np.unpackbits(self._bitmask.view(np.uint8), bitorder="little", count=len(logits)).view(bool)
         np.copyto(logits, -np.inf, where=~allowed)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +13,8 @@ import psutil
 
 GIB = 1024**3
 MIB = 1024**2
+# Where a Linux machine with NVIDIA's driver shows it: its kernel module, or WSL's GPU device.
+NVIDIA_DRIVER_PATHS = ("/proc/driver/nvidia", "/dev/dxg")
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,8 @@ def nvidia_gpus() -> tuple[Gpu, ...]:
     """The NVIDIA GPUs CUDA programs may use, with their free memory; none when NVML or its
     driver is absent. NVML ignores CUDA_VISIBLE_DEVICES: the GPUs are numbered here as CUDA
     numbers them under CUDA_DEVICE_ORDER=PCI_BUS_ID, which the llama.cpp backend sets."""
+    if sys.platform == "linux" and not any(Path(path).exists() for path in NVIDIA_DRIVER_PATHS):
+        return ()  # no driver: NVML's bindings need not be imported (20 ms of a start)
     try:
         import pynvml
     except ImportError:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+
 import os
 import shutil
 import subprocess
@@ -81,11 +83,13 @@ def test_a_build_carrying_its_own_cxx_runtime_loads_after_onnxruntime(tmp_path: 
                                                                         default_model: Path) -> None:
     """A llama_cpp whose libggml-cuda.so carries its own C++ runtime loads after onnxruntime (the only order that
     answered with such a build on a GPU machine); here its package notes what was loaded before it, then fails
-    to load as a broken install would, which `localchat run` says in one line."""
+    to load as a broken install would, which `localchat run` says in one line. As in llama-cpp-python, the
+    package's bindings module loads the libraries (localchat imports it alone)."""
     package = tmp_path / "site" / "llama_cpp"
     (package / "lib").mkdir(parents=True)
     seen = tmp_path / "loaded-before.txt"
-    (package / "__init__.py").write_text(
+    (package / "__init__.py").write_text("from .llama_cpp import *\n")
+    (package / "llama_cpp.py").write_text(
         "import sys\n"
         f"open({str(seen)!r}, 'w').write(' '.join(m for m in ('numpy', 'onnxruntime') if m in sys.modules))\n"
         "raise OSError('libllama.so: cannot open shared object file')\n")
@@ -101,7 +105,10 @@ def test_a_build_carrying_its_own_cxx_runtime_loads_after_onnxruntime(tmp_path: 
 
 
 def test_a_sound_build_loads_alone_first(tmp_path: Path) -> None:
-    """Without a carried runtime llama.cpp loads first and onnxruntime is not imported (a quicker start)."""
-    run = subprocess.run([sys.executable, "-c", "import sys, localchat; print('onnxruntime' in sys.modules, 'llama_cpp' in sys.modules)"],
-                         capture_output=True, text=True, cwd=tmp_path, timeout=120)
-    assert run.stdout.split() == ["False", "True"], run.stderr
+    """Without a carried runtime llama.cpp loads first and onnxruntime is not imported (a quicker start); only
+    llama-cpp-python's bindings are, its high-level `Llama` and its version there when named."""
+    code = ("import sys, localchat, llama_cpp; print('onnxruntime' in sys.modules, 'llama_cpp' in sys.modules, "
+            "'llama_cpp.llama' in sys.modules, callable(llama_cpp.llama_decode)); "
+            "print(llama_cpp.Llama.__module__, llama_cpp.__version__)")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert run.stdout.split() == ["False", "True", "False", "True", "llama_cpp.llama", importlib.metadata.version("llama_cpp_python")], run.stderr
