@@ -3,7 +3,7 @@
 Two tasks: an input-grounded one (a text of about 500 tokens in the prompt, to be written out
 again with its mistakes fixed: the reply copies long runs of the prompt) and an open-ended one (a
 story). With `--sampler greedy` (the model's argmax, no penalties) the replies must be the same;
-with `--sampler chat` (localchat's defaults: temperature 0.8, repeat penalty, DRY; a fixed seed)
+with `--sampler chat` (llama.cpp's defaults: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05; a fixed seed)
 they are the same too, as each token takes the same random draw either way. Rounds alternate plain
 and drafting on the same session, so machine noise hits both alike; figures are medians of decode
 tok/s (tokens after the first, per second of decoding them), with the draft acceptance rate, and
