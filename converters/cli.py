@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from localchat.converters.checkpoint import CheckpointSource, locate_checkpoint
-from localchat.converters.gguf import DEFAULT_QUANT, QUANT_TYPES, convert_checkpoint, default_output_path
+from localchat.converters.gguf_choices import DEFAULT_QUANT, QUANT_TYPES, default_output_path
 from localchat.errors import InvalidSettingError
 
 if TYPE_CHECKING:
@@ -60,6 +60,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def _to_gguf(args: argparse.Namespace, source: CheckpointSource, bar: ProgressBar) -> tuple[Path, str]:
+    from localchat.converters.gguf import convert_checkpoint
+
     output = Path(args.output).expanduser() if args.output else default_output_path(source.name, args.quant, source.directory)
     result = convert_checkpoint(source.folder, output, args.quant, force=args.force, threads=args.threads, progress=bar)
     return result.output, f"wrote {result.output} ({result.n_bytes / 2**20:.1f} MiB, {result.n_tensors} tensors, {result.seconds:.1f} s)"

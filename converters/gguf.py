@@ -28,6 +28,7 @@ from gguf.quants import quantize as gguf_quantize
 
 from localchat.converters.architectures import PlannedTensor, add_hparams, architecture_for, plan_tensors, transform
 from localchat.converters.checkpoint import Checkpoint, TensorRef
+from localchat.converters.gguf_choices import DEFAULT_QUANT, QUANT_TYPES, QuantType, default_output_path
 from localchat.converters.tokenizer import add_tokenizer
 from localchat.errors import InvalidSettingError, LocalchatError, ModelError
 from localchat.sampling_defaults import generation_config_sampling
@@ -40,31 +41,6 @@ PHI3_NAME = re.compile("phi-?3", re.IGNORECASE)
 PHI3_NAMED_TOKENS = ("<unk>", "<s>", "<|endoftext|>", "</s>")
 # Elements widened to float32 at once when re-encoding a large tensor (64 MiB of float32).
 ENCODE_CHUNK_ELEMENTS = 16 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class QuantType:
-    """A `--quant` choice: the file type it makes and how its tensors are encoded."""
-
-    file_type: LlamaFileType
-    # Bits per weight of the bulk of the tensors, for the disk-space estimate.
-    bits_per_weight: float
-    # Float encoding written directly; None means quantize with llama.cpp after writing floats.
-    # GGMLQuantizationType.F32 is 0, so test this against None, never for truth.
-    float_type: GGMLQuantizationType | None = None
-
-
-QUANT_TYPES: dict[str, QuantType] = {
-    "f32": QuantType(LlamaFileType.ALL_F32, 32, GGMLQuantizationType.F32),
-    "f16": QuantType(LlamaFileType.MOSTLY_F16, 16, GGMLQuantizationType.F16),
-    "bf16": QuantType(LlamaFileType.MOSTLY_BF16, 16, GGMLQuantizationType.BF16),
-    "q8_0": QuantType(LlamaFileType.MOSTLY_Q8_0, 8.5),
-    "q4_0": QuantType(LlamaFileType.MOSTLY_Q4_0, 4.5),
-    "q4_k_m": QuantType(LlamaFileType.MOSTLY_Q4_K_M, 5.5),
-    "q5_k_m": QuantType(LlamaFileType.MOSTLY_Q5_K_M, 6.5),
-    "q6_k": QuantType(LlamaFileType.MOSTLY_Q6_K, 6.6),
-}
-DEFAULT_QUANT = "q4_k_m"
 
 
 def quant_type(name: str) -> QuantType:
@@ -259,11 +235,6 @@ def quantize_gguf(source: Path, output: Path, quant: str, threads: int, progress
 
 def _estimated_bytes(float_bytes: int, float_bits: float, bits_per_weight: float) -> int:
     return int(float_bytes * bits_per_weight / float_bits)
-
-
-def default_output_path(name: str, quant: str, directory: Path) -> Path:
-    """`<name>-<QUANT>.gguf` in `directory` (e.g. gemma-3-270m-Q4_K_M.gguf)."""
-    return directory / f"{name}-{quant.upper()}.gguf"
 
 
 def _check_free_disk(folder: Path, needed: int) -> None:

@@ -14,15 +14,13 @@ that needs the shared runtime there (nvcc's link): no rebuild command is known t
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
-import re
+import logging
 import struct
-import sys
 from pathlib import Path
-from types import ModuleType
 
 from localchat.errors import ModelError
+from localchat.package_parts import import_part
 
 # The C++ runtime every C++ library of a sound build links dynamically.
 CXX_RUNTIME = "libstdc++.so.6"
@@ -87,51 +85,14 @@ def load_llama_cpp_first() -> None:
         carried = carrying_cxx_runtime()
         if carried:
             import onnxruntime  # noqa: F401  (first: see the module's docstring)
-        import_bindings_alone()
+        import_part("llama_cpp", "llama_cpp")  # the bindings alone (localchat.package_parts)
+        # Should something import the rest of llama-cpp-python later, its logger (which would replace
+        # localchat's) prints llama.cpp's errors alone, as its Llama(verbose=False) makes it.
+        logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
     except (ImportError, OSError) as missing:
         advice = build_advice()
         _not_loaded = (f"llama-cpp-python is not installed or cannot load ({missing}); pip install -e ."
                        + (f" Its {advice}" if advice else ""))
-
-
-def import_bindings_alone() -> None:
-    """Import `llama_cpp` as its bindings alone (`llama_cpp.llama_cpp`, which loads libllama and libggml*):
-    the package's `__init__` also imports its high-level `Llama` class, whose chat formats import jinja2
-    and more (40-85 ms of a start of 0.8 s); localchat uses the bindings alone. The package is what its
-    `__init__` would make of it, `Llama` and the rest imported when first named."""
-    if "llama_cpp" in sys.modules:
-        return
-    spec = importlib.util.find_spec("llama_cpp")
-    if spec is None:
-        raise ImportError("No module named 'llama_cpp'")
-    package = importlib.util.module_from_spec(spec)
-    sys.modules["llama_cpp"] = package
-    try:
-        bindings = importlib.import_module("llama_cpp.llama_cpp")
-    except BaseException:
-        del sys.modules["llama_cpp"]
-        raise
-    public = getattr(bindings, "__all__", [name for name in vars(bindings) if not name.startswith("_")])
-    package.__dict__.update({name: getattr(bindings, name) for name in public})
-    assert spec.origin is not None
-    version = re.search(r'^__version__ = "([^"]+)"', Path(spec.origin).read_text(), re.MULTILINE)
-    package.__version__ = version.group(1) if version else "unknown"  # type: ignore[attr-defined]
-    package.__getattr__ = _high_level(package)  # type: ignore[attr-defined]
-
-
-def _high_level(package: ModuleType):  # type: ignore[no-untyped-def]
-    """The package's module `__getattr__`: the names of its `llama` module, imported on first use."""
-
-    def attribute(name: str) -> object:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        high_level = importlib.import_module("llama_cpp.llama")
-        try:
-            return getattr(high_level, name)
-        except AttributeError:
-            raise AttributeError(f"module 'llama_cpp' has no attribute {name!r}") from None
-
-    return attribute
 
 
 def build_advice() -> str | None:

@@ -10,6 +10,7 @@ one numpy argmax for plain greedy decoding or llama.cpp's sampler chain on a few
 from __future__ import annotations
 
 import ctypes
+import importlib.metadata
 import os
 import threading
 import typing
@@ -129,7 +130,7 @@ def build_features() -> BuildFeatures:
         description=info.strip().rstrip("|").strip(),
         # llama.cpp's GPU backends (CUDA, Metal, Vulkan, HIP) all implement flash attention.
         flash_attn=gpu_offload,
-        version=llama_cpp.__version__,
+        version=importlib.metadata.version("llama_cpp_python"),
     )
 
 

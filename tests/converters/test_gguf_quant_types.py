@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFReader
 
-from localchat.converters.gguf import QUANT_TYPES, convert_checkpoint
+from localchat.converters.gguf import convert_checkpoint
+from localchat.converters.gguf_choices import QUANT_TYPES
 from localchat.cli import main
 from localchat.engine import Engine
 from localchat.errors import ModelError

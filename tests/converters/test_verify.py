@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from localchat.converters.gguf import QUANT_TYPES, convert_checkpoint
+from localchat.converters.gguf import convert_checkpoint
+from localchat.converters.gguf_choices import QUANT_TYPES
 from localchat.converters.verify import BOUNDS, Check, VerifyReport, perplexity_check, verify_gguf
 from localchat.cli import main
 
