@@ -9,15 +9,17 @@ after the first), and aggregate tok/s with 1 and 4 concurrent streams of 128 tok
 this process, the cost of sampling alone with each model's default chain: localchat's sampler against
 llama.cpp's `llama_sampler_sample` on the same logits rows (ms per token), and greedy decoding's argmax.
 Then drafting as shipped: a chat reply correcting a ~500-token text (input-grounded) and a story (open-ended),
-each with and without prompt-lookup drafts, with the model's default sampler. Medians; each localchat figure
-against llama.cpp's.
+each with and without prompt-lookup drafts, with the model's default sampler. With `--llama-bench`, the cold
+start: `localchat run -n 1` from its process start to its exit (wall seconds, peak RSS) against llama.cpp's
+`llama-bench -p 0 -n 1 -r 1` on the same file, alternating. Medians; each localchat figure against llama.cpp's.
 
 Measured (AMD EPYC, 2 threads, 3 rounds), localchat against llama-server: SmolLM2-135M-Instruct decode
 0.84x, aggregate 0.89x with 1 stream and 1.09x with 4; Gemma 3 270M 0.93x, 0.89x and 1.07x. Sampling
 alone 0.05 ms against 0.18 (49k) and 0.20 against 1.68 with Gemma's penalties (262k); drafting,
 input-grounded / open-ended: SmolLM2 1.24x / 0.92x, Gemma 2.39x / 0.99x.
 
-    python benchmarks/as_shipped.py --llama-server OUTDIR/llama-server [--rounds 3] [--model NAME_OR_GGUF ...]
+    python benchmarks/as_shipped.py --llama-server OUTDIR/llama-server [--llama-bench OUTDIR/llama-bench] [--rounds 3]
+        [--model NAME_OR_GGUF ...]
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import json
 import os
 import signal
 import statistics
+import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -194,9 +197,40 @@ def drafting_as_shipped(model: str, rounds: int) -> dict[str, object]:
             for task, f in figures.items()}
 
 
+def process_figures(command: list[str]) -> tuple[float, float]:
+    """Wall seconds from start to exit and peak RSS (MiB) of one run of `command`."""
+    began = time.perf_counter()
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(process.pid, 0)
+    wall = time.perf_counter() - began
+    process.returncode = os.waitstatus_to_exitcode(status)
+    assert process.returncode == 0, f"{command[0]} exited with {process.returncode}"
+    return wall, usage.ru_maxrss / 1024
+
+
+def cold_start(model: Path, llama_bench: Path, rounds: int, threads: int) -> dict[str, object]:
+    """`localchat run -n 1` against `llama-bench -p 0 -n 1 -r 1`, each from the shell to its exit, alternating
+    (one warm-up each: the page cache holds the file for both)."""
+    commands = {
+        "localchat": [sys.executable, "-m", "localchat", "run", "-m", str(model), "-n", "1", "--threads", str(threads), "Hi"],
+        "llama_bench": [str(llama_bench), "-m", str(model), "-p", "0", "-n", "1", "-r", "1", "-t", str(threads)],
+    }
+    figures: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
+    for name, command in commands.items():
+        process_figures(command)
+    for round_ in range(rounds):
+        for name in (list(commands) if round_ % 2 == 0 else list(commands)[::-1]):
+            figures[name].append(process_figures(commands[name]))
+    medians = {name: {"wall_s": round(statistics.median(w for w, _ in runs), 3),
+                      "peak_mib": round(statistics.median(m for _, m in runs), 1)} for name, runs in figures.items()}
+    ours, theirs = medians["localchat"], medians["llama_bench"]
+    return {"medians": medians, "localchat_over_llama_bench": {key: round(ours[key] / theirs[key], 2) for key in ours}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--llama-server", type=Path, help="llama.cpp's llama-server binary (without it: sampling only)")
+    parser.add_argument("--llama-bench", type=Path, help="llama.cpp's llama-bench binary (with it: the cold start)")
     parser.add_argument("--model", action="append", help="a model name or .gguf file, repeatable "
                         "(default: the default chat model and gemma-3-270m)")
     parser.add_argument("--rounds", type=int, default=3)
@@ -210,6 +244,8 @@ def main() -> None:
         entry: dict[str, object] = {"sampling": sampling_cost(str(path)), "drafting": drafting_as_shipped(str(path), args.rounds)}
         if args.llama_server is not None:
             entry["servers"] = compare_servers(path, args.llama_server, args.rounds, args.threads, args.logs)
+        if args.llama_bench is not None:
+            entry["cold_start"] = cold_start(path, args.llama_bench, max(args.rounds, 5), args.threads)
         report[model] = entry
         print(json.dumps({model: entry}), file=sys.stderr, flush=True)
     print(json.dumps(report, indent=1))
