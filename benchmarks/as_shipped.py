@@ -14,9 +14,10 @@ start: `localchat run -n 1` from its process start to its exit (wall seconds, pe
 `llama-bench -p 0 -n 1 -r 1` on the same file, alternating. Medians; each localchat figure against llama.cpp's.
 
 Measured (AMD EPYC, 2 threads, 3 rounds), localchat against llama-server: SmolLM2-135M-Instruct decode
-0.84x, aggregate 0.89x with 1 stream and 1.09x with 4; Gemma 3 270M 0.93x, 0.89x and 1.07x. Sampling
-alone 0.05 ms against 0.18 (49k) and 0.20 against 1.68 with Gemma's penalties (262k); drafting,
-input-grounded / open-ended: SmolLM2 1.24x / 0.92x, Gemma 2.39x / 0.99x.
+1.00x, aggregate 0.95x with 1 stream and 1.07x with 4, time to first token 1.56x faster; Gemma 3 270M 0.95x,
+0.95x, 1.04x and 1.75x. Sampling alone 0.054 ms against 0.174 (49k) and 0.080 against 1.68 with Gemma's
+penalties (262k); drafting, input-grounded / open-ended: SmolLM2 1.57-1.78x / 0.97-1.07x, Gemma 2.24-2.29x /
+0.99x. Cold start (5 rounds): SmolLM2 0.59 s against 0.13 (4.6x), Gemma 1.10 s against 0.52 (2.1x).
 
     python benchmarks/as_shipped.py --llama-server OUTDIR/llama-server [--llama-bench OUTDIR/llama-bench] [--rounds 3]
         [--model NAME_OR_GGUF ...]
