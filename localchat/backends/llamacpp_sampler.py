@@ -58,6 +58,8 @@ class LlamaSampler:
         self._seen = SeenTokens(None if window < 0 else window)
         self._candidates = np.zeros(n_vocab, dtype=TOKEN_DATA)
         self._array = llama_cpp.llama_token_data_array()
+        self._array_pointer = ctypes.byref(self._array)
+        self._data = self._candidates.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data))
         self._all_ids = np.arange(n_vocab, dtype=np.int64)
         # Without a truncation the draw may land anywhere: every token is a candidate.
         self._whole_row = not settings.greedy and settings.top_k <= 0 and (settings.min_p <= 0 or settings.top_p < 1)
@@ -137,8 +139,8 @@ class LlamaSampler:
         elif s.top_k > 0:
             ids = blocks.at_least(max(blocks.kth_best(s.top_k), blocks.best - FAR_SPAN))
             if ids.size > s.top_k:
-                nth = np.partition(row[ids], ids.size - s.top_k)[ids.size - s.top_k]
-                ids = ids[row[ids] >= nth]
+                values = row[ids]
+                ids = ids[values >= np.partition(values, ids.size - s.top_k)[ids.size - s.top_k]]
         else:  # min-p alone truncates
             ids = blocks.at_least(blocks.best + np.log(s.min_p))
         if not seen.size:
@@ -153,13 +155,12 @@ class LlamaSampler:
         candidates["id"] = ids
         candidates["logit"] = row[ids]
         array = self._array
-        array.data = candidates.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data))
+        array.data = self._data
         array.size = n
         array.selected = -1
         array.sorted = False
-        pointer = ctypes.byref(array)
         for stage in self.stages:
-            llama_cpp.llama_sampler_apply(stage, pointer)
+            llama_cpp.llama_sampler_apply(stage, self._array_pointer)
         return int(array.data[array.selected].id)
 
     def reset(self) -> None:
@@ -240,11 +241,12 @@ class RowBlocks:
         return float(np.partition(bests, len(bests) - k)[len(bests) - k])
 
     def at_least(self, threshold: float) -> np.ndarray:
-        """The ids whose logits are at least `threshold`, ascending."""
+        """The ids whose logits are at least `threshold`, ascending: read row by row, the columns reaching it
+        (ascending) give ids in order, those of the last block after."""
         reaching = np.flatnonzero(self.bests >= threshold)
-        columns = reaching[reaching < self.width]
+        columns = reaching if self.whole == len(self.row) else reaching[reaching < self.width]
         found = np.flatnonzero(np.take(self.grid, columns, axis=1) >= threshold)
-        ids = np.sort(found // len(columns) * self.width + columns[found % len(columns)]) if len(columns) else found
+        ids = found // len(columns) * self.width + columns[found % len(columns)] if len(columns) else found
         if len(columns) < len(reaching):  # the last block
             ids = np.append(ids, self.whole + np.flatnonzero(self.row[self.whole :] >= threshold))
         return ids
