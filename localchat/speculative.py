@@ -33,6 +33,9 @@ PRIOR_FIXED = 0.31
 PRIOR_PER_ROW = 0.57
 # The weight of the newest step in the timed figures (moving averages).
 COST_WEIGHT = 0.1
+# The weight each of the prior line's two points keeps in the fit for good: a twentieth of the first
+# drafting step's, against the moving average's 1 once steps have been timed.
+PRIOR_WEIGHT = 0.005
 # The weight of the newest prediction in how far predictions come true (after the first 1/WEIGHT,
 # which are averaged plainly).
 TAKEN_WEIGHT = 0.3
@@ -47,31 +50,36 @@ DRAFT_GROWTH = 2
 class StepCosts:
     """What steps cost on one session's model, timed: a plain step (one token in, one sampled), and
     a drafting step's extra cost over it, a line in the count of drafted rows fit by least squares to
-    recent drafting steps (the prior line weighing as one step). Kept across the session's replies."""
+    recent drafting steps and, lightly, the prior line's two points. Kept across the session's replies."""
 
     def __init__(self) -> None:
         self.plain_s: float | None = None
+        # (fixed, per row): a step drafting k rows costs 1 + fixed + per_row * k plain steps.
+        self.line = (PRIOR_FIXED, PRIOR_PER_ROW)
         # Moving averages of 1, k, k^2, u and k*u over drafting steps of k rows costing u plain steps more.
-        self._sums = np.zeros(5)
-        for rows in (1, DEFAULT_LOOKUP_DRAFT):
-            self._add(rows, PRIOR_FIXED + PRIOR_PER_ROW * rows, COST_WEIGHT / 2)
+        self._observed = np.zeros(5)
 
     def plain(self, seconds: float) -> None:
         self.plain_s = _moving_average(self.plain_s, seconds, COST_WEIGHT)
 
     def drafted(self, seconds: float, rows: int) -> None:
-        if self.plain_s is not None:
-            self._add(rows, seconds / self.plain_s - 1, COST_WEIGHT)
-
-    def _add(self, rows: int, extra: float, weight: float) -> None:
-        self._sums += weight * (np.array([1.0, rows, rows * rows, extra, rows * extra]) - self._sums)
-
-    @property
-    def line(self) -> tuple[float, float]:
-        """(fixed, per row): a step drafting k rows costs 1 + fixed + per_row * k plain steps."""
-        n, k, kk, u, ku = self._sums
+        if self.plain_s is None:
+            return
+        extra = seconds / self.plain_s - 1
+        self._observed += COST_WEIGHT * (np.array([1.0, rows, rows * rows, extra, rows * extra]) - self._observed)
+        # The prior's two points stay in the fit at a fixed weight: steps all of one length (a long
+        # copy drafts 25 every step) fix the line's height there, the prior its slope.
+        n, k, kk, u, ku = (float(total) for total in self._observed + _PRIOR_SUMS)
         per_row = max((n * ku - k * u) / (n * kk - k * k), 0.01)
-        return max((u - per_row * k) / n, 0.0), per_row
+        self.line = (max((u - per_row * k) / n, 0.0), per_row)
+
+
+def _line_sums(points: Sequence[tuple[int, float]], weight: float) -> np.ndarray:
+    """The sums of 1, k, k^2, u and k*u over (k, u) points, each weighing `weight`."""
+    return weight * np.array([[1.0, k, k * k, u, k * u] for k, u in points]).sum(axis=0)
+
+
+_PRIOR_SUMS = _line_sums([(rows, PRIOR_FIXED + PRIOR_PER_ROW * rows) for rows in (1, DEFAULT_LOOKUP_DRAFT)], PRIOR_WEIGHT)
 
 
 class LookupDrafting:
@@ -94,14 +102,16 @@ class LookupDrafting:
         self._open: list[_Prediction] = []  # predictions still coming true
         self._ks = np.arange(limit + 1)
 
-    def length(self, draft: Sequence[int], n: int, room: int) -> int:
+    def length(self, draft: list[int], n: int, room: int) -> int:
         """How many of `draft` (lookup's prediction, from a match of an `n`-gram) to draft now, with
         room for `room` more tokens; predicts it, drafted or not."""
-        self._open.append(_Prediction(n, list(draft)))
+        self._open.append(_Prediction(n, draft))
         taken = self._expected_taken(n, len(draft))
         if self.costs.plain_s is None or taken is None:
             return 0
         fixed, per_row = self.costs.line
+        if (1 + taken[-1]) / (1 + fixed + per_row) < DRAFT_MARGIN:
+            return 0  # not even the longest draft's tokens at the shortest one's cost would pay
         ks = self._ks[1 : len(draft) + 1]
         rows = ks + (self.even_rows & (ks % 2 == 0) & (ks < room))
         speed = (1 + taken[1:]) / (1 + fixed + per_row * rows)
