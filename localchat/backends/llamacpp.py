@@ -134,6 +134,32 @@ def build_features() -> BuildFeatures:
     )
 
 
+def end_of_generation_ids(vocab: llama_cpp.llama_vocab_p) -> frozenset[int]:
+    """The tokens llama.cpp ends a reply at (none asked past 300k tokens: a vocabulary that large is not a
+    chat model's)."""
+    n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
+    if n_vocab > 300_000:
+        return frozenset()
+    return frozenset(t for t in range(n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, t))
+
+
+T = typing.TypeVar("T")
+
+
+def _started(work: Callable[[], T]) -> Future[T]:
+    """`work`, run on a thread of its own started now."""
+    future: Future[T] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(work())
+        except BaseException as error:
+            future.set_exception(error)
+
+    threading.Thread(target=run, name="llama.cpp-vocabulary", daemon=True).start()
+    return future
+
+
 class LlamaCppBackend:
     """A GGUF model and its context, loaded with the settings of a `Plan`."""
 
@@ -166,7 +192,13 @@ class LlamaCppBackend:
         self._vocab = model.vocab
         if missing := missing_special_token(self._vocab):
             raise ModelError(f"{path}'s tokenizer adds a {missing} token it does not have; download or convert it again")
-        self._ctx = self._owned(LlamaContext(model, load, path)).pointer
+        # llama.cpp lists its end-of-generation tokens to no one: they are asked one by one (0.1 s on a 262k
+        # vocabulary), on a thread of their own while the context is made, which holds no GIL.
+        eog = _started(lambda: end_of_generation_ids(self._vocab))
+        try:
+            self._ctx = self._owned(LlamaContext(model, load, path)).pointer
+        finally:
+            eog_ids = eog.result()  # either way: the scan reads the vocabulary a failure would free
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
         # llama.cpp caps the batch at the context size and aborts on a larger one.
@@ -186,7 +218,7 @@ class LlamaCppBackend:
         self._embedder: LlamaEmbedder | None = None
         self._embedder_lock = threading.Lock()
         self._lora_scales: LoraScales = ()
-        self.info = self._read_info(path)
+        self.info = self._read_info(path, eog_ids)
 
     def _owned(self, native: LlamaModel | LlamaContext | LlamaBatch) -> typing.Any:
         """`native`, freed when the backend closes (the last owned first)."""
@@ -213,9 +245,8 @@ class LlamaCppBackend:
                 found[key] = buffer.value.decode("utf-8", errors="replace")
         return found
 
-    def _read_info(self, path: Path) -> ModelInfo:
+    def _read_info(self, path: Path, eog: frozenset[int]) -> ModelInfo:
         n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
-        eog = frozenset(t for t in range(n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t)) if n_vocab <= 300_000 else frozenset()
         template = llama_cpp.llama_model_chat_template(self._model.pointer, None)
         bos = llama_cpp.llama_vocab_bos(self._vocab)
         eos = llama_cpp.llama_vocab_eos(self._vocab)
