@@ -17,7 +17,9 @@ Measured (AMD EPYC, 2 threads, 3 rounds), localchat against llama-server: SmolLM
 1.00x, aggregate 0.95x with 1 stream and 1.07x with 4, time to first token 1.56x faster; Gemma 3 270M 0.95x,
 0.95x, 1.04x and 1.75x. Sampling alone 0.054 ms against 0.174 (49k) and 0.080 against 1.68 with Gemma's
 penalties (262k); drafting, input-grounded / open-ended: SmolLM2 1.57-1.78x / 0.97-1.07x, Gemma 2.24-2.29x /
-0.99x. Cold start (5 rounds): SmolLM2 0.59 s against 0.13 (4.6x), Gemma 1.10 s against 0.52 (2.1x).
+0.99x. Cold start (5 rounds): SmolLM2 0.59 s against 0.13 (4.6x), Gemma 1.10 s against 0.52 (2.1x); with
+the end-of-generation scan on a thread beside the context's making, Gemma 1.17 s against 0.59 (1.94x, 5
+alternating whole-process runs).
 
     python benchmarks/as_shipped.py --llama-server OUTDIR/llama-server [--llama-bench OUTDIR/llama-bench] [--rounds 3]
         [--model NAME_OR_GGUF ...]
