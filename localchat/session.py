@@ -25,6 +25,7 @@ from localchat.speculative import (
     LookupDrafting,
     NgramIndex,
     StepCosts,
+    verified_rows,
 )
 
 # Live KV tokens about to be overwritten are saved to the prefix cache when at least this many.
@@ -379,7 +380,6 @@ class Decoder:
             self.draft_model.follow(prompt)
         # Prompt lookup drafts as long as is expected to be fastest (0: off); a draft model's draft grows
         # while its drafts are taken whole and shrinks when one is cut short, up to DRAFT_MODEL_TOKENS.
-        self.lookup_limit = lookup_draft
         self.lookup = LookupDrafting(lookup_draft, session.step_costs, session.backend.even_rows)
         self.model_draft_length = min(INITIAL_DRAFT, DRAFT_MODEL_TOKENS)
         # Prompt lookup searches the prompt and the reply so far.
@@ -438,7 +438,7 @@ class Decoder:
         room = min(session.n_ctx - len(session.tokens) - 1, reply.remaining - 1)
         costs = session.step_costs
         # Prompt lookup first, as drafting costs nothing but the rows; else the draft model while it pays.
-        lookup, n = self.ngrams.draft(min(room, self.lookup_limit)) if room > 0 else ([], 0)
+        lookup, n = self.ngrams.draft(min(room, self.lookup.limit)) if room > 0 else ([], 0)
         length = self.lookup.length(lookup, n, room) if lookup else 0
         started = time.perf_counter()
         if length:
@@ -470,7 +470,7 @@ class Decoder:
     @property
     def longest_draft(self) -> int:
         """The most tokens the next step may draft (0: this reply never drafts), a filler included."""
-        longest = max(self.lookup_limit, self.model_draft_length if self.draft_model is not None else 0)
+        longest = max(self.lookup.limit, self.model_draft_length if self.draft_model is not None else 0)
         return longest + 1 if longest and self.session.backend.even_rows else longest
 
     def _verify(self, draft: list[int], room: int, cancelled: Callable[[], bool],
@@ -503,8 +503,7 @@ class Decoder:
 
     def _rows(self, draft: Sequence[int], room: int) -> int:
         """The rows `draft` takes to verify: one more where a filler makes the count even."""
-        filler = self.session.backend.even_rows and len(draft) % 2 == 0 and len(draft) < room
-        return len(draft) + filler
+        return int(verified_rows(len(draft), room, self.session.backend.even_rows))
 
     @staticmethod
     def _next_length(length: int, limit: int, whole: bool) -> int:

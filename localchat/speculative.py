@@ -65,8 +65,7 @@ class StepCosts:
     def drafted(self, seconds: float, rows: int) -> None:
         if self.plain_s is None:
             return
-        extra = seconds / self.plain_s - 1
-        self._observed += COST_WEIGHT * (np.array([1.0, rows, rows * rows, extra, rows * extra]) - self._observed)
+        self._observed += COST_WEIGHT * (_line_terms(rows, seconds / self.plain_s - 1) - self._observed)
         # The prior's two points stay in the fit at a fixed weight: steps all of one length (a long
         # copy drafts 25 every step) fix the line's height there, the prior its slope.
         n, k, kk, u, ku = (float(total) for total in self._observed + _PRIOR_SUMS)
@@ -74,12 +73,19 @@ class StepCosts:
         self.line = (max((u - per_row * k) / n, 0.0), per_row)
 
 
-def _line_sums(points: Sequence[tuple[int, float]], weight: float) -> np.ndarray:
-    """The sums of 1, k, k^2, u and k*u over (k, u) points, each weighing `weight`."""
-    return weight * np.array([[1.0, k, k * k, u, k * u] for k, u in points]).sum(axis=0)
+def _line_terms(k: int, u: float) -> np.ndarray:
+    """1, k, k^2, u and k*u: a point's terms in the sums a least-squares line is solved from."""
+    return np.array([1.0, k, k * k, u, k * u])
 
 
-_PRIOR_SUMS = _line_sums([(rows, PRIOR_FIXED + PRIOR_PER_ROW * rows) for rows in (1, DEFAULT_LOOKUP_DRAFT)], PRIOR_WEIGHT)
+_PRIOR_SUMS = PRIOR_WEIGHT * sum(_line_terms(rows, PRIOR_FIXED + PRIOR_PER_ROW * rows) for rows in (1, DEFAULT_LOOKUP_DRAFT))
+
+
+def verified_rows(drafted: int | np.ndarray, room: int, even_rows: bool) -> int | np.ndarray:
+    """The rows a draft of `drafted` tokens takes to verify, beside the pending token's: one more (a filler)
+    where the backend's even counts of rows are cheaper (`Backend.even_rows`), the draft's count with the
+    pending token is odd, and the reply has room for it. For one count or an array of them."""
+    return drafted + (even_rows & (drafted % 2 == 0) & (drafted < room))
 
 
 class LookupDrafting:
@@ -113,8 +119,7 @@ class LookupDrafting:
         if (1 + taken[-1]) / (1 + fixed + per_row) < DRAFT_MARGIN:
             return 0  # not even the longest draft's tokens at the shortest one's cost would pay
         ks = self._ks[1 : len(draft) + 1]
-        rows = ks + (self.even_rows & (ks % 2 == 0) & (ks < room))
-        speed = (1 + taken[1:]) / (1 + fixed + per_row * rows)
+        speed = (1 + taken[1:]) / (1 + fixed + per_row * verified_rows(ks, room, self.even_rows))
         best = int(speed.argmax())
         return int(ks[best]) if speed[best] >= DRAFT_MARGIN else 0
 
