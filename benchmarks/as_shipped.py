@@ -29,12 +29,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import fcntl
 import json
 import os
+import pty
+import select
 import signal
 import statistics
+import struct
 import subprocess
 import sys
+import termios
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -58,6 +63,7 @@ from localchat.settings import Settings
 from localchat.templates import Message
 
 CONTEXT = 8192
+APP_READY_TIMEOUT_S = 60
 TOKENS = 128
 STREAMS = (1, 4)
 QUESTION = [{"role": "user", "content": "Write a story about a dragon who guards a library."}]
@@ -211,23 +217,54 @@ def process_figures(command: list[str]) -> tuple[float, float]:
     return wall, usage.ru_maxrss / 1024
 
 
+def chat_app_ready(command: list[str]) -> tuple[float, float]:
+    """Seconds from starting the chat app `command` in an 80x24 pseudo-terminal to its first output
+    and to the screen saying the model is ready (the notice `<model> is ready`)."""
+    began = time.perf_counter()
+    pid, terminal = pty.fork()
+    if pid == 0:  # the child: the app, in a terminal of 80x24
+        os.environ.update(TERM="xterm-256color", COLUMNS="80", LINES="24")
+        os.execv(command[0], command)
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    screen, first = b"", None
+    try:
+        while b"is ready" not in screen:
+            if not select.select([terminal], [], [], APP_READY_TIMEOUT_S)[0]:
+                raise TimeoutError(f"the chat app said nothing for {APP_READY_TIMEOUT_S} s: {screen[-400:]!r}")
+            screen += os.read(terminal, 1 << 16)
+            first = first or time.perf_counter() - began
+        return first, time.perf_counter() - began
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(terminal)
+
+
 def cold_start(model: Path, llama_bench: Path, rounds: int, threads: int) -> dict[str, object]:
-    """`localchat run -n 1` against `llama-bench -p 0 -n 1 -r 1`, each from the shell to its exit, alternating
-    (one warm-up each: the page cache holds the file for both)."""
+    """`localchat run -n 1` against `llama-bench -p 0 -n 1 -r 1`, each from the shell to its exit, and the
+    chat app (`localchat chat`) from its start to the model ready on its screen, alternating (one warm-up
+    each: the page cache holds the file for all)."""
     commands = {
         "localchat": [sys.executable, "-m", "localchat", "run", "-m", str(model), "-n", "1", "--threads", str(threads), "Hi"],
         "llama_bench": [str(llama_bench), "-m", str(model), "-p", "0", "-n", "1", "-r", "1", "-t", str(threads)],
     }
+    app = [sys.executable, "-m", "localchat", "chat", "-m", str(model), "--threads", str(threads)]
     figures: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
+    app_figures: list[tuple[float, float]] = []
     for name, command in commands.items():
         process_figures(command)
+    chat_app_ready(app)
     for round_ in range(rounds):
         for name in (list(commands) if round_ % 2 == 0 else list(commands)[::-1]):
             figures[name].append(process_figures(commands[name]))
+        app_figures.append(chat_app_ready(app))
     medians = {name: {"wall_s": round(statistics.median(w for w, _ in runs), 3),
                       "peak_mib": round(statistics.median(m for _, m in runs), 1)} for name, runs in figures.items()}
     ours, theirs = medians["localchat"], medians["llama_bench"]
-    return {"medians": medians, "localchat_over_llama_bench": {key: round(ours[key] / theirs[key], 2) for key in ours}}
+    ready = statistics.median(r for _, r in app_figures)
+    return {"medians": medians, "localchat_over_llama_bench": {key: round(ours[key] / theirs[key], 2) for key in ours},
+            "chat_app": {"first_output_s": round(statistics.median(f for f, _ in app_figures), 3), "ready_s": round(ready, 3),
+                         "ready_over_llama_bench": round(ready / theirs["wall_s"], 2)}}
 
 
 def main() -> None:

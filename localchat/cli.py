@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from localchat.adapters import LoraSpec
     from localchat.engine import Engine
     from localchat.hub import HubModelName
+    from localchat.model_loading import ModelLoading
     from localchat.models import InstalledModel
     from localchat.remote_endpoint import RemoteEndpoint
     from localchat.session import GenerationSettings
@@ -106,11 +107,19 @@ def _lora_specs(args: argparse.Namespace) -> tuple[LoraSpec, ...]:
     return tuple(LoraSpec.parse(text) for text in args.lora or ())
 
 
-def _load_engine(args: argparse.Namespace, request: PlanRequest) -> Engine:
-    """The model of `-m`, with the draft model of `--draft-model` and the adapters of `--lora` if given."""
+def _start_loading(args: argparse.Namespace, request: PlanRequest) -> ModelLoading:
+    """The model of `-m` planned, its load started on a thread of its own: what the command imports
+    next is imported beside it."""
+    from localchat.model_loading import start_loading
+
+    return start_loading(args.model, Settings(), request)
+
+
+def _load_engine(args: argparse.Namespace, loading: ModelLoading) -> Engine:
+    """`loading`'s model, with the draft model of `--draft-model` and the adapters of `--lora` if given."""
     from localchat.engine import Engine
 
-    return Engine.load(args.model, Settings(), request, draft_model=args.draft_model, loras=_lora_specs(args))
+    return Engine.load(loading, draft_model=args.draft_model, loras=_lora_specs(args))
 
 
 def _decode_here(engine: Engine) -> None:
@@ -149,18 +158,25 @@ def _json_schema(path: Path) -> Constraint:
         raise InvalidSettingError(f"--json-schema {path}: {error}") from None
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def _generation_settings(args: argparse.Namespace) -> GenerationSettings:
     from localchat.session import GenerationSettings
 
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     constraint = _json_schema(args.json_schema) if args.json_schema is not None else None
-    settings = GenerationSettings(
+    return GenerationSettings(
         max_tokens=args.n, stop=tuple(args.stop or ()), constraint=constraint, lookup_draft=_lookup_draft(args),
     )
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     endpoint = _remote(args)
     if endpoint is not None:
+        settings = _generation_settings(args)
         return _run_remote(args, endpoint, prompt, dataclasses.replace(settings, sampler=_sampler_settings(args, None)))
-    with _load_engine(args, _plan_request(args)) as engine:
+    with _start_loading(args, _plan_request(args)) as loading:
+        settings = _generation_settings(args)  # the session's imports, beside the load
+        engine = _load_engine(args, loading)
+    with engine:
         _decode_here(engine)
         settings = dataclasses.replace(settings, sampler=_sampler_settings(args, engine.sampler_defaults.settings))
         left_out = 0
@@ -277,8 +293,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from localchat.engine import plan_model
-
+    from localchat.model_loading import plan_model
     from localchat.models import PACKAGED_MODELS, inspect_gguf
     from localchat.native import build_advice
     from localchat.sampling_defaults import sampler_defaults
@@ -325,8 +340,6 @@ def _log_model_changes() -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from localchat.server.app import serve
-    from localchat.server.served_models import EngineLoader
     from localchat.server.settings import ServerSettings
 
     settings = ServerSettings(
@@ -342,7 +355,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         lookup_draft=_lookup_draft(args),
     )
     app_settings, request = Settings(), _plan_request(args, n_seq=args.parallel)
-    with _load_engine(args, request) as engine:
+    with _start_loading(args, request) as loading:
+        # The web stack's imports, beside the load.
+        from localchat.server.app import serve
+        from localchat.server.served_models import EngineLoader
+
+        engine = _load_engine(args, loading)
+    with engine:
         # Every other model is planned on the machine as it was before this one loaded.
         loader = EngineLoader(app_settings, request, engine.model_plan.hardware, queue_size=settings.queue_size,
                               allow_pull=settings.allow_pull)
@@ -360,15 +379,31 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from localchat.tui.app import run_chat_app
+    from localchat.model_loading import ProgressRelay, start_loading
 
     remote = _remote(args)
     if remote is not None and args.draft_model is not None:
         raise InvalidSettingError(f"--draft-model {DECODED_REMOTELY}")
     if remote is not None and args.lora:
         raise InvalidSettingError(f"--lora {DECODED_REMOTELY}")
-    return run_chat_app(args.model, Settings(), _plan_request(args), remote=remote, draft_model=args.draft_model,
-                        loras=_lora_specs(args))
+    settings, request, loras = Settings(), _plan_request(args), _lora_specs(args)
+    # The model loads while the app is imported and drawn. One that cannot be planned is left to
+    # the app, which says why and offers another.
+    progress = ProgressRelay()
+    loading: ModelLoading | None = None
+    if remote is None:
+        try:
+            loading = start_loading(args.model, settings, request, on_progress=progress)
+        except LocalchatError:
+            loading = None
+    from localchat.tui.app import run_chat_app
+
+    try:
+        return run_chat_app(args.model, settings, request, remote=remote, draft_model=args.draft_model, loras=loras,
+                            loading=loading, loading_progress=progress)
+    finally:
+        if loading is not None:
+            loading.close()  # the app quit while the model loaded: waited for and freed
 
 
 def _pull(name: HubModelName, settings: Settings) -> None:

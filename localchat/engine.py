@@ -5,17 +5,16 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from localchat.adapters import LoadedLora, LoraSpec, default_scales, requested_scales
 from localchat.backends.base import Backend
 from localchat.chat import Chat
 from localchat.chat_engine import THINKING_SWITCH, LocalChat
 from localchat.errors import ModelError
-from localchat.hardware import Hardware, detect_hardware
-from localchat.models import ModelRef, inspect_gguf, resolve_model
-from localchat.native import require_llama_cpp
-from localchat.planner import BuildFeatures, ModelFacts, Plan, PlanRequest, plan_offload
+from localchat.model_loading import ModelLoading, ModelPlan, open_backend, plan_model, start_loading
+from localchat.models import ModelRef
+from localchat.planner import Plan, PlanRequest
 from localchat.prefix_cache import PrefixCache
 from localchat.sampling_defaults import sampler_defaults
 from localchat.session import Session
@@ -24,62 +23,6 @@ from localchat.speculative import DraftModel, check_same_vocabulary
 from localchat.templates import ChatTemplate, Message
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ModelPlan:
-    """What `localchat info` shows: the model, the machine, the build and the plan."""
-
-    model: ModelRef
-    facts: ModelFacts
-    hardware: Hardware
-    build: BuildFeatures
-    plan: Plan
-
-
-def _build_features(model_format: str) -> BuildFeatures:
-    if model_format == "gguf":
-        require_llama_cpp()
-        from localchat.backends.llamacpp import build_features
-
-        return build_features()
-    if model_format == "onnx":
-        from localchat.backends.onnx import build_features as onnx_build_features
-
-        return onnx_build_features()
-    raise ModelError(f"localchat cannot run {model_format} models; give a .gguf file or an ONNX model folder")
-
-
-def _model_facts(model: ModelRef) -> ModelFacts:
-    if model.format == "gguf":
-        return inspect_gguf(model.path)[1]
-    if model.format == "onnx":
-        from localchat.backends.onnx import onnx_facts
-
-        return onnx_facts(model.path)
-    raise ModelError(f"localchat cannot run {model.format} models; give a .gguf file or an ONNX model folder")
-
-
-def plan_model(model: str | None, settings: Settings, request: PlanRequest = PlanRequest(),
-               hardware: Hardware | None = None) -> ModelPlan:
-    """Find the model and decide how to run it, without loading it; on `hardware` as given (a
-    server plans every model on the machine as it was before the first loaded), else as it is now."""
-    ref = resolve_model(model, settings)
-    facts = _model_facts(ref)
-    hardware = hardware or detect_hardware()
-    build = _build_features(ref.format)
-    return ModelPlan(ref, facts, hardware, build, plan_offload(facts, hardware, build, request))
-
-
-def _open_backend(model_plan: ModelPlan, on_progress: Callable[[float], None] | None) -> Backend:
-    if model_plan.plan.backend == "onnxruntime":
-        from localchat.backends.onnx import OnnxBackend
-
-        return OnnxBackend(model_plan.model.path, model_plan.plan.load_params, on_progress=on_progress)
-    require_llama_cpp()
-    from localchat.backends.llamacpp import LlamaCppBackend
-
-    return LlamaCppBackend(model_plan.model.path, model_plan.plan.load_params, on_progress=on_progress)
 
 
 def _model_key(ref: ModelRef) -> str:
@@ -120,7 +63,7 @@ class Engine:
     @classmethod
     def load(
         cls,
-        model: str | None = None,
+        model: str | None | ModelLoading = None,
         settings: Settings | None = None,
         request: PlanRequest = PlanRequest(),
         *,
@@ -128,10 +71,18 @@ class Engine:
         draft_model: str | None = None,
         loras: Sequence[LoraSpec] = (),
     ) -> Engine:
-        """`model` planned on this machine, with `draft_model` (if given) drafting for it and the
-        LoRA adapters `loras` applied to every reply that does not ask for others."""
-        settings = settings or Settings()
-        engine = cls.from_plan(plan_model(model, settings, request), settings, on_progress=on_progress)
+        """`model` planned on this machine (or the `ModelLoading` already under way: `settings`,
+        `request` and `on_progress` are then its own), with `draft_model` (if given) drafting for it
+        and the LoRA adapters `loras` applied to every reply that does not ask for others."""
+        if not isinstance(model, ModelLoading):
+            with start_loading(model, settings or Settings(), request, on_progress=on_progress) as loading:
+                return cls.load(loading, draft_model=draft_model, loras=loras)
+        backend = model.backend()
+        try:
+            engine = cls(model.model_plan, backend, model.settings)
+        except BaseException:
+            backend.close()
+            raise
         try:
             engine.add_loras(loras)
         except BaseException:
@@ -139,7 +90,7 @@ class Engine:
             raise
         if draft_model is not None:
             try:
-                engine.add_draft_model(draft_model, request)
+                engine.add_draft_model(draft_model, model.request)
             except ModelError as error:
                 engine.close()
                 raise ModelError(f"draft model: {error}") from None
@@ -151,12 +102,12 @@ class Engine:
     @classmethod
     def from_plan(cls, model_plan: ModelPlan, settings: Settings, *,
                   on_progress: Callable[[float], None] | None = None) -> Engine:
-        return cls(model_plan, _open_backend(model_plan, on_progress), settings)
+        return cls(model_plan, open_backend(model_plan, on_progress), settings)
 
     def add_draft_model(self, model: str, request: PlanRequest) -> None:
         """Speculative decoding by `model` (sharing this model's vocabulary) for every session, one
         KV sequence of its own each; planned on the machine with this model loaded."""
-        draft = _open_backend(plan_model(model, self.settings, request), None)
+        draft = open_backend(plan_model(model, self.settings, request))
         try:
             check_same_vocabulary(self.backend, draft)
         except ModelError:

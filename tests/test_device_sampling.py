@@ -15,7 +15,8 @@ from greedy_paths import assert_same_until_near_tie
 from localchat.backends.base import ARGMAX, SamplerSettings
 from localchat.backends.llamacpp import LlamaCppBackend
 from localchat.backends.llamacpp_sampler import DeviceSampler, LlamaSampler
-from localchat.engine import Engine, plan_model
+from localchat.engine import Engine
+from localchat.model_loading import plan_model
 from localchat.hardware import GIB, Hardware
 from localchat.planner import PlanRequest, plan_offload
 from localchat.scheduler import ReplyDone, ReplyEvent, Scheduler, TextDelta

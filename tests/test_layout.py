@@ -67,7 +67,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # What a backend is loaded with: backends read the plan, the planner reads no backend.
     ("plan", ("localchat/planner.py",)),
     ("foundations", ("localchat/backends/base.py", "localchat/onnx_format.py", "localchat/gguf_file.py",
-                     "localchat/hardware.py", "localchat/errors.py")),
+                     "localchat/hardware.py", "localchat/errors.py", "localchat/background.py")),
 )
 
 
@@ -117,7 +117,7 @@ def test_the_graph_has_the_arrows_of_every_kind_of_import() -> None:
     """At the top, inside a function, `from package import module`, by an installed name."""
     graph = import_graph()
     assert "localchat/backends/base.py" in graph["localchat/session.py"]
-    assert "localchat/backends/onnx.py" in graph["localchat/engine.py"]
+    assert "localchat/backends/onnx.py" in graph["localchat/model_loading.py"]
     assert "localchat/hub.py" in graph["localchat/models.py"]
     assert "tui/app.py" in graph["localchat/cli.py"]
 

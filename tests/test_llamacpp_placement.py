@@ -11,7 +11,7 @@ import pytest
 
 from localchat.backends.llamacpp import LlamaCppBackend
 from localchat.backends.llamacpp_natives import FLASH_ATTN_TYPES, KV_CACHE_TYPES, log_callback, place_layers
-from localchat.engine import plan_model
+from localchat.model_loading import plan_model
 from localchat.hardware import GIB, Gpu, Hardware
 from localchat.planner import FlashAttn, KvType, PlanRequest, plan_offload
 from localchat.settings import Settings

@@ -13,7 +13,7 @@ from greedy_paths import assert_same_until_near_tie
 from localchat.backends.base import ARGMAX, SamplerSettings
 from localchat.backends.llamacpp import LlamaSampler
 from localchat.bench import bench_text
-import localchat.engine as engine_module
+import localchat.model_loading as model_loading
 from localchat.engine import Engine
 from localchat.errors import ContextOverflowError
 from localchat.hardware import detect_hardware
@@ -74,9 +74,9 @@ def test_on_a_cpu_with_amx_the_model_loads_without_extra_buffers_and_answers(
     hardware and the build are described as having it; the load path is the real one."""
     hardware = detect_hardware()
     with_amx = dataclasses.replace(hardware, cpu_flags=hardware.cpu_flags | {"amx_int8", "amx_tile"})
-    monkeypatch.setattr(engine_module, "detect_hardware", lambda: with_amx)
-    build = engine_module._build_features("gguf")
-    monkeypatch.setattr(engine_module, "_build_features", lambda model_format: dataclasses.replace(build, amx=True))
+    monkeypatch.setattr(model_loading, "detect_hardware", lambda: with_amx)
+    build = model_loading._build_features("gguf")
+    monkeypatch.setattr(model_loading, "_build_features", lambda model_format: dataclasses.replace(build, amx=True))
     with Engine.load(str(default_model), settings, PlanRequest(n_ctx=512)) as amx_engine:
         assert not amx_engine.plan.use_extra_bufts
         generation = amx_engine.new_chat().send("What is the capital of France?", GREEDY)

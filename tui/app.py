@@ -26,6 +26,7 @@ from localchat.errors import LocalchatError
 from localchat.hardware import gpu_memory_used_bytes, process_rss_bytes
 from localchat.history import ConversationStore
 from localchat.hub import HubModelName
+from localchat.model_loading import ModelLoading, ProgressRelay
 from localchat.models import DEFAULT_MODEL_NAME, PACKAGED_MODELS
 from localchat.planner import PlanRequest
 from localchat.remote_endpoint import RemoteEndpoint
@@ -82,11 +83,14 @@ class ChatApp(App[int]):
         reply_settings: GenerationSettings = REPLY_SETTINGS,
         draft_model: str | None = None,
         loras: tuple[LoraSpec, ...] = (),
+        loading: ModelLoading | None = None,
+        loading_progress: ProgressRelay | None = None,
     ) -> None:
         """Loads `model` on start (or connects to `remote`), or uses `engine` as given (the caller
         then closes it). `draft_model` drafts for `model` (speculative decoding) and `loras` adapt
         it, not models picked later: a draft model must share its target's vocabulary, an adapter
-        its base model's tensors."""
+        its base model's tensors. `loading` is `model`'s load, started before the app (while it
+        imports and draws), its progress to `loading_progress`."""
         super().__init__()
         self.reply_settings = reply_settings
         self.last_stats: GenerationStats | None = None
@@ -102,6 +106,7 @@ class ChatApp(App[int]):
             label = model or DEFAULT_MODEL_NAME
         self.model_label = label
         self._model_arg = model
+        self._loading, self._loading_progress = loading, loading_progress
         self._draft_model = draft_model
         self._loras = loras
         self._owned: set[int] = set()  # ids of engines this app loaded and must close
@@ -163,8 +168,14 @@ class ChatApp(App[int]):
 
     @work(thread=True, exclusive=True, group="load")
     def _load(self, model: str | None, label: str) -> None:
-        draft_model, loras = (self._draft_model, self._loras) if model == self._model_arg else (None, ())
-        load_engine(model, label, self.settings, self.request, remote=self.remote, draft_model=draft_model, loras=loras,
+        first = model == self._model_arg
+        draft_model, loras = (self._draft_model, self._loras) if first else (None, ())
+        source: str | None | ModelLoading = model
+        if first and self._loading is not None:  # the load started before the app, taken once
+            source, self._loading = self._loading, None
+            if self._loading_progress is not None:
+                self._loading_progress.attach(lambda fraction: self.post_message(LoadProgress(fraction)))
+        load_engine(source, label, self.settings, self.request, remote=self.remote, draft_model=draft_model, loras=loras,
                     post=self.post_message)
 
     def on_load_progress(self, message: LoadProgress) -> None:
@@ -582,8 +593,11 @@ class ChatApp(App[int]):
 
 
 def run_chat_app(model: str | None, settings: Settings, request: PlanRequest, remote: RemoteEndpoint | None = None,
-                 draft_model: str | None = None, loras: tuple[LoraSpec, ...] = ()) -> int:
-    """`localchat chat`: the app on `model` (None for the default) or on the `remote` server, with
-    `draft_model` drafting for `model` and the adapters `loras` on it; returns the exit status."""
-    app = ChatApp(settings, model=model, request=request, remote=remote, draft_model=draft_model, loras=loras)
+                 draft_model: str | None = None, loras: tuple[LoraSpec, ...] = (), loading: ModelLoading | None = None,
+                 loading_progress: ProgressRelay | None = None) -> int:
+    """`localchat chat`: the app on `model` (None for the default; `loading` if its load has started)
+    or on the `remote` server, with `draft_model` drafting for `model` and the adapters `loras` on
+    it; returns the exit status."""
+    app = ChatApp(settings, model=model, request=request, remote=remote, draft_model=draft_model, loras=loras,
+                  loading=loading, loading_progress=loading_progress)
     return app.run() or 0

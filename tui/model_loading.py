@@ -11,6 +11,7 @@ from localchat.adapters import LoraSpec
 from localchat.chat_engine import ChatEngine
 from localchat.engine import Engine
 from localchat.errors import LocalchatError
+from localchat.model_loading import ModelLoading
 from localchat.planner import PlanRequest
 from localchat.remote_endpoint import RemoteEndpoint
 from localchat.settings import Settings
@@ -33,10 +34,12 @@ class ModelFailed(Message):
     error: str
 
 
-def load_engine(model: str | None, label: str, settings: Settings, request: PlanRequest, *, remote: RemoteEndpoint | None,
-                draft_model: str | None, loras: Sequence[LoraSpec], post: Callable[[Message], object]) -> None:
+def load_engine(model: str | None | ModelLoading, label: str, settings: Settings, request: PlanRequest, *,
+                remote: RemoteEndpoint | None, draft_model: str | None, loras: Sequence[LoraSpec],
+                post: Callable[[Message], object]) -> None:
     """The load's worker, in its thread: connects to `remote` when there is one, else loads `model`
-    (with `draft_model` drafting for it and `loras` applied); posts the progress, then the engine or
+    (or finishes the `ModelLoading` started before the app, its `settings` and `request` its own),
+    with `draft_model` drafting for it and `loras` applied; posts the progress, then the engine or
     why there is none."""
     engine: ChatEngine
     try:

@@ -45,6 +45,7 @@ from localchat.backends.llamacpp_natives import (
     missing_special_token,
 )
 from localchat.backends.llamacpp_sampler import DeviceSampler, LlamaSampler, device_chain, device_sampleable
+from localchat.background import started
 from localchat.errors import ContextOverflowError, InferenceError, ModelError
 
 # Rows of logits read back per decode when scoring (each row is n_vocab floats).
@@ -143,23 +144,6 @@ def end_of_generation_ids(vocab: llama_cpp.llama_vocab_p) -> frozenset[int]:
     return frozenset(t for t in range(n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, t))
 
 
-T = typing.TypeVar("T")
-
-
-def _started(work: Callable[[], T]) -> Future[T]:
-    """`work`, run on a thread of its own started now."""
-    future: Future[T] = Future()
-
-    def run() -> None:
-        try:
-            future.set_result(work())
-        except BaseException as error:
-            future.set_exception(error)
-
-    threading.Thread(target=run, name="llama.cpp-vocabulary", daemon=True).start()
-    return future
-
-
 class LlamaCppBackend:
     """A GGUF model and its context, loaded with the settings of a `Plan`."""
 
@@ -194,7 +178,7 @@ class LlamaCppBackend:
             raise ModelError(f"{path}'s tokenizer adds a {missing} token it does not have; download or convert it again")
         # llama.cpp lists its end-of-generation tokens to no one: they are asked one by one (0.1 s on a 262k
         # vocabulary), on a thread of their own while the context is made, which holds no GIL.
-        eog = _started(lambda: end_of_generation_ids(self._vocab))
+        eog = started(lambda: end_of_generation_ids(self._vocab), "llama.cpp-vocabulary")
         try:
             self._ctx = self._owned(LlamaContext(model, load, path)).pointer
         finally:

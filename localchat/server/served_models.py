@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from localchat import hub
-from localchat.engine import Engine, ModelPlan, plan_model
+from localchat.engine import Engine
 from localchat.hardware import Hardware
+from localchat.model_loading import ModelPlan, plan_model
 from localchat.model_pool import MemoryBudget, MemoryNeed, memory_need
 from localchat.models import installed_model_names
 from localchat.planner import PlanRequest

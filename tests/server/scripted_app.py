@@ -23,7 +23,8 @@ from openai import OpenAI
 from localchat.adapters import LoraSpec
 from localchat.backends.base import LoraScales, ModelInfo, SamplerSettings, TokenScores
 from localchat.constraints import TokenGuide
-from localchat.engine import Engine, ModelPlan
+from localchat.engine import Engine
+from localchat.model_loading import ModelPlan
 from localchat.models import ModelRef
 from localchat.server.app import create_app
 from localchat.server.settings import ServerSettings

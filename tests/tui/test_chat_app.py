@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,7 +12,9 @@ from textual.widgets import OptionList, ProgressBar
 
 from localchat.engine import Engine
 from localchat.history import ConversationStore
+from localchat.model_loading import ProgressRelay, start_loading
 from localchat.models import PACKAGED_MODELS
+from localchat.planner import PlanRequest
 from localchat.settings import Settings
 from localchat.tui.app import ChatApp
 from localchat.tui.widgets.dialogs import HelpScreen, ModelPicker
@@ -243,6 +246,30 @@ async def test_loading_at_start_shows_progress_and_errors(settings: Settings, st
         missing.prompt.text = "hello"
         await pilot.press("enter")  # no model: a notice, not a crash
         assert missing.reply is None
+
+
+async def test_a_load_started_before_the_app_is_finished_by_it(settings: Settings, store: ConversationStore,
+                                                              default_model: Path) -> None:
+    """`localchat chat` starts the model's load before it imports and draws the app; the app takes
+    the load over: its progress (which came before the app listened), the engine, closing it."""
+    relay, loaded = ProgressRelay(), threading.Event()
+
+    def progress(fraction: float) -> None:
+        relay(fraction)
+        if fraction == 1.0:
+            loaded.set()
+
+    loading = start_loading(str(default_model), settings, PlanRequest(n_ctx=2048), on_progress=progress)
+    assert loaded.wait(60)
+    app = ChatApp(settings, model=str(default_model), store=store, loading=loading, loading_progress=relay)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, lambda: not app.loading)
+        assert isinstance(app.engine, Engine) and app.engine.model_plan is loading.model_plan
+        assert app.query_one(ProgressBar).progress == 1.0 and app.query_one(StatusBar).state == "ready"
+        await send(pilot, "What is the capital of Japan?")
+        assert app.last_stats is not None and app.last_stats.completion_tokens > 0
+        engine = app.engine
+    assert engine.backend._model.pointer is None  # type: ignore[attr-defined]  # closed by the app that finished the load
 
 
 async def test_a_question_left_unanswered_by_a_kill(make_app: MakeApp, store: ConversationStore) -> None:

@@ -1,0 +1,153 @@
+"""Before an Engine: find the model, plan how to run it on this machine, open its backend.
+
+`start_loading` opens the backend on a thread of its own: llama.cpp holds no GIL while it reads the
+weights and makes the context, so what the caller imports meanwhile costs little (the chat app imports
+Textual beside it, the server its web stack, `localchat run` the chat engine). This module imports
+nothing of the chat engine. llama.cpp's log reaches Python a line at a time (2,000 lines to load the
+default model, each taking the GIL), so a load beside busy Python goes at the pace the two share it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from localchat.backends.base import Backend
+from localchat.background import started
+from localchat.errors import ModelError
+from localchat.hardware import Hardware, detect_hardware
+from localchat.models import ModelRef, inspect_gguf, resolve_model
+from localchat.native import require_llama_cpp
+from localchat.planner import BuildFeatures, ModelFacts, Plan, PlanRequest, plan_offload
+from localchat.settings import Settings
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """What `localchat info` shows: the model, the machine, the build and the plan."""
+
+    model: ModelRef
+    facts: ModelFacts
+    hardware: Hardware
+    build: BuildFeatures
+    plan: Plan
+
+
+class ProgressRelay:
+    """A load's progress for a listener that may come later (the chat app, started while the model
+    loads): the latest fraction is handed to the listener when it is attached."""
+
+    def __init__(self, listener: Callable[[float], object] | None = None) -> None:
+        self._listener = listener
+        self._latest = 0.0
+
+    def __call__(self, fraction: float) -> None:
+        self._latest = fraction
+        if (listener := self._listener) is not None:
+            listener(fraction)
+
+    def attach(self, listener: Callable[[float], object]) -> None:
+        self._listener = listener
+        listener(self._latest)
+
+
+class ModelLoading:
+    """A model planned, its backend opening on a thread (see `start_loading`). As a context manager, it
+    closes the backend on leaving unless it was taken: a caller that stops early (an error, Ctrl-C)
+    waits for the load rather than exiting while llama.cpp still runs in it."""
+
+    def __init__(self, model_plan: ModelPlan, settings: Settings, request: PlanRequest, opening: Future[Backend]) -> None:
+        self.model_plan = model_plan
+        self.settings = settings
+        self.request = request
+        self._opening = opening
+        self._taken = False
+
+    def backend(self) -> Backend:
+        """The backend once it is open, which the caller then owns (asked once); the load's error if it failed."""
+        backend = self._opening.result()
+        if self._taken:
+            raise RuntimeError("this load's backend was taken or closed already")
+        self._taken = True
+        return backend
+
+    def close(self) -> None:
+        """Wait for the load and close its backend, unless it was taken."""
+        if self._taken:
+            return
+        self._taken = True
+        try:
+            backend = self._opening.result()
+        except Exception:  # the load failed: it freed what it had opened
+            return
+        backend.close()
+
+    def __enter__(self) -> ModelLoading:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _build_features(model_format: str) -> BuildFeatures:
+    if model_format == "gguf":
+        require_llama_cpp()
+        from localchat.backends.llamacpp import build_features
+
+        return build_features()
+    if model_format == "onnx":
+        from localchat.backends.onnx import build_features as onnx_build_features
+
+        return onnx_build_features()
+    raise ModelError(f"localchat cannot run {model_format} models; give a .gguf file or an ONNX model folder")
+
+
+def _model_facts(model: ModelRef) -> ModelFacts:
+    if model.format == "gguf":
+        return inspect_gguf(model.path)[1]
+    if model.format == "onnx":
+        from localchat.backends.onnx import onnx_facts
+
+        return onnx_facts(model.path)
+    raise ModelError(f"localchat cannot run {model.format} models; give a .gguf file or an ONNX model folder")
+
+
+def plan_model(model: str | None, settings: Settings, request: PlanRequest = PlanRequest(),
+               hardware: Hardware | None = None) -> ModelPlan:
+    """Find the model and decide how to run it, without loading it; on `hardware` as given (a
+    server plans every model on the machine as it was before the first loaded), else as it is now."""
+    ref = resolve_model(model, settings)
+    facts = _model_facts(ref)
+    hardware = hardware or detect_hardware()
+    build = _build_features(ref.format)
+    return ModelPlan(ref, facts, hardware, build, plan_offload(facts, hardware, build, request))
+
+
+def _backend_opener(model_plan: ModelPlan, on_progress: Callable[[float], None] | None) -> Callable[[], Backend]:
+    """What opens the plan's backend, its module imported here: the load's thread imports nothing
+    (two threads importing at once can see each other's modules half made)."""
+    path, load = model_plan.model.path, model_plan.plan.load_params
+    if model_plan.plan.backend == "onnxruntime":
+        from localchat.backends.onnx import OnnxBackend
+
+        return lambda: OnnxBackend(path, load, on_progress=on_progress)
+    require_llama_cpp()
+    from localchat.backends.llamacpp import LlamaCppBackend
+
+    return lambda: LlamaCppBackend(path, load, on_progress=on_progress)
+
+
+def open_backend(model_plan: ModelPlan, on_progress: Callable[[float], None] | None = None) -> Backend:
+    """The plan's backend, opened on this thread."""
+    return _backend_opener(model_plan, on_progress)()
+
+
+def start_loading(model: str | None, settings: Settings, request: PlanRequest = PlanRequest(), *,
+                  on_progress: Callable[[float], None] | None = None) -> ModelLoading:
+    """`model` planned here (a model that cannot be found or run is refused now), its backend
+    opening on a thread of its own (its progress to `on_progress`, which a `ProgressRelay` can hand
+    to a listener that comes later); `Engine.load` takes it from there."""
+    model_plan = plan_model(model, settings, request)
+    opener = _backend_opener(model_plan, on_progress)
+    return ModelLoading(model_plan, settings, request, started(opener, "localchat-model-load"))

@@ -1,0 +1,59 @@
+"""Planning a model, then opening its backend on a thread of its own while the caller goes on."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from localchat.engine import Engine
+from localchat.errors import ModelError
+from localchat.model_loading import ProgressRelay, start_loading
+from localchat.planner import PlanRequest
+from localchat.session import GenerationSettings
+from localchat.settings import Settings
+
+LOAD_THREAD = "localchat-model-load"
+
+
+def test_the_backend_opens_on_a_thread_of_its_own_and_the_engine_takes_it(default_model: Path, settings: Settings) -> None:
+    loaded_on: set[str] = set()
+    loading = start_loading(str(default_model), settings, PlanRequest(n_ctx=512),
+                            on_progress=lambda _fraction: loaded_on.add(threading.current_thread().name))
+    assert loading.model_plan.model.path == default_model and loading.model_plan.plan.n_ctx == 512
+    with Engine.load(loading) as engine:
+        assert loaded_on == {LOAD_THREAD}  # llama.cpp reported its progress from there
+        assert engine.model_plan is loading.model_plan and engine.backend.n_ctx == 512
+        reply = engine.new_chat().send("What is the capital of Japan?", GenerationSettings(max_tokens=8))
+        assert reply.text().strip()
+        with pytest.raises(RuntimeError, match="taken or closed"):
+            loading.backend()  # the engine owns it: no second owner
+
+
+def test_a_load_left_untaken_is_waited_for_and_closed(default_model: Path, settings: Settings) -> None:
+    """A caller that stops before taking the backend (an error, Ctrl-C) leaves the `with` after the load,
+    not while llama.cpp still runs in it, and closes what was loaded."""
+    with start_loading(str(default_model), settings, PlanRequest(n_ctx=512)) as loading:
+        pass
+    assert loading._opening.done()  # waited for
+    assert loading._opening.result()._model.pointer is None  # type: ignore[attr-defined]  # and closed
+    with pytest.raises(RuntimeError, match="taken or closed"):
+        loading.backend()
+
+
+def test_a_model_that_cannot_be_planned_is_refused_before_any_thread_starts(settings: Settings) -> None:
+    before = threading.active_count()
+    with pytest.raises(ModelError, match="does not exist"):
+        start_loading("/nowhere/model.gguf", settings)
+    assert threading.active_count() == before
+
+
+def test_a_relay_hands_the_latest_progress_to_a_listener_attached_later() -> None:
+    relay = ProgressRelay()
+    relay(0.25)
+    relay(0.5)
+    heard: list[float] = []
+    relay.attach(heard.append)
+    relay(1.0)
+    assert heard == [0.5, 1.0]
