@@ -3,12 +3,13 @@
 `start_loading` opens the backend on a thread of its own: llama.cpp holds no GIL while it reads the
 weights and makes the context, so what the caller imports meanwhile costs little (the chat app imports
 Textual beside it, the server its web stack, `localchat run` the chat engine). This module imports
-nothing of the chat engine. llama.cpp's log reaches Python a line at a time (2,000 lines to load the
+nothing of the chat engine. llama.cpp's log reaches Python a line at a time (2,300 lines to load the
 default model, each taking the GIL), so a load beside busy Python goes at the pace the two share it.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -62,21 +63,26 @@ class ModelLoading:
         self.settings = settings
         self.request = request
         self._opening = opening
-        self._taken = False
+        self._lock = threading.Lock()
+        self._state = "loading"  # then "taken" by `backend` or "closed" by `close`, whichever comes first
 
     def backend(self) -> Backend:
-        """The backend once it is open, which the caller then owns (asked once); the load's error if it failed."""
+        """The backend once it is open, which the caller then owns; the load's error if it failed."""
         backend = self._opening.result()
-        if self._taken:
-            raise RuntimeError("this load's backend was taken or closed already")
-        self._taken = True
+        with self._lock:
+            if self._state == "taken":
+                raise RuntimeError("this load's backend was taken already")
+            if self._state == "closed":
+                raise ModelError(f"the load of {self.model_plan.model.name} was given up")
+            self._state = "taken"
         return backend
 
     def close(self) -> None:
         """Wait for the load and close its backend, unless it was taken."""
-        if self._taken:
-            return
-        self._taken = True
+        with self._lock:
+            if self._state != "loading":
+                return
+            self._state = "closed"
         try:
             backend = self._opening.result()
         except Exception:  # the load failed: it freed what it had opened
