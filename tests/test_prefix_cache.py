@@ -39,6 +39,33 @@ def test_an_entry_extending_another_replaces_it() -> None:
     assert cache.covers(SYSTEM) and cache.covers(SYSTEM + [5]) and not cache.covers(SYSTEM + [7])
 
 
+def test_the_block_index_finds_what_comparing_every_entry_finds() -> None:
+    """Lookups, `covers` and the entries a `put` replaces, through the prefix index, against comparing
+    the tokens of every entry, over conversations that branch inside and at the edges of blocks."""
+    rng = np.random.default_rng(7)
+    trunk = rng.integers(0, 50, 300).tolist()
+    cache = PrefixCache("model", ram_budget_bytes=1 << 30)
+    held: dict[tuple[str, tuple[int, ...]], None] = {}  # what a cache comparing everything would hold
+    for _ in range(400):
+        cut = int(rng.choice([0, 5, 31, 32, 33, 63, 64, 65, 100, 160, 300]))
+        sequence = trunk[:cut] + rng.integers(0, 3, int(rng.integers(0, 70))).tolist()
+        variant = str(rng.choice(["", "", "lora"]))
+        if rng.random() < 0.5 and sequence:
+            expected = max((common_prefix_length(tokens, sequence) for v, tokens in held if v == variant), default=0)
+            match = cache.longest_match(sequence, variant)
+            assert (match.length if match else 0) == (expected if expected >= MIN_MATCH_TOKENS else 0)
+            covered = any(v == variant and len(tokens) >= len(sequence) and common_prefix_length(tokens, sequence) == len(sequence)
+                          for v, tokens in held)
+            assert cache.covers(sequence, variant) == covered
+        else:
+            for v, tokens in list(held):
+                if v == variant and len(tokens) <= len(sequence) and list(tokens) == sequence[: len(tokens)]:
+                    del held[(v, tokens)]
+            held[(variant, tuple(sequence))] = None
+            cache.put(sequence, b"state", variant)
+            assert len(cache) == len(held)
+
+
 def test_ram_budget_evicts_least_recently_used() -> None:
     cache = PrefixCache("model", ram_budget_bytes=250)
     for first in (1, 2, 3):
