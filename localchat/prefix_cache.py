@@ -45,8 +45,8 @@ def common_prefix_length(a: Sequence[int] | np.ndarray, b: Sequence[int] | np.nd
 def _prefix_hashes(tokens: np.ndarray, variant: str) -> list[int]:
     """Chained hashes of `tokens`' prefixes of whole INDEX_BLOCKs under `variant`: the k-th stands for the
     variant and the first k blocks (the 0th for the variant alone). Two sequences share the first k blocks
-    when their k-th hashes are equal (barring a 64-bit collision, which the exact comparisons after a
-    lookup rule out)."""
+    when their k-th hashes are equal (barring a 64-bit collision: what a lookup finds is compared exactly,
+    variant and tokens)."""
     data = tokens.astype(np.int32, copy=False)
     running = hash(variant)
     hashes = [running]
@@ -120,8 +120,8 @@ class PrefixCache:
 
     The entries are indexed by the hashes of their prefixes of whole blocks (as vLLM finds cached
     blocks), so a lookup compares the prompt with the entries sharing its longest indexed prefix
-    alone: a server holding hundreds of saved conversations compared each of them with every
-    prompt, 2.6 ms a request with 366 entries of the default model."""
+    alone. Comparing every entry took 3.5 ms a lookup with 366 entries of the default model (0.017 ms
+    through the index), and a server's disk tier holds hundreds."""
 
     def __init__(self, model_key: str, ram_budget_bytes: int, disk_dir: Path | None = None, disk_budget_bytes: int = 0) -> None:
         self.model_key = model_key
@@ -149,7 +149,7 @@ class PrefixCache:
             for key in self._sharing_most_blocks(prompt, variant):
                 entry = self._entries[key]
                 length = common_prefix_length(entry.tokens, prompt)
-                if length >= MIN_MATCH_TOKENS and (best is None or length > best.length):
+                if entry.variant == variant and length >= MIN_MATCH_TOKENS and (best is None or length > best.length):
                     best = PrefixMatch(key, entry.tokens, length, entry.size)
             if best is None:
                 self.misses += 1
@@ -193,7 +193,8 @@ class PrefixCache:
         prefix_hash = _prefix_hashes(array, variant)[-1]
         with self._lock:
             return any(
-                len(entry.tokens) >= len(array) and common_prefix_length(entry.tokens, array) == len(array)
+                entry.variant == variant and len(entry.tokens) >= len(array)
+                and common_prefix_length(entry.tokens, array) == len(array)
                 for entry in (self._entries[key] for key in self._by_prefix.get(prefix_hash, ()))
             )
 
@@ -206,7 +207,7 @@ class PrefixCache:
         key = hashlib.sha1(self.model_key.encode() + variant.encode() + array.tobytes()).hexdigest()
         hashes = _prefix_hashes(array, variant)
         with self._lock:
-            extended = self._prefixes_of(array, hashes)
+            extended = self._prefixes_of(array, variant, hashes)
             for other_key in extended:
                 self._remove(other_key)
             self._add(key, _Entry(array, state, None, len(state), variant, hashes))
@@ -255,14 +256,15 @@ class PrefixCache:
                 except OSError:  # a full or read-only disk: what was written stays
                     return
 
-    def _prefixes_of(self, array: np.ndarray, hashes: list[int]) -> list[str]:
-        """The entries of the variant `hashes` were taken under that `array` extends or equals: one with k
-        whole blocks shares them all with `array`, so it is found under `array`'s k-th prefix hash."""
+    def _prefixes_of(self, array: np.ndarray, variant: str, hashes: list[int]) -> list[str]:
+        """The entries of `variant` that `array` (whose prefix hashes are `hashes`) extends or equals: one
+        with k whole blocks shares them all with `array`, so it is found under `array`'s k-th prefix hash."""
         found = []
         for blocks, prefix_hash in enumerate(hashes):
             for key in self._by_prefix.get(prefix_hash, ()):
-                tokens = self._entries[key].tokens
-                if (len(tokens) // INDEX_BLOCK == blocks and len(tokens) <= len(array)
+                entry = self._entries[key]
+                tokens = entry.tokens
+                if (entry.variant == variant and len(tokens) // INDEX_BLOCK == blocks and len(tokens) <= len(array)
                         and common_prefix_length(tokens, array) == len(tokens)):
                     found.append(key)
         return found
