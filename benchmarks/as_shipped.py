@@ -14,15 +14,16 @@ start: `localchat run -n 1` from its process start to its exit (wall seconds, pe
 `llama-bench -p 0 -n 1 -r 1` on the same file, alternating, and the chat app from its start to its status bar
 saying ready in an 80x24 pseudo-terminal. Medians; each localchat figure against llama.cpp's.
 
-Measured (AMD EPYC, 2 threads, 3 rounds, 2026-11-26), localchat against llama-server: SmolLM2-135M-Instruct
-decode 0.84x, aggregate 0.85x with 1 stream and 1.08x with 4, time to first token 0.70x (19.6 against 13.6 ms);
-Gemma 3 270M 0.97x, 1.00x, 1.04x and 1.26x faster. A 10-round check of the 1-stream story alone, servers in
-rotation: SmolLM2 0.91-0.92x (1.203-1.209 s against 1.103 for 127 tokens); llama.cpp's decode takes 8.6-8.9 ms
-a token in localchat's server against llama-server's 9.05-9.35 ms eval, and Python between decodes 0.57 ms.
-Sampling alone 0.044 ms against 0.174 (49k) and 0.073 against 1.68 with Gemma's penalties (262k); drafting,
-input-grounded / open-ended: SmolLM2 1.96x (97% taken) / 0.96x, Gemma 2.29x / 0.98x. Cold start (5 rounds):
-SmolLM2 0.58 s against 0.13 (4.5x), Gemma 1.02 s against 0.55 (1.87x); the chat app ready 0.66 s and 0.98 s
-after it starts (its first output at 0.46 and 0.52 s).
+Measured (AMD EPYC, 2 threads, 3 rounds, two runs on 2026-11-26), localchat against llama-server:
+SmolLM2-135M-Instruct decode 0.84-0.91x, aggregate 0.85-0.96x with 1 stream and 1.08x with 4, time to first
+token of a resent short chat 0.52-0.70x (19.6-24.9 against 12.8-13.6 ms); Gemma 3 270M 0.95-0.97x, 0.92-1.00x,
+1.04-1.10x and 1.26-1.42x faster. A 10-round check of the 1-stream story alone, servers in rotation: SmolLM2
+0.91-0.92x (1.203-1.209 s against 1.103 for 127 tokens); llama.cpp's decode takes 8.6-8.9 ms a token in
+localchat's server against llama-server's 9.05-9.35 ms eval, and Python between decodes 0.57 ms. Sampling alone
+0.045 ms against 0.174 (49k) and 0.072 against 1.68-1.69 with Gemma's penalties (262k); drafting,
+input-grounded / open-ended: SmolLM2 1.75-1.96x (97% taken) / 0.96-1.04x, Gemma 2.29-2.35x / 0.98-1.01x. Cold
+start (5 rounds): SmolLM2 0.58-0.60 s against 0.13 (4.5x), Gemma 0.99-1.02 s against 0.54-0.55 (1.83-1.87x);
+the chat app ready 0.66-0.67 s and 0.95-0.98 s after it starts (its first output at 0.44-0.46 and 0.50-0.52 s).
 
     python benchmarks/as_shipped.py --llama-server OUTDIR/llama-server [--llama-bench OUTDIR/llama-bench] [--rounds 3]
         [--model NAME_OR_GGUF ...]
