@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -392,10 +393,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
     progress = ProgressRelay()
     loading: ModelLoading | None = None
     if remote is None:
-        try:
+        with contextlib.suppress(LocalchatError):
             loading = start_loading(args.model, settings, request, on_progress=progress)
-        except LocalchatError:
-            loading = None
     from localchat.tui.app import run_chat_app
 
     try:

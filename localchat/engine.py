@@ -77,12 +77,7 @@ class Engine:
         if not isinstance(model, ModelLoading):
             with start_loading(model, settings or Settings(), request, on_progress=on_progress) as loading:
                 return cls.load(loading, draft_model=draft_model, loras=loras)
-        backend = model.backend()
-        try:
-            engine = cls(model.model_plan, backend, model.settings)
-        except BaseException:
-            backend.close()
-            raise
+        engine = cls._owning(model.model_plan, model.backend(), model.settings)
         try:
             engine.add_loras(loras)
         except BaseException:
@@ -102,7 +97,16 @@ class Engine:
     @classmethod
     def from_plan(cls, model_plan: ModelPlan, settings: Settings, *,
                   on_progress: Callable[[float], None] | None = None) -> Engine:
-        return cls(model_plan, open_backend(model_plan, on_progress), settings)
+        return cls._owning(model_plan, open_backend(model_plan, on_progress), settings)
+
+    @classmethod
+    def _owning(cls, model_plan: ModelPlan, backend: Backend, settings: Settings) -> Engine:
+        """An engine on `backend`, which it owns from then on: closed here if the engine cannot be made."""
+        try:
+            return cls(model_plan, backend, settings)
+        except BaseException:
+            backend.close()
+            raise
 
     def add_draft_model(self, model: str, request: PlanRequest) -> None:
         """Speculative decoding by `model` (sharing this model's vocabulary) for every session, one
