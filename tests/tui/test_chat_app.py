@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
+import pty
+import re
+import select
+import signal
+import struct
+import sys
+import termios
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,6 +34,8 @@ from localchat.tui.widgets.status import StatusBar
 
 pytestmark = pytest.mark.anyio
 MakeApp = Callable[..., ChatApp]
+# A terminal's colour and cursor sequences, taken out before the screen's words are read.
+CONTROL_SEQUENCE = re.compile(rb"\x1b\[[0-?]*[ -/]*[@-~]")
 LONG_SYSTEM = "You are a careful assistant who answers questions about the geography of Europe. " * 5
 
 
@@ -270,6 +282,27 @@ async def test_a_load_started_before_the_app_is_finished_by_it(settings: Setting
         assert app.last_stats is not None and app.last_stats.completion_tokens > 0
         engine = app.engine
     assert engine.backend._model.pointer is None  # type: ignore[attr-defined]  # closed by the app that finished the load
+
+
+def test_localchat_on_a_model_it_cannot_find_opens_the_app_and_says_why() -> None:
+    """`localchat -m MISSING`: the load is started before the app, the missing model refused there and
+    left to the app, which opens and says why, as for a model that fails inside it."""
+    pid, terminal = pty.fork()
+    if pid == 0:  # the child: localchat in a terminal of 100x30
+        os.environ["TERM"] = "xterm-256color"
+        os.execv(sys.executable, [sys.executable, "-m", "localchat", "-m", "/nowhere/model.gguf"])
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
+    screen, began = b"", time.monotonic()
+    try:
+        while b"does not exist" not in CONTROL_SEQUENCE.sub(b"", screen) and time.monotonic() - began < 60:
+            if select.select([terminal], [], [], 1)[0]:
+                screen += os.read(terminal, 1 << 16)
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(terminal)
+    text = CONTROL_SEQUENCE.sub(b"", screen).decode(errors="replace")
+    assert "Could not load /nowhere/model.gguf" in text and "does not exist" in text and "Traceback" not in text
 
 
 async def test_a_question_left_unanswered_by_a_kill(make_app: MakeApp, store: ConversationStore) -> None:
