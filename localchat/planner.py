@@ -12,6 +12,8 @@ from localchat.hardware import GIB, MIB, Gpu, Hardware
 
 DEFAULT_CONTEXT = 8192
 MIN_AUTO_CONTEXT = 1024
+# A context sized to what its caller will use (PlanRequest.n_ctx_used) grows in steps of this many tokens.
+CONTEXT_STEP = 256
 # Left free on the GPU for the CUDA context and llama.cpp's compute buffers (measured ~0.6 GiB
 # for 7B models with n_batch 512) plus a margin for other programs.
 GPU_RESERVE_BYTES = 1 * GIB
@@ -50,10 +52,15 @@ class PlanRequest:
     n_gpu_layers: int | None = None
     n_threads: int | None = None
     n_seq: int = 1
+    # At most this many tokens will be in the context (a one-shot reply): a chosen context is no larger,
+    # so llama.cpp allocates and clears no KV cache the reply cannot fill.
+    n_ctx_used: int | None = None
 
     def __post_init__(self) -> None:
         if self.n_ctx is not None and self.n_ctx < 16:
             raise InvalidSettingError(f"context size {self.n_ctx} is too small: give at least 16 tokens")
+        if self.n_ctx_used is not None and self.n_ctx_used < 1:
+            raise ValueError(f"n_ctx_used must be positive, got {self.n_ctx_used}")
         if self.n_threads is not None and self.n_threads < 1:
             raise InvalidSettingError(f"threads must be >= 1, got {self.n_threads}")
         if self.n_seq < 1:
@@ -131,10 +138,16 @@ def _gib(n: int) -> str:
     return f"{n / GIB:.2f} GiB"
 
 
+def _capped_training_context(model: ModelFacts) -> int:
+    return min(model.n_ctx_train or DEFAULT_CONTEXT, DEFAULT_CONTEXT)
+
+
 def _auto_context(model: ModelFacts, request: PlanRequest) -> int:
     if request.n_ctx is not None:
         return request.n_ctx
-    return min(model.n_ctx_train or DEFAULT_CONTEXT, DEFAULT_CONTEXT)
+    if request.n_ctx_used is not None:
+        return min(_capped_training_context(model), -(-request.n_ctx_used // CONTEXT_STEP) * CONTEXT_STEP)
+    return _capped_training_context(model)
 
 
 def kv_cache_bytes(model: ModelFacts, n_ctx: int, kv_type: KvType = "f16") -> int:
@@ -290,7 +303,9 @@ def plan_offload(model: ModelFacts, hardware: Hardware, build: BuildFeatures, re
     backend = BACKEND_FOR_FORMAT[model.format]
     reasons.append(f"backend {backend}: the model is a {model.format.upper()} file")
     n_ctx = _auto_context(model, request)
-    if request.n_ctx is None:
+    if request.n_ctx is None and n_ctx < _capped_training_context(model):
+        reasons.append(f"context {n_ctx}: enough for the {request.n_ctx_used} tokens this reply can use")
+    elif request.n_ctx is None:
         reasons.append(f"context {n_ctx}: the model's training context capped at {DEFAULT_CONTEXT}")
     elif model.n_ctx_train and n_ctx > model.n_ctx_train:
         reasons.append(f"context {n_ctx}: as asked, beyond the {model.n_ctx_train} tokens the model was trained on")

@@ -31,6 +31,19 @@ def test_run_streams_an_answer_and_reports_stats(localchat_home: Path, default_m
     # The sampler the reply used: the flag over the model's family defaults (SmolLM2: top-p 0.9).
     assert (stats["sampler"]["temperature"], stats["sampler"]["top_p"], stats["sampler"]["repeat_penalty"]) == (0, 0.9, 1.0)
     assert stats["sampler_defaults"] == "family: SmolLM2"
+    # One reply's context: its prompt's bytes, its 12 tokens and the slack for a template, in steps of 256.
+    assert stats["n_ctx"] == 1280
+
+
+def test_run_fits_a_prompt_of_the_longest_tokens_its_context_allows(localchat_home: Path, default_model: Path) -> None:
+    """The context `run` sizes from a prompt's bytes holds the prompt whatever its script (a token holds
+    at least one byte): CJK, emoji and digits, which the tokenizer splits finest, up to the whole context."""
+    prompt = "".join("東京は日本の首都です。🙂🙃 0123456789 " for _ in range(15))
+    result = localchat("run", "--stats", "-n", "4", "--temperature", "0", prompt, home=localchat_home)
+    assert result.returncode == 0, result.stderr
+    stats = json.loads(result.stderr.strip().splitlines()[-1])
+    assert stats["messages_left_out"] == 0 and stats["completion_tokens"] >= 1
+    assert stats["prompt_tokens"] + stats["completion_tokens"] <= stats["n_ctx"] < 8192
 
 
 def test_run_with_lookup_drafts_takes_tokens_from_the_prompt(localchat_home: Path, default_model: Path) -> None:
@@ -40,6 +53,16 @@ def test_run_with_lookup_drafts_takes_tokens_from_the_prompt(localchat_home: Pat
     assert result.returncode == 0, result.stderr
     stats = json.loads(result.stderr.strip().splitlines()[-1])
     assert 0 < stats["accepted_tokens"] <= stats["drafted_tokens"] and stats["accepted_tokens"] < stats["completion_tokens"] <= 24
+
+
+@pytest.mark.parametrize("model", ["engine", "gemma_gguf_engine"])
+def test_no_token_holds_less_than_a_byte_of_text(request: pytest.FixtureRequest, model: str) -> None:
+    """What `run` sizes its context by (cli._run_tokens_bound), on both real tokenizers (BPE and SentencePiece)."""
+    backend = request.getfixturevalue(model).backend
+    texts = ["東京は日本の首都です。", "🙂🙃👍🏽🇯🇵", "0123456789" * 5, " \n\t  \n" * 8, "a" * 100, "Ünïcödé façade naïve",
+             bytes(range(1, 128)).decode(), "<|im_start|> <end_of_turn> </s>"]
+    for text in texts:
+        assert len(backend.tokenize(text, add_bos=False, special=False)) <= len(text.encode()), text
 
 
 @pytest.mark.slow  # runs the real model without the default_model fixture

@@ -83,6 +83,16 @@ def test_tight_ram_lowers_an_automatic_context_but_not_an_asked_one() -> None:
         plan_offload(LLAMA_7B_Q4_K_M, machine(ram_gib=6), CPU_BUILD, PlanRequest(n_ctx=4096))
 
 
+def test_a_context_for_a_known_number_of_tokens_is_no_larger_than_they_need() -> None:
+    sized = plan_offload(LLAMA_7B_Q4_K_M, machine(), CPU_BUILD, PlanRequest(n_ctx_used=1300))
+    assert sized.n_ctx == 1536 and any("enough for the 1300 tokens" in reason for reason in sized.reasons)
+    assert plan_offload(LLAMA_7B_Q4_K_M, machine(), CPU_BUILD, PlanRequest(n_ctx_used=512)).n_ctx == 512
+    # Never past the automatic one, and an asked size is what is asked.
+    assert plan_offload(LLAMA_7B_Q4_K_M, machine(), CPU_BUILD, PlanRequest(n_ctx_used=100_000)).n_ctx \
+        == plan_offload(LLAMA_7B_Q4_K_M, machine(), CPU_BUILD).n_ctx
+    assert plan_offload(LLAMA_7B_Q4_K_M, machine(), CPU_BUILD, PlanRequest(n_ctx=3000, n_ctx_used=300)).n_ctx == 3000
+
+
 def test_amx_cpu_with_amx_build_turns_off_extra_buffers() -> None:
     amx = frozenset({"avx512f", "amx_tile", "amx_int8"})
     assert not plan_offload(LLAMA_7B_Q4_K_M, machine(flags=amx), BuildFeatures(False, amx=True)).use_extra_bufts
