@@ -21,6 +21,7 @@ import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGUFValueType
 
 from localchat.errors import ModelError
+from localchat.file_facts import remembered
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -347,7 +348,31 @@ def _parse(data: mmap.mmap, path: Path) -> GgufHeader:
 
 
 def read_gguf_header(path: Path) -> GgufHeader:
-    """Parse and check `path`'s header; raises ModelError naming what is wrong."""
+    """Parse and check `path`'s header (or read back what was found when this file was read before:
+    see localchat.file_facts); raises ModelError naming what is wrong."""
+    return _header_from_facts(path, remembered(path, "gguf-header", lambda: _header_facts(_read_header(path))))
+
+
+def _header_facts(header: GgufHeader) -> dict[str, Any]:
+    """`header` as JSON data."""
+    return {
+        "version": header.version, "metadata": header.metadata, "array_lengths": header.array_lengths,
+        "tensors": [[t.name, t.ggml_type, t.shape, t.offset, t.n_bytes] for t in header.tensors],
+        "data_offset": header.data_offset,
+        "numeric_arrays": {key: [int(item_type), start] for key, (item_type, start) in header.numeric_arrays.items()},
+    }
+
+
+def _header_from_facts(path: Path, facts: dict[str, Any]) -> GgufHeader:
+    return GgufHeader(
+        path, facts["version"], facts["metadata"], facts["array_lengths"],
+        tuple(GgufTensor(name, ggml_type, tuple(shape), offset, n_bytes) for name, ggml_type, shape, offset, n_bytes in facts["tensors"]),
+        facts["data_offset"],
+        {key: (GGUFValueType(item_type), start) for key, (item_type, start) in facts["numeric_arrays"].items()},
+    )
+
+
+def _read_header(path: Path) -> GgufHeader:
     try:
         with path.open("rb") as stream:
             if os.fstat(stream.fileno()).st_size == 0:

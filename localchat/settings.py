@@ -20,6 +20,11 @@ def _home_from_env() -> tuple[Path, Path]:
     return Path(platformdirs.user_data_dir("localchat")), Path(platformdirs.user_cache_dir("localchat"))
 
 
+def default_cache_dir() -> Path:
+    """Settings().cache_dir, for code that derives what it caches without a Settings at hand."""
+    return _home_from_env()[1]
+
+
 def _hub_constants() -> ModuleType:
     """huggingface_hub's reading of HF_HOME, HF_HUB_CACHE, HF_ENDPOINT and HF_HUB_OFFLINE (done at its import)."""
     from huggingface_hub import constants
@@ -30,7 +35,7 @@ def _hub_constants() -> ModuleType:
 @dataclass(frozen=True)
 class Settings:
     data_dir: Path = field(default_factory=lambda: _home_from_env()[0])
-    cache_dir: Path = field(default_factory=lambda: _home_from_env()[1])
+    cache_dir: Path = field(default_factory=default_cache_dir)
     # Saved KV states kept in RAM for prefix reuse (system prompts, earlier conversations).
     prefix_cache_ram_bytes: int = 1024 * MIB
     # Saved KV states spilled to disk when RAM is full; 0 turns the disk tier off.

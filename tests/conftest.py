@@ -37,9 +37,10 @@ def ctrl_c_raises() -> Iterator[None]:
     signal.signal(signal.SIGINT, previous)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="session", autouse=True)
 def localchat_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """LOCALCHAT_HOME for the whole run, so tests never touch the user's data or caches."""
+    """LOCALCHAT_HOME for the whole run, so tests never touch the user's data or caches (headers read
+    anywhere are remembered under it: localchat.file_facts)."""
     home = tmp_path_factory.mktemp("localchat-home")
     os.environ["LOCALCHAT_HOME"] = str(home)
     return home

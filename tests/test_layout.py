@@ -67,7 +67,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # What a backend is loaded with: backends read the plan, the planner reads no backend.
     ("plan", ("localchat/planner.py",)),
     ("foundations", ("localchat/backends/base.py", "localchat/onnx_format.py", "localchat/gguf_file.py",
-                     "localchat/hardware.py", "localchat/errors.py", "localchat/background.py")),
+                     "localchat/hardware.py", "localchat/errors.py", "localchat/background.py", "localchat/file_facts.py",
+                     "localchat/settings.py")),
 )
 
 

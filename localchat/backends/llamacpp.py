@@ -47,6 +47,7 @@ from localchat.backends.llamacpp_natives import (
 from localchat.backends.llamacpp_sampler import DeviceSampler, LlamaSampler, device_chain, device_sampleable
 from localchat.background import started
 from localchat.errors import ContextOverflowError, InferenceError, ModelError
+from localchat.file_facts import remembered
 
 # Rows of logits read back per decode when scoring (each row is n_vocab floats).
 SCORE_CHUNK = 64
@@ -144,6 +145,12 @@ def end_of_generation_ids(vocab: llama_cpp.llama_vocab_p) -> frozenset[int]:
     return frozenset(t for t in range(n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, t))
 
 
+def remembered_end_of_generation_ids(path: Path, vocab: llama_cpp.llama_vocab_p) -> frozenset[int]:
+    """end_of_generation_ids, kept for the next start with this file and this llama.cpp (localchat.file_facts)."""
+    kind = f"end-of-generation ids, llama-cpp-python {llama_cpp.__version__}"
+    return frozenset(remembered(path, kind, lambda: sorted(end_of_generation_ids(vocab))))
+
+
 class LlamaCppBackend:
     """A GGUF model and its context, loaded with the settings of a `Plan`."""
 
@@ -178,7 +185,7 @@ class LlamaCppBackend:
             raise ModelError(f"{path}'s tokenizer adds a {missing} token it does not have; download or convert it again")
         # llama.cpp lists its end-of-generation tokens to no one: they are asked one by one (0.1 s on a 262k
         # vocabulary), on a thread of their own while the context is made, which holds no GIL.
-        eog = started(lambda: end_of_generation_ids(self._vocab), "llama.cpp-vocabulary")
+        eog = started(lambda: remembered_end_of_generation_ids(path, self._vocab), "llama.cpp-vocabulary")
         try:
             self._ctx = self._owned(LlamaContext(model, load, path)).pointer
         finally:

@@ -1,0 +1,116 @@
+"""Facts derived from a model file are kept under its identity and derived again when it changes: the
+logic on small files, then the two real uses (a GGUF header, llama.cpp's end-of-generation tokens)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from localchat import file_facts, gguf_file
+from localchat.backends import llamacpp
+from localchat.engine import Engine
+from localchat.file_facts import remembered
+
+
+class Derivations:
+    """A derivation that counts its calls and says what the file holds."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.calls = 0
+
+    def __call__(self) -> dict[str, str]:
+        self.calls += 1
+        return {"text": self.path.read_text()}
+
+
+@pytest.fixture
+def settled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Files count as settled as soon as written (they are written during the test)."""
+    monkeypatch.setattr(file_facts, "SETTLED_S", 0.0)
+
+
+def test_a_fact_is_derived_once_per_version_of_a_file(tmp_path: Path, settled: None) -> None:
+    model = tmp_path / "model.gguf"
+    model.write_text("one")
+    derive = Derivations(model)
+    assert remembered(model, "kind", derive, tmp_path / "facts") == {"text": "one"}
+    assert remembered(model, "kind", derive, tmp_path / "facts") == {"text": "one"} and derive.calls == 1
+    # Another kind of fact about the same file is its own.
+    assert remembered(model, "other kind", Derivations(model), tmp_path / "facts") == {"text": "one"}
+    model.write_text("two!")
+    assert remembered(model, "kind", derive, tmp_path / "facts") == {"text": "two!"} and derive.calls == 2
+
+
+def test_a_file_changed_just_now_is_not_remembered(tmp_path: Path) -> None:
+    model = tmp_path / "model.gguf"
+    model.write_text("fresh")
+    derive = Derivations(model)
+    for _ in range(2):
+        assert remembered(model, "kind", derive, tmp_path / "facts") == {"text": "fresh"}
+    assert derive.calls == 2 and not (tmp_path / "facts").exists()
+
+
+def test_a_failed_derivation_or_a_damaged_entry_is_not_taken_for_a_fact(tmp_path: Path, settled: None) -> None:
+    model = tmp_path / "model.gguf"
+    model.write_text("text")
+
+    def fails() -> None:
+        raise ValueError("bad file")
+
+    for _ in range(2):
+        with pytest.raises(ValueError, match="bad file"):
+            remembered(model, "kind", fails, tmp_path / "facts")
+    derive = Derivations(model)
+    remembered(model, "kind", derive, tmp_path / "facts")
+    (entry,) = (tmp_path / "facts").iterdir()
+    entry.write_text('{"identity": [')
+    assert remembered(model, "kind", derive, tmp_path / "facts") == {"text": "text"} and derive.calls == 2
+    assert remembered(model, "kind", derive, tmp_path / "facts") == {"text": "text"} and derive.calls == 2
+    assert [p.name for p in (tmp_path / "facts").iterdir()] == [entry.name]  # no temporary file left
+
+
+def test_facts_that_cannot_be_kept_are_derived_each_time(tmp_path: Path, settled: None) -> None:
+    model = tmp_path / "model.gguf"
+    model.write_text("text")
+    (tmp_path / "file").write_text("")
+    derive = Derivations(model)
+    for _ in range(2):
+        assert remembered(model, "kind", derive, tmp_path / "file" / "facts") == {"text": "text"}
+    assert derive.calls == 2
+
+
+def test_a_remembered_gguf_header_is_the_one_read(tmp_path: Path, gemma_model: Path, settled: None,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    model = tmp_path / "gemma.gguf"
+    shutil.copyfile(gemma_model, model)
+    read = gguf_file.read_gguf_header(model)
+    assert read == gguf_file._read_header(model) and read.array_lengths["tokenizer.ggml.tokens"] == 262144
+
+    def parse_again(*_: object) -> None:
+        raise AssertionError("parsed again")
+
+    monkeypatch.setattr(gguf_file, "_parse", parse_again)
+    assert gguf_file.read_gguf_header(model) == read
+    with model.open("r+b") as stream:  # a damaged copy: read again, and refused
+        stream.truncate(model.stat().st_size - 1)
+    with pytest.raises(AssertionError, match="parsed again"):
+        gguf_file.read_gguf_header(model)
+
+
+@pytest.mark.parametrize("fixture", ["engine", "gemma_gguf_engine"])
+def test_remembered_end_of_generation_tokens_are_llama_cpp_s(request: pytest.FixtureRequest, fixture: str, settled: None,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    engine: Engine = request.getfixturevalue(fixture)
+    backend = engine.backend
+    asked = llamacpp.end_of_generation_ids(backend._vocab)
+    assert asked and backend.info.eog_ids == asked
+    assert llamacpp.remembered_end_of_generation_ids(backend.info.path, backend._vocab) == asked
+
+    def ask_again(*_: object) -> None:
+        raise AssertionError("asked again")
+
+    monkeypatch.setattr(llamacpp, "end_of_generation_ids", ask_again)
+    assert llamacpp.remembered_end_of_generation_ids(backend.info.path, backend._vocab) == asked
