@@ -22,7 +22,7 @@ from typing import Any
 
 from localchat.settings import default_cache_dir
 
-# Bumped when what is kept changes shape: older entries are then derived again.
+# Bumped when a derivation changes (what it keeps, or what it checks): older entries are then derived again.
 FORMAT = 1
 # A file changed less than this long ago may change again within its timestamps' granularity.
 SETTLED_S = 2.0
