@@ -44,6 +44,7 @@ import statistics
 import struct
 import subprocess
 import sys
+import tempfile
 import termios
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -225,10 +226,11 @@ print(time.perf_counter() - began, usage.ru_maxrss, os.waitstatus_to_exitcode(st
 """
 
 
-def process_figures(command: list[str]) -> tuple[float, float]:
+def process_figures(command: list[str], env: dict[str, str] | None = None) -> tuple[float, float]:
     """Wall seconds from start to exit and peak RSS (MiB) of one run of `command` (started by SMALL_PARENT)."""
-    wall, peak_kib, code = subprocess.run([sys.executable, "-c", SMALL_PARENT, *command], capture_output=True,
-                                          text=True, check=True).stdout.split()
+    parent = subprocess.run([sys.executable, "-c", SMALL_PARENT, *command], capture_output=True, text=True, env=env)
+    assert parent.returncode == 0, f"could not start {command[0]}: {parent.stderr[-400:]}"
+    wall, peak_kib, code = parent.stdout.split()
     assert code == "0", f"{command[0]} exited with {code}"
     return float(wall), int(peak_kib) / 1024
 
@@ -259,7 +261,9 @@ def chat_app_ready(command: list[str]) -> tuple[float, float]:
 def cold_start(model: Path, llama_bench: Path, rounds: int, threads: int) -> dict[str, object]:
     """`localchat run -n 1` against `llama-bench -p 0 -n 1 -r 1`, each from the shell to its exit, and the
     chat app (`localchat chat`) from its start to the model ready on its screen, alternating (one warm-up
-    each: the page cache holds the file for all)."""
+    each: the page cache holds the file for all, and localchat has kept what it derives from the file,
+    localchat.file_facts). `first_start` is `run` in a new LOCALCHAT_HOME each time: a file seen for the
+    first time, no prefix cache."""
     commands = {
         "localchat": [sys.executable, "-m", "localchat", "run", "-m", str(model), "-n", "1", "--threads", str(threads), "Hi"],
         "llama_bench": [str(llama_bench), "-m", str(model), "-p", "0", "-n", "1", "-r", "1", "-t", str(threads)],
@@ -267,6 +271,7 @@ def cold_start(model: Path, llama_bench: Path, rounds: int, threads: int) -> dic
     app = [sys.executable, "-m", "localchat", "chat", "-m", str(model), "--threads", str(threads)]
     figures: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
     app_figures: list[tuple[float, float]] = []
+    first_starts: list[float] = []
     for name, command in commands.items():
         process_figures(command)
     chat_app_ready(app)
@@ -274,11 +279,15 @@ def cold_start(model: Path, llama_bench: Path, rounds: int, threads: int) -> dic
         for name in (list(commands) if round_ % 2 == 0 else list(commands)[::-1]):
             figures[name].append(process_figures(commands[name]))
         app_figures.append(chat_app_ready(app))
+        with tempfile.TemporaryDirectory() as home:
+            first_starts.append(process_figures(commands["localchat"], {**os.environ, "LOCALCHAT_HOME": home})[0])
     medians = {name: {"wall_s": round(statistics.median(w for w, _ in runs), 3),
                       "peak_mib": round(statistics.median(m for _, m in runs), 1)} for name, runs in figures.items()}
     ours, theirs = medians["localchat"], medians["llama_bench"]
     ready = statistics.median(r for _, r in app_figures)
     return {"medians": medians, "localchat_over_llama_bench": {key: round(ours[key] / theirs[key], 2) for key in ours},
+            "first_start": {"wall_s": round(statistics.median(first_starts), 3),
+                            "over_llama_bench": round(statistics.median(first_starts) / theirs["wall_s"], 2)},
             "chat_app": {"first_output_s": round(statistics.median(f for f, _ in app_figures), 3), "ready_s": round(ready, 3),
                          "ready_over_llama_bench": round(ready / theirs["wall_s"], 2)}}
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from localchat.backends.base import SamplerSettings
 from localchat.errors import InvalidSettingError, LocalchatError, ModelError
 from localchat.hardware import MIB, peak_rss_bytes
-from localchat.planner import PlanRequest
+from localchat.planner import OneReply, PlanRequest
 from localchat.settings import Settings
 from localchat.speculative import DEFAULT_LOOKUP_DRAFT
 
@@ -61,17 +61,6 @@ def _remote(args: argparse.Namespace) -> RemoteEndpoint | None:
 
 def _plan_request(args: argparse.Namespace, n_seq: int = 1) -> PlanRequest:
     return PlanRequest(n_ctx=args.ctx, n_gpu_layers=args.gpu_layers, n_threads=args.threads, n_seq=n_seq)
-
-
-# Beside a prompt's own tokens, what `run` may add to its context: a chat template's text (default system
-# prompts included), BOS, and drafted tokens verified past the reply's end.
-RUN_CONTEXT_SLACK = 1024
-
-
-def _run_tokens_bound(args: argparse.Namespace, prompt: str) -> int:
-    """At least the tokens `run` puts in its context: a token holds one byte of its text or more, so the
-    prompt's and system prompt's UTF-8 bytes bound their tokens (see RUN_CONTEXT_SLACK for the rest)."""
-    return len(prompt.encode()) + len((args.system or "").encode()) + args.n + RUN_CONTEXT_SLACK
 
 
 # Sampler flags and the SamplerSettings field each sets; unset, the model's defaults hold
@@ -186,7 +175,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         settings = _generation_settings(args)
         return _run_remote(args, endpoint, prompt, dataclasses.replace(settings, sampler=_sampler_settings(args, None)))
     # One reply: a context no larger than it can fill is made (and its KV cache cleared) sooner.
-    request = dataclasses.replace(_plan_request(args), n_ctx_used=_run_tokens_bound(args, prompt))
+    one_reply = OneReply(len(prompt.encode()) + len((args.system or "").encode()), args.n)
+    request = dataclasses.replace(_plan_request(args), one_reply=one_reply)
     with _start_loading(args, request) as loading:
         settings = _generation_settings(args)  # the session's imports, beside the load
         engine = _load_engine(args, loading)

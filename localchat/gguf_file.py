@@ -9,6 +9,7 @@ loader aborts the process: a damaged file is one ModelError naming the problem, 
 
 from __future__ import annotations
 
+import hashlib
 import mmap
 import os
 import re
@@ -49,6 +50,9 @@ VOCABULARY_KEY = "tokenizer.ggml.tokens"
 
 # ggml type id -> (values per block, bytes per block).
 _TYPE_SIZES: dict[int, tuple[int, int]] = {int(t): sizes for t, sizes in GGML_QUANT_SIZES.items()}
+# What a remembered header depends on besides the file and this module (file_facts.FORMAT): the ggml types
+# gguf's table knows, and their sizes.
+HEADER_FACTS = f"gguf header, ggml types {hashlib.sha256(repr(sorted(_TYPE_SIZES.items())).encode()).hexdigest()[:16]}"
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _I64 = struct.Struct("<q")
@@ -350,7 +354,7 @@ def _parse(data: mmap.mmap, path: Path) -> GgufHeader:
 def read_gguf_header(path: Path) -> GgufHeader:
     """Parse and check `path`'s header (or read back what was found when this file was read before:
     see localchat.file_facts); raises ModelError naming what is wrong."""
-    return _header_from_facts(path, remembered(path, "gguf-header", lambda: _header_facts(_read_header(path))))
+    return _header_from_facts(path, remembered(path, HEADER_FACTS, lambda: _header_facts(_read_header(path))))
 
 
 def _header_facts(header: GgufHeader) -> dict[str, Any]:

@@ -480,6 +480,7 @@ def gguf_facts(header: GgufHeader) -> ModelFacts:
         n_vocab=int(header.array_lengths.get("tokenizer.ggml.tokens", 0)),
         kv_head_sizes=(key_length, value_length),
         expert_bytes=expert_bytes // n_layers,
+        chat_template_bytes=len(str(header.get("tokenizer.chat_template", "")).encode()),
     )
 
 

@@ -12,8 +12,11 @@ from localchat.hardware import GIB, MIB, Gpu, Hardware
 
 DEFAULT_CONTEXT = 8192
 MIN_AUTO_CONTEXT = 1024
-# A context sized to what its caller will use (PlanRequest.n_ctx_used) grows in steps of this many tokens.
+# A context sized to one reply (PlanRequest.one_reply) grows in steps of this many tokens.
 CONTEXT_STEP = 256
+# Beside a reply's text and its template's, what its context may hold: BOS and special tokens, a
+# SentencePiece space prefix, and the text of a chat format of localchat's own (models that carry none).
+ONE_REPLY_SLACK = 1024
 # Left free on the GPU for the CUDA context and llama.cpp's compute buffers (measured ~0.6 GiB
 # for 7B models with n_batch 512) plus a margin for other programs.
 GPU_RESERVE_BYTES = 1 * GIB
@@ -45,6 +48,20 @@ FLASH_ATTN_HEAD_SIZES = frozenset({(d, d) for d in (40, 64, 72, 80, 96, 112, 128
 
 
 @dataclass(frozen=True)
+class OneReply:
+    """A context for one reply and no more (`localchat run`): the UTF-8 bytes of its messages' text and the
+    most tokens it may add."""
+
+    text_bytes: int
+    max_tokens: int
+
+    def tokens_bound(self, model: ModelFacts) -> int:
+        """At least the tokens such a context holds: a token holds one byte of its text or more, and a chat
+        template adds at most its own text to each of two messages (a system prompt and the user's)."""
+        return self.text_bytes + 2 * model.chat_template_bytes + ONE_REPLY_SLACK + max(self.max_tokens, 0)
+
+
+@dataclass(frozen=True)
 class PlanRequest:
     """The user's overrides; None means choose."""
 
@@ -52,15 +69,13 @@ class PlanRequest:
     n_gpu_layers: int | None = None
     n_threads: int | None = None
     n_seq: int = 1
-    # At most this many tokens will be in the context (a one-shot reply): a chosen context is no larger,
-    # so llama.cpp allocates and clears no KV cache the reply cannot fill.
-    n_ctx_used: int | None = None
+    # A chosen context is no larger than this one reply can fill: llama.cpp allocates and clears no KV
+    # cache it would not use.
+    one_reply: OneReply | None = None
 
     def __post_init__(self) -> None:
         if self.n_ctx is not None and self.n_ctx < 16:
             raise InvalidSettingError(f"context size {self.n_ctx} is too small: give at least 16 tokens")
-        if self.n_ctx_used is not None and self.n_ctx_used < 1:
-            raise ValueError(f"n_ctx_used must be positive, got {self.n_ctx_used}")
         if self.n_threads is not None and self.n_threads < 1:
             raise InvalidSettingError(f"threads must be >= 1, got {self.n_threads}")
         if self.n_seq < 1:
@@ -145,8 +160,8 @@ def _capped_training_context(model: ModelFacts) -> int:
 def _auto_context(model: ModelFacts, request: PlanRequest) -> int:
     if request.n_ctx is not None:
         return request.n_ctx
-    if request.n_ctx_used is not None:
-        return min(_capped_training_context(model), -(-request.n_ctx_used // CONTEXT_STEP) * CONTEXT_STEP)
+    if request.one_reply is not None:
+        return min(_capped_training_context(model), -(-request.one_reply.tokens_bound(model) // CONTEXT_STEP) * CONTEXT_STEP)
     return _capped_training_context(model)
 
 
@@ -303,8 +318,8 @@ def plan_offload(model: ModelFacts, hardware: Hardware, build: BuildFeatures, re
     backend = BACKEND_FOR_FORMAT[model.format]
     reasons.append(f"backend {backend}: the model is a {model.format.upper()} file")
     n_ctx = _auto_context(model, request)
-    if request.n_ctx is None and n_ctx < _capped_training_context(model):
-        reasons.append(f"context {n_ctx}: enough for the {request.n_ctx_used} tokens this reply can use")
+    if request.n_ctx is None and request.one_reply is not None and n_ctx < _capped_training_context(model):
+        reasons.append(f"context {n_ctx}: enough for one reply of up to {request.one_reply.max_tokens} tokens to this prompt")
     elif request.n_ctx is None:
         reasons.append(f"context {n_ctx}: the model's training context capped at {DEFAULT_CONTEXT}")
     elif model.n_ctx_train and n_ctx > model.n_ctx_train:
@@ -358,7 +373,7 @@ def plan_offload(model: ModelFacts, hardware: Hardware, build: BuildFeatures, re
     if cpu_bytes(n_ctx) > ram:
         if request.n_ctx is None:
             while n_ctx > MIN_AUTO_CONTEXT and cpu_bytes(n_ctx) > ram:
-                n_ctx //= 2
+                n_ctx = max(n_ctx // 2, MIN_AUTO_CONTEXT)
             reasons.append(f"context lowered to {n_ctx}: the KV cache must fit in {_gib(ram)} of free RAM")
         if cpu_bytes(n_ctx) > ram:
             raise InsufficientMemoryError(

@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from localchat.models import inspect_gguf
+from localchat.planner import OneReply
+
 
 def localchat(*args: str, home: Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "LOCALCHAT_HOME": str(home)}
@@ -31,17 +34,19 @@ def test_run_streams_an_answer_and_reports_stats(localchat_home: Path, default_m
     # The sampler the reply used: the flag over the model's family defaults (SmolLM2: top-p 0.9).
     assert (stats["sampler"]["temperature"], stats["sampler"]["top_p"], stats["sampler"]["repeat_penalty"]) == (0, 0.9, 1.0)
     assert stats["sampler_defaults"] == "family: SmolLM2"
-    # One reply's context: its prompt's bytes, its 12 tokens and the slack for a template, in steps of 256.
-    assert stats["n_ctx"] == 1280
+    # One reply's context: its prompt's bytes (19), twice its template's (368), the slack (1024) and its
+    # 12 tokens, in steps of 256.
+    assert stats["n_ctx"] == 1792
 
 
 def test_run_fits_a_prompt_of_the_longest_tokens_its_context_allows(localchat_home: Path, default_model: Path) -> None:
-    """The context `run` sizes from a prompt's bytes holds the prompt whatever its script (a token holds
-    at least one byte): CJK, emoji and digits, which the tokenizer splits finest, up to the whole context."""
-    prompt = "".join("東京は日本の首都です。🙂🙃 0123456789 " for _ in range(15))
+    """The context `run` sizes from a prompt's bytes (planner.OneReply) holds a prompt of a token a byte,
+    digits here, longer than the whole context would be without its text."""
+    prompt = "0123456789 " * 175
     result = localchat("run", "--stats", "-n", "4", "--temperature", "0", prompt, home=localchat_home)
     assert result.returncode == 0, result.stderr
     stats = json.loads(result.stderr.strip().splitlines()[-1])
+    assert stats["prompt_tokens"] > OneReply(0, 4).tokens_bound(inspect_gguf(default_model)[1])
     assert stats["messages_left_out"] == 0 and stats["completion_tokens"] >= 1
     assert stats["prompt_tokens"] + stats["completion_tokens"] <= stats["n_ctx"] < 8192
 
@@ -126,6 +131,7 @@ def test_a_bad_model_file_gets_one_clear_line(tmp_path: Path, localchat_home: Pa
         (["run", "--temperature", "-1", "hi"], "temperature must be >= 0"),
         (["run", "--top-p", "1.5", "hi"], "top_p must be in"),
         (["run", "-n", "0", "hi"], "max_tokens must be >= 1"),
+        (["run", "-n", "-2000", "hi"], "max_tokens must be >= 1"),
         (["run", "--lookup-draft", "99", "hi"], "lookup_draft must be in [0, 63]"),
         (["run", "-m", "http://127.0.0.1:1/v1", "--raw", "hi"], "--raw works with local models only"),
         (["run", "-m", "http://127.0.0.1:1/v1", "--lookup-draft", "4", "hi"], "--lookup-draft works with local models only"),

@@ -10,6 +10,7 @@ from localchat.planner import (
     GPU_RESERVE_BYTES,
     BuildFeatures,
     ModelFacts,
+    OneReply,
     PlanRequest,
     gpu_build_advice,
     gpu_bytes,
@@ -83,14 +84,30 @@ def test_tight_ram_lowers_an_automatic_context_but_not_an_asked_one() -> None:
         plan_offload(LLAMA_7B_Q4_K_M, machine(ram_gib=6), CPU_BUILD, PlanRequest(n_ctx=4096))
 
 
-def test_a_context_for_a_known_number_of_tokens_is_no_larger_than_they_need() -> None:
-    sized = plan_offload(LLAMA_7B_Q4_K_M, machine(), CPU_BUILD, PlanRequest(n_ctx_used=1300))
-    assert sized.n_ctx == 1536 and any("enough for the 1300 tokens" in reason for reason in sized.reasons)
-    assert plan_offload(LLAMA_7B_Q4_K_M, machine(), CPU_BUILD, PlanRequest(n_ctx_used=512)).n_ctx == 512
-    # Never past the automatic one, and an asked size is what is asked.
-    assert plan_offload(LLAMA_7B_Q4_K_M, machine(), CPU_BUILD, PlanRequest(n_ctx_used=100_000)).n_ctx \
-        == plan_offload(LLAMA_7B_Q4_K_M, machine(), CPU_BUILD).n_ctx
-    assert plan_offload(LLAMA_7B_Q4_K_M, machine(), CPU_BUILD, PlanRequest(n_ctx=3000, n_ctx_used=300)).n_ctx == 3000
+def test_a_context_for_one_reply_is_no_larger_than_it_can_fill() -> None:
+    def n_ctx(facts: ModelFacts, one_reply: OneReply, ram_gib: float = 32, n_ctx: int | None = None) -> int:
+        return plan_offload(facts, machine(ram_gib), CPU_BUILD, PlanRequest(n_ctx=n_ctx, one_reply=one_reply)).n_ctx
+
+    # The text's bytes, the slack and the reply's tokens (300 + 1024 + 200), in steps of 256.
+    assert n_ctx(LLAMA_7B_Q4_K_M, OneReply(text_bytes=300, max_tokens=200)) == 1536
+    sized = plan_offload(LLAMA_7B_Q4_K_M, machine(), CPU_BUILD, PlanRequest(one_reply=OneReply(300, 200)))
+    assert any("one reply of up to 200 tokens" in reason for reason in sized.reasons)
+    # A chat template adds its own text around each of two messages; a nonsense -n sizes as 0 (refused later).
+    templated = ModelFacts(**{**LLAMA_7B_Q4_K_M.__dict__, "chat_template_bytes": 1000})
+    assert n_ctx(templated, OneReply(300, 200)) == 3584 and n_ctx(LLAMA_7B_Q4_K_M, OneReply(0, -2000)) == 1024
+    # Never past the automatic context; an asked size is what is asked.
+    assert n_ctx(LLAMA_7B_Q4_K_M, OneReply(100_000, 200)) == plan_offload(LLAMA_7B_Q4_K_M, machine(), CPU_BUILD).n_ctx
+    assert n_ctx(LLAMA_7B_Q4_K_M, OneReply(300, 200), n_ctx=3000) == 3000
+
+    # Short of RAM, it is lowered no further than an automatic context is: to 1024, where that fits.
+    def fits(tokens: int, ram_gib: float) -> bool:
+        try:
+            return n_ctx(LLAMA_7B_Q4_K_M, OneReply(0, 0), ram_gib, n_ctx=tokens) == tokens
+        except InsufficientMemoryError:
+            return False
+
+    ram_gib = next(r / 100 for r in range(300, 1000) if fits(1024, r / 100) and not fits(1280, r / 100))
+    assert n_ctx(LLAMA_7B_Q4_K_M, OneReply(10, 240), ram_gib) == 1024
 
 
 def test_amx_cpu_with_amx_build_turns_off_extra_buffers() -> None:

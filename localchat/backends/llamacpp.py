@@ -47,7 +47,7 @@ from localchat.backends.llamacpp_natives import (
 from localchat.backends.llamacpp_sampler import DeviceSampler, LlamaSampler, device_chain, device_sampleable
 from localchat.background import started
 from localchat.errors import ContextOverflowError, InferenceError, ModelError
-from localchat.file_facts import remembered
+from localchat.file_facts import FileVersion, remembered
 
 # Rows of logits read back per decode when scoring (each row is n_vocab floats).
 SCORE_CHUNK = 64
@@ -145,10 +145,11 @@ def end_of_generation_ids(vocab: llama_cpp.llama_vocab_p) -> frozenset[int]:
     return frozenset(t for t in range(n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, t))
 
 
-def remembered_end_of_generation_ids(path: Path, vocab: llama_cpp.llama_vocab_p) -> frozenset[int]:
-    """end_of_generation_ids, kept for the next start with this file and this llama.cpp (localchat.file_facts)."""
+def remembered_end_of_generation_ids(path: Path, version: FileVersion | None, vocab: llama_cpp.llama_vocab_p) -> frozenset[int]:
+    """end_of_generation_ids of `vocab`, loaded from `version` of the file at `path`, kept for the next start
+    with this file and this llama.cpp (localchat.file_facts)."""
     kind = f"end-of-generation ids, llama-cpp-python {llama_cpp.__version__}"
-    return frozenset(remembered(path, kind, lambda: sorted(end_of_generation_ids(vocab))))
+    return frozenset(remembered(path, kind, lambda: sorted(end_of_generation_ids(vocab)), version=version))
 
 
 class LlamaCppBackend:
@@ -175,6 +176,7 @@ class LlamaCppBackend:
             raise
 
     def _open(self, path: Path, load: LoadParams, on_progress: Callable[[float], None] | None) -> None:
+        version = FileVersion.of(path)  # what the model is loaded from (a file replaced meanwhile is another)
         model = self._model = self._owned(LlamaModel(path, load, on_progress))
         # LoRA adapters (load_lora) are freed after the context that applied them, before the model:
         # llama.cpp frees those left with their model, so a later free would be a second.
@@ -185,7 +187,7 @@ class LlamaCppBackend:
             raise ModelError(f"{path}'s tokenizer adds a {missing} token it does not have; download or convert it again")
         # llama.cpp lists its end-of-generation tokens to no one: they are asked one by one (0.1 s on a 262k
         # vocabulary), on a thread of their own while the context is made, which holds no GIL.
-        eog = started(lambda: remembered_end_of_generation_ids(path, self._vocab), "llama.cpp-vocabulary")
+        eog = started(lambda: remembered_end_of_generation_ids(path, version, self._vocab), "llama.cpp-vocabulary")
         try:
             self._ctx = self._owned(LlamaContext(model, load, path)).pointer
         finally:
