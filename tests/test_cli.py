@@ -62,7 +62,7 @@ def test_run_with_lookup_drafts_takes_tokens_from_the_prompt(localchat_home: Pat
 
 @pytest.mark.parametrize("model", ["engine", "gemma_gguf_engine"])
 def test_no_token_holds_less_than_a_byte_of_text(request: pytest.FixtureRequest, model: str) -> None:
-    """What `run` sizes its context by (cli._run_tokens_bound), on both real tokenizers (BPE and SentencePiece)."""
+    """What `run` sizes its context by (planner.OneReply), on both real tokenizers (BPE and SentencePiece)."""
     backend = request.getfixturevalue(model).backend
     texts = ["東京は日本の首都です。", "🙂🙃👍🏽🇯🇵", "0123456789" * 5, " \n\t  \n" * 8, "a" * 100, "Ünïcödé façade naïve",
              bytes(range(1, 128)).decode(), "<|im_start|> <end_of_turn> </s>"]
