@@ -10,20 +10,21 @@ this process, the cost of sampling alone with each model's default chain: localc
 llama.cpp's `llama_sampler_sample` on the same logits rows (ms per token), and greedy decoding's argmax.
 Then drafting as shipped: a chat reply correcting a ~500-token text (input-grounded) and a story (open-ended),
 each with and without prompt-lookup drafts, with the model's default sampler. With `--llama-bench`, the cold
-start: `localchat run -n 1` from its process start to its exit (wall seconds, peak RSS) against llama.cpp's
-`llama-bench -p 0 -n 1 -r 1` on the same file, alternating, and the chat app from its start to its status bar
-saying ready in an 80x24 pseudo-terminal. Medians; each localchat figure against llama.cpp's.
+start: `localchat run -n 1` from its process start to its exit (wall seconds, peak RSS, started from a small
+parent: SMALL_PARENT) against llama.cpp's `llama-bench -p 0 -n 1 -r 1` on the same file, alternating, `run`'s
+first start (a file it has derived nothing from: localchat.file_facts), and the chat app from its start to its
+status bar saying ready in an 80x24 pseudo-terminal. Medians; each localchat figure against llama.cpp's.
 
-Measured (AMD EPYC, 2 threads, 3 rounds, two runs on 2026-11-26), localchat against llama-server:
-SmolLM2-135M-Instruct decode 0.84-0.91x, aggregate 0.85-0.96x with 1 stream and 1.08x with 4, time to first
-token of a resent short chat 0.52-0.70x (19.6-24.9 against 12.8-13.6 ms); Gemma 3 270M 0.95-0.97x, 0.92-1.00x,
-1.04-1.10x and 1.26-1.42x faster. A 10-round check of the 1-stream story alone, servers in rotation: SmolLM2
-0.91-0.92x (1.203-1.209 s against 1.103 for 127 tokens); llama.cpp's decode takes 8.6-8.9 ms a token in
-localchat's server against llama-server's 9.05-9.35 ms eval, and Python between decodes 0.57 ms. Sampling alone
-0.045 ms against 0.174 (49k) and 0.072 against 1.68-1.69 with Gemma's penalties (262k); drafting,
-input-grounded / open-ended: SmolLM2 1.75-1.96x (97% taken) / 0.96-1.04x, Gemma 2.29-2.35x / 0.98-1.01x. Cold
-start (5 rounds): SmolLM2 0.58-0.60 s against 0.13 (4.5x), Gemma 0.99-1.02 s against 0.54-0.55 (1.83-1.87x);
-the chat app ready 0.66-0.67 s and 0.95-0.98 s after it starts (its first output at 0.44-0.46 and 0.50-0.52 s).
+Measured (AMD EPYC, 2 threads, 3 rounds, two runs on 2026-11-26 at b4dab28 and 0eb09bf), localchat against
+llama-server: SmolLM2-135M-Instruct decode 0.90-1.01x, aggregate 0.85-0.95x with 1 stream and 1.06-1.16x with 4,
+time to first token of a resent short chat 0.75-0.92x (17.0-19.2 against 14.4-15.6 ms); Gemma 3 270M 0.88-0.99x,
+0.89-0.93x, 1.01-1.05x and 1.09-1.17x faster. Three servers of each, started interleaved, 6 rounds of the
+1-stream story: 0.95x (1.228-1.239 s against 1.154-1.177). Sampling alone 0.045-0.048 ms against 0.175-0.195
+(49k) and 0.075-0.077 against 1.66-1.74 with Gemma's penalties (262k); drafting, input-grounded / open-ended:
+SmolLM2 1.59-1.98x (97% taken) / 0.92-0.99x, Gemma 2.27-2.30x / 0.94-0.98x. Cold start: SmolLM2 0.48-0.53 s
+against 0.13 (3.6-3.9x), 206 against 126 MiB; Gemma 0.86-0.89 s against 0.55-0.59 (1.52-1.56x), 372 against
+312 MiB; a first start 0.51 s and 1.06 s; the chat app ready 0.66-0.73 s and 0.86-0.88 s after it starts (its
+first output at 0.42-0.44 and 0.42-0.43 s).
 
     python benchmarks/as_shipped.py --llama-server OUTDIR/llama-server [--llama-bench OUTDIR/llama-bench] [--rounds 3]
         [--model NAME_OR_GGUF ...]
