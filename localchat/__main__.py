@@ -1,5 +1,5 @@
 import sys
 
-from localchat.cli import main
+from localchat.cli import command
 
-sys.exit(main())
+sys.exit(command())

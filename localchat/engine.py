@@ -33,10 +33,18 @@ def _model_key(ref: ModelRef) -> str:
     return hashlib.sha1(identity.encode()).hexdigest()[:16]
 
 
+def new_prefix_cache(model_plan: ModelPlan, settings: Settings) -> PrefixCache:
+    """The model's prefix cache, with what its disk tier holds from earlier runs."""
+    return PrefixCache(_model_key(model_plan.model), settings.prefix_cache_ram_bytes, settings.prefix_cache_dir,
+                       settings.prefix_cache_disk_bytes)
+
+
 class Engine:
     """A model loaded by its plan, with its chat template and prefix cache."""
 
-    def __init__(self, model_plan: ModelPlan, backend: Backend, settings: Settings) -> None:
+    def __init__(self, model_plan: ModelPlan, backend: Backend, settings: Settings,
+                 prefix_cache: PrefixCache | None = None) -> None:
+        """`prefix_cache`: the model's (`new_prefix_cache`), if made already."""
         self.model_plan = model_plan
         self.backend = backend
         self.settings = settings
@@ -44,12 +52,7 @@ class Engine:
         bos = backend.token_text(info.bos_id) if info.bos_id is not None else ""
         eos = backend.token_text(info.eos_id) if info.eos_id is not None else ""
         self.template = ChatTemplate.for_model(info.chat_template, info.architecture, bos_token=bos, eos_token=eos)
-        self.prefix_cache = PrefixCache(
-            _model_key(model_plan.model),
-            settings.prefix_cache_ram_bytes,
-            settings.prefix_cache_dir,
-            settings.prefix_cache_disk_bytes,
-        )
+        self.prefix_cache = prefix_cache or new_prefix_cache(model_plan, settings)
         # The sampler replies get unless asked otherwise: the model's own defaults, its family's, or llama.cpp's.
         self.sampler_defaults = sampler_defaults(info.metadata)
         # One session per KV sequence: a session must know every token its sequence holds.
@@ -77,7 +80,9 @@ class Engine:
         if not isinstance(model, ModelLoading):
             with start_loading(model, settings or Settings(), request, on_progress=on_progress) as loading:
                 return cls.load(loading, draft_model=draft_model, loras=loras)
-        engine = cls._owning(model.model_plan, model.backend(), model.settings)
+        # The disk tier's index is read while the model loads (20 ms for 600 entries of the chat model).
+        prefix_cache = new_prefix_cache(model.model_plan, model.settings)
+        engine = cls._owning(model.model_plan, model.backend(), model.settings, prefix_cache)
         try:
             engine.add_loras(loras)
         except BaseException:
@@ -100,10 +105,11 @@ class Engine:
         return cls._owning(model_plan, open_backend(model_plan, on_progress), settings)
 
     @classmethod
-    def _owning(cls, model_plan: ModelPlan, backend: Backend, settings: Settings) -> Engine:
+    def _owning(cls, model_plan: ModelPlan, backend: Backend, settings: Settings,
+                prefix_cache: PrefixCache | None = None) -> Engine:
         """An engine on `backend`, which it owns from then on: closed here if the engine cannot be made."""
         try:
-            return cls(model_plan, backend, settings)
+            return cls(model_plan, backend, settings, prefix_cache)
         except BaseException:
             backend.close()
             raise
@@ -179,9 +185,10 @@ class Engine:
     def token_count(self, text: str) -> int:
         return len(self.backend.tokenize(text, add_bos=False, special=False))
 
-    def close(self) -> None:
-        """Free the model. What the sessions hold goes to the prefix cache first, and the cache to
-        its disk tier, so that continuing a conversation after a restart skips its prompt."""
+    def close(self, *, process_ends: bool = False) -> None:
+        """Free the model (or leave it to the process's end: `Backend.close`). What the sessions hold goes
+        to the prefix cache first, and the cache to its disk tier, so that continuing a conversation after
+        a restart skips its prompt."""
         if self._closed:
             return
         self._closed = True
@@ -192,9 +199,9 @@ class Engine:
         except Exception as error:  # a lost speed-up must not stop the model being freed
             logger.warning("the prefix cache could not be saved at exit: %s", error)
         finally:
-            self.backend.close()
+            self.backend.close(process_ends=process_ends)
             if self._draft_backend is not None:
-                self._draft_backend.close()
+                self._draft_backend.close(process_ends=process_ends)
 
     def __enter__(self) -> Engine:
         return self

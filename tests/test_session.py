@@ -186,13 +186,19 @@ def test_perplexity_of_the_benchmark_text_is_sane(fresh: Engine) -> None:
     assert 1.5 < scores.perplexity < 60
 
 
-def test_a_conversation_continued_after_a_restart_restores_its_kv_from_disk(tmp_path: Path, default_model: Path) -> None:
+@pytest.mark.parametrize("process_ends", [False, True], ids=["model freed", "model left to the process end"])
+def test_a_conversation_continued_after_a_restart_restores_its_kv_from_disk(tmp_path: Path, default_model: Path,
+                                                                          process_ends: bool) -> None:
+    """Also where `localchat run` leaves llama.cpp's memory to the process's end: the state is written first."""
     settings = Settings(cache_dir=tmp_path)  # its own disk tier
-    with Engine.load(str(default_model), settings, PlanRequest(n_ctx=2048)) as before:
+    before = Engine.load(str(default_model), settings, PlanRequest(n_ctx=2048))
+    try:
         chat = before.new_chat(SYSTEM)
         first = chat.send("What is the capital of France?", GREEDY)
         chat.commit(first.text())
         history = list(chat.messages)
+    finally:
+        before.close(process_ends=process_ends)
     assert first.stats is not None
     with Engine.load(str(default_model), settings, PlanRequest(n_ctx=2048)) as after:
         chat = Chat(after.sessions[0], after.template, history)

@@ -435,7 +435,7 @@ class OnnxBackend:
         if scales:
             raise InvalidSettingError("the ONNX backend (onnxruntime) cannot apply LoRA adapters; run the model as GGUF for them")
 
-    def close(self) -> None:
+    def close(self, *, process_ends: bool = False) -> None:
         self._bindings = []
         self._batch_binding = None
         self._session = None  # type: ignore[assignment]
