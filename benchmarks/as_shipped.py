@@ -65,8 +65,7 @@ from localchat.models import resolve_model
 from localchat.planner import PlanRequest
 from localchat.chat import tokenize_chat
 from localchat.session import GenerationSettings
-from localchat.speculative import DEFAULT_LOOKUP_DRAFT
-from localchat.settings import Settings
+from localchat.settings import DEFAULT_LOOKUP_DRAFT, Settings
 from localchat.templates import Message
 
 CONTEXT = 8192

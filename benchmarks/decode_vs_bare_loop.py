@@ -29,7 +29,7 @@ from localchat.backends.llamacpp import PROMPT_BATCH, decode_on_this_thread
 from localchat.engine import Engine
 from localchat.planner import PlanRequest
 from localchat.session import GenerationSettings
-from localchat.speculative import DEFAULT_LOOKUP_DRAFT
+from localchat.settings import DEFAULT_LOOKUP_DRAFT
 
 PROMPT = "The history of the lighthouse begins"
 

@@ -156,7 +156,8 @@ def _ortgenai_speed(job: dict) -> dict:
 def _ortgenai_score(job: dict) -> dict:
     import numpy as np
 
-    from localchat.backends.base import TokenScores, score_rows
+    from localchat.backends.base import TokenScores
+    from localchat.backends.logprobs import score_rows
 
     tokens, chunk = job["tokens"], job["chunk"]
     generator = _ortgenai_generator(_ortgenai_model(job))

@@ -36,8 +36,7 @@ from localchat.engine import Engine
 from localchat.models import default_model_path
 from localchat.planner import PlanRequest
 from localchat.session import GenerationSettings, GenerationStats, Session
-from localchat.settings import Settings
-from localchat.speculative import DEFAULT_LOOKUP_DRAFT
+from localchat.settings import DEFAULT_LOOKUP_DRAFT, Settings
 
 
 SAMPLERS = {"greedy": ARGMAX, "chat": SamplerSettings(seed=0)}

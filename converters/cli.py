@@ -7,11 +7,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from localchat.converters.checkpoint import CheckpointSource, locate_checkpoint
 from localchat.converters.gguf_choices import DEFAULT_QUANT, QUANT_TYPES, default_output_path
 from localchat.errors import InvalidSettingError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # every `localchat` command builds this parser: the converters are imported to convert
+    from localchat.converters.checkpoint import CheckpointSource
     from localchat.converters.verify import VerifyReport
 
 ONNX_QUANTS = ("fp32", "fp16", "int8", "int4")
@@ -108,6 +108,7 @@ def _adapter_to_gguf(args: argparse.Namespace, source: CheckpointSource) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from localchat.converters.checkpoint import locate_checkpoint
     from localchat.converters.lora import is_adapter
 
     source = locate_checkpoint(args.source)

@@ -210,7 +210,7 @@ def quantize_gguf(source: Path, output: Path, quant: str, threads: int, progress
     """llama.cpp's quantizer (llama-quantize) on a float GGUF; `progress` watches the output grow."""
     import llama_cpp
 
-    from localchat.backends.llamacpp import ensure_initialized
+    from localchat.backends.llamacpp_natives import ensure_initialized
 
     ensure_initialized()  # routes llama.cpp's log to localchat's quiet logger
     params = llama_cpp.llama_model_quantize_default_params()

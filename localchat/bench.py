@@ -11,7 +11,7 @@ from localchat.chat import Chat
 from localchat.engine import Engine
 from localchat.hardware import MIB, peak_rss_bytes
 from localchat.session import GenerationSettings, GenerationStats
-from localchat.speculative import DEFAULT_LOOKUP_DRAFT
+from localchat.settings import DEFAULT_LOOKUP_DRAFT
 from localchat.templates import Message
 
 PREFILL_TOKENS = 512

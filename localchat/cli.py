@@ -18,8 +18,7 @@ from localchat.backends.base import SamplerSettings
 from localchat.errors import InvalidSettingError, LocalchatError, ModelError
 from localchat.hardware import MIB, peak_rss_bytes
 from localchat.planner import OneReply, PlanRequest
-from localchat.settings import Settings
-from localchat.speculative import DEFAULT_LOOKUP_DRAFT
+from localchat.settings import DEFAULT_LOOKUP_DRAFT, Settings
 
 if TYPE_CHECKING:
     from localchat.constraints import Constraint

@@ -16,13 +16,15 @@ import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGUFValueType
 
 from localchat.errors import ModelError
 from localchat.file_facts import remembered
+
+if TYPE_CHECKING:
+    import numpy as np
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -100,6 +102,8 @@ class GgufHeader:
 
     def numeric_array(self, key: str) -> np.ndarray | None:
         """The values of the numeric array `key`, read from the file (`metadata` keeps short ones)."""
+        import numpy as np  # here alone: planning a model reads headers, and imports no numpy (localchat.cli)
+
         if key not in self.numeric_arrays:
             return None
         item_type, offset = self.numeric_arrays[key]

@@ -3,16 +3,19 @@
 `start_loading` opens the backend on a thread of its own: llama.cpp holds no GIL while it reads the
 weights and makes the context, so what the caller imports meanwhile costs little (the chat app imports
 Textual beside it, the server its web stack, `localchat run` the chat engine). This module imports
-nothing of the chat engine. llama.cpp's log reaches Python a line at a time (2,300 lines to load the
-default model, each taking the GIL), so a load beside busy Python goes at the pace the two share it.
+nothing of the chat engine, and planning a GGUF model and starting its load import no numpy: the
+llama.cpp backend's module (numpy, the samplers) is imported beside the load too, and the backend made
+on the model loaded (llamacpp_natives.open_model). llama.cpp's log reaches Python a line at a time (2,300
+lines to load the default model, each taking the GIL), so a load beside busy Python goes at the pace
+the two share it.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from localchat.backends.base import Backend
 from localchat.background import started
@@ -58,24 +61,26 @@ class ModelLoading:
     closes the backend on leaving unless it was taken: a caller that stops early (an error, Ctrl-C)
     waits for the load rather than exiting while llama.cpp still runs in it."""
 
-    def __init__(self, model_plan: ModelPlan, settings: Settings, request: PlanRequest, opening: Future[Backend]) -> None:
+    def __init__(self, model_plan: ModelPlan, settings: Settings, request: PlanRequest, opener: Opener) -> None:
         self.model_plan = model_plan
         self.settings = settings
         self.request = request
-        self._opening = opening
+        self._opener = opener
+        self._opening = started(opener.load, "localchat-model-load")
         self._lock = threading.Lock()
         self._state = "loading"  # then "taken" by `backend` or "closed" by `close`, whichever comes first
 
     def backend(self) -> Backend:
         """The backend once it is open, which the caller then owns; the load's error if it failed."""
-        backend = self._opening.result()
+        finish = self._opener.finisher()  # its imports, while the load goes on
+        loaded = self._opening.result()
         with self._lock:
             if self._state == "taken":
                 raise RuntimeError("this load's backend was taken already")
             if self._state == "closed":
                 raise ModelError(f"the load of {self.model_plan.model.name} was given up")
             self._state = "taken"
-        return backend
+        return finish(loaded)
 
     def close(self) -> None:
         """Wait for the load and close its backend, unless it was taken."""
@@ -84,10 +89,10 @@ class ModelLoading:
                 return
             self._state = "closed"
         try:
-            backend = self._opening.result()
+            loaded = self._opening.result()
         except Exception:  # the load failed: it freed what it had opened
             return
-        backend.close()
+        loaded.close()
 
     def __enter__(self) -> ModelLoading:
         return self
@@ -99,7 +104,7 @@ class ModelLoading:
 def _build_features(model_format: str) -> BuildFeatures:
     if model_format == "gguf":
         require_llama_cpp()
-        from localchat.backends.llamacpp import build_features
+        from localchat.backends.llamacpp_natives import build_features
 
         return build_features()
     if model_format == "onnx":
@@ -130,23 +135,46 @@ def plan_model(model: str | None, settings: Settings, request: PlanRequest = Pla
     return ModelPlan(ref, facts, hardware, build, plan_offload(facts, hardware, build, request))
 
 
-def _backend_opener(model_plan: ModelPlan, on_progress: Callable[[float], None] | None) -> Callable[[], Backend]:
-    """What opens the plan's backend, its module imported here: the load's thread imports nothing
-    (two threads importing at once can see each other's modules half made)."""
+class Loaded(Protocol):
+    """What a load's thread made: a backend, or what one is made on. Closed if no one takes it."""
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Opener:
+    """How a plan's backend opens: `load` (the long part, on the load's thread, which imports nothing: two
+    threads importing at once can see each other's modules half made), then what `finisher` returns, on
+    the caller's thread with what `load` made. `finisher` imports what that needs: called before waiting
+    for the load, its imports go on beside it."""
+
+    load: Callable[[], Loaded]
+    finisher: Callable[[], Callable[[Any], Backend]]
+
+
+def _opener(model_plan: ModelPlan, on_progress: Callable[[float], None] | None) -> Opener:
     path, load = model_plan.model.path, model_plan.plan.load_params
     if model_plan.plan.backend == "onnxruntime":
         from localchat.backends.onnx import OnnxBackend
 
-        return lambda: OnnxBackend(path, load, on_progress=on_progress)
+        return Opener(lambda: OnnxBackend(path, load, on_progress=on_progress), lambda: lambda backend: backend)
     require_llama_cpp()
+    from localchat.backends.llamacpp_natives import open_model
+
+    return Opener(lambda: open_model(path, load, on_progress), _llamacpp_backend)
+
+
+def _llamacpp_backend() -> Callable[[Any], Backend]:
     from localchat.backends.llamacpp import LlamaCppBackend
 
-    return lambda: LlamaCppBackend(path, load, on_progress=on_progress)
+    return LlamaCppBackend
 
 
 def open_backend(model_plan: ModelPlan, on_progress: Callable[[float], None] | None = None) -> Backend:
     """The plan's backend, opened on this thread."""
-    return _backend_opener(model_plan, on_progress)()
+    opener = _opener(model_plan, on_progress)
+    finish = opener.finisher()
+    return finish(opener.load())  # a backend that cannot be made frees what it was given
 
 
 def start_loading(model: str | None, settings: Settings, request: PlanRequest = PlanRequest(), *,
@@ -155,5 +183,4 @@ def start_loading(model: str | None, settings: Settings, request: PlanRequest = 
     opening on a thread of its own (its progress to `on_progress`, which a `ProgressRelay` can hand
     to a listener that comes later); `Engine.load` takes it from there."""
     model_plan = plan_model(model, settings, request)
-    opener = _backend_opener(model_plan, on_progress)
-    return ModelLoading(model_plan, settings, request, started(opener, "localchat-model-load"))
+    return ModelLoading(model_plan, settings, request, _opener(model_plan, on_progress))

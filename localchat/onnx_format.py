@@ -18,10 +18,12 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from localchat.errors import ModelError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # The file that makes a folder an ONNX model of localchat's.
 ONNX_MARKER = "localchat_onnx.json"
@@ -177,6 +179,8 @@ def rotary_input_names(kind: str) -> tuple[str, str]:
 def rotary_tables(rope_frequencies: dict[str, list[float]], n_positions: int, dtype: type) -> dict[str, np.ndarray]:
     """The marker's `rope_frequencies` as GroupQueryAttention's cos and sin tables, (n_positions,
     rotary pairs) by graph input, computed in float32 as transformers computes them."""
+    import numpy as np  # here alone: the model list reads this module, and needs no numpy
+
     tables = {}
     for kind, inverse_frequencies in rope_frequencies.items():
         angles = np.arange(n_positions, dtype=np.float32)[:, None] * np.asarray(inverse_frequencies, dtype=np.float32)[None, :]

@@ -273,9 +273,19 @@ def gpu_build_advice(backend: str, hardware: Hardware, build: BuildFeatures) -> 
         return None
     package, lacks, command = GPU_BUILDS[backend]
     names = ", ".join(dict.fromkeys(gpu.name for gpu in hardware.gpus))
-    installed = f"{package} {build.version}" if build.version else package
-    pin = f"=={build.version}" if build.version else ""
+    version = _installed_version(package) if "{pin}" in command else ""  # a rebuild pinned to it
+    installed = f"{package} {version}" if version else package
+    pin = f"=={version}" if version else ""
     return f"{names} found, but {installed} {lacks}; to use the GPU run: {command.format(pin=pin)}"
+
+
+def _installed_version(package: str) -> str:
+    import importlib.metadata  # here alone: 14 ms to import, on the path of every model's start
+
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return ""
 
 
 def _placement_reasons(model: ModelFacts, n_ctx: int, placement: _Placement, gpus: tuple[Gpu, ...], f16: _Placement) -> list[str]:

@@ -13,7 +13,8 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
-from localchat.backends.base import ROW_LIMIT, Backend, LoraScales, Sampler, SamplerSettings, TokenLogprob, token_logprob
+from localchat.backends.base import ROW_LIMIT, Backend, LoraScales, Sampler, SamplerSettings, TokenLogprob
+from localchat.backends.logprobs import token_logprob
 from localchat.constraints import Constraint, token_guide
 from localchat.errors import ContextOverflowError, InferenceError, InvalidSettingError
 from localchat.prefix_cache import PrefixCache, common_prefix_length

@@ -15,16 +15,10 @@ import numpy as np
 from localchat.backends.base import Backend
 from localchat.errors import ModelError
 from localchat.prefix_cache import common_prefix_length
+from localchat.settings import DEFAULT_LOOKUP_DRAFT
 
 # Prompt lookup tries the sequence's last n-gram for these n, longest first.
 LOOKUP_NGRAMS = (3, 2, 1)
-# The longest prompt-lookup draft the front ends (run, serve, the chat app) use unless told otherwise.
-# On by default: a step drafts only when drafting is expected to give tokens faster than a plain step
-# (LookupDrafting), so a reply that never repeats its prompt, or whose sampler does not pick what
-# lookup predicts, pays nothing. Long, because a copied run pays off more the longer it is drafted
-# once a step's fixed cost is paid (benchmarks/speculative.py --step-cost). Odd: with the token before
-# it, a whole draft is an even count of rows (see LlamaCppBackend.even_rows).
-DEFAULT_LOOKUP_DRAFT = 25
 # A drafting step costs a plain step and FIXED + PER_ROW * k plain steps more for k drafted rows, fit
 # to the session's timed steps; until then this line, measured with benchmarks/speculative.py
 # --step-cost on AMD EPYC (2 threads): SmolLM2-135M 0.31 + 0.57k (0.88 for k = 1, 14.5 for k = 25),

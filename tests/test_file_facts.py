@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from localchat import file_facts, gguf_file
-from localchat.backends import llamacpp
+from localchat.backends import llamacpp_natives
 from localchat.engine import Engine
 from localchat.errors import ModelError
 from localchat.file_facts import FileVersion, remembered
@@ -129,13 +129,13 @@ def test_remembered_end_of_generation_tokens_are_llama_cpp_s(request: pytest.Fix
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     engine: Engine = request.getfixturevalue(fixture)
     backend = engine.backend
-    asked = llamacpp.end_of_generation_ids(backend._vocab)
+    asked = llamacpp_natives.end_of_generation_ids(backend._vocab)
     assert asked and backend.info.eog_ids == asked
     version = FileVersion.of(backend.info.path)
-    assert llamacpp.remembered_end_of_generation_ids(backend.info.path, version, backend._vocab) == asked
+    assert llamacpp_natives.remembered_end_of_generation_ids(backend.info.path, version, backend._vocab) == asked
 
     def ask_again(*_: object) -> None:
         raise AssertionError("asked again")
 
-    monkeypatch.setattr(llamacpp, "end_of_generation_ids", ask_again)
-    assert llamacpp.remembered_end_of_generation_ids(backend.info.path, version, backend._vocab) == asked
+    monkeypatch.setattr(llamacpp_natives, "end_of_generation_ids", ask_again)
+    assert llamacpp_natives.remembered_end_of_generation_ids(backend.info.path, version, backend._vocab) == asked

@@ -10,7 +10,7 @@ import llama_cpp
 import pytest
 
 from localchat.backends.llamacpp import LlamaCppBackend
-from localchat.backends.llamacpp_natives import FLASH_ATTN_TYPES, KV_CACHE_TYPES, log_callback, place_layers
+from localchat.backends.llamacpp_natives import FLASH_ATTN_TYPES, KV_CACHE_TYPES, log_callback, open_model, place_layers
 from localchat.model_loading import plan_model
 from localchat.hardware import GIB, Gpu, Hardware
 from localchat.planner import FlashAttn, KvType, PlanRequest, plan_offload
@@ -54,7 +54,7 @@ def test_a_q8_0_kv_cache_with_flash_attention_reaches_llama_cpp(gemma_model: Pat
     """On the CPU too: the plan's cache type holds the sequence in 34 bytes per 32 values."""
     model_plan = plan_model(str(gemma_model), settings, PlanRequest(n_ctx=256, n_threads=2))
     assert model_plan.facts.kv_head_sizes == (256, 256)  # from the GGUF header's key/value_length
-    backend = LlamaCppBackend(gemma_model, dataclasses.replace(model_plan.plan.load_params, kv_type="q8_0", flash_attn="on"))
+    backend = LlamaCppBackend(open_model(gemma_model, dataclasses.replace(model_plan.plan.load_params, kv_type="q8_0", flash_attn="on")))
     try:
         tokens = backend.tokenize("The capital of France is Paris.", add_bos=True, special=False)
         backend.evaluate(0, tokens, 0)
@@ -76,7 +76,7 @@ def test_experts_left_in_ram_reach_llama_cpp_as_tensor_buffer_overrides(tiny_che
     model = convert_checkpoint(tiny_checkpoint("qwen2moe"), tmp_path / "moe.gguf", "f16", threads=2).output
     plan = plan_model(str(model), Settings(prefix_cache_disk_bytes=0), PlanRequest(n_ctx=256, n_threads=2)).plan.load_params
     prompt = list(range(1, 20))
-    plain = LlamaCppBackend(model, plan)
+    plain = LlamaCppBackend(open_model(model, plan))
     try:
         expected = greedy_continuation(plain, prompt, 12)
     finally:
@@ -91,7 +91,7 @@ def test_experts_left_in_ram_reach_llama_cpp_as_tensor_buffer_overrides(tiny_che
 
     llama_cpp.llama_log_set(record, None)
     try:
-        backend = LlamaCppBackend(model, dataclasses.replace(plan, n_cpu_moe=1))
+        backend = LlamaCppBackend(open_model(model, dataclasses.replace(plan, n_cpu_moe=1)))
     finally:
         llama_cpp.llama_log_set(log_callback, None)
     try:

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from test_generation_logic import PIECES, ScriptedBackend
 
-from localchat.backends.base import ARGMAX, SamplerSettings, TokenLogprob, token_logprob
+from localchat.backends.base import ARGMAX, SamplerSettings, TokenLogprob
+from localchat.backends.logprobs import token_logprob
 from localchat.engine import Engine
 from localchat.session import GenerationSettings, Reply
 

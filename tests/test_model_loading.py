@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -37,7 +39,8 @@ def test_a_load_left_untaken_is_waited_for_and_closed(default_model: Path, setti
     with start_loading(str(default_model), settings, PlanRequest(n_ctx=512)) as loading:
         pass
     assert loading._opening.done()  # waited for
-    assert loading._opening.result()._model.pointer is None  # type: ignore[attr-defined]  # and closed
+    opened = loading._opening.result()
+    assert opened.model.pointer is None and opened.context.pointer is None  # type: ignore[attr-defined]  # and closed
     with pytest.raises(ModelError, match="was given up"):
         loading.backend()  # a taker too late (the chat app's load, when the app quit first) is told so
 
@@ -57,3 +60,22 @@ def test_a_relay_hands_the_latest_progress_to_a_listener_attached_later() -> Non
     relay.attach(heard.append)
     relay(1.0)
     assert heard == [0.5, 1.0]
+
+
+def test_a_gguf_model_starts_loading_before_numpy_is_imported(default_model: Path, tmp_path: Path) -> None:
+    """Planning and the load's start import no numpy (40 ms here): `localchat run` imports it, and the rest of
+    the engine, while llama.cpp loads the model."""
+    code = (
+        "import sys\n"
+        "import localchat.backends.llamacpp_natives as natives\n"
+        "open_model = natives.open_model\n"
+        "def opening(*args, **kwargs):\n"
+        "    print('numpy' in sys.modules, flush=True)\n"
+        "    return open_model(*args, **kwargs)\n"
+        "natives.open_model = opening\n"
+        "from localchat.cli import main\n"
+        f"sys.exit(main(['run', '-m', {str(default_model)!r}, '-n', '1', 'Hi']))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines()[0] == "False"

@@ -30,10 +30,11 @@ RECORD_LOAD_ORDER = textwrap.dedent("""
     atexit.register(lambda: print("LOAD-ORDER", watch.seen, file=sys.stderr))
 """)
 ENTRY_POINTS = {
-    "cli": "import runpy; sys.argv = ['localchat', '--help']; runpy.run_module('localchat', run_name='__main__')",
+    # A command that runs a model: `--help` and planning import no numpy.
+    "cli": "import runpy; sys.argv = ['localchat', 'run', '-n', '1', 'Hi']; runpy.run_module('localchat', run_name='__main__')",
     "server": "import localchat.server.app",
     "chat app": "import localchat.tui.app",
-    "converters": "import localchat.converters.cli",
+    "converters": "import localchat.converters.cli, localchat.converters.gguf",
     **{f"benchmarks/{p.name}": f"import runpy; sys.argv = ['{p.name}', '--help']; runpy.run_path('{p}', run_name='__main__')"
        for p in sorted((ROOT / "benchmarks").glob("*.py"))},
 }

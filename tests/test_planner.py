@@ -172,8 +172,8 @@ MISTRAL_7B_Q4_K_M = ModelFacts(
     n_vocab=32768,
     kv_head_sizes=(128, 128),
 )
-LLAMA_CUDA_BUILD = BuildFeatures(gpu_offload=True, amx=False, flash_attn=True, version="0.3.36")
-LLAMA_CPU_BUILD = BuildFeatures(gpu_offload=False, amx=False, version="0.3.36")
+LLAMA_CUDA_BUILD = BuildFeatures(gpu_offload=True, amx=False, flash_attn=True)
+LLAMA_CPU_BUILD = BuildFeatures(gpu_offload=False, amx=False)
 RTX_3090 = Gpu(0, "NVIDIA GeForce RTX 3090", 24 * GIB, int(23.5 * GIB))
 RTX_3070 = Gpu(0, "NVIDIA GeForce RTX 3070", 8 * GIB, int(7.5 * GIB))
 

@@ -31,8 +31,7 @@ from localchat.models import DEFAULT_MODEL_NAME, PACKAGED_MODELS
 from localchat.planner import PlanRequest
 from localchat.remote_endpoint import RemoteEndpoint
 from localchat.session import GenerationSettings, GenerationStats
-from localchat.settings import Settings
-from localchat.speculative import DEFAULT_LOOKUP_DRAFT
+from localchat.settings import DEFAULT_LOOKUP_DRAFT, Settings
 from localchat.tui.model_loading import LoadProgress, ModelFailed, ModelLoaded, load_engine
 from localchat.tui.pulls import PullEnded, PullProgress, pull_model
 from localchat.tui.replies import Reply, ReplyEnded, ReplyStats, ReplyText, write_reply

@@ -7,14 +7,16 @@ ids and KV ranges; text only appears in `tokenize` and `token_bytes`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
-
-import numpy as np
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from localchat.errors import InvalidSettingError
+
+if TYPE_CHECKING:  # planning a model imports this module, and no numpy (localchat.cli)
+    import numpy as np
 
 
 # The KV cache's value type, and flash attention: "auto" leaves it to llama.cpp (its default, kept
@@ -57,8 +59,6 @@ class BuildFeatures:
     description: str = ""
     # Flash attention kernels on the GPU (a quantized V cache needs them in llama.cpp).
     flash_attn: bool = False
-    # The installed package's version, to pin a rebuild to it.
-    version: str = ""
 
 
 @dataclass(frozen=True)
@@ -222,15 +222,7 @@ class TokenScores:
 
     @property
     def perplexity(self) -> float:
-        return float(np.exp(-self.logprobs.mean()))
-
-
-def score_rows(logits: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Log-probability of `targets[i]` under row i of `logits`, and each row's top-1 token."""
-    logits = logits.astype(np.float64)
-    peak = logits.max(axis=1, keepdims=True)
-    log_norm = peak[:, 0] + np.log(np.exp(logits - peak).sum(axis=1))
-    return logits[np.arange(len(targets)), targets] - log_norm, logits.argmax(axis=1)
+        return math.exp(-float(self.logprobs.mean()))
 
 
 @dataclass(frozen=True)
@@ -241,19 +233,6 @@ class TokenLogprob:
     token: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
-
-
-def token_logprob(logits: np.ndarray, token: int, top: int) -> TokenLogprob:
-    """The log-softmax of one logits row at `token`, and its `top` best entries (ties: lowest id
-    first, as greedy picks). Costs two passes over the vocabulary: only done when asked."""
-    peak = float(logits.max())
-    log_norm = peak + float(np.log(np.exp(logits - peak, dtype=np.float64).sum()))
-    best: tuple[tuple[int, float], ...] = ()
-    if top > 0:
-        ids = np.argpartition(-logits, top - 1)[:top] if top < len(logits) else np.arange(len(logits))
-        ids = ids[np.lexsort((ids, -logits[ids]))]
-        best = tuple((int(i), float(logits[i]) - log_norm) for i in ids)
-    return TokenLogprob(token, float(logits[token]) - log_norm, best)
 
 
 # Rows of one `evaluate_all` that `sample(row=...)` can read: every row of a call this long or shorter.

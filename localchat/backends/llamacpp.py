@@ -10,13 +10,10 @@ one numpy argmax for plain greedy decoding or llama.cpp's sampler chain on a few
 from __future__ import annotations
 
 import ctypes
-import importlib.metadata
-import os
 import threading
 import typing
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import ExitStack
 from pathlib import Path
 
 import llama_cpp
@@ -25,29 +22,17 @@ import numpy as np
 from localchat.backends.base import (
     DRY_SEQUENCE_BREAKERS,
     ROW_LIMIT,
-    BuildFeatures,
-    LoadParams,
     LoraScales,
     ModelInfo,
     SamplerSettings,
     TokenGuide,
     TokenScores,
-    score_rows,
 )
 from localchat.backends.llamacpp_embeddings import LlamaEmbedder, open_embedder
-from localchat.backends.llamacpp_natives import (
-    PROMPT_BATCH,
-    LlamaBatch,
-    LlamaContext,
-    LlamaLoraAdapter,
-    LlamaModel,
-    log_callback,
-    missing_special_token,
-)
+from localchat.backends.llamacpp_natives import PROMPT_BATCH, LlamaBatch, LlamaLoraAdapter, OpenedModel
 from localchat.backends.llamacpp_sampler import DeviceSampler, LlamaSampler, device_chain, device_sampleable
-from localchat.background import started
-from localchat.errors import ContextOverflowError, InferenceError, ModelError
-from localchat.file_facts import FileVersion, remembered
+from localchat.backends.logprobs import score_rows
+from localchat.errors import ContextOverflowError, InferenceError
 
 # Rows of logits read back per decode when scoring (each row is n_vocab floats).
 SCORE_CHUNK = 64
@@ -56,11 +41,6 @@ SCORE_CHUNK = 64
 METADATA_PREFIX = "general."
 # llama_get_logits with its pointer as a plain address, to see cheaply whether the buffer moved.
 _logits_address = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(("llama_get_logits", llama_cpp.llama_cpp._lib))
-# The llama.cpp library loaded: a rebuild or another release is another file. (llama-cpp-python's own
-# `__version__` is not read: asking the package for it imports all of it, Llama and jinja2.)
-_LIBRARY_VERSION = FileVersion.of(Path(llama_cpp.llama_cpp._lib._name))
-_init_lock = threading.Lock()
-_initialized = False
 
 
 class _ComputeThread:
@@ -113,48 +93,6 @@ def decode_on_this_thread() -> None:
     _compute.adopt_current_thread()
 
 
-def ensure_initialized() -> None:
-    global _initialized
-    with _init_lock:
-        if not _initialized:
-            # CUDA numbers GPUs fastest first unless told otherwise; the planner's GPU numbers
-            # (hardware.nvidia_gpus) follow the PCI bus. Read when CUDA starts, below.
-            os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-            llama_cpp.llama_log_set(log_callback, ctypes.c_void_p(0))
-            llama_cpp.llama_backend_init()
-            _initialized = True
-
-
-def build_features() -> BuildFeatures:
-    ensure_initialized()
-    info = llama_cpp.llama_print_system_info().decode()
-    gpu_offload = bool(llama_cpp.llama_supports_gpu_offload())
-    return BuildFeatures(
-        gpu_offload=gpu_offload,
-        amx="AMX_INT8 = 1" in info,
-        description=info.strip().rstrip("|").strip(),
-        # llama.cpp's GPU backends (CUDA, Metal, Vulkan, HIP) all implement flash attention.
-        flash_attn=gpu_offload,
-        version=importlib.metadata.version("llama_cpp_python"),
-    )
-
-
-def end_of_generation_ids(vocab: llama_cpp.llama_vocab_p) -> frozenset[int]:
-    """The tokens llama.cpp ends a reply at (none asked past 300k tokens: a vocabulary that large is not a
-    chat model's)."""
-    n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
-    if n_vocab > 300_000:
-        return frozenset()
-    return frozenset(t for t in range(n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, t))
-
-
-def remembered_end_of_generation_ids(path: Path, version: FileVersion | None, vocab: llama_cpp.llama_vocab_p) -> frozenset[int]:
-    """end_of_generation_ids of `vocab`, loaded from `version` of the file at `path`, kept for the next start
-    with this file and this llama.cpp (localchat.file_facts)."""
-    kind = f"end-of-generation ids, {_LIBRARY_VERSION}"
-    return frozenset(remembered(path, kind, lambda: sorted(end_of_generation_ids(vocab)), version=version))
-
-
 class LlamaCppBackend:
     """A GGUF model and its context, loaded with the settings of a `Plan`."""
 
@@ -168,39 +106,27 @@ class LlamaCppBackend:
     # 20 ms and 4 tokens 21.
     even_rows = True
 
-    def __init__(self, path: Path, load: LoadParams, *, on_progress: Callable[[float], None] | None = None) -> None:
-        ensure_initialized()
-        self.load = load
-        self._natives = ExitStack()
+    def __init__(self, opened: OpenedModel) -> None:
+        """A backend on `opened` (`open_model`), which it owns from then on: freed here if it cannot be made."""
+        self.load = opened.load
+        self._natives = opened.natives
         try:
-            self._open(path, load, on_progress)
+            self._take(opened)
         except BaseException:
             self._natives.close()
             raise
 
-    def _open(self, path: Path, load: LoadParams, on_progress: Callable[[float], None] | None) -> None:
-        version = FileVersion.of(path)  # what the model is loaded from (a file replaced meanwhile is another)
-        model = self._model = self._owned(LlamaModel(path, load, on_progress))
-        # LoRA adapters (load_lora) are freed after the context that applied them, before the model:
-        # llama.cpp frees those left with their model, so a later free would be a second.
-        self._loras: list[LlamaLoraAdapter] = []
-        self._natives.callback(self._close_loras)
-        self._vocab = model.vocab
-        if missing := missing_special_token(self._vocab):
-            raise ModelError(f"{path}'s tokenizer adds a {missing} token it does not have; download or convert it again")
-        # llama.cpp lists its end-of-generation tokens to no one: they are asked one by one (0.1 s on a 262k
-        # vocabulary), on a thread of their own while the context is made, which holds no GIL.
-        eog = started(lambda: remembered_end_of_generation_ids(path, version, self._vocab), "llama.cpp-vocabulary")
-        try:
-            self._ctx = self._owned(LlamaContext(model, load, path)).pointer
-        finally:
-            eog_ids = eog.result()  # either way: the scan reads the vocabulary a failure would free
+    def _take(self, opened: OpenedModel) -> None:
+        self._model = opened.model
+        self._vocab = opened.model.vocab
+        self._loras = opened.loras
+        self._ctx = opened.context.pointer
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
         # llama.cpp caps the batch at the context size and aborts on a larger one.
         self._n_batch = llama_cpp.llama_n_batch(self._ctx)
-        self.n_seq = load.n_seq
-        self._batch = self._owned(LlamaBatch(max(PROMPT_BATCH, load.n_seq))).batch
+        self.n_seq = opened.load.n_seq
+        self._batch = self._owned(LlamaBatch(max(PROMPT_BATCH, opened.load.n_seq))).batch
         self._output_index: dict[int, int] = {}
         self._first_row: dict[int, int] = {}
         self._n_outputs = 0  # rows of logits the last decode kept
@@ -214,9 +140,9 @@ class LlamaCppBackend:
         self._embedder: LlamaEmbedder | None = None
         self._embedder_lock = threading.Lock()
         self._lora_scales: LoraScales = ()
-        self.info = self._read_info(path, eog_ids)
+        self.info = self._read_info(opened.path, opened.eog_ids)
 
-    def _owned(self, native: LlamaModel | LlamaContext | LlamaBatch) -> typing.Any:
+    def _owned(self, native: LlamaBatch) -> typing.Any:
         """`native`, freed when the backend closes (the last owned first)."""
         self._natives.callback(native.close)
         return native
@@ -502,10 +428,6 @@ class LlamaCppBackend:
         values = (ctypes.c_float * n)(*(scale for _, scale in scales)) if n else None
         llama_cpp.llama_set_adapters_lora(self._ctx, adapters, n, values)
         self._lora_scales = scales
-
-    def _close_loras(self) -> None:
-        for adapter in self._loras:
-            adapter.close()
 
     # -- embeddings and closing ----------------------------------------------------
 

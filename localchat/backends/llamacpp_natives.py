@@ -1,18 +1,30 @@
 """The llama.cpp backend's native objects, each with one owner that frees it once (model, context,
-batch, LoRA adapter), how a load's parameters reach them (layers, splits, experts left in RAM), and
-llama.cpp's log, whose recent errors explain a failed load."""
+batch, LoRA adapter), how a load's parameters reach them (layers, splits, experts left in RAM), the
+library (initialized once, what its build can do), and llama.cpp's log, whose recent errors explain a
+failed load.
+
+`open_model` loads a model and makes its context: the long part of opening a backend. Neither it nor
+planning imports numpy, so a load starts before the rest of the backend is imported, which goes on
+beside it (localchat.model_loading).
+"""
 
 from __future__ import annotations
 
 import ctypes
+import os
+import threading
 from collections import deque
 from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp
 
-from localchat.backends.base import ROW_LIMIT, FlashAttn, KvType, LoadParams
+from localchat.backends.base import ROW_LIMIT, BuildFeatures, FlashAttn, KvType, LoadParams
+from localchat.background import started
 from localchat.errors import ModelError
+from localchat.file_facts import FileVersion, remembered
 from localchat.gguf_file import ROUTED_EXPERT_TENSOR
 
 # Tokens per llama_decode call when evaluating a prompt.
@@ -34,6 +46,54 @@ recent_errors: deque[str] = deque(maxlen=8)
 def log_callback(level: int, text: bytes | None, _user_data: ctypes.c_void_p) -> None:
     if text and level == GGML_LOG_LEVEL_ERROR:
         recent_errors.append(text.decode("utf-8", errors="replace").strip())
+
+
+# The llama.cpp library loaded: a rebuild or another release is another file. (llama-cpp-python's own
+# `__version__` is not read: asking the package for it imports all of it, Llama and jinja2.)
+_LIBRARY_VERSION = FileVersion.of(Path(llama_cpp.llama_cpp._lib._name))
+_init_lock = threading.Lock()
+_initialized = False
+
+
+def ensure_initialized() -> None:
+    global _initialized
+    with _init_lock:
+        if not _initialized:
+            # CUDA numbers GPUs fastest first unless told otherwise; the planner's GPU numbers
+            # (hardware.nvidia_gpus) follow the PCI bus. Read when CUDA starts, below.
+            os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+            llama_cpp.llama_log_set(log_callback, ctypes.c_void_p(0))
+            llama_cpp.llama_backend_init()
+            _initialized = True
+
+
+def build_features() -> BuildFeatures:
+    ensure_initialized()
+    info = llama_cpp.llama_print_system_info().decode()
+    gpu_offload = bool(llama_cpp.llama_supports_gpu_offload())
+    return BuildFeatures(
+        gpu_offload=gpu_offload,
+        amx="AMX_INT8 = 1" in info,
+        description=info.strip().rstrip("|").strip(),
+        # llama.cpp's GPU backends (CUDA, Metal, Vulkan, HIP) all implement flash attention.
+        flash_attn=gpu_offload,
+    )
+
+
+def end_of_generation_ids(vocab: llama_cpp.llama_vocab_p) -> frozenset[int]:
+    """The tokens llama.cpp ends a reply at (none asked past 300k tokens: a vocabulary that large is not a
+    chat model's)."""
+    n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
+    if n_vocab > 300_000:
+        return frozenset()
+    return frozenset(t for t in range(n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, t))
+
+
+def remembered_end_of_generation_ids(path: Path, version: FileVersion | None, vocab: llama_cpp.llama_vocab_p) -> frozenset[int]:
+    """end_of_generation_ids of `vocab`, loaded from `version` of the file at `path`, kept for the next start
+    with this file and this llama.cpp (localchat.file_facts)."""
+    kind = f"end-of-generation ids, {_LIBRARY_VERSION}"
+    return frozenset(remembered(path, kind, lambda: sorted(end_of_generation_ids(vocab)), version=version))
 
 
 def place_layers(params: llama_cpp.llama_model_params, load: LoadParams) -> ctypes.Array[ctypes.c_float] | None:
@@ -189,3 +249,48 @@ class LlamaBatch:
         if not self._freed:
             llama_cpp.llama_batch_free(self.batch)
             self._freed = True
+
+
+@dataclass
+class OpenedModel:
+    """A model loaded and its context made (`open_model`), for a backend to own: `natives` frees them
+    and the LoRA adapters loaded on the model, in order; `close` frees them unused."""
+
+    path: Path
+    load: LoadParams
+    natives: ExitStack
+    model: LlamaModel
+    context: LlamaContext
+    loras: list[LlamaLoraAdapter]
+    eog_ids: frozenset[int]
+
+    def close(self) -> None:
+        self.natives.close()
+
+
+def open_model(path: Path, load: LoadParams, on_progress: Callable[[float], None] | None = None) -> OpenedModel:
+    """The model at `path` loaded with `load`, and its context."""
+    ensure_initialized()
+    natives = ExitStack()
+    try:
+        version = FileVersion.of(path)  # what the model is loaded from (a file replaced meanwhile is another)
+        model = LlamaModel(path, load, on_progress)
+        natives.callback(model.close)
+        # LoRA adapters are freed after the context that applied them, before the model: llama.cpp
+        # frees those left with their model, so a later free would be a second.
+        loras: list[LlamaLoraAdapter] = []
+        natives.callback(lambda: [adapter.close() for adapter in loras])
+        if missing := missing_special_token(model.vocab):
+            raise ModelError(f"{path}'s tokenizer adds a {missing} token it does not have; download or convert it again")
+        # llama.cpp lists its end-of-generation tokens to no one: they are asked one by one (0.1 s on a 262k
+        # vocabulary), on a thread of their own while the context is made, which holds no GIL.
+        eog = started(lambda: remembered_end_of_generation_ids(path, version, model.vocab), "llama.cpp-vocabulary")
+        try:
+            context = LlamaContext(model, load, path)
+            natives.callback(context.close)
+        finally:
+            eog_ids = eog.result()  # either way: the scan reads the vocabulary a failure would free
+        return OpenedModel(path, load, natives, model, context, loras, eog_ids)
+    except BaseException:
+        natives.close()
+        raise

@@ -29,8 +29,8 @@ from localchat.backends.base import (
     SamplerSettings,
     TokenGuide,
     TokenScores,
-    score_rows,
 )
+from localchat.backends.logprobs import score_rows
 from localchat.backends.numpy_sampler import NumpySampler
 from localchat.errors import ContextOverflowError, InferenceError, InvalidSettingError, ModelError, UnsupportedError
 from localchat.onnx_format import (

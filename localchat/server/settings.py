@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from localchat.backends.base import ROW_LIMIT
 from localchat.errors import InvalidSettingError
 from localchat.hardware import MIB
-from localchat.speculative import DEFAULT_LOOKUP_DRAFT
+from localchat.settings import DEFAULT_LOOKUP_DRAFT
 
 
 @dataclass(frozen=True)

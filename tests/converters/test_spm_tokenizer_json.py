@@ -10,7 +10,7 @@ import pytest
 
 from localchat.converters.gguf import convert_checkpoint
 from localchat.converters.tokenizer import merge_scores
-from localchat.backends.llamacpp import ensure_initialized
+from localchat.backends.llamacpp_natives import ensure_initialized
 from localchat.gguf_file import read_gguf_header
 
 # Multilingual prose, code, whitespace runs, emojis, byte-fallback characters and special tokens.
