@@ -15,16 +15,16 @@ parent: SMALL_PARENT) against llama.cpp's `llama-bench -p 0 -n 1 -r 1` on the sa
 first start (a file it has derived nothing from: localchat.file_facts), and the chat app from its start to its
 status bar saying ready in an 80x24 pseudo-terminal. Medians; each localchat figure against llama.cpp's.
 
-Measured (AMD EPYC, 2 threads, 3 rounds, two runs on 2026-11-26 at b4dab28 and 0eb09bf), localchat against
-llama-server: SmolLM2-135M-Instruct decode 0.90-1.01x, aggregate 0.85-0.95x with 1 stream and 1.06-1.16x with 4,
-time to first token of a resent short chat 0.75-0.92x (17.0-19.2 against 14.4-15.6 ms); Gemma 3 270M 0.88-0.99x,
-0.89-0.93x, 1.01-1.05x and 1.09-1.17x faster. Three servers of each, started interleaved, 6 rounds of the
-1-stream story: 0.95x (1.228-1.239 s against 1.154-1.177). Sampling alone 0.045-0.048 ms against 0.175-0.195
-(49k) and 0.075-0.077 against 1.66-1.74 with Gemma's penalties (262k); drafting, input-grounded / open-ended:
-SmolLM2 1.59-1.98x (97% taken) / 0.92-0.99x, Gemma 2.27-2.30x / 0.94-0.98x. Cold start: SmolLM2 0.48-0.53 s
-against 0.13 (3.6-3.9x), 206 against 126 MiB; Gemma 0.86-0.89 s against 0.55-0.59 (1.52-1.56x), 372 against
-312 MiB; a first start 0.51 s and 1.06 s; the chat app ready 0.66-0.73 s and 0.86-0.88 s after it starts (its
-first output at 0.42-0.44 and 0.42-0.43 s).
+Measured (AMD EPYC, 2 threads, 3 rounds, 2026-11-26 at e6627c3), localchat against llama-server: SmolLM2-135M-Instruct
+decode 0.88x (92.0 against 104.6 tok/s), aggregate 0.88x with 1 stream and 1.11x with 4, time to first token of
+a resent short chat 1.01x (17.2 against 17.4 ms); Gemma 3 270M 0.91x, 0.88x, 1.01x and 1.16x faster (25.3
+against 29.4 ms). The 3-round server figures move 5-15% between runs on this machine (the last two runs of the
+same serving code read SmolLM2's decode at 0.90x and 1.01x); three servers of each, interleaved, 6 rounds of the
+1-stream story gave 0.95x. Sampling alone 0.045 ms against 0.174 (49k) and 0.072 against 1.70 with Gemma's
+penalties (262k); drafting, input-grounded / open-ended: SmolLM2 1.54x (97% taken) / 0.99x, Gemma 2.35x (93%) /
+1.00x. Cold start: SmolLM2 0.44 s against 0.13 (3.38x), 202 against 126 MiB; Gemma 0.72 s against 0.52 (1.37x),
+368 against 312 MiB; a first start 0.44 s and 0.88 s; the chat app ready 0.63 s and 0.82 s after it starts
+(its first output at 0.44 and 0.46 s).
 
     python benchmarks/as_shipped.py --llama-server OUTDIR/llama-server [--llama-bench OUTDIR/llama-bench] [--rounds 3]
         [--model NAME_OR_GGUF ...]
