@@ -55,6 +55,7 @@ class Engine:
         self.prefix_cache = prefix_cache or new_prefix_cache(model_plan, settings)
         # The sampler replies get unless asked otherwise: the model's own defaults, its family's, or llama.cpp's.
         self.sampler_defaults = sampler_defaults(info.metadata)
+        backend.prepare_sampler(self.sampler_defaults.settings)
         # One session per KV sequence: a session must know every token its sequence holds.
         self.sessions = tuple(Session(backend, seq=seq, prefix_cache=self.prefix_cache,
                                       sampler_defaults=self.sampler_defaults.settings) for seq in range(backend.n_seq))

@@ -32,6 +32,7 @@ from localchat.backends.llamacpp_embeddings import LlamaEmbedder, open_embedder
 from localchat.backends.llamacpp_natives import PROMPT_BATCH, LlamaBatch, LlamaLoraAdapter, OpenedModel
 from localchat.backends.llamacpp_sampler import DeviceSampler, LlamaSampler, device_chain, device_sampleable
 from localchat.backends.logprobs import score_rows
+from localchat.background import started
 from localchat.errors import ContextOverflowError, InferenceError
 
 # Rows of logits read back per decode when scoring (each row is n_vocab floats).
@@ -133,7 +134,9 @@ class LlamaCppBackend:
         self._logits_view: tuple[int, int, np.ndarray] | None = None  # (address, rows, view)
         self._piece_cache: dict[int, bytes] = {}
         self._piece_buffer = ctypes.create_string_buffer(256)
-        self._dry_samplers: dict[tuple[float, float, int, int], llama_cpp.llama_sampler_p] = {}
+        # DRY samplers by parameters, each made once on a thread of its own (`prepare_sampler`).
+        self._dry_samplers: dict[tuple[float, float, int, int], Future[llama_cpp.llama_sampler_p]] = {}
+        self._dry_lock = threading.Lock()
         # Sampler chains attached to sequences for backend sampling (load.backend_sampling), with their settings.
         self._attached: dict[int, tuple[SamplerSettings, llama_cpp.llama_sampler_p]] = {}
         self._natives.callback(self._detach_all)
@@ -334,21 +337,30 @@ class LlamaCppBackend:
         for seq in list(self._attached):
             self._detach(seq)
 
+    def prepare_sampler(self, settings: SamplerSettings) -> None:
+        if settings.dry:
+            self._dry_making(settings)
+
     def _dry_sampler(self, settings: SamplerSettings) -> llama_cpp.llama_sampler_p:
         """A DRY sampler for these parameters, made once: llama.cpp finds the tokens holding a
-        sequence breaker by reading the whole vocabulary (0.2 s for 262k tokens), a copy takes 0.2 ms."""
+        sequence breaker by reading the whole vocabulary (50 ms for 262k tokens), a copy takes 0.2 ms."""
+        return self._dry_making(settings).result()
+
+    def _dry_making(self, settings: SamplerSettings) -> Future[llama_cpp.llama_sampler_p]:
         # This build's DRY takes no context size to stand for -1: the window is given whole.
         window = self.n_ctx if settings.dry_penalty_last_n < 0 else settings.dry_penalty_last_n
         key = (settings.dry_multiplier, settings.dry_base, settings.dry_allowed_length, window)
-        sampler = self._dry_samplers.get(key)
-        if sampler is None:
-            breakers = (ctypes.c_char_p * len(DRY_SEQUENCE_BREAKERS))(*(b.encode() for b in DRY_SEQUENCE_BREAKERS))
-            sampler = self._dry_samplers[key] = llama_cpp.llama_sampler_init_dry(
-                self._vocab, settings.dry_multiplier, settings.dry_base, settings.dry_allowed_length, window,
-                breakers, len(breakers),
-            )
-            self._natives.callback(llama_cpp.llama_sampler_free, sampler)
-        return sampler
+        with self._dry_lock:
+            making = self._dry_samplers.get(key)
+            if making is None:
+                breakers = (ctypes.c_char_p * len(DRY_SEQUENCE_BREAKERS))(*(b.encode() for b in DRY_SEQUENCE_BREAKERS))
+                making = self._dry_samplers[key] = started(lambda: llama_cpp.llama_sampler_init_dry(
+                    self._vocab, settings.dry_multiplier, settings.dry_base, settings.dry_allowed_length, window,
+                    breakers, len(breakers),
+                ), "llama.cpp-dry")
+                # Freed with the backend, once made (the vocabulary it reads is freed after it).
+                self._natives.callback(lambda: llama_cpp.llama_sampler_free(making.result()))
+        return making
 
     def _index(self, seq: int, row: int) -> int:
         """The output row of `seq`'s last token, or of row `row` of `evaluate_all`."""

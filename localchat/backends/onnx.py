@@ -362,6 +362,9 @@ class OnnxBackend:
 
     # -- sampling ------------------------------------------------------------------
 
+    def prepare_sampler(self, settings: SamplerSettings) -> None:
+        pass  # the numpy sampler makes nothing ahead
+
     def make_sampler(self, settings: SamplerSettings, guide: TokenGuide | None = None, *, seq: int | None = None,
                      raw_logits: bool = False) -> NumpySampler:
         return NumpySampler(settings, self._dry_breakers() if settings.dry else None, guide)
