@@ -268,6 +268,11 @@ class OpenedModel:
         self.natives.close()
 
 
+def _close_each(adapters: list[LlamaLoraAdapter]) -> None:
+    for adapter in adapters:
+        adapter.close()
+
+
 def open_model(path: Path, load: LoadParams, on_progress: Callable[[float], None] | None = None) -> OpenedModel:
     """The model at `path` loaded with `load`, and its context."""
     ensure_initialized()
@@ -279,7 +284,7 @@ def open_model(path: Path, load: LoadParams, on_progress: Callable[[float], None
         # LoRA adapters are freed after the context that applied them, before the model: llama.cpp
         # frees those left with their model, so a later free would be a second.
         loras: list[LlamaLoraAdapter] = []
-        natives.callback(lambda: [adapter.close() for adapter in loras])
+        natives.callback(_close_each, loras)
         if missing := missing_special_token(model.vocab):
             raise ModelError(f"{path}'s tokenizer adds a {missing} token it does not have; download or convert it again")
         # llama.cpp lists its end-of-generation tokens to no one: they are asked one by one (0.1 s on a 262k
