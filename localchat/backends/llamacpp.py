@@ -455,11 +455,13 @@ class LlamaCppBackend:
 
     def close(self, *, process_ends: bool = False) -> None:
         """Free the batch, the context, the model and the DRY samplers, each once; where the process ends
-        next, none of them: its end unmaps them at once, where llama.cpp's frees took 70 ms of the 0.95 s
-        of `localchat run` on Gemma 3 270M and 20 ms on SmolLM2 (AMD EPYC, 2 cores)."""
+        next and the model is in RAM, none of them: its end unmaps them at once, where llama.cpp's frees
+        took 70 ms of the 0.95 s of `localchat run` on Gemma 3 270M and 20 ms on SmolLM2 (AMD EPYC, 2
+        cores). A model on a GPU is freed as before: leaving device memory to the CUDA driver's teardown
+        at exit was never tried on one."""
         natives = getattr(self, "_natives", None)
         if natives is not None:
-            if process_ends:
+            if process_ends and self.load.n_gpu_layers == 0:
                 natives.pop_all()  # the frees, dropped uncalled
             natives.close()
             self._logits_view = None
