@@ -42,9 +42,8 @@ def new_prefix_cache(model_plan: ModelPlan, settings: Settings) -> PrefixCache:
 class Engine:
     """A model loaded by its plan, with its chat template and prefix cache."""
 
-    def __init__(self, model_plan: ModelPlan, backend: Backend, settings: Settings,
-                 prefix_cache: PrefixCache | None = None) -> None:
-        """`prefix_cache`: the model's (`new_prefix_cache`), if made already."""
+    def __init__(self, model_plan: ModelPlan, backend: Backend, settings: Settings, prefix_cache: PrefixCache) -> None:
+        """`prefix_cache`: the model's (`new_prefix_cache`)."""
         self.model_plan = model_plan
         self.backend = backend
         self.settings = settings
@@ -52,7 +51,7 @@ class Engine:
         bos = backend.token_text(info.bos_id) if info.bos_id is not None else ""
         eos = backend.token_text(info.eos_id) if info.eos_id is not None else ""
         self.template = ChatTemplate.for_model(info.chat_template, info.architecture, bos_token=bos, eos_token=eos)
-        self.prefix_cache = prefix_cache or new_prefix_cache(model_plan, settings)
+        self.prefix_cache = prefix_cache
         # The sampler replies get unless asked otherwise: the model's own defaults, its family's, or llama.cpp's.
         self.sampler_defaults = sampler_defaults(info.metadata)
         backend.prepare_sampler(self.sampler_defaults.settings)
@@ -103,11 +102,10 @@ class Engine:
     @classmethod
     def from_plan(cls, model_plan: ModelPlan, settings: Settings, *,
                   on_progress: Callable[[float], None] | None = None) -> Engine:
-        return cls._owning(model_plan, open_backend(model_plan, on_progress), settings)
+        return cls._owning(model_plan, open_backend(model_plan, on_progress), settings, new_prefix_cache(model_plan, settings))
 
     @classmethod
-    def _owning(cls, model_plan: ModelPlan, backend: Backend, settings: Settings,
-                prefix_cache: PrefixCache | None = None) -> Engine:
+    def _owning(cls, model_plan: ModelPlan, backend: Backend, settings: Settings, prefix_cache: PrefixCache) -> Engine:
         """An engine on `backend`, which it owns from then on: closed here if the engine cannot be made."""
         try:
             return cls(model_plan, backend, settings, prefix_cache)

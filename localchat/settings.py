@@ -13,10 +13,10 @@ from localchat.hardware import MIB
 
 # The longest prompt-lookup draft the front ends (run, serve, the chat app) use unless told otherwise.
 # On by default: a step drafts only when drafting is expected to give tokens faster than a plain step
-# (localchat.speculative.LookupDrafting), so a reply that never repeats its prompt, or whose sampler does not pick what
-# lookup predicts, pays nothing. Long, because a copied run pays off more the longer it is drafted
-# once a step's fixed cost is paid (benchmarks/speculative.py --step-cost). Odd: with the token before
-# it, a whole draft is an even count of rows (see LlamaCppBackend.even_rows).
+# (localchat.speculative.LookupDrafting), so a reply that never repeats its prompt, or whose sampler does
+# not pick what lookup predicts, pays nothing. Long, because a copied run pays off more the longer it is
+# drafted once a step's fixed cost is paid (benchmarks/speculative.py --step-cost). Odd: with the token
+# before it, a whole draft is an even count of rows (see LlamaCppBackend.even_rows).
 DEFAULT_LOOKUP_DRAFT = 25
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ctypes
 import threading
-import typing
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -127,7 +126,9 @@ class LlamaCppBackend:
         # llama.cpp caps the batch at the context size and aborts on a larger one.
         self._n_batch = llama_cpp.llama_n_batch(self._ctx)
         self.n_seq = opened.load.n_seq
-        self._batch = self._owned(LlamaBatch(max(PROMPT_BATCH, opened.load.n_seq))).batch
+        batch = LlamaBatch(max(PROMPT_BATCH, opened.load.n_seq))
+        self._natives.callback(batch.close)
+        self._batch = batch.batch
         self._output_index: dict[int, int] = {}
         self._first_row: dict[int, int] = {}
         self._n_outputs = 0  # rows of logits the last decode kept
@@ -144,11 +145,6 @@ class LlamaCppBackend:
         self._embedder_lock = threading.Lock()
         self._lora_scales: LoraScales = ()
         self.info = self._read_info(opened.path, opened.eog_ids)
-
-    def _owned(self, native: LlamaBatch) -> typing.Any:
-        """`native`, freed when the backend closes (the last owned first)."""
-        self._natives.callback(native.close)
-        return native
 
     # -- model facts ---------------------------------------------------------------
 

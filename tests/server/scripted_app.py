@@ -23,7 +23,7 @@ from openai import OpenAI
 from localchat.adapters import LoraSpec
 from localchat.backends.base import LoraScales, ModelInfo, SamplerSettings, TokenScores
 from localchat.constraints import TokenGuide
-from localchat.engine import Engine
+from localchat.engine import Engine, new_prefix_cache
 from localchat.model_loading import ModelPlan
 from localchat.models import ModelRef
 from localchat.server.app import create_app
@@ -164,7 +164,7 @@ class ScriptedBackend:
     def use_loras(self, scales: LoraScales) -> None:
         self.loras = scales
 
-    def close(self) -> None: ...
+    def close(self, *, process_ends: bool = False) -> None: ...
 
 
 def scripted_app(backend: ScriptedBackend, home: Path, settings: ServerSettings | None = None,
@@ -173,7 +173,8 @@ def scripted_app(backend: ScriptedBackend, home: Path, settings: ServerSettings 
     model_file = home / "scripted.gguf"
     model_file.write_bytes(b"scripted")
     plan = ModelPlan(ModelRef(model_file, "gguf", "scripted"), None, None, None, None)  # type: ignore[arg-type]
-    engine = Engine(plan, backend, Settings(data_dir=home, cache_dir=home, prefix_cache_disk_bytes=0))  # type: ignore[arg-type]
+    settings_here = Settings(data_dir=home, cache_dir=home, prefix_cache_disk_bytes=0)
+    engine = Engine(plan, backend, settings_here, new_prefix_cache(plan, settings_here))  # type: ignore[arg-type]
     engine.add_loras(loras)
     return create_app(engine, settings or ServerSettings())
 
