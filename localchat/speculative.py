@@ -27,6 +27,11 @@ PRIOR_FIXED = 0.31
 PRIOR_PER_ROW = 0.57
 # The weight of the newest step in the timed figures (moving averages).
 COST_WEIGHT = 0.1
+# The plain steps right after a drafting step that are charged to it: the batch's shape changed, so
+# llama.cpp builds its graph again for the first, and on a GPU re-captures its CUDA graph in the second
+# (ggml-cuda executes a changed graph directly, then captures it once it is seen unchanged). On AMD EPYC
+# the first step after a 6-row step cost 5% (SmolLM2-135M) and 18% (1 ms steps) more than a steady one.
+RECOVERY_STEPS = 2
 # The weight each of the prior line's two points keeps in the fit for good: a twentieth of the first
 # drafting step's, against the moving average's 1 once steps have been timed.
 PRIOR_WEIGHT = 0.005
@@ -44,7 +49,8 @@ DRAFT_GROWTH = 2
 class StepCosts:
     """What steps cost on one session's model, timed: a plain step (one token in, one sampled), and
     a drafting step's extra cost over it, a line in the count of drafted rows fit by least squares to
-    recent drafting steps and, lightly, the prior line's two points. Kept across the session's replies."""
+    recent drafting steps and, lightly, the prior line's two points. A drafting step's cost includes
+    what the RECOVERY_STEPS plain steps after it take over a steady one. Kept across the session's replies."""
 
     def __init__(self) -> None:
         self.plain_s: float | None = None
@@ -52,19 +58,43 @@ class StepCosts:
         self.line = (PRIOR_FIXED, PRIOR_PER_ROW)
         # Moving averages of 1, k, k^2, u and k*u over drafting steps of k rows costing u plain steps more.
         self._observed = np.zeros(5)
+        # The last drafting step while the plain steps after it are charged to it.
+        self._recovering: _RecoveringStep | None = None
 
     def plain(self, seconds: float) -> None:
-        self.plain_s = _moving_average(self.plain_s, seconds, COST_WEIGHT)
+        recovering = self._recovering
+        if recovering is None:
+            self.plain_s = _moving_average(self.plain_s, seconds, COST_WEIGHT)
+            return
+        assert self.plain_s is not None
+        recovering.seconds += seconds - self.plain_s
+        recovering.plain_steps += 1
+        if recovering.plain_steps == RECOVERY_STEPS:
+            self._fit(recovering)
 
     def drafted(self, seconds: float, rows: int) -> None:
         if self.plain_s is None:
             return
-        self._observed += COST_WEIGHT * (_line_terms(rows, seconds / self.plain_s - 1) - self._observed)
+        if self._recovering is not None:  # drafting again at once: this step's own time holds the change back
+            self._fit(self._recovering)
+        self._recovering = _RecoveringStep(seconds, rows)
+
+    def _fit(self, step: _RecoveringStep) -> None:
+        assert self.plain_s is not None
+        self._recovering = None
+        self._observed += COST_WEIGHT * (_line_terms(step.rows, step.seconds / self.plain_s - 1) - self._observed)
         # The prior's two points stay in the fit at a fixed weight: steps all of one length (a long
         # copy drafts 25 every step) fix the line's height there, the prior its slope.
         n, k, kk, u, ku = (float(total) for total in self._observed + _PRIOR_SUMS)
         per_row = max((n * ku - k * u) / (n * kk - k * k), 0.01)
         self.line = (max((u - per_row * k) / n, 0.0), per_row)
+
+
+@dataclass
+class _RecoveringStep:
+    seconds: float  # the drafting step's, plus what the plain steps after it took over a steady one
+    rows: int
+    plain_steps: int = 0  # plain steps since
 
 
 def _line_terms(k: int, u: float) -> np.ndarray:

@@ -291,6 +291,18 @@ def test_step_costs_fit_the_line_of_drafting_steps() -> None:
     assert fixed + per_row * 25 == pytest.approx(0.2 + 0.4 * 25, rel=0.01) and 0.2 < per_row < PRIOR_PER_ROW
 
 
+def test_a_drafting_step_is_charged_what_the_plain_steps_after_it_take_over_steady_ones() -> None:
+    """A batch of another shape makes llama.cpp build its graph again (and a GPU capture its CUDA graph
+    again): the plain steps right after a drafting step are dearer, and that is the drafting step's cost."""
+    costs = StepCosts()
+    for rows in [1, 3, 9, 25] * 15:
+        for extra in (0.5, 0.3, 0.0, 0.0):  # the two after a drafting step take 0.5 and 0.3 plain steps more
+            costs.plain(0.01 * (1 + extra))
+        costs.drafted(0.01 * (1 + 0.2 + 0.25 * rows), rows)
+    assert costs.plain_s == pytest.approx(0.01, rel=1e-3)
+    assert costs.line == pytest.approx((0.2 + 0.5 + 0.3, 0.25), rel=0.05)
+
+
 def run_predictions(drafting: LookupDrafting, taken: int, rounds: int, draft: list[int], n: int = 3) -> int:
     """Predict `draft` `rounds` times, the reply taking its first `taken` tokens then another; the last length asked."""
     length = 0
