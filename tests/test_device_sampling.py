@@ -82,6 +82,19 @@ def test_a_reply_needing_the_raw_logits_or_a_history_is_sampled_on_the_host(devi
     assert [entry.token for entry in generation.logprobs] == ids  # type: ignore[attr-defined]
 
 
+def test_a_finished_reply_s_chain_comes_off_its_sequence_where_the_context_has_several(device: Engine) -> None:
+    """Every decode's graph carries the chain of each sequence that has one, active or not: on a context of
+    several sequences (serve's slots) a reply's chain is released when it ends, and the sequence's raw
+    logits are read back again."""
+    backend = device.backend
+    session = device.sessions[0]
+    prompt = backend.tokenize("The capital of France is", add_bos=True, special=False)
+    reply(session, prompt, GenerationSettings(max_tokens=4, sampler=ARGMAX))
+    backend.evaluate(0, [prompt[-1]], len(session.tokens))
+    assert backend.logits(0).shape == (backend.info.n_vocab,)
+    session.reset()
+
+
 def test_seeded_sampling_on_the_device_repeats_and_depends_on_the_seed(device: Engine) -> None:
     prompt = tokenize_chat(device.backend, device.template, [Message("user", "Write a story about a dragon.")])
     runs = [reply(device.sessions[0], prompt, GenerationSettings(max_tokens=16, sampler=SamplerSettings(temperature=1.0, seed=seed)))[0]

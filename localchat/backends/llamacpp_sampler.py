@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ctypes
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from itertools import islice
 
@@ -273,10 +273,13 @@ class DeviceSampler:
 
     guide = None
 
-    def __init__(self, settings: SamplerSettings, chain: llama_cpp.llama_sampler_p, context: llama_cpp.llama_context_p) -> None:
+    def __init__(self, settings: SamplerSettings, chain: llama_cpp.llama_sampler_p, context: llama_cpp.llama_context_p,
+                 release: Callable[[], None] | None = None) -> None:
+        """`release`: what `close` calls to take the chain off its sequence (None: it stays)."""
         self.settings = settings
         self.chain = chain
         self._context = context
+        self._release = release
 
     def accept(self, tokens: Sequence[int], *, reply: bool = False) -> None:
         """The prompt: nothing to remember (no penalties)."""
@@ -292,4 +295,8 @@ class DeviceSampler:
         llama_cpp.llama_sampler_reset(self.chain)
 
     def close(self) -> None:
-        """The chain stays attached to its sequence for the next reply with the same settings."""
+        """The reply has ended: its chain is released, or stays attached to its sequence for the next reply
+        with the same settings (LlamaCppBackend.make_sampler decides)."""
+        if self._release is not None:
+            self._release()
+            self._release = None
