@@ -78,9 +78,10 @@ def test_the_default_chat_model_gets_its_family_s_defaults(engine: Engine) -> No
     assert engine.sessions[0].sampler_defaults == engine.sampler_defaults.settings
 
 
-def test_the_default_sampler_s_dry_is_made_with_the_engine_not_by_the_first_reply(default_model: Path, tmp_path: Path) -> None:
+def test_the_default_sampler_s_dry_is_made_with_the_model_not_by_the_first_reply(default_model: Path, tmp_path: Path) -> None:
     """llama.cpp's DRY reads the whole vocabulary when it is made (50 ms of Gemma 3 270M's first token):
-    the engine starts it for the model's defaults, on a thread of its own, and a reply with them takes it."""
+    the load starts it for the model's defaults once the model is read, on a thread of its own beside
+    the context, and a reply with them takes it."""
     with Engine.load(str(default_model), Settings(cache_dir=tmp_path), PlanRequest(n_ctx=512)) as engine:
         defaults = engine.sampler_defaults.settings
         assert defaults.dry

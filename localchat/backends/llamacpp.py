@@ -20,7 +20,6 @@ import llama_cpp
 import numpy as np
 
 from localchat.backends.base import (
-    DRY_SEQUENCE_BREAKERS,
     ROW_LIMIT,
     LoraScales,
     ModelInfo,
@@ -29,17 +28,23 @@ from localchat.backends.base import (
     TokenScores,
 )
 from localchat.backends.llamacpp_embeddings import LlamaEmbedder, open_embedder
-from localchat.backends.llamacpp_natives import PROMPT_BATCH, LlamaBatch, LlamaLoraAdapter, OpenedModel
+from localchat.backends.llamacpp_natives import (
+    PROMPT_BATCH,
+    DryKey,
+    LlamaBatch,
+    LlamaLoraAdapter,
+    OpenedModel,
+    dry_key,
+    free_when_made,
+    start_dry,
+)
 from localchat.backends.llamacpp_sampler import DeviceSampler, LlamaSampler, device_chain, device_sampleable
 from localchat.backends.logprobs import score_rows
-from localchat.background import started
 from localchat.errors import ContextOverflowError, InferenceError
 
 # Rows of logits read back per decode when scoring (each row is n_vocab floats).
 SCORE_CHUNK = 64
 
-# The metadata a ModelInfo carries: the model's name and family, and its sampling defaults.
-METADATA_PREFIX = "general."
 # llama_get_logits with its pointer as a plain address, to see cheaply whether the buffer moved.
 _logits_address = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(("llama_get_logits", llama_cpp.llama_cpp._lib))
 
@@ -136,8 +141,9 @@ class LlamaCppBackend:
         self._logits_view: tuple[int, int, np.ndarray] | None = None  # (address, rows, view)
         self._piece_cache: dict[int, bytes] = {}
         self._piece_buffer = ctypes.create_string_buffer(256)
-        # DRY samplers by parameters, each made once on a thread of its own (`prepare_sampler`).
-        self._dry_samplers: dict[tuple[float, float, int, int], Future[llama_cpp.llama_sampler_p]] = {}
+        # DRY samplers by parameters, each made once on a thread of its own (`prepare_sampler`): the
+        # default sampler's was begun with the model (open_model).
+        self._dry_samplers: dict[DryKey, Future[llama_cpp.llama_sampler_p]] = dict(opened.dry_samplers)
         self._dry_lock = threading.Lock()
         # Sampler chains attached to sequences for backend sampling (load.backend_sampling), with their settings.
         self._attached: dict[int, tuple[SamplerSettings, llama_cpp.llama_sampler_p]] = {}
@@ -145,7 +151,7 @@ class LlamaCppBackend:
         self._embedder: LlamaEmbedder | None = None
         self._embedder_lock = threading.Lock()
         self._lora_scales: LoraScales = ()
-        self.info = self._read_info(opened.path, opened.eog_ids)
+        self.info = self._read_info(opened.path, opened.eog_ids, opened.metadata)
 
     # -- model facts ---------------------------------------------------------------
 
@@ -154,20 +160,7 @@ class LlamaCppBackend:
         n = llama_cpp.llama_model_meta_val_str(self._model.pointer, key.encode(), buffer, len(buffer))
         return buffer.value.decode("utf-8", errors="replace") if n >= 0 else None
 
-    def _general_metadata(self) -> dict[str, str]:
-        """The model's general.* keys (arrays such as general.tags read as llama.cpp prints them)."""
-        found: dict[str, str] = {}
-        buffer = ctypes.create_string_buffer(1024)
-        model = self._model.pointer
-        for i in range(llama_cpp.llama_model_meta_count(model)):
-            if llama_cpp.llama_model_meta_key_by_index(model, i, buffer, len(buffer)) < 0:
-                continue
-            key = buffer.value.decode("utf-8", errors="replace")
-            if key.startswith(METADATA_PREFIX) and llama_cpp.llama_model_meta_val_str_by_index(model, i, buffer, len(buffer)) >= 0:
-                found[key] = buffer.value.decode("utf-8", errors="replace")
-        return found
-
-    def _read_info(self, path: Path, eog: frozenset[int]) -> ModelInfo:
+    def _read_info(self, path: Path, eog: frozenset[int], metadata: dict[str, str]) -> ModelInfo:
         n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
         template = llama_cpp.llama_model_chat_template(self._model.pointer, None)
         bos = llama_cpp.llama_vocab_bos(self._vocab)
@@ -185,7 +178,7 @@ class LlamaCppBackend:
             eog_ids=eog,
             chat_template=template.decode("utf-8", errors="replace") if template else None,
             size_bytes=llama_cpp.llama_model_size(self._model.pointer),
-            metadata=self._general_metadata(),
+            metadata=metadata,
         )
 
     # -- text ----------------------------------------------------------------------
@@ -352,24 +345,16 @@ class LlamaCppBackend:
             self._dry_making(settings)
 
     def _dry_sampler(self, settings: SamplerSettings) -> llama_cpp.llama_sampler_p:
-        """A DRY sampler for these parameters, made once: llama.cpp finds the tokens holding a
-        sequence breaker by reading the whole vocabulary (50 ms for 262k tokens), a copy takes 0.2 ms."""
+        """A DRY sampler for these parameters, made once (`start_dry`), to copy."""
         return self._dry_making(settings).result()
 
     def _dry_making(self, settings: SamplerSettings) -> Future[llama_cpp.llama_sampler_p]:
-        # This build's DRY takes no context size to stand for -1: the window is given whole.
-        window = self.n_ctx if settings.dry_penalty_last_n < 0 else settings.dry_penalty_last_n
-        key = (settings.dry_multiplier, settings.dry_base, settings.dry_allowed_length, window)
+        key = dry_key(settings, self.n_ctx)
         with self._dry_lock:
             making = self._dry_samplers.get(key)
             if making is None:
-                breakers = (ctypes.c_char_p * len(DRY_SEQUENCE_BREAKERS))(*(b.encode() for b in DRY_SEQUENCE_BREAKERS))
-                making = self._dry_samplers[key] = started(lambda: llama_cpp.llama_sampler_init_dry(
-                    self._vocab, settings.dry_multiplier, settings.dry_base, settings.dry_allowed_length, window,
-                    breakers, len(breakers),
-                ), "llama.cpp-dry")
-                # Freed with the backend, once made (the vocabulary it reads is freed after it).
-                self._natives.callback(lambda: llama_cpp.llama_sampler_free(making.result()))
+                making = self._dry_samplers[key] = start_dry(self._vocab, key)
+                self._natives.callback(free_when_made, making)  # before the vocabulary it reads
         return making
 
     def _index(self, seq: int, row: int) -> int:
