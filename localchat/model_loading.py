@@ -13,17 +13,18 @@ the two share it.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from localchat.backends.base import Backend
+from localchat.backends.base import Backend, SamplerSettings
 from localchat.background import started
 from localchat.errors import ModelError
 from localchat.hardware import Hardware, detect_hardware
 from localchat.models import ModelRef, inspect_gguf, resolve_model
 from localchat.native import require_llama_cpp
 from localchat.planner import BuildFeatures, ModelFacts, Plan, PlanRequest, plan_offload
+from localchat.sampling_defaults import sampler_defaults
 from localchat.settings import Settings
 
 
@@ -161,7 +162,12 @@ def _opener(model_plan: ModelPlan, on_progress: Callable[[float], None] | None) 
     require_llama_cpp()
     from localchat.backends.llamacpp_natives import open_model
 
-    return Opener(lambda: open_model(path, load, on_progress), _llamacpp_backend)
+    return Opener(lambda: open_model(path, load, on_progress, _first_sampler), _llamacpp_backend)
+
+
+def _first_sampler(metadata: Mapping[str, str]) -> SamplerSettings:
+    """The sampler a model's first replies use (Engine.sampler_defaults), for its load to begin its DRY."""
+    return sampler_defaults(metadata).settings
 
 
 def _llamacpp_backend() -> Callable[[Any], Backend]:

@@ -8,9 +8,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from localchat.backends.base import SamplerSettings
+from localchat.backends.llamacpp_natives import dry_key, open_model
 from localchat.converters.gguf import convert_checkpoint
 from localchat.engine import Engine
 from localchat.gguf_file import read_gguf_header
+from localchat.model_loading import plan_model
 from localchat.planner import PlanRequest
 from localchat.sampling_defaults import FAMILY_DEFAULTS, generation_config_sampling, sampler_defaults
 from localchat.session import GenerationSettings
@@ -90,3 +92,18 @@ def test_the_default_sampler_s_dry_is_made_with_the_model_not_by_the_first_reply
         made = next(iter(dry.values()))
         engine.new_chat().send("Hi", GenerationSettings(max_tokens=2)).text()
         assert list(dry.values()) == [made]
+
+
+def test_the_load_begins_the_first_sampler_s_dry_beside_the_context(default_model: Path, settings: Settings) -> None:
+    load = plan_model(str(default_model), settings, PlanRequest(n_ctx=512)).plan.load_params
+    opened = open_model(default_model, load, first_sampler=lambda metadata: sampler_defaults(metadata).settings)
+    try:
+        first = sampler_defaults(opened.metadata).settings
+        assert first.dry and list(opened.dry_samplers) == [dry_key(first, load.n_ctx)]
+    finally:
+        opened.close()
+    opened = open_model(default_model, load)
+    try:
+        assert opened.dry_samplers == {}
+    finally:
+        opened.close()

@@ -14,7 +14,7 @@ import ctypes
 import os
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -22,12 +22,19 @@ from pathlib import Path
 
 import llama_cpp
 
-from localchat.backends.base import DRY_SEQUENCE_BREAKERS, ROW_LIMIT, BuildFeatures, FlashAttn, KvType, LoadParams, SamplerSettings
+from localchat.backends.base import (
+    DRY_SEQUENCE_BREAKERS,
+    ROW_LIMIT,
+    BuildFeatures,
+    FlashAttn,
+    KvType,
+    LoadParams,
+    SamplerSettings,
+)
 from localchat.background import started
 from localchat.errors import ModelError
 from localchat.file_facts import FileVersion, remembered
 from localchat.gguf_file import ROUTED_EXPERT_TENSOR
-from localchat.sampling_defaults import sampler_defaults
 
 # Tokens per llama_decode call when evaluating a prompt.
 PROMPT_BATCH = 512
@@ -318,8 +325,11 @@ def _close_each(adapters: list[LlamaLoraAdapter]) -> None:
         adapter.close()
 
 
-def open_model(path: Path, load: LoadParams, on_progress: Callable[[float], None] | None = None) -> OpenedModel:
-    """The model at `path` loaded with `load`, and its context."""
+def open_model(path: Path, load: LoadParams, on_progress: Callable[[float], None] | None = None,
+               first_sampler: Callable[[Mapping[str, str]], SamplerSettings] | None = None) -> OpenedModel:
+    """The model at `path` loaded with `load`, and its context. `first_sampler`: the sampler the first replies
+    will use, from the model's general.* metadata; its DRY (50 ms of Gemma 3 270M's first reply, were it made
+    by that reply) is begun beside the context."""
     ensure_initialized()
     natives = ExitStack()
     try:
@@ -333,10 +343,9 @@ def open_model(path: Path, load: LoadParams, on_progress: Callable[[float], None
         if missing := missing_special_token(model.vocab):
             raise ModelError(f"{path}'s tokenizer adds a {missing} token it does not have; download or convert it again")
         metadata = general_metadata(model.pointer)
-        # The default sampler's DRY (50 ms of Gemma 3 270M's first reply, made later) is begun now, beside the context.
         dry_samplers = {}
-        if (defaults := sampler_defaults(metadata).settings).dry:
-            key = dry_key(defaults, load.n_ctx)
+        if first_sampler is not None and (first := first_sampler(metadata)).dry:
+            key = dry_key(first, load.n_ctx)
             dry_samplers[key] = making = start_dry(model.vocab, key)
             natives.callback(free_when_made, making)
         # llama.cpp lists its end-of-generation tokens to no one: they are asked one by one (0.1 s on a 262k
