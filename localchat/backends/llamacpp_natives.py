@@ -343,7 +343,7 @@ def open_model(path: Path, load: LoadParams, on_progress: Callable[[float], None
         if missing := missing_special_token(model.vocab):
             raise ModelError(f"{path}'s tokenizer adds a {missing} token it does not have; download or convert it again")
         metadata = general_metadata(model.pointer)
-        dry_samplers = {}
+        dry_samplers: dict[DryKey, Future[llama_cpp.llama_sampler_p]] = {}
         if first_sampler is not None and (first := first_sampler(metadata)).dry:
             key = dry_key(first, load.n_ctx)
             dry_samplers[key] = making = start_dry(model.vocab, key)
