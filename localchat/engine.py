@@ -54,7 +54,6 @@ class Engine:
         self.prefix_cache = prefix_cache
         # The sampler replies get unless asked otherwise: the model's own defaults, its family's, or llama.cpp's.
         self.sampler_defaults = sampler_defaults(info.metadata)
-        backend.prepare_sampler(self.sampler_defaults.settings)
         # One session per KV sequence: a session must know every token its sequence holds.
         self.sessions = tuple(Session(backend, seq=seq, prefix_cache=self.prefix_cache,
                                       sampler_defaults=self.sampler_defaults.settings) for seq in range(backend.n_seq))
@@ -116,7 +115,7 @@ class Engine:
     def add_draft_model(self, model: str, request: PlanRequest) -> None:
         """Speculative decoding by `model` (sharing this model's vocabulary) for every session, one
         KV sequence of its own each; planned on the machine with this model loaded."""
-        draft = open_backend(plan_model(model, self.settings, request))
+        draft = open_backend(plan_model(model, self.settings, request), replies=False)
         try:
             check_same_vocabulary(self.backend, draft)
         except ModelError:

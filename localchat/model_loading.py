@@ -153,7 +153,9 @@ class Opener:
     finisher: Callable[[], Callable[[Any], Backend]]
 
 
-def _opener(model_plan: ModelPlan, on_progress: Callable[[float], None] | None) -> Opener:
+def _opener(model_plan: ModelPlan, on_progress: Callable[[float], None] | None, *, replies: bool = True) -> Opener:
+    """`replies`: the backend samples replies (a draft model's drafts are its argmax), so the load begins
+    what its default sampler takes long to make."""
     path, load = model_plan.model.path, model_plan.plan.load_params
     if model_plan.plan.backend == "onnxruntime":
         from localchat.backends.onnx import OnnxBackend
@@ -162,7 +164,8 @@ def _opener(model_plan: ModelPlan, on_progress: Callable[[float], None] | None) 
     require_llama_cpp()
     from localchat.backends.llamacpp_natives import open_model
 
-    return Opener(lambda: open_model(path, load, on_progress, _first_sampler), _llamacpp_backend)
+    first_sampler = _first_sampler if replies else None
+    return Opener(lambda: open_model(path, load, on_progress, first_sampler), _llamacpp_backend)
 
 
 def _first_sampler(metadata: Mapping[str, str]) -> SamplerSettings:
@@ -176,9 +179,10 @@ def _llamacpp_backend() -> Callable[[Any], Backend]:
     return LlamaCppBackend
 
 
-def open_backend(model_plan: ModelPlan, on_progress: Callable[[float], None] | None = None) -> Backend:
-    """The plan's backend, opened on this thread."""
-    opener = _opener(model_plan, on_progress)
+def open_backend(model_plan: ModelPlan, on_progress: Callable[[float], None] | None = None, *,
+                 replies: bool = True) -> Backend:
+    """The plan's backend, opened on this thread (`replies`: see `_opener`)."""
+    opener = _opener(model_plan, on_progress, replies=replies)
     finish = opener.finisher()
     return finish(opener.load())  # a backend that cannot be made frees what it was given
 

@@ -332,12 +332,6 @@ class Backend(Protocol):
         """Drop `seq`'s KV cache from position `start` on (`start == 0` clears it)."""
         ...
 
-    def prepare_sampler(self, settings: SamplerSettings) -> None:
-        """Start making, on a thread of its own, what samplers with `settings` need and take long to make
-        (llama.cpp's DRY reads the whole vocabulary: 50 ms for 262k tokens), so that the first reply
-        with them does not wait for it."""
-        ...
-
     def make_sampler(self, settings: SamplerSettings, guide: TokenGuide | None = None, *, seq: int | None = None,
                      raw_logits: bool = False) -> Sampler:
         """A sampler with `settings`; with a `guide`, only tokens its grammar allows are picked. `seq`: the

@@ -141,8 +141,8 @@ class LlamaCppBackend:
         self._logits_view: tuple[int, int, np.ndarray] | None = None  # (address, rows, view)
         self._piece_cache: dict[int, bytes] = {}
         self._piece_buffer = ctypes.create_string_buffer(256)
-        # DRY samplers by parameters, each made once on a thread of its own (`prepare_sampler`): the
-        # default sampler's was begun with the model (open_model).
+        # DRY samplers by parameters, each made once on a thread of its own: the default sampler's was
+        # begun with the model (open_model).
         self._dry_samplers: dict[DryKey, Future[llama_cpp.llama_sampler_p]] = dict(opened.dry_samplers)
         self._dry_lock = threading.Lock()
         # Sampler chains attached to sequences for backend sampling (load.backend_sampling), with their settings.
@@ -339,10 +339,6 @@ class LlamaCppBackend:
     def _detach_all(self) -> None:
         for seq in list(self._attached):
             self._detach(seq)
-
-    def prepare_sampler(self, settings: SamplerSettings) -> None:
-        if settings.dry:
-            self._dry_making(settings)
 
     def _dry_sampler(self, settings: SamplerSettings) -> llama_cpp.llama_sampler_p:
         """A DRY sampler for these parameters, made once (`start_dry`), to copy."""

@@ -362,11 +362,6 @@ class OnnxBackend:
 
     # -- sampling ------------------------------------------------------------------
 
-    def prepare_sampler(self, settings: SamplerSettings) -> None:
-        # DRY's breakers (`_dry_breakers`) are a pass in Python: on a thread of its own it would hold the
-        # GIL the caller needs, so the first reply that asks makes them.
-        pass
-
     def make_sampler(self, settings: SamplerSettings, guide: TokenGuide | None = None, *, seq: int | None = None,
                      raw_logits: bool = False) -> NumpySampler:
         return NumpySampler(settings, self._dry_breakers() if settings.dry else None, guide)

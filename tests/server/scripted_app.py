@@ -126,9 +126,6 @@ class ScriptedBackend:
     def truncate(self, seq: int, start: int) -> None:
         self._held[seq] = self._held.get(seq, [])[:start]
 
-    def prepare_sampler(self, settings: SamplerSettings) -> None:
-        pass
-
     def make_sampler(self, settings: SamplerSettings, guide: TokenGuide | None = None, *, seq: int | None = None, raw_logits: bool = False) -> _ScriptSampler:
         script = self.tokenize(self.replies.popleft(), add_bos=False, special=True) if self.replies else []
         self.sampled.append(0)
