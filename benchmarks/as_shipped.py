@@ -148,41 +148,46 @@ def compare_servers(model: Path, llama_server: Path, rounds: int, threads: int, 
 
 
 def sampling_cost(model: str) -> dict[str, object]:
-    """ms per token of sampling alone with the model's default chain, on real rows of its logits."""
+    """ms per token of sampling alone with the model's default chain, inside a real reply: each step's
+    decode leaves the row, and the samplers' own data, out of the caches, as in every reply (a sampler timed
+    on one row over and over reads both from the caches: 0.04 ms where a decode's row costs 0.2). The
+    steps take turns: localchat's sampler, llama.cpp's `llama_sampler_sample` with the same stages (it
+    copies every logit into its candidates first), and the argmax; each sampler is shown the tokens the
+    others picked, so both keep the reply's history."""
     with Engine.load(model, Settings(prefix_cache_disk_bytes=0), PlanRequest(n_ctx=1024)) as engine:
         backend, defaults = engine.backend, engine.sampler_defaults
+        context = backend._ctx  # type: ignore[attr-defined]
         prompt = tokenize_chat(backend, engine.template, [Message("user", QUESTION[0]["content"])])
         backend.evaluate(0, prompt, 0)
-        row = np.array(backend.logits(0))
-        settings = defaults.settings
-        ours = backend.make_sampler(settings)
+        ours = backend.make_sampler(defaults.settings)
         assert isinstance(ours, LlamaSampler)
         ours.accept(prompt)
-        # llama.cpp's way: its whole chain (llama_sampler_sample copies every logit into its candidates).
         theirs = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
-        for stage in ours.stages:
+        for stage in ours.stages:  # cloned after the prompt was accepted: the penalties have seen it
             llama_cpp.llama_sampler_chain_add(theirs, llama_cpp.llama_sampler_clone(stage))
-        target = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(backend._ctx, -1), shape=(backend.info.n_vocab,))  # type: ignore[attr-defined]
-
-        def per_token_ms(step: object) -> float:
-            times = []
-            for _ in range(SAMPLE_STEPS):
-                target[:] = row  # as a decode would leave it
-                began = time.perf_counter()
-                step()  # type: ignore[operator]
-                times.append(time.perf_counter() - began)
-            return statistics.median(times) * 1000
-
-        figures = {
-            "vocabulary": backend.info.n_vocab,
-            "sampler": defaults.source,
-            "localchat_ms": per_token_ms(lambda: ours.pick(target)),
-            "llama_cpp_ms": per_token_ms(lambda: llama_cpp.llama_sampler_sample(theirs, backend._ctx, -1)),  # type: ignore[attr-defined]
-            "argmax_ms": per_token_ms(lambda: int(target.argmax())),
-        }
+        times: dict[str, list[float]] = {"localchat_ms": [], "llama_cpp_ms": [], "argmax_ms": []}
+        position = len(prompt)
+        for step in range(SAMPLE_STEPS):
+            row = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(context, -1), shape=(backend.info.n_vocab,))
+            turn = list(times)[step % 3]
+            began = time.perf_counter()
+            if turn == "localchat_ms":
+                token = ours.pick(row)
+            elif turn == "llama_cpp_ms":
+                token = llama_cpp.llama_sampler_sample(theirs, context, -1)
+            else:
+                token = int(row.argmax())
+            times[turn].append(time.perf_counter() - began)
+            if turn != "localchat_ms":
+                ours.accept([token], reply=True)
+            if turn != "llama_cpp_ms":
+                llama_cpp.llama_sampler_accept(theirs, token)
+            backend.evaluate(0, [token], position)
+            position += 1
         llama_cpp.llama_sampler_free(theirs)
         ours.close()
-    return {key: round(value, 4) if isinstance(value, float) else value for key, value in figures.items()}
+    figures = {turn: round(statistics.median(values) * 1000, 4) for turn, values in times.items()}
+    return {"vocabulary": backend.info.n_vocab, "sampler": defaults.source, **figures}
 
 
 def drafting_as_shipped(model: str, rounds: int) -> dict[str, object]:
@@ -258,15 +263,28 @@ def chat_app_ready(command: list[str]) -> tuple[float, float]:
         os.close(terminal)
 
 
+def run_prompt_tokens(model: Path, threads: int) -> int:
+    """The prompt tokens `localchat run -n 1 Hi` evaluates on `model` (its --stats)."""
+    done = subprocess.run([sys.executable, "-m", "localchat", "run", "-m", str(model), "-n", "1", "--threads", str(threads),
+                           "--stats", "Hi"], capture_output=True, text=True, check=True)
+    return int(json.loads(done.stderr.strip().splitlines()[-1])["prompt_tokens"])
+
+
 def cold_start(model: Path, llama_bench: Path, rounds: int, threads: int) -> dict[str, object]:
     """`localchat run -n 1` against `llama-bench -p 0 -n 1 -r 1`, each from the shell to its exit, and the
     chat app (`localchat chat`) from its start to the model ready on its screen, alternating (one warm-up
     each: the page cache holds the file for all, and localchat has kept what it derives from the file,
     localchat.file_facts). `first_start` is `run` in a new LOCALCHAT_HOME each time: a file seen for the
-    first time, no prefix cache."""
+    first time, no prefix cache. `-p 0 -n 1` decodes one token and evaluates no prompt, where `run` evaluates
+    its chat-templated prompt (31 tokens with SmolLM2's default system prompt): `llama_bench_same_work` is
+    llama-bench doing that too, the prompt's tokens and one more in one test, without its warm-up run
+    (`-p 0 -n 0 -pg N,1 --no-warmup`)."""
+    prompt_tokens = run_prompt_tokens(model, threads)
     commands = {
         "localchat": [sys.executable, "-m", "localchat", "run", "-m", str(model), "-n", "1", "--threads", str(threads), "Hi"],
         "llama_bench": [str(llama_bench), "-m", str(model), "-p", "0", "-n", "1", "-r", "1", "-t", str(threads)],
+        "llama_bench_same_work": [str(llama_bench), "-m", str(model), "-p", "0", "-n", "0", "-pg", f"{prompt_tokens},1",
+                                  "-r", "1", "--no-warmup", "-t", str(threads)],
     }
     app = [sys.executable, "-m", "localchat", "chat", "-m", str(model), "--threads", str(threads)]
     figures: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
@@ -283,9 +301,11 @@ def cold_start(model: Path, llama_bench: Path, rounds: int, threads: int) -> dic
             first_starts.append(process_figures(commands["localchat"], {**os.environ, "LOCALCHAT_HOME": home})[0])
     medians = {name: {"wall_s": round(statistics.median(w for w, _ in runs), 3),
                       "peak_mib": round(statistics.median(m for _, m in runs), 1)} for name, runs in figures.items()}
-    ours, theirs = medians["localchat"], medians["llama_bench"]
+    ours, theirs, same_work = medians["localchat"], medians["llama_bench"], medians["llama_bench_same_work"]
     ready = statistics.median(r for _, r in app_figures)
-    return {"medians": medians, "localchat_over_llama_bench": {key: round(ours[key] / theirs[key], 2) for key in ours},
+    return {"prompt_tokens": prompt_tokens, "medians": medians,
+            "localchat_over_llama_bench": {key: round(ours[key] / theirs[key], 2) for key in ours},
+            "localchat_over_llama_bench_same_work": {key: round(ours[key] / same_work[key], 2) for key in ours},
             "first_start": {"wall_s": round(statistics.median(first_starts), 3),
                             "over_llama_bench": round(statistics.median(first_starts) / theirs["wall_s"], 2)},
             "chat_app": {"first_output_s": round(statistics.median(f for f, _ in app_figures), 3), "ready_s": round(ready, 3),

@@ -185,9 +185,12 @@ def test_row_blocks_find_the_logits_at_least_a_threshold(size: int) -> None:
         SamplerSettings(seed=7, repeat_penalty=1.5, presence_penalty=1.0, penalty_last_n=64, dry_multiplier=0.8),
         SamplerSettings(seed=7, repeat_penalty=1.1, penalty_last_n=64, dry_multiplier=0.8),  # Gemma's row
         SamplerSettings(seed=7, top_k=0, top_p=1.0, min_p=0.1),  # min-p alone truncates
+        SamplerSettings(seed=7, top_k=0, top_p=1.0, min_p=0.1, repeat_penalty=1.5, dry_multiplier=0.8),
         SamplerSettings(temperature=0, repeat_penalty=1.5, dry_multiplier=0.8),  # greedy after penalties
+        # Penalties that raise the logits of seen tokens (a repeat penalty under 1, a negative presence one).
+        SamplerSettings(seed=7, repeat_penalty=0.7, presence_penalty=-1.0, penalty_last_n=64),
     ],
-    ids=["llama.cpp", "smollm2", "penalised", "gemma", "min-p", "greedy-penalised"],
+    ids=["llama.cpp", "smollm2", "penalised", "gemma", "min-p", "min-p-penalised", "greedy-penalised", "raising"],
 )
 def test_the_candidates_sampler_picks_what_llamas_chain_picks_on_the_whole_row(engine: Engine, sampler: SamplerSettings) -> None:
     """The same seeded draws, token for token, as the chain run on every logit of each row."""

@@ -55,7 +55,10 @@ class LlamaSampler:
         self.stages = [stage for stage in (self.penalties, self.dry, self.rest) if stage is not None]
         # The tokens a penalty may touch: the last of those seen, as far back as a penalty looks.
         window = settings.history_window
-        self._seen = SeenTokens(None if window < 0 else window)
+        self._seen = SeenTokens(n_vocab, None if window < 0 else window)
+        # Whether every penalty on lowers the logits of the tokens it touches (see `candidates`).
+        self._penalties_lower = (settings.repeat_penalty >= 1 and settings.frequency_penalty >= 0
+                                 and settings.presence_penalty >= 0)
         self._candidates = np.zeros(n_vocab, dtype=TOKEN_DATA)
         self._array = llama_cpp.llama_token_data_array()
         self._array_pointer = ctypes.byref(self._array)
@@ -122,29 +125,50 @@ class LlamaSampler:
     def candidates(self, row: np.ndarray) -> np.ndarray:
         """The ids the chain can pick from `row`, ascending.
 
-        Penalties only lower the logits of tokens seen (a negative one can raise them: those are
-        always candidates), so an unseen token the chain may pick lies within the chain's reach of
-        the best unseen logit, with its logit unchanged: greedy's 0, top-k's k best unseen ones, or
-        min-p's -ln(min_p) when top-p keeps all. A seen token is a candidate wherever it lies. Found
-        in blocks: the k-th best of the blocks' bests is at most the k-th best logit, so the blocks
-        whose best reaches it hold all of top-k's k (down to FAR_SPAN under the best)."""
-        seen = self._seen.ids()
-        if seen.size:
-            held = row[seen].copy()
-            row[seen] = -np.inf
+        Penalties only lower the logits of tokens seen (a negative one can raise them), so an unseen token
+        the chain may pick lies within the chain's reach of the best unseen logit, its logit unchanged:
+        greedy's 0, top-k's k best unseen ones, or min-p's -ln(min_p) when top-p keeps all; and a seen
+        token it may pick lies there too, its logit lowered from at least that. So the tokens within
+        reach of the whole row's best will do when they include enough unseen ones: top-k's k, or the
+        best itself. Otherwise, or when a penalty may raise a logit, the reach is taken from the unseen
+        tokens alone and every seen token is a candidate (`_candidates_apart_from_seen`). Found in
+        blocks: the k-th best of the blocks' bests is at most the k-th best logit, so the blocks whose
+        best reaches it hold all of top-k's k (down to FAR_SPAN under the best).
+
+        The whole row is read once (the blocks' bests): a decode step leaves it, and the sampler's own
+        arrays, out of the caches, where each further pass over it costs as much again."""
+        seen = self._seen
+        if seen and not self._penalties_lower:
+            return self._candidates_apart_from_seen(row)
         blocks = RowBlocks(row)
+        ids = blocks.at_least(self._reach(blocks))
+        if seen and not self._enough_unseen(ids[~seen.mask[ids]], row, blocks.best):
+            return self._candidates_apart_from_seen(row)
+        return ids
+
+    def _enough_unseen(self, unseen: np.ndarray, row: np.ndarray, best: float) -> bool:
+        """Whether the unseen tokens among those within reach of the row's best bound what the chain picks:
+        top-k's k of them, or (greedy, min-p) one of them the best."""
+        if self.settings.top_k > 0 and not self.settings.greedy:
+            return unseen.size >= self.settings.top_k
+        return bool((row[unseen] == best).any())
+
+    def _reach(self, blocks: RowBlocks) -> float:
+        """The lowest logit the chain can pick, at most, judged by the blocks' best logits."""
         s = self.settings
         if s.greedy:
-            ids = blocks.at_least(blocks.best)
-        elif s.top_k > 0:
-            ids = blocks.at_least(max(blocks.kth_best(s.top_k), blocks.best - FAR_SPAN))
-            if ids.size > s.top_k:
-                values = row[ids]
-                ids = ids[values >= np.partition(values, ids.size - s.top_k)[ids.size - s.top_k]]
-        else:  # min-p alone truncates
-            ids = blocks.at_least(blocks.best + np.log(s.min_p))
-        if not seen.size:
-            return ids
+            return blocks.best
+        if s.top_k > 0:
+            return max(blocks.kth_best(s.top_k), blocks.best - FAR_SPAN)
+        return blocks.best + float(np.log(s.min_p))  # min-p alone truncates
+
+    def _candidates_apart_from_seen(self, row: np.ndarray) -> np.ndarray:
+        """The unseen tokens within reach of the best unseen ones, and every seen token."""
+        seen = self._seen.ids()
+        held = row[seen].copy()
+        row[seen] = -np.inf
+        blocks = RowBlocks(row)
+        ids = blocks.at_least(self._reach(blocks))
         row[seen] = held
         return _sorted_union(ids, seen)
 
@@ -174,12 +198,17 @@ class LlamaSampler:
 
 
 class SeenTokens:
-    """The last `window` tokens seen (all, if None) and which ids they hold, kept as tokens come."""
+    """The last `window` tokens seen (all, if None), which ids they hold, and a mask of the vocabulary
+    marking those ids, kept as tokens come."""
 
-    def __init__(self, window: int | None) -> None:
+    def __init__(self, n_vocab: int, window: int | None) -> None:
         self.window = window
         self._tokens: deque[int] = deque()
         self._counts: dict[int, int] = {}
+        self.mask = np.zeros(n_vocab, dtype=bool)
+
+    def __bool__(self) -> bool:
+        return bool(self._counts)
 
     def append(self, token: int) -> None:
         if self.window == 0:
@@ -188,10 +217,12 @@ class SeenTokens:
             gone = self._tokens.popleft()
             if self._counts[gone] == 1:
                 del self._counts[gone]
+                self.mask[gone] = False
             else:
                 self._counts[gone] -= 1
         self._tokens.append(token)
         self._counts[token] = self._counts.get(token, 0) + 1
+        self.mask[token] = True
 
     def ids(self) -> np.ndarray:
         """The distinct ids seen, in no order."""
@@ -200,6 +231,7 @@ class SeenTokens:
     def clear(self) -> None:
         self._tokens.clear()
         self._counts.clear()
+        self.mask[:] = False
 
 
 def _sorted_union(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -243,10 +275,10 @@ class RowBlocks:
     def at_least(self, threshold: float) -> np.ndarray:
         """The ids whose logits are at least `threshold`, ascending: read row by row, the columns reaching it
         (ascending) give ids in order, those of the last block after."""
-        reaching = np.flatnonzero(self.bests >= threshold)
+        reaching = (self.bests >= threshold).nonzero()[0]
         columns = reaching if self.whole == len(self.row) else reaching[reaching < self.width]
-        found = np.flatnonzero(np.take(self.grid, columns, axis=1) >= threshold)
-        ids = found // len(columns) * self.width + columns[found % len(columns)] if len(columns) else found
+        rows, at = (self.grid[:, columns] >= threshold).nonzero()
+        ids = rows * self.width + columns[at]
         if len(columns) < len(reaching):  # the last block
             ids = np.append(ids, self.whole + np.flatnonzero(self.row[self.whole :] >= threshold))
         return ids
