@@ -28,6 +28,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
+from pydantic_core import to_json
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -104,6 +105,27 @@ def _validation_message(error: RequestValidationError) -> tuple[str, str | None]
 def _sse(payload: BaseModel | str) -> str:
     data = payload if isinstance(payload, str) else payload.model_dump_json()
     return f"data: {data}\n\n"
+
+
+class ContentEvents:
+    """Server-sent events of chunks that carry a piece of content and nothing else, most of a stream's:
+    made from the JSON of one such chunk cut at its content, with the content written by pydantic's own
+    serializer, so an event is the bytes `_sse(chunk)` writes, without the three models a token that
+    costs the event loop (which shares the CPU with llama.cpp's threads while they decode)."""
+
+    _MARK = "\u0000localchat-content\u0000"
+
+    def __init__(self, chunk: Callable[[ChatDelta], ChatCompletionChunk]) -> None:
+        """`chunk`: the stream's chunk of a delta."""
+        data = chunk(ChatDelta(content=self._MARK)).model_dump_json()
+        self._before, self._after = data.split(to_json(self._MARK).decode())
+
+    def __call__(self, content: str) -> str:
+        return f"data: {self._before}{to_json(content).decode()}{self._after}\n\n"
+
+    @staticmethod
+    def carries_content_alone(delta: ChatDelta) -> bool:
+        return delta.content is not None and delta.role is None and delta.reasoning_content is None and delta.tool_calls is None
 
 
 def _usage(stats: GenerationStats) -> Usage:
@@ -312,8 +334,17 @@ def create_app(engine: Engine, settings: ServerSettings, loader: EngineLoader | 
                                                            choices=[], usage=_usage(stats))))
                 return events
 
+            content_event = ContentEvents(chunk)
+
+            def events(delta: TextDelta) -> list[str]:
+                deltas = read_delta(delta)
+                if unsent:  # log-probabilities to send: the chunk's model writes them
+                    return [_sse(chunk(d)) for d in deltas]
+                return [content_event(d.content) if ContentEvents.carries_content_alone(d) and d.content is not None
+                        else _sse(chunk(d)) for d in deltas]
+
             first = [_sse(chunk(ChatDelta(role="assistant", content="")))] + [_sse(chunk(d)) for d in reader.start()]
-            stream = _event_stream(reply, first, lambda delta: [_sse(chunk(d)) for d in read_delta(delta)], last)
+            stream = _event_stream(reply, first, events, last)
             return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
         reader.start()
