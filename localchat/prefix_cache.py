@@ -17,7 +17,8 @@ import struct
 import threading
 import zlib
 from collections import OrderedDict
-from collections.abc import Sequence
+from itertools import islice
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +28,8 @@ import numpy as np
 MIN_MATCH_TOKENS = 32
 # Entries are indexed by their prefixes of whole blocks of this many tokens (see `_prefix_hashes`).
 INDEX_BLOCK = MIN_MATCH_TOKENS
+# A lookup compares the prompt with at most this many of the entries sharing its most blocks (`_compared`).
+MAX_COMPARED = 8
 _FILE_MAGIC = b"LCKV2\0"
 # After the magic: token count, state size, CRC-32 of magic + counts + tokens, CRC-32 of the state.
 _FILE_HEADER = struct.Struct("<QQII")
@@ -142,11 +145,12 @@ class PrefixCache:
     # -- lookup --------------------------------------------------------------------
 
     def longest_match(self, tokens: Sequence[int], variant: str = "") -> PrefixMatch | None:
-        """The saved state of `variant` sharing the longest prefix with `tokens` (at least MIN_MATCH_TOKENS)."""
+        """The saved state of `variant` sharing the longest prefix with `tokens` (at least MIN_MATCH_TOKENS), or
+        where many share as many whole blocks, the longest of the most recently used of them (`_compared`)."""
         prompt = np.asarray(tokens, dtype=np.int32)
         with self._lock:
             best: PrefixMatch | None = None
-            for key in self._sharing_most_blocks(prompt, variant):
+            for key in self._compared(self._sharing_most_blocks(prompt, variant)):
                 entry = self._entries[key]
                 length = common_prefix_length(entry.tokens, prompt)
                 if entry.variant == variant and length >= MIN_MATCH_TOKENS and (best is None or length > best.length):
@@ -156,6 +160,15 @@ class PrefixCache:
             else:
                 self.hits += 1
             return best
+
+    def _compared(self, keys: set[str]) -> Iterable[str]:
+        """Of entries sharing the same whole blocks with a prompt, those compared with it: all, or the
+        MAX_COMPARED most recently used where more do. Their matches differ by less than a block, and a
+        fixed system prompt or an app's fixed instructions can put every entry of a model among them:
+        comparing 935 such entries took 28 ms of each request's time to first token."""
+        if len(keys) <= MAX_COMPARED:
+            return keys
+        return islice((key for key in reversed(self._entries) if key in keys), MAX_COMPARED)
 
     def _sharing_most_blocks(self, prompt: np.ndarray, variant: str) -> set[str]:
         """The entries of `variant` sharing the most whole blocks with `prompt`, at least one (the

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from localchat.prefix_cache import MIN_MATCH_TOKENS, PrefixCache, RestoreCosts, _read_entry_file, common_prefix_length
+from localchat.prefix_cache import INDEX_BLOCK, MIN_MATCH_TOKENS, PrefixCache, RestoreCosts, _read_entry_file, common_prefix_length
 
 SYSTEM = list(range(1000, 1100))
 
@@ -29,6 +29,19 @@ def test_longest_match_picks_the_entry_sharing_the_most_tokens() -> None:
     assert cache.load(match.key) == b"a"
     assert cache.longest_match(list(range(MIN_MATCH_TOKENS - 1))) is None
     assert (cache.hits, cache.misses) == (1, 1)
+
+
+def test_a_lookup_compares_the_most_recent_of_many_entries_sharing_its_blocks() -> None:
+    """A fixed system prompt puts every chat's entry among those sharing a new prompt's blocks: the lookup
+    compares the MAX_COMPARED most recently used (the oldest one here matches 20 tokens more, inside the
+    same last block), not all of them (each comparison costs the time to first token)."""
+    cache = PrefixCache("model", ram_budget_bytes=1 << 30)
+    cache.put(SYSTEM[:64] + [7] * 30, b"old and longest")
+    for reply in range(200):
+        cache.put(SYSTEM[:64] + [8, reply], f"chat {reply}".encode())
+    cache.put(SYSTEM[:64] + [7] * 10, b"newest")
+    match = cache.longest_match(SYSTEM[:64] + [7] * 40)
+    assert match is not None and cache.load(match.key) == b"newest" and match.length == 74
 
 
 def test_an_entry_extending_another_replaces_it() -> None:
@@ -53,7 +66,11 @@ def test_the_block_index_finds_what_comparing_every_entry_finds() -> None:
         if rng.random() < 0.5 and sequence:
             expected = max((common_prefix_length(tokens, sequence) for v, tokens in held if v == variant), default=0)
             match = cache.longest_match(sequence, variant)
-            assert (match.length if match else 0) == (expected if expected >= MIN_MATCH_TOKENS else 0)
+            found = match.length if match else 0
+            if expected < MIN_MATCH_TOKENS:
+                assert found == 0
+            else:  # as long, or (more than MAX_COMPARED entries sharing as many blocks) short of it inside its last block
+                assert found <= expected and found // INDEX_BLOCK == expected // INDEX_BLOCK
             covered = any(v == variant and len(tokens) >= len(sequence) and common_prefix_length(tokens, sequence) == len(sequence)
                           for v, tokens in held)
             assert cache.covers(sequence, variant) == covered
