@@ -17,9 +17,9 @@ import struct
 import threading
 import zlib
 from collections import OrderedDict
-from itertools import islice
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 
 import numpy as np

@@ -124,8 +124,9 @@ class ContentEvents:
         return f"data: {self._before}{to_json(content).decode()}{self._after}\n\n"
 
     @staticmethod
-    def carries_content_alone(delta: ChatDelta) -> bool:
-        return delta.content is not None and delta.role is None and delta.reasoning_content is None and delta.tool_calls is None
+    def content_alone(delta: ChatDelta) -> str | None:
+        """The delta's content, if it carries that alone."""
+        return delta.content if delta.role is None and delta.reasoning_content is None and delta.tool_calls is None else None
 
 
 def _usage(stats: GenerationStats) -> Usage:
@@ -340,8 +341,8 @@ def create_app(engine: Engine, settings: ServerSettings, loader: EngineLoader | 
                 deltas = read_delta(delta)
                 if unsent:  # log-probabilities to send: the chunk's model writes them
                     return [_sse(chunk(d)) for d in deltas]
-                return [content_event(d.content) if ContentEvents.carries_content_alone(d) and d.content is not None
-                        else _sse(chunk(d)) for d in deltas]
+                return [_sse(chunk(d)) if (text := ContentEvents.content_alone(d)) is None else content_event(text)
+                        for d in deltas]
 
             first = [_sse(chunk(ChatDelta(role="assistant", content="")))] + [_sse(chunk(d)) for d in reader.start()]
             stream = _event_stream(reply, first, events, last)
