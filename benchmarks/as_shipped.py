@@ -6,25 +6,25 @@ built from the llama.cpp that llama-cpp-python vendors (../shared/tools/build-ll
 Rounds alternate which goes first; the server not measured is stopped (SIGSTOP). Per round and server: time to
 first token of a short chat, single-stream decode tok/s (the stream's tokens after the first, over the time
 after the first), and aggregate tok/s with 1 and 4 concurrent streams of 128 tokens (ignore_eos). Then, in
-this process, the cost of sampling alone with each model's default chain: localchat's sampler against
-llama.cpp's `llama_sampler_sample` on the same logits rows (ms per token), and greedy decoding's argmax.
+this process, the cost of sampling alone with each model's default chain, timed inside a reply (the steps
+take turns): localchat's sampler against llama.cpp's `llama_sampler_sample` (ms per token), and the argmax.
 Then drafting as shipped: a chat reply correcting a ~500-token text (input-grounded) and a story (open-ended),
 each with and without prompt-lookup drafts, with the model's default sampler. With `--llama-bench`, the cold
 start: `localchat run -n 1` from its process start to its exit (wall seconds, peak RSS, started from a small
-parent: SMALL_PARENT) against llama.cpp's `llama-bench -p 0 -n 1 -r 1` on the same file, alternating, `run`'s
+parent: SMALL_PARENT) against llama.cpp's `llama-bench -p 0 -n 1 -r 1` on the same file and llama-bench
+evaluating the same prompt first (`-pg N,1`), alternating, `run`'s
 first start (a file it has derived nothing from: localchat.file_facts), and the chat app from its start to its
 status bar saying ready in an 80x24 pseudo-terminal. Medians; each localchat figure against llama.cpp's.
 
-Measured (AMD EPYC, 2 threads, 3 rounds, 2026-11-26 at e6627c3), localchat against llama-server: SmolLM2-135M-Instruct
-decode 0.88x (92.0 against 104.6 tok/s), aggregate 0.88x with 1 stream and 1.11x with 4, time to first token of
-a resent short chat 1.01x (17.2 against 17.4 ms); Gemma 3 270M 0.91x, 0.88x, 1.01x and 1.16x faster (25.3
-against 29.4 ms). The 3-round server figures move 5-15% between runs on this machine (the last two runs of the
-same serving code read SmolLM2's decode at 0.90x and 1.01x); three servers of each, interleaved, 6 rounds of the
-1-stream story gave 0.95x. Sampling alone 0.045 ms against 0.174 (49k) and 0.072 against 1.70 with Gemma's
-penalties (262k); drafting, input-grounded / open-ended: SmolLM2 1.54x (97% taken) / 0.99x, Gemma 2.35x (93%) /
-1.00x. Cold start: SmolLM2 0.44 s against 0.13 (3.38x), 202 against 126 MiB; Gemma 0.72 s against 0.52 (1.37x),
-368 against 312 MiB; a first start 0.44 s and 0.88 s; the chat app ready 0.63 s and 0.82 s after it starts
-(its first output at 0.44 and 0.46 s).
+Measured (AMD EPYC, 2 threads, 3 rounds, 2026-11-26 at aa4b9a0), localchat against llama-server: SmolLM2-135M-Instruct
+decode 0.89x (104.1 against 116.7 tok/s), aggregate 0.93x with 1 stream and 1.07x with 4, time to first token of
+a resent short chat 0.80x (16.5 against 13.3 ms); Gemma 3 270M 0.92x, 0.91x, 0.99x and 1.42x faster (20.7
+against 29.3 ms). The 3-round server figures move 5-15% between runs on this machine. Sampling alone, inside a
+reply: 0.234 ms against 0.194 (49k; the argmax 0.023) and 0.294 against 1.660 with Gemma's penalties (262k; the
+argmax 0.034). Drafting, input-grounded / open-ended: SmolLM2 1.80x (97% taken) / 1.01x, Gemma 2.35x (97%) /
+0.98x. Cold start: SmolLM2 0.42 s against 0.13 (3.22x) and 0.21 s for llama-bench's same work (2.00x), 203
+against 126 MiB; Gemma 0.76 s against 0.56 (1.36x) and 0.57 (1.32x), 368 against 312 MiB; a first start 0.43 s
+and 0.91 s; the chat app ready 0.65 s and 0.90 s after it starts (its first output at 0.45 and 0.49 s).
 
     python benchmarks/as_shipped.py --llama-server OUTDIR/llama-server [--llama-bench OUTDIR/llama-bench] [--rounds 3]
         [--model NAME_OR_GGUF ...]
