@@ -28,7 +28,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
-from pydantic_core import to_json
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -69,6 +68,7 @@ from localchat.server.schemas import (
 from localchat.server.security import ApiKeyGuard, BodySizeLimit
 from localchat.server.served_models import EngineLoader, ServedModel
 from localchat.server.settings import ServerSettings
+from localchat.server.spliced_json import CONTENT_MARK, SplicedJson
 from localchat.session import GenerationStats
 from localchat.templates import TemplateError
 
@@ -107,26 +107,9 @@ def _sse(payload: BaseModel | str) -> str:
     return f"data: {data}\n\n"
 
 
-class ContentEvents:
-    """Server-sent events of chunks that carry a piece of content and nothing else, most of a stream's:
-    made from the JSON of one such chunk cut at its content, with the content written by pydantic's own
-    serializer, so an event is the bytes `_sse(chunk)` writes, without the three models a token that
-    costs the event loop (which shares the CPU with llama.cpp's threads while they decode)."""
-
-    _MARK = "\u0000localchat-content\u0000"
-
-    def __init__(self, chunk: Callable[[ChatDelta], ChatCompletionChunk]) -> None:
-        """`chunk`: the stream's chunk of a delta."""
-        data = chunk(ChatDelta(content=self._MARK)).model_dump_json()
-        self._before, self._after = data.split(to_json(self._MARK).decode())
-
-    def __call__(self, content: str) -> str:
-        return f"data: {self._before}{to_json(content).decode()}{self._after}\n\n"
-
-    @staticmethod
-    def content_alone(delta: ChatDelta) -> str | None:
-        """The delta's content, if it carries that alone."""
-        return delta.content if delta.role is None and delta.reasoning_content is None and delta.tool_calls is None else None
+def _content_alone(delta: ChatDelta) -> str | None:
+    """The delta's content, if it carries that alone (most chunks of a stream)."""
+    return delta.content if delta.role is None and delta.reasoning_content is None and delta.tool_calls is None else None
 
 
 def _usage(stats: GenerationStats) -> Usage:
@@ -335,14 +318,13 @@ def create_app(engine: Engine, settings: ServerSettings, loader: EngineLoader | 
                                                            choices=[], usage=_usage(stats))))
                 return events
 
-            content_event = ContentEvents(chunk)
+            content_chunk = SplicedJson(chunk(ChatDelta(content=CONTENT_MARK)), [CONTENT_MARK])
 
             def events(delta: TextDelta) -> list[str]:
                 deltas = read_delta(delta)
                 if unsent:  # log-probabilities to send: the chunk's model writes them
                     return [_sse(chunk(d)) for d in deltas]
-                return [_sse(chunk(d)) if (text := ContentEvents.content_alone(d)) is None else content_event(text)
-                        for d in deltas]
+                return [_sse(chunk(d)) if (text := _content_alone(d)) is None else _sse(content_chunk(text)) for d in deltas]
 
             first = [_sse(chunk(ChatDelta(role="assistant", content="")))] + [_sse(chunk(d)) for d in reader.start()]
             stream = _event_stream(reply, first, events, last)

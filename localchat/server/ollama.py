@@ -53,6 +53,7 @@ from localchat.server.ollama_schemas import (
 from localchat.server.replies import PendingReply, ReplyFailedError
 from localchat.server.schemas import ChatCompletionRequest, CompletionRequest, ResponseFormat
 from localchat.server.schemas import TokenLogprob as TokenLogprobEntry
+from localchat.server.spliced_json import CONTENT_MARK, STAMP_MARK, SplicedJson
 from localchat.session import GenerationStats
 
 if TYPE_CHECKING:
@@ -276,10 +277,13 @@ def created_at() -> str:
     return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
-def ndjson(lines: AsyncIterator[BaseModel | dict[str, Any]]) -> StreamingResponse:
+def ndjson(lines: AsyncIterator[BaseModel | dict[str, Any] | str]) -> StreamingResponse:
+    """`lines` as newline-delimited JSON; a str is a line's JSON already."""
     async def encoded() -> AsyncIterator[str]:
         async for line in lines:
-            yield (line.model_dump_json() if isinstance(line, BaseModel) else json.dumps(line)) + "\n"
+            if isinstance(line, BaseModel):
+                line = line.model_dump_json()
+            yield (line if isinstance(line, str) else json.dumps(line)) + "\n"
 
     return StreamingResponse(encoded(), media_type=NDJSON)
 
@@ -456,6 +460,8 @@ class _ReplyWriter:
         self.chat = chat
         shown = service.chat.shown_tokens if run is not None else frozenset()
         self.piece = token_piece(service.engine.backend, shown)
+        # A streamed line that carries content alone (most of them), written without its models.
+        self._content_line = SplicedJson(self._line(_Reply([CONTENT_MARK], [], []), stamp=STAMP_MARK), [STAMP_MARK, CONTENT_MARK])
 
     def _parts(self, delta: TextDelta) -> _Reply:
         said = _Reply.empty()
@@ -476,7 +482,8 @@ class _ReplyWriter:
                 said.thinking.append(delta.reasoning_content)
 
     def _line(self, said: _Reply, *, done: bool = False, stats: GenerationStats | None = None,
-              calls: list[ToolCallOut] | None = None) -> BaseModel:
+              calls: list[ToolCallOut] | None = None, stamp: str | None = None) -> BaseModel:
+        """`stamp`: its created_at (default: now)."""
         content, thinking = "".join(said.content), "".join(said.thinking) or None
         logprobs = said.logprobs or None
         counters: dict[str, Any] = {}
@@ -486,9 +493,9 @@ class _ReplyWriter:
             done_reason = "length" if stats is not None and stats.finish_reason == "length" else "stop"
         if self.chat:
             message = ReplyMessage(content=content, thinking=thinking, tool_calls=calls)
-            return ChatResponse(model=self.model, created_at=created_at(), message=message, done=done,
+            return ChatResponse(model=self.model, created_at=stamp or created_at(), message=message, done=done,
                                 done_reason=done_reason, logprobs=logprobs, **counters)
-        return GenerateResponse(model=self.model, created_at=created_at(), response=content, thinking=thinking, done=done,
+        return GenerateResponse(model=self.model, created_at=stamp or created_at(), response=content, thinking=thinking, done=done,
                                 done_reason=done_reason, logprobs=logprobs, **counters)
 
     def _finish(self, said: _Reply) -> list[ToolCallOut] | None:
@@ -519,7 +526,9 @@ class _ReplyWriter:
         try:
             async for delta in self.reply.deltas():
                 said = self._parts(delta)
-                if said.content or said.thinking or said.logprobs:
+                if said.content and not said.thinking and not said.logprobs:
+                    yield self._content_line(created_at(), "".join(said.content))
+                elif said.content or said.thinking or said.logprobs:
                     yield self._line(said)
         except ReplyFailedError as error:
             yield {"error": f"generation failed: {error}"}

@@ -145,15 +145,3 @@ def test_a_reply_copying_its_prompt_is_drafted_and_metrics_count_the_drafts(serv
     assert reply.usage is not None and reply.usage.completion_tokens == 24
     drafted, accepted = (server.metric(name) - was for name, was in zip(counted, before, strict=True))
     assert drafted > 0 and 0 < accepted <= drafted
-
-
-@pytest.mark.parametrize("content", ["Tokyo", " wörld\n", 'say "hi"\\', "\x00\x1f", "😀", "\u2028", ""])
-def test_a_content_event_is_the_bytes_its_chunk_model_writes(content: str) -> None:
-    """The content events made without the chunk's models (most of a stream) are those the models write."""
-    from localchat.server.app import ContentEvents, _sse
-    from localchat.server.schemas import ChatChunkChoice, ChatCompletionChunk, ChatDelta
-
-    def chunk(delta: ChatDelta) -> ChatCompletionChunk:
-        return ChatCompletionChunk(id="chatcmpl-1", created=1, model='a "model"', choices=[ChatChunkChoice(delta=delta)])
-
-    assert ContentEvents(chunk)(content) == _sse(chunk(ChatDelta(content=content)))
