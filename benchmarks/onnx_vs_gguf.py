@@ -30,7 +30,8 @@ def main() -> None:
     speeds: dict[str, list[tuple[float, float]]] = {name: [] for name in engines}
     for _ in range(args.rounds):
         for name, engine in engines.items():
-            speeds[name].append(measure_speed(engine))
+            speed = measure_speed(engine)
+            speeds[name].append((speed.prefill_tok_s, speed.decode_tok_s))
     result: dict[str, object] = {"threads": args.threads, "rounds": args.rounds}
     for name, runs in speeds.items():
         result[f"{name}_prefill_tok_s"] = round(statistics.median(p for p, _ in runs), 1)

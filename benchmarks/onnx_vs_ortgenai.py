@@ -189,13 +189,14 @@ def _localchat_speed(job: dict) -> dict:
         loaded = _peak_rss_mib()
         if engine.backend.tokenize(bench_text(), add_bos=True, special=False)[:PREFILL_TOKENS] != job["prompt"]:
             raise SystemExit("localchat tokenizes the benchmark text differently from the checkpoint's tokenizer")
-        prefill, decode = measure_speed(engine)  # warms up first
+        speed = measure_speed(engine)  # warms up first
         session = engine.sessions[0]
         session.reset()
         generation = session.generate(job["prompt"][:TTFT_TOKENS], GenerationSettings(max_tokens=1, sampler=ARGMAX))
         generation.text()
         assert generation.stats is not None and generation.stats.cached_tokens == 0
-        return {"prefill_tok_s": prefill, "decode_tok_s": decode, "ttft_s": generation.stats.ttft_s, "load_peak_mib": loaded}
+        return {"prefill_tok_s": speed.prefill_tok_s, "decode_tok_s": speed.decode_tok_s, "ttft_s": generation.stats.ttft_s,
+                "load_peak_mib": loaded}
 
 
 def _localchat_score(job: dict) -> dict:

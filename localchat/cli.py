@@ -277,8 +277,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         ("model", result.model_path),
         ("backend / threads / context", f"{result.backend} / {result.n_threads} / {result.n_ctx}"),
         (f"prefill ({result.prefill_tokens} tokens)", f"{result.prefill_tok_s:.1f} tok/s"),
-        (f"decode ({result.decode_tokens} tokens)", f"{result.decode_tok_s:.1f} tok/s"),
-        *((f"decode, {r.task}, lookup drafts",
+        (f"decode ({result.decode_tokens} tokens, greedy)", f"{result.decode_tok_s:.1f} tok/s"),
+        ("decode, as shipped", f"{result.decode_shipped_tok_s:.1f} tok/s ({result.decode_shipped_tok_s / result.decode_tok_s:.2f}x "
+                               f"greedy), the model's default sampler: {result.shipped_sampler}"),
+        *((f"decode, {r.task}, lookup drafts, greedy",
            f"{r.lookup_tok_s:.1f} vs {r.plain_tok_s:.1f} tok/s plain ({r.speedup:.2f}x), "
            f"{'-' if r.acceptance is None else f'{r.acceptance:.0%}'} of drafted tokens accepted"
            f"{'' if r.same_reply else ', reply differs (a near tie)'}") for r in result.speculation),
