@@ -166,10 +166,10 @@ def sampling_cost(model: str) -> dict[str, object]:
         for stage in ours.stages:  # cloned after the prompt was accepted: the penalties have seen it
             llama_cpp.llama_sampler_chain_add(theirs, llama_cpp.llama_sampler_clone(stage))
         times: dict[str, list[float]] = {"localchat_ms": [], "llama_cpp_ms": [], "argmax_ms": []}
-        position = len(prompt)
+        turns, position = list(times), len(prompt)
         for step in range(SAMPLE_STEPS):
             row = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(context, -1), shape=(backend.info.n_vocab,))
-            turn = list(times)[step % 3]
+            turn = turns[step % len(turns)]
             began = time.perf_counter()
             if turn == "localchat_ms":
                 token = ours.pick(row)

@@ -460,8 +460,6 @@ class _ReplyWriter:
         self.chat = chat
         shown = service.chat.shown_tokens if run is not None else frozenset()
         self.piece = token_piece(service.engine.backend, shown)
-        # A streamed line that carries content alone (most of them), written without its models.
-        self._content_line = SplicedJson(self._line(_Reply([CONTENT_MARK], [], []), stamp=STAMP_MARK), [STAMP_MARK, CONTENT_MARK])
 
     def _parts(self, delta: TextDelta) -> _Reply:
         said = _Reply.empty()
@@ -517,7 +515,9 @@ class _ReplyWriter:
                                                                             arguments=arguments)))
         return calls or None
 
-    async def stream(self) -> AsyncIterator[BaseModel | dict[str, Any]]:
+    async def stream(self) -> AsyncIterator[BaseModel | dict[str, Any] | str]:
+        # A line that carries content alone (most of them), written without its models.
+        content_line = SplicedJson(self._line(_Reply([CONTENT_MARK], [], []), stamp=STAMP_MARK), [STAMP_MARK, CONTENT_MARK])
         if self.run is not None:
             said = _Reply.empty()
             self._add(said, self.run.reader.start())
@@ -527,7 +527,7 @@ class _ReplyWriter:
             async for delta in self.reply.deltas():
                 said = self._parts(delta)
                 if said.content and not said.thinking and not said.logprobs:
-                    yield self._content_line(created_at(), "".join(said.content))
+                    yield content_line(created_at(), "".join(said.content))
                 elif said.content or said.thinking or said.logprobs:
                     yield self._line(said)
         except ReplyFailedError as error:

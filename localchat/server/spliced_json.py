@@ -25,10 +25,10 @@ class SplicedJson:
         encoded = [to_json(marker).decode() for marker in markers]
         if any(data.count(hole) != 1 for hole in encoded):
             raise ValueError("each marker must appear once in the model's JSON")
-        holes = sorted(range(len(markers)), key=lambda i: data.index(encoded[i]))
-        self._order = holes  # the value that fills each hole, in the JSON's order
+        # The value that fills each hole, in the JSON's order.
+        self._order = sorted(range(len(markers)), key=lambda i: data.index(encoded[i]))
         self._parts: list[str] = []
-        for i in holes:
+        for i in self._order:
             before, data = data.split(encoded[i], 1)
             self._parts.append(before)
         self._parts.append(data)
