@@ -3,8 +3,9 @@
 A new conversation that shares a system prompt with an earlier one, or a return to an earlier
 conversation, restores the saved state and evaluates only the tokens after the shared prefix.
 Entries live in RAM up to a byte budget; the least recently used spill to a disk tier (one file
-each, written atomically) up to its own budget. At exit the RAM entries are written there too, and
-the disk tier survives restarts. Each disk entry carries CRC-32s of its token list and of its state,
+each, written atomically) up to its own budget. At exit the RAM entries are written there too, with
+an index of the tier's token lists, and the disk tier survives restarts. Each disk entry carries CRC-32s
+of its token list and of its state,
 checked when it is read: a flipped bit would otherwise restore a wrong KV cache and give a silently
 wrong reply, so a damaged entry is dropped and the prompt computed afresh.
 """
@@ -33,6 +34,10 @@ MAX_COMPARED = 8
 _FILE_MAGIC = b"LCKV2\0"
 # After the magic: token count, state size, CRC-32 of magic + counts + tokens, CRC-32 of the state.
 _FILE_HEADER = struct.Struct("<QQII")
+# The disk tier's index (`_write_disk_index`): the magic, then a record for each entry (this header, its key
+# as its file names it, its tokens), then a CRC-32 of the records.
+_INDEX_MAGIC = b"LCKI1\0"
+_INDEX_RECORD = struct.Struct("<HQQ")  # key length, token count, state size
 
 
 def common_prefix_length(a: Sequence[int] | np.ndarray, b: Sequence[int] | np.ndarray) -> int:
@@ -139,6 +144,7 @@ class PrefixCache:
         # Restoring is not always faster than computing: measured as the sessions go.
         self.costs = RestoreCosts()
         self.skipped = 0  # matches found but computed instead, being faster
+        self._index_stale = False  # the disk tier's entries differ from what its index lists
         if self.disk_dir is not None:
             self._load_disk_index()
 
@@ -191,8 +197,10 @@ class PrefixCache:
             state = entry.state
             if state is None and entry.disk_path is not None:
                 try:
-                    _, state = _read_entry_file(entry.disk_path, with_state=True)
+                    tokens, state = _read_entry_file(entry.disk_path, with_state=True)
                 except (OSError, ValueError):
+                    tokens = None
+                if tokens is None or not np.array_equal(tokens, entry.tokens):
                     self._remove(key)  # a damaged entry is only a lost speed-up
                     return None
                 entry.state = state
@@ -252,8 +260,7 @@ class PrefixCache:
 
     def persist(self) -> None:
         """Copy the entries held only in RAM to the disk tier, so that the next run finds them:
-        the most recently used first while the disk budget lasts. Written oldest first, as the
-        file times order them at the next start."""
+        the most recently used first while the disk budget lasts; then the tier's index."""
         if self.disk_dir is None:
             return
         with self._lock:
@@ -267,7 +274,9 @@ class PrefixCache:
                 try:
                     entry.disk_path = self._write_entry_file(key, entry)
                 except OSError:  # a full or read-only disk: what was written stays
-                    return
+                    break
+            if self._index_stale:
+                self._write_disk_index()
 
     def _prefixes_of(self, array: np.ndarray, variant: str, hashes: list[int]) -> list[str]:
         """The entries of `variant` that `array` (whose prefix hashes are `hashes`) extends or equals: one
@@ -296,6 +305,7 @@ class PrefixCache:
                 del self._by_prefix[prefix_hash]
         if entry.disk_path is not None:
             entry.disk_path.unlink(missing_ok=True)
+            self._index_stale = True
 
     def _enforce_budgets(self) -> None:
         for key, entry in list(self._entries.items()):
@@ -322,7 +332,7 @@ class PrefixCache:
     def _write_entry_file(self, key: str, entry: _Entry) -> Path:
         assert self.disk_dir is not None and entry.state is not None
         self.disk_dir.mkdir(parents=True, exist_ok=True)
-        path = self.disk_dir / f"{self.model_key}-{key}.kv"
+        path = self._entry_path(key)
         partial = path.with_name(path.name + ".incomplete")
         tokens = entry.tokens.astype("<i4").tobytes()
         counts = struct.pack("<QQ", len(entry.tokens), len(entry.state))
@@ -336,27 +346,98 @@ class PrefixCache:
             os.replace(partial, path)
         finally:
             partial.unlink(missing_ok=True)
+        self._index_stale = True
         return path
 
-    def _load_disk_index(self) -> None:
+    def _entry_path(self, key: str) -> Path:
         assert self.disk_dir is not None
-        if not self.disk_dir.is_dir():
+        return self.disk_dir / f"{self.model_key}-{key}.kv"
+
+    @property
+    def _index_path(self) -> Path:
+        assert self.disk_dir is not None
+        return self.disk_dir / f"{self.model_key}.index"
+
+    def _write_disk_index(self) -> None:
+        """List the disk entries' keys and tokens, least recently used first, in one file that the next
+        start reads instead of each entry's header: 1,099 entries of the default model (its 4 GiB budget)
+        took 35 ms of each start read one by one, 13 ms through their index. It only spares reads: an entry
+        it does not list (written by another process, or after a crash) is read from its file, one it lists
+        is checked against its file when its state is read, and one whose file is gone is left out."""
+        records = [_INDEX_MAGIC]
+        for key, entry in self._entries.items():
+            if entry.disk_path is not None:
+                name = os.fsencode(key)
+                records += [_INDEX_RECORD.pack(len(name), len(entry.tokens), entry.size), name,
+                            entry.tokens.astype("<i4").tobytes()]
+        body = b"".join(records)
+        partial = self._index_path.with_name(self._index_path.name + ".incomplete")
+        try:
+            partial.write_bytes(body + struct.pack("<I", zlib.crc32(body)))
+            os.replace(partial, self._index_path)
+            self._index_stale = False
+        except OSError:  # the next start reads the entries' own files
+            partial.unlink(missing_ok=True)
+
+    def _load_disk_index(self) -> None:
+        """The disk tier's entries, least recently used first: those its index lists, in its order and with
+        their tokens from it; then those it does not, from their files, oldest first."""
+        assert self.disk_dir is not None
+        prefix = f"{self.model_key}-"
+        try:
+            keys = {name[len(prefix) : -len(".kv")] for name in os.listdir(self.disk_dir)
+                    if name.startswith(prefix) and name.endswith(".kv")}
+        except OSError:  # no disk tier yet, or none that can be read
             return
-        files = sorted(self.disk_dir.glob(f"{self.model_key}-*.kv"), key=lambda p: p.stat().st_mtime)
-        for path in files:
+        indexed = _read_disk_index(self._index_path)
+        for key, (tokens, state_size) in indexed.items():
+            if key in keys:
+                self._add(key, _Entry(tokens, None, self._entry_path(key), state_size, prefix_hashes=_prefix_hashes(tokens, "")))
+        unlisted = sorted(map(self._entry_path, keys - indexed.keys()), key=_modified)
+        self._index_stale = bool(unlisted) or len(self._entries) != len(indexed)
+        for path in unlisted:
             try:
                 tokens, _ = _read_entry_file(path, with_state=False)
+                state_size = path.stat().st_size - _header_size(len(tokens))
             except (OSError, ValueError):
                 path.unlink(missing_ok=True)  # a damaged entry is only a lost speed-up
                 continue
-            key = path.stem.removeprefix(f"{self.model_key}-")
-            self._add(key, _Entry(tokens, None, path, path.stat().st_size - _header_size(len(tokens)),
-                                  prefix_hashes=_prefix_hashes(tokens, "")))
+            key = path.name[len(prefix) : -len(".kv")]
+            self._add(key, _Entry(tokens, None, path, state_size, prefix_hashes=_prefix_hashes(tokens, "")))
         self._enforce_budgets()
+
+
+def _modified(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:  # gone meanwhile: its read fails
+        return 0.0
 
 
 def _header_size(n_tokens: int) -> int:
     return len(_FILE_MAGIC) + _FILE_HEADER.size + 4 * n_tokens
+
+
+def _read_disk_index(path: Path) -> dict[str, tuple[np.ndarray, int]]:
+    """An entry's key: its tokens and state size, as the index at `path` lists them; none if it is
+    missing or damaged."""
+    try:
+        data = memoryview(path.read_bytes())
+    except OSError:
+        return {}
+    body, crc = data[:-4], data[-4:]
+    if len(crc) < 4 or body[: len(_INDEX_MAGIC)] != _INDEX_MAGIC or struct.unpack("<I", crc)[0] != zlib.crc32(body):
+        return {}
+    listed: dict[str, tuple[np.ndarray, int]] = {}
+    offset = len(_INDEX_MAGIC)
+    while offset < len(body):
+        name_length, n_tokens, state_size = _INDEX_RECORD.unpack_from(body, offset)
+        offset += _INDEX_RECORD.size
+        key = os.fsdecode(bytes(body[offset : offset + name_length]))
+        offset += name_length
+        listed[key] = np.frombuffer(body, dtype="<i4", count=n_tokens, offset=offset).astype(np.int32), state_size
+        offset += 4 * n_tokens
+    return listed
 
 
 def _read_entry_file(path: Path, *, with_state: bool) -> tuple[np.ndarray, bytes | None]:

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from localchat import prefix_cache
 from localchat.prefix_cache import INDEX_BLOCK, MIN_MATCH_TOKENS, PrefixCache, RestoreCosts, _read_entry_file, common_prefix_length
 
 SYSTEM = list(range(1000, 1100))
@@ -102,6 +103,80 @@ def test_disk_tier_takes_evicted_entries_and_survives_a_restart(tmp_path: Path) 
     assert match is not None and restarted.load(match.key) == b"x" * 100
     # Another model's entries are not visible.
     assert PrefixCache("other", 150, tmp_path, 10_000).longest_match([1] + SYSTEM) is None
+
+
+def _counting_entry_reads(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """The entry files read from now on (their headers at a start, their states at a restore)."""
+    read: list[Path] = []
+
+    def counted(path: Path, *, with_state: bool) -> tuple[np.ndarray, bytes | None]:
+        read.append(path)
+        return _read_entry_file(path, with_state=with_state)
+
+    monkeypatch.setattr(prefix_cache, "_read_entry_file", counted)
+    return read
+
+
+def test_a_restart_reads_the_disk_tier_from_its_index_not_entry_by_entry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = PrefixCache("model", ram_budget_bytes=150, disk_dir=tmp_path, disk_budget_bytes=10_000)
+    for first in (1, 2, 3):
+        cache.put([first] + SYSTEM, bytes([first]) * 100)
+    cache.persist()
+    assert (tmp_path / "model.index").is_file() and not list(tmp_path.glob("*.incomplete"))
+    read = _counting_entry_reads(monkeypatch)
+    restarted = PrefixCache("model", ram_budget_bytes=150, disk_dir=tmp_path, disk_budget_bytes=10_000)
+    assert len(restarted) == 3 and read == []
+    for first in (1, 2, 3):
+        match = restarted.longest_match([first] + SYSTEM + [4])
+        assert match is not None and match.length == 1 + len(SYSTEM)
+        assert restarted.load(match.key) == bytes([first]) * 100  # read whole, and checked, from its file
+    assert len(read) == 3
+
+
+def test_entries_the_index_does_not_list_are_read_from_their_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The index lags the files: another process (or one that crashed) wrote entries after it, evicted
+    others, or it was damaged. The files are what the disk tier holds."""
+    cache = PrefixCache("model", ram_budget_bytes=0, disk_dir=tmp_path, disk_budget_bytes=10_000)
+    cache.put([1] + SYSTEM, b"a" * 100)
+    cache.put([2] + SYSTEM, b"b" * 100)
+    cache.persist()
+    cache.put([3] + SYSTEM, b"c" * 100)  # written after the index, which was not written again
+    (gone,) = [path for path in tmp_path.glob("*.kv") if path.read_bytes().endswith(b"a" * 100)]
+    gone.unlink()
+    read = _counting_entry_reads(monkeypatch)
+    restarted = PrefixCache("model", ram_budget_bytes=0, disk_dir=tmp_path, disk_budget_bytes=10_000)
+    assert len(restarted) == 2 and len(read) == 1
+    assert restarted.longest_match([1] + SYSTEM) is None
+    for first, state in ((2, b"b"), (3, b"c")):
+        match = restarted.longest_match([first] + SYSTEM)
+        assert match is not None and restarted.load(match.key) == state * 100
+    restarted.persist()  # the index is made current
+    index = tmp_path / "model.index"
+    intact = index.read_bytes()
+    read.clear()
+    assert len(PrefixCache("model", 0, tmp_path, 10_000)) == 2 and read == []
+    for position in range(0, len(intact), 7):
+        damaged = bytearray(intact)
+        damaged[position] ^= 0x10
+        index.write_bytes(bytes(damaged))
+        read.clear()
+        assert len(PrefixCache("model", 0, tmp_path, 10_000)) == 2 and len(read) == 2, f"a flip at byte {position}"
+
+
+def test_an_indexed_entry_whose_file_changed_is_dropped_when_restored(tmp_path: Path) -> None:
+    cache = PrefixCache("model", ram_budget_bytes=0, disk_dir=tmp_path, disk_budget_bytes=10_000)
+    cache.put([1] + SYSTEM, b"a" * 100)
+    cache.put([2] + SYSTEM, b"b" * 100)
+    cache.persist()
+    first, second = sorted(tmp_path.glob("*.kv"), key=lambda path: path.read_bytes()[-1])
+    whole = first.read_bytes()
+    first.write_bytes(whole[:-10])
+    second.write_bytes(whole)  # another entry's file, intact
+    restarted = PrefixCache("model", ram_budget_bytes=0, disk_dir=tmp_path, disk_budget_bytes=10_000)
+    for tokens in ([1] + SYSTEM, [2] + SYSTEM):
+        match = restarted.longest_match(tokens)
+        assert match is not None and restarted.load(match.key) is None
+    assert len(restarted) == 0 and not list(tmp_path.glob("*.kv"))
 
 
 def test_a_damaged_disk_entry_is_a_miss_not_a_crash(tmp_path: Path) -> None:
