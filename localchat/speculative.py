@@ -15,7 +15,6 @@ import numpy as np
 from localchat.backends.base import Backend
 from localchat.errors import ModelError
 from localchat.prefix_cache import common_prefix_length
-from localchat.settings import DEFAULT_LOOKUP_DRAFT
 
 # Prompt lookup tries the sequence's last n-gram for these n, longest first.
 LOOKUP_NGRAMS = (3, 2, 1)
@@ -25,6 +24,8 @@ LOOKUP_NGRAMS = (3, 2, 1)
 # Gemma 3 270M 0.38 + 0.27k. The dearer of the two: a wrong guess there costs only a late start.
 PRIOR_FIXED = 0.31
 PRIOR_PER_ROW = 0.57
+# The counts of rows the prior line was measured at, its two points in the fit.
+PRIOR_ROWS = (1, 25)
 # The weight of the newest step in the timed figures (moving averages).
 COST_WEIGHT = 0.1
 # The plain steps right after a drafting step that are charged to it: the batch's shape changed, so
@@ -85,7 +86,7 @@ class StepCosts:
         self._recovering = None
         self._observed += COST_WEIGHT * (_line_terms(step.rows, step.seconds / self.plain_s - 1) - self._observed)
         # The prior's two points stay in the fit at a fixed weight: steps all of one length (a long
-        # copy drafts 25 every step) fix the line's height there, the prior its slope.
+        # copy drafts as long as it may every step) fix the line's height there, the prior its slope.
         n, k, kk, u, ku = (float(total) for total in self._observed + _PRIOR_SUMS)
         per_row = max((n * ku - k * u) / (n * kk - k * k), 0.01)
         self.line = (max((u - per_row * k) / n, 0.0), per_row)
@@ -103,7 +104,7 @@ def _line_terms(k: int, u: float) -> np.ndarray:
     return np.array([1.0, k, k * k, u, k * u])
 
 
-_PRIOR_SUMS = PRIOR_WEIGHT * sum(_line_terms(rows, PRIOR_FIXED + PRIOR_PER_ROW * rows) for rows in (1, DEFAULT_LOOKUP_DRAFT))
+_PRIOR_SUMS = PRIOR_WEIGHT * sum(_line_terms(rows, PRIOR_FIXED + PRIOR_PER_ROW * rows) for rows in PRIOR_ROWS)
 
 
 def verified_rows(drafted: int | np.ndarray, room: int, even_rows: bool) -> int | np.ndarray:
