@@ -34,8 +34,10 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
+    from localchat.models import DEFAULT_MODEL_NAME
+
     parser.add_argument("-m", "--model", help="a .gguf file, an ONNX model folder, a name from `localchat list`, or a "
-                        "Hugging Face GGUF repo as user/repo[:QUANT], pulled on first use (default: gemma-3-270m)")
+                        f"Hugging Face GGUF repo as user/repo[:QUANT], pulled on first use (default: {DEFAULT_MODEL_NAME})")
     parser.add_argument("--ctx", type=int, help="context size in tokens (default: chosen from the model and memory)")
     parser.add_argument("--threads", type=int, help="CPU threads (default: the physical cores)")
     parser.add_argument("--gpu-layers", type=int, help="layers to offload to the GPU (default: as many as fit)")

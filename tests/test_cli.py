@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from localchat.models import inspect_gguf
+from localchat.models import DEFAULT_MODEL_NAME, inspect_gguf
 from localchat.planner import OneReply
 
 
@@ -92,6 +92,12 @@ def test_info_explains_the_plan(localchat_home: Path) -> None:
 def test_every_command_answers_help(localchat_home: Path, command: list[str]) -> None:
     result = localchat(*command, "--help", home=localchat_home)
     assert result.returncode == 0 and "usage: localchat" in result.stdout
+
+
+def test_the_model_option_names_the_model_used_without_it(localchat_home: Path) -> None:
+    for command in ("run", "serve", "info"):
+        result = localchat(command, "--help", home=localchat_home)
+        assert f"(default: {DEFAULT_MODEL_NAME})" in " ".join(result.stdout.split()), command
 
 
 def _bad_files(tmp_path: Path, default_model: Path) -> dict[str, Path]:
