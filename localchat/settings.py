@@ -19,11 +19,11 @@ from localchat.hardware import MIB
 # token before the draft), because a copied run pays off more the longer it is drafted once a step's fixed
 # cost is paid: with every row's logits (benchmarks/speculative.py --step-cost, AMD EPYC, 2 threads), a row
 # cost 5.6 ms in 26 rows and 4.5 in 64 on SmolLM2-135M (a plain step 10.9), 5.4 and 4.4 on Gemma 3 270M
-# (15.2). Correcting a text as shipped, SmolLM2 drafted 1.75x against 1.65x with drafts of at most 25 (medians
-# over 12 seeds), Gemma 2.44x against 2.24x (8 seeds); a story 0.98-0.99x and 1.00-1.01x either way. The price is memory, held once a reply drafts
-# that long: llama.cpp keeps the rows' logits in its graph and its output buffer, 2 x 64 rows of the
-# vocabulary (Gemma's peak RSS 557 MB against 473). Odd: with the token before it, a whole draft is an
-# even count of rows (see LlamaCppBackend.even_rows).
+# (15.2). Correcting a text as shipped, SmolLM2 drafted 1.75x against 1.65x with drafts of at most 25
+# (medians over 12 seeds), Gemma 2.44x against 2.24x (8 seeds); a story 0.98-1.01x either way. The price
+# is memory, once a reply drafts that long: llama.cpp holds the rows' logits in its graph and its output
+# buffer (Gemma's peak RSS 557 MB against 473). Odd: with the token before it, a whole draft is an even
+# count of rows (see LlamaCppBackend.even_rows).
 DEFAULT_LOOKUP_DRAFT = ROW_LIMIT - 1
 
 
