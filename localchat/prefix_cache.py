@@ -390,20 +390,18 @@ class PrefixCache:
         except OSError:  # no disk tier yet, or none that can be read
             return
         indexed = _read_disk_index(self._index_path)
-        for key, (tokens, state_size) in indexed.items():
-            if key in keys:
-                self._add(key, _Entry(tokens, None, self._entry_path(key), state_size, prefix_hashes=_prefix_hashes(tokens, "")))
-        unlisted = sorted(map(self._entry_path, keys - indexed.keys()), key=_modified)
-        self._index_stale = bool(unlisted) or len(self._entries) != len(indexed)
-        for path in unlisted:
+        found = [(key, tokens, state_size) for key, (tokens, state_size) in indexed.items() if key in keys]
+        unlisted = sorted(keys - indexed.keys(), key=lambda key: _modified(self._entry_path(key)))
+        self._index_stale = bool(unlisted) or len(found) != len(indexed)
+        for key in unlisted:
+            path = self._entry_path(key)
             try:
                 tokens, _ = _read_entry_file(path, with_state=False)
-                state_size = path.stat().st_size - _header_size(len(tokens))
+                found.append((key, tokens, path.stat().st_size - _header_size(len(tokens))))
             except (OSError, ValueError):
                 path.unlink(missing_ok=True)  # a damaged entry is only a lost speed-up
-                continue
-            key = path.name[len(prefix) : -len(".kv")]
-            self._add(key, _Entry(tokens, None, path, state_size, prefix_hashes=_prefix_hashes(tokens, "")))
+        for key, tokens, state_size in found:
+            self._add(key, _Entry(tokens, None, self._entry_path(key), state_size, prefix_hashes=_prefix_hashes(tokens, "")))
         self._enforce_budgets()
 
 
