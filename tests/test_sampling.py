@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from localchat.backends.base import ARGMAX, DRY_SEQUENCE_BREAKERS, SamplerSettings
-from localchat.backends.llamacpp_sampler import BLOCK, RowBlocks
+from localchat.backends.llamacpp_sampler import FAR_SPAN, FIRST_SPAN
 from localchat.backends.onnx import NumpySampler
 from localchat.engine import Engine
 from localchat.errors import InvalidSettingError
@@ -161,21 +161,6 @@ def test_gemma_s_default_penalty_stops_its_loop(gemma_gguf_engine: Engine) -> No
     assert not loops(dataclasses.replace(defaults.settings, temperature=0))
 
 
-@pytest.mark.parametrize("size", [BLOCK * 12, BLOCK * 12 + 37, 37])
-def test_row_blocks_find_the_logits_at_least_a_threshold(size: int) -> None:
-    """As a search of the whole row finds them, a shorter last block included; the k-th best block's
-    best is at most the k-th best logit."""
-    rng = np.random.default_rng(size)
-    row = rng.normal(0, 3, size).astype(np.float32)
-    row[-1] = row.max() + 1  # the best in the last block
-    blocks = RowBlocks(row)
-    assert blocks.best == row.max()
-    for threshold in (blocks.best, blocks.best - 2, blocks.kth_best(5), -np.inf):
-        np.testing.assert_array_equal(blocks.at_least(threshold), np.flatnonzero(row >= threshold))
-    for k in (1, 5, min(40, size)):
-        assert blocks.kth_best(k) <= np.sort(row)[-k]
-
-
 @pytest.mark.parametrize(
     "sampler",
     [
@@ -193,20 +178,31 @@ def test_row_blocks_find_the_logits_at_least_a_threshold(size: int) -> None:
     ids=["llama.cpp", "smollm2", "penalised", "gemma", "min-p", "min-p-penalised", "greedy-penalised", "raising"],
 )
 def test_the_candidates_sampler_picks_what_llamas_chain_picks_on_the_whole_row(engine: Engine, sampler: SamplerSettings) -> None:
-    """The same seeded draws, token for token, as the chain run on every logit of each row."""
+    """The same seeded draws, token for token, as the chain run on every logit of each row: rows of
+    several spreads, so that top-k's search widens (a wide spread, one token far above the rest) and
+    narrows (a flat row) its span as it goes."""
     backend = engine.backend
     history = backend.tokenize(REPEATS, add_bos=True, special=False)
     rng = np.random.default_rng(0)
-    rows = rng.normal(0, 2, (40, backend.info.n_vocab)).astype(np.float32)
+    spreads = np.resize([2.0, 8.0, 0.3, 2.0, 4.0], 60)
+    rows = (rng.normal(0, 1, (len(spreads), backend.info.n_vocab)) * spreads[:, None]).astype(np.float32)
     rows[:, history[-12:]] += 6.0  # the tokens just seen among the best, as in a reply that repeats itself
+    rows[::7, rng.integers(backend.info.n_vocab)] += FAR_SPAN + 20  # one token far above the rest
+    rows[10, np.setdiff1d(np.arange(backend.info.n_vocab), history)] = -np.inf  # a grammar allowing seen tokens alone
     ours, whole = backend.make_sampler(sampler), backend.make_sampler(sampler)
     whole._whole_row = True  # type: ignore[attr-defined]
+    spans = set()
     try:
         for sampler_ in (ours, whole):
             sampler_.accept(history, reply=True)
-        picked = [(ours.pick(row.copy()), whole.pick(row.copy())) for row in rows]
+        picked = []
+        for row in rows:
+            picked.append((ours.pick(row.copy()), whole.pick(row.copy())))
+            spans.add(ours._span)  # type: ignore[attr-defined]
     finally:
         ours.close()
         whole.close()
     assert [a for a, _ in picked] == [b for _, b in picked]
     assert len({a for a, _ in picked}) > 5  # draws, not one token over and over
+    if sampler.top_k and not sampler.greedy:
+        assert min(spans) < FIRST_SPAN < max(spans)

@@ -1,15 +1,21 @@
 """llama.cpp's sampler chain on a few candidates instead of the whole vocabulary.
 
 `llama_sampler_sample` copies every logit of a row into a candidate array before its chain runs:
-0.6 ms a token for a 262k vocabulary, most of a small model's step. Here one numpy pass finds the
-tokens that can still be picked (those near the best logit, and those a penalty may touch), and
-llama.cpp's own samplers (penalties, DRY, top-k, top-p, min-p, temperature, the draw) run on those
-alone through `llama_sampler_apply`. The pick follows the same distribution: see `candidates`.
+0.6 ms a token for a 262k vocabulary, most of a small model's step. Here numpy finds the tokens that
+can still be picked (those near the best logit, and those a penalty may touch), and llama.cpp's own
+samplers (penalties, DRY, top-k, top-p, min-p, temperature, the draw) run on those alone through
+`llama_sampler_apply`. The pick follows the same distribution: see `candidates`.
+
+What a pick costs is set by how many numpy calls it makes as much as by how many logits they read: a
+decode streams the weights through every cache, so each call after it waits for its code and data (on
+the AMD EPYC machine, four numpy calls on 10 numbers took 65 us after a decode and 4 us once warm; an
+argmax of 262k logits 31-37 us). So the search is an argmax and one comparison of the row, in few calls.
 """
 
 from __future__ import annotations
 
 import ctypes
+import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
@@ -22,13 +28,23 @@ from localchat.backends.base import SamplerSettings, TokenGuide
 
 # llama_token_data as numpy lays it out: {int32 id; float logit; float p}.
 TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
-# A row is looked at in blocks of this many logits: one pass takes each block's best, and only the
-# blocks whose best is within the chain's reach are looked into.
-BLOCK = 64
 # Top-k's candidates reach no lower than this many logits under the best: a token there weighs below
 # e^-30 (1e-13) beside the best one, which top-p's sums do not see in float32 (a row masked by a grammar
 # or a flat one would otherwise hand the chain most of the vocabulary).
 FAR_SPAN = 30.0
+# How far under the best logit a reply's first search for top-k's candidates looks, and by how much a
+# search that found too few looks further. Over replies of both real models the k-th best logit lay a
+# median 6.5-7.8 under the best (95%: 11-15), and moved 2-2.6 from one step to the next.
+FIRST_SPAN = 10.0
+SPAN_STEP = 5.0
+# A search that found more than CROWDED times top-k's k sets the next step's span to this step's k-th
+# best logit's distance under the best, and SPAN_MARGIN more: each candidate costs the chain's stages a
+# little, and a step rarely needs much more than k.
+CROWDED = 8
+SPAN_MARGIN = 3.0
+# min-p's reach is computed here in float64 and in llama.cpp in float32: a little more keeps every
+# token llama.cpp keeps.
+REACH_MARGIN = 1e-3
 
 
 class LlamaSampler:
@@ -66,6 +82,10 @@ class LlamaSampler:
         self._all_ids = np.arange(n_vocab, dtype=np.int64)
         # Without a truncation the draw may land anywhere: every token is a candidate.
         self._whole_row = not settings.greedy and settings.top_k <= 0 and (settings.min_p <= 0 or settings.top_p < 1)
+        self._top_k = settings.top_k if settings.top_k > 0 and not settings.greedy else 0
+        # Greedy and min-p alone pick within a fixed reach of the best logit (see `candidates`).
+        self._reach = 0.0 if settings.greedy else -math.log(settings.min_p) + REACH_MARGIN if settings.min_p > 0 else math.inf
+        self._span = FIRST_SPAN
 
     def _own(self, sampler: llama_cpp.llama_sampler_p) -> llama_cpp.llama_sampler_p:
         self._natives.callback(llama_cpp.llama_sampler_free, sampler)
@@ -128,48 +148,59 @@ class LlamaSampler:
         Penalties only lower the logits of tokens seen (a negative one can raise them), so an unseen token
         the chain may pick lies within the chain's reach of the best unseen logit, its logit unchanged:
         greedy's 0, top-k's k best unseen ones, or min-p's -ln(min_p) when top-p keeps all; and a seen
-        token it may pick lies there too, its logit lowered from at least that. So the tokens within
-        reach of the whole row's best will do when they include enough unseen ones: top-k's k, or the
-        best itself. Otherwise, or when a penalty may raise a logit, the reach is taken from the unseen
-        tokens alone and every seen token is a candidate (`_candidates_apart_from_seen`). Found in
-        blocks: the k-th best of the blocks' bests is at most the k-th best logit, so the blocks whose
-        best reaches it hold all of top-k's k (down to FAR_SPAN under the best).
-
-        The whole row is read once (the blocks' bests): a decode step leaves it, and the sampler's own
-        arrays, out of the caches, where each further pass over it costs as much again."""
+        token it may pick lies there too, its logit lowered from at least that. So the tokens at least
+        that far under the best unseen one will do, seen ones among them. When a penalty may raise a
+        logit, the reach is taken from the unseen tokens alone and every seen token is a candidate
+        (`_candidates_apart_from_seen`)."""
         seen = self._seen
         if seen and not self._penalties_lower:
             return self._candidates_apart_from_seen(row)
-        blocks = RowBlocks(row)
-        ids = blocks.at_least(self._reach(blocks))
-        if seen and not self._enough_unseen(ids[~seen.mask[ids]], row, blocks.best):
-            return self._candidates_apart_from_seen(row)
-        return ids
+        ids = self._search(row, seen.mask if seen else None)
+        return self._candidates_apart_from_seen(row) if ids is None else ids
 
-    def _enough_unseen(self, unseen: np.ndarray, row: np.ndarray, best: float) -> bool:
-        """Whether the unseen tokens among those within reach of the row's best bound what the chain picks:
-        top-k's k of them, or (greedy, min-p) one of them the best."""
-        if self.settings.top_k > 0 and not self.settings.greedy:
-            return unseen.size >= self.settings.top_k
-        return bool((row[unseen] == best).any())
+    def _search(self, row: np.ndarray, seen: np.ndarray | None) -> np.ndarray | None:
+        """The ids within the chain's reach (see `candidates`), judged by the unseen tokens (`seen`: a mask of
+        the seen ones, None if none are); None if no unseen token lies near enough the best to judge by."""
+        best_id = int(row.argmax())
+        best = float(row[best_id])
+        if self._top_k:
+            return self._top_k_search(row, best, seen)
+        ids = (row >= best - self._reach).nonzero()[0]
+        if seen is None or not seen[best_id]:
+            return ids
+        unseen = ids[~seen[ids]]
+        if not unseen.size:
+            return None
+        return (row >= float(row[unseen].max()) - self._reach).nonzero()[0]
 
-    def _reach(self, blocks: RowBlocks) -> float:
-        """The lowest logit the chain can pick, at most, judged by the blocks' best logits."""
-        s = self.settings
-        if s.greedy:
-            return blocks.best
-        if s.top_k > 0:
-            return max(blocks.kth_best(s.top_k), blocks.best - FAR_SPAN)
-        return blocks.best + float(np.log(s.min_p))  # min-p alone truncates
+    def _top_k_search(self, row: np.ndarray, best: float, seen: np.ndarray | None) -> np.ndarray | None:
+        """The ids at least as high as the k-th best unseen logit, found by looking a span under the best:
+        enough unseen tokens within it prove it reaches that low, else it is widened and looked again.
+        The span carries from step to step and narrows when it finds far more than k (CROWDED)."""
+        k = self._top_k
+        while True:
+            span = self._span
+            ids = (row >= best - span).nonzero()[0]
+            unseen = len(ids) if seen is None else len(ids) - int(np.count_nonzero(seen[ids]))
+            if unseen >= k or span >= FAR_SPAN:
+                break
+            self._span = min(span + SPAN_STEP, FAR_SPAN)
+        if len(ids) > CROWDED * k:
+            logits = row[ids]
+            kth = float(np.partition(logits, len(logits) - k)[len(logits) - k])
+            if math.isfinite(best - kth):  # not a row masked all but a few (a grammar's)
+                self._span = min(best - kth + SPAN_MARGIN, FAR_SPAN)
+        # Fewer than k unseen within FAR_SPAN: with none seen, the rest weigh nothing beside the best.
+        return ids if unseen >= k or seen is None else None
 
     def _candidates_apart_from_seen(self, row: np.ndarray) -> np.ndarray:
         """The unseen tokens within reach of the best unseen ones, and every seen token."""
         seen = self._seen.ids()
         held = row[seen].copy()
         row[seen] = -np.inf
-        blocks = RowBlocks(row)
-        ids = blocks.at_least(self._reach(blocks))
+        ids = self._search(row, None)
         row[seen] = held
+        assert ids is not None  # searched with none seen
         return _sorted_union(ids, seen)
 
     def _draw(self, row: np.ndarray) -> int:
@@ -242,46 +273,6 @@ def _sorted_union(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     distinct[:1] = True
     np.not_equal(both[1:], both[:-1], out=distinct[1:])
     return both[distinct]
-
-
-class RowBlocks:
-    """A logits row seen as blocks of BLOCK logits, with each block's best: the logits at least a
-    threshold are found by looking into the blocks that reach it alone. Block j holds every
-    (len // BLOCK)-th logit from j on (the row read as BLOCK rows, a block a column: numpy takes the
-    columns' bests in one vectorised pass, 4x faster than contiguous blocks'); the last len % BLOCK
-    logits are one more block."""
-
-    def __init__(self, row: np.ndarray) -> None:
-        self.row = row
-        self.width = len(row) // BLOCK
-        self.whole = self.width * BLOCK
-        self.grid = row[: self.whole].reshape(BLOCK, self.width)
-        bests = self.grid.max(axis=0) if self.width else np.empty(0, dtype=row.dtype)
-        self.bests = np.append(bests, row[self.whole :].max()) if self.whole < len(row) else bests
-        self.best = float(self.bests.max())
-
-    def kth_best(self, k: int) -> float:
-        """At most the row's k-th best logit (-inf if fewer than k blocks): the k-th best of 2k groups of
-        blocks' bests (each group's best is a logit of its own, so k of them are at least it), a bound a
-        little looser than the k-th best block's best and ten times cheaper to take."""
-        bests = self.bests
-        if k > len(bests):
-            return -np.inf
-        if len(bests) >= 4 * k:
-            groups = 2 * k
-            bests = bests[: len(bests) - len(bests) % groups].reshape(-1, groups).max(axis=0)
-        return float(np.partition(bests, len(bests) - k)[len(bests) - k])
-
-    def at_least(self, threshold: float) -> np.ndarray:
-        """The ids whose logits are at least `threshold`, ascending: read row by row, the columns reaching it
-        (ascending) give ids in order, those of the last block after."""
-        reaching = (self.bests >= threshold).nonzero()[0]
-        columns = reaching if self.whole == len(self.row) else reaching[reaching < self.width]
-        rows, at = (self.grid[:, columns] >= threshold).nonzero()
-        ids = rows * self.width + columns[at]
-        if len(columns) < len(reaching):  # the last block
-            ids = np.append(ids, self.whole + np.flatnonzero(self.row[self.whole :] >= threshold))
-        return ids
 
 
 def device_chain(settings: SamplerSettings) -> llama_cpp.llama_sampler_p:
