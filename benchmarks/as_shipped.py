@@ -164,9 +164,7 @@ def sampling_cost(model: str) -> dict[str, object]:
         ours = backend.make_sampler(defaults.settings)
         assert isinstance(ours, LlamaSampler)
         ours.accept(prompt)
-        theirs = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
-        for stage in ours.stages:  # cloned after the prompt was accepted: the penalties have seen it
-            llama_cpp.llama_sampler_chain_add(theirs, llama_cpp.llama_sampler_clone(stage))
+        theirs = llama_cpp.llama_sampler_clone(ours.chain)  # cloned after the prompt was accepted: the penalties have seen it
         times: dict[str, list[float]] = {"localchat_ms": [], "llama_cpp_ms": [], "argmax_ms": []}
         turns, position = list(times), len(prompt)
         for step in range(SAMPLE_STEPS):

@@ -97,8 +97,7 @@ def llama_penalised(engine: Engine, settings: SamplerSettings, history: list[int
         rows = np.frombuffer(data, dtype=np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")]))
         rows["id"], rows["logit"], rows["p"] = np.arange(len(logits)), logits, 0
         candidates = llama_cpp.llama_token_data_array(data=data, size=len(logits), selected=-1, sorted=False)
-        for stage in sampler.stages:  # type: ignore[attr-defined]
-            llama_cpp.llama_sampler_apply(stage, ctypes.byref(candidates))
+        llama_cpp.llama_sampler_apply(sampler.chain, ctypes.byref(candidates))  # type: ignore[attr-defined]
         return rows["logit"][np.argsort(rows["id"])].copy()
     finally:
         sampler.close()

@@ -19,6 +19,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
+from functools import partial
 from itertools import islice
 
 import llama_cpp
@@ -48,27 +49,34 @@ REACH_MARGIN = 1e-3
 
 
 class LlamaSampler:
-    """A reply's sampler: llama.cpp's samplers in llama.cpp's order, each owned and freed here.
+    """A reply's sampler: llama.cpp's samplers in llama.cpp's order, in one chain owned and freed here.
 
     Stages: the repeat/frequency/presence penalties (which see the prompt and the reply), DRY (the reply
-    alone: see SamplerSettings), then the truncations, temperature and the draw, or greedy."""
+    alone: see SamplerSettings), then the truncations, temperature and the draw, or greedy. One chain, so
+    that a pick is one call into llama.cpp and one to tell it the token (each call is slow after a decode)."""
 
     def __init__(self, settings: SamplerSettings, n_vocab: int, dry: llama_cpp.llama_sampler_p | None = None,
                  guide: TokenGuide | None = None) -> None:
         """`dry`: a DRY sampler with `settings`' parameters to copy (see `LlamaCppBackend.make_sampler`);
         `guide`: the grammar the reply must follow."""
+        if settings.dry and dry is None:
+            raise ValueError("DRY is on but no DRY sampler was given")
         self.settings = settings
         self.guide = guide
         self._natives = ExitStack()
-        self.penalties = self._own(llama_cpp.llama_sampler_init_penalties(
+        self.chain = _new_chain()
+        self._natives.callback(llama_cpp.llama_sampler_free, self.chain)
+        add = partial(llama_cpp.llama_sampler_chain_add, self.chain)  # the chain owns what it holds
+        # The penalties are also shown the prompt, alone (`accept`); the chain holds them.
+        self.penalties = llama_cpp.llama_sampler_init_penalties(
             # This build's C API still takes n_vocab first (see its include/llama.h).
             n_vocab, settings.penalty_last_n, settings.repeat_penalty, settings.frequency_penalty, settings.presence_penalty,
-        )) if settings.repeat_penalized else None
-        if settings.dry and dry is None:
-            raise ValueError("DRY is on but no DRY sampler was given")
-        self.dry = self._own(llama_cpp.llama_sampler_clone(dry)) if settings.dry and dry is not None else None
-        self.rest = self._own(self._truncate_and_draw(settings))
-        self.stages = [stage for stage in (self.penalties, self.dry, self.rest) if stage is not None]
+        ) if settings.repeat_penalized else None
+        if self.penalties is not None:
+            add(self.penalties)
+        if settings.dry and dry is not None:
+            add(llama_cpp.llama_sampler_clone(dry))
+        _add_truncations_and_draw(settings, add)
         # The tokens a penalty may touch: the last of those seen, as far back as a penalty looks.
         window = settings.history_window
         self._seen = SeenTokens(n_vocab, None if window < 0 else window)
@@ -87,29 +95,6 @@ class LlamaSampler:
         self._reach = 0.0 if settings.greedy else -math.log(settings.min_p) + REACH_MARGIN if settings.min_p > 0 else math.inf
         self._span = FIRST_SPAN
 
-    def _own(self, sampler: llama_cpp.llama_sampler_p) -> llama_cpp.llama_sampler_p:
-        self._natives.callback(llama_cpp.llama_sampler_free, sampler)
-        return sampler
-
-    @staticmethod
-    def _truncate_and_draw(settings: SamplerSettings) -> llama_cpp.llama_sampler_p:
-        params = llama_cpp.llama_sampler_chain_default_params()
-        params.no_perf = True
-        chain = llama_cpp.llama_sampler_chain_init(params)
-        add = lambda sampler: llama_cpp.llama_sampler_chain_add(chain, sampler)  # the chain owns them
-        if settings.greedy:
-            add(llama_cpp.llama_sampler_init_greedy())
-            return chain
-        if settings.top_k > 0:
-            add(llama_cpp.llama_sampler_init_top_k(settings.top_k))
-        if settings.top_p < 1.0:
-            add(llama_cpp.llama_sampler_init_top_p(settings.top_p, 1))
-        if settings.min_p > 0.0:
-            add(llama_cpp.llama_sampler_init_min_p(settings.min_p, 1))
-        add(llama_cpp.llama_sampler_init_temp(settings.temperature))
-        add(llama_cpp.llama_sampler_init_dist(llama_cpp.LLAMA_DEFAULT_SEED if settings.seed is None else settings.seed))
-        return chain
-
     @property
     def argmax_only(self) -> bool:
         """Greedy with no penalties: the pick is the row's argmax (ties: the lowest id, as llama.cpp's)."""
@@ -117,14 +102,14 @@ class LlamaSampler:
 
     def accept(self, tokens: Sequence[int], *, reply: bool = False) -> None:
         """Show the penalties tokens the sampler did not pick: the prompt, or (`reply`) tokens of the reply, which
-        DRY sees too."""
-        stages = [stage for stage in (self.penalties, self.dry if reply else None) if stage is not None]
-        if stages:
-            window = self._seen.window
-            for token in tokens if window is None else islice(tokens, max(len(tokens) - window, 0), None):
-                for stage in stages:
-                    llama_cpp.llama_sampler_accept(stage, token)
-                self._seen.append(token)
+        DRY sees too (through the chain, whose other stages keep nothing)."""
+        target = self.chain if reply else self.penalties
+        if target is None or not self.settings.penalized:
+            return
+        window = self._seen.window
+        for token in tokens if window is None else islice(tokens, max(len(tokens) - window, 0), None):
+            llama_cpp.llama_sampler_accept(target, token)
+            self._seen.append(token)
 
     def pick(self, row: np.ndarray) -> int:
         """The next token from a logits row (which the grammar's mask may rewrite in place)."""
@@ -134,9 +119,8 @@ class LlamaSampler:
             token = int(row.argmax())
         else:
             token = self._draw(row)
-            for stage in self.stages:
-                llama_cpp.llama_sampler_accept(stage, token)
-            if self.penalties is not None or self.dry is not None:
+            llama_cpp.llama_sampler_accept(self.chain, token)
+            if self.settings.penalized:
                 self._seen.append(token)
         if self.guide is not None:
             self.guide.consume(token)
@@ -214,18 +198,15 @@ class LlamaSampler:
         array.size = n
         array.selected = -1
         array.sorted = False
-        for stage in self.stages:
-            llama_cpp.llama_sampler_apply(stage, self._array_pointer)
+        llama_cpp.llama_sampler_apply(self.chain, self._array_pointer)
         return int(array.data[array.selected].id)
 
     def reset(self) -> None:
-        for stage in self.stages:
-            llama_cpp.llama_sampler_reset(stage)
+        llama_cpp.llama_sampler_reset(self.chain)
         self._seen.clear()
 
     def close(self) -> None:
         self._natives.close()
-        self.stages = []
 
 
 class SeenTokens:
@@ -278,7 +259,30 @@ def _sorted_union(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def device_chain(settings: SamplerSettings) -> llama_cpp.llama_sampler_p:
     """The chain llama.cpp runs inside the model's graph (backend sampling): truncations, temperature and the
     draw, or greedy; none of its samplers keeps a history, so it needs no penalties."""
-    return LlamaSampler._truncate_and_draw(settings)
+    chain = _new_chain()
+    _add_truncations_and_draw(settings, partial(llama_cpp.llama_sampler_chain_add, chain))
+    return chain
+
+
+def _new_chain() -> llama_cpp.llama_sampler_p:
+    params = llama_cpp.llama_sampler_chain_default_params()
+    params.no_perf = True
+    return llama_cpp.llama_sampler_chain_init(params)
+
+
+def _add_truncations_and_draw(settings: SamplerSettings, add: Callable[[llama_cpp.llama_sampler_p], None]) -> None:
+    """llama.cpp's truncations, temperature and draw for `settings`, or greedy, each given to `add`."""
+    if settings.greedy:
+        add(llama_cpp.llama_sampler_init_greedy())
+        return
+    if settings.top_k > 0:
+        add(llama_cpp.llama_sampler_init_top_k(settings.top_k))
+    if settings.top_p < 1.0:
+        add(llama_cpp.llama_sampler_init_top_p(settings.top_p, 1))
+    if settings.min_p > 0.0:
+        add(llama_cpp.llama_sampler_init_min_p(settings.min_p, 1))
+    add(llama_cpp.llama_sampler_init_temp(settings.temperature))
+    add(llama_cpp.llama_sampler_init_dist(llama_cpp.LLAMA_DEFAULT_SEED if settings.seed is None else settings.seed))
 
 
 def device_sampleable(settings: SamplerSettings, guide: TokenGuide | None, raw_logits: bool) -> bool:
