@@ -16,17 +16,18 @@ evaluating the same prompt first (`-pg N,1`), alternating, `run`'s
 first start (a file it has derived nothing from: localchat.file_facts), and the chat app from its start to its
 status bar saying ready in an 80x24 pseudo-terminal. Medians; each localchat figure against llama.cpp's.
 
-Measured (AMD EPYC, 2 threads, 3 rounds, 2026-11-26 at c52c329), localchat against llama-server: SmolLM2-135M-Instruct
-decode 0.90x (99.5 against 110.1 tok/s), aggregate 0.97x with 1 stream and 1.12x with 4, time to first token of
-a resent short chat 0.71x (20.0 against 14.2 ms); Gemma 3 270M 0.99x, 0.95x, 1.00x and 1.10x faster (24.7
-against 27.3 ms). The 3-round server figures move 5-15% between runs on this machine. Sampling alone, inside a
-reply: 0.212 ms against 0.184 (49k; the argmax 0.020) and 0.300 against 1.614 with Gemma's penalties (262k; the
-argmax 0.043). Drafting, input-grounded / open-ended: SmolLM2 1.64x (83% taken) / 0.98x, Gemma 2.46x (97%) /
+Measured (AMD EPYC, 2 threads, 3 rounds, 2026-11-27 at e958ccb), localchat against llama-server: SmolLM2-135M-Instruct
+decode 0.90x (91.1 against 100.9 tok/s), aggregate 0.88x with 1 stream and 1.10x with 4, time to first token of
+a resent short chat 1.09x faster (17.7 against 19.2 ms); Gemma 3 270M 0.88x, 0.94x, 1.06x and 1.21x faster (23.8
+against 28.8 ms). The 3-round server figures move 5-15% between runs on this machine (Gemma's decode read 0.99x
+at c52c329; 8 alternating rounds of e958ccb against 0ae79cc gave both 64.5 tok/s). Sampling alone, inside a
+reply: 0.196 ms against 0.204 (49k; the argmax 0.021) and 0.297 against 1.702 with Gemma's penalties (262k; the
+argmax 0.045). Drafting, input-grounded / open-ended: SmolLM2 1.81x (95% taken) / 1.01x, Gemma 2.61x (97%) /
 1.00x; the rounds' seeds decide much of it (SmolLM2 over seeds 0-11: 0.99x to 2.02x, median 1.75x; Gemma over
-0-7: 0.93x to 3.00x, median 2.44x). Cold start: SmolLM2 0.42 s against 0.13 (3.17x) and 0.21 s for llama-bench's
-same work (1.95x), 204 against 126 MiB; Gemma 0.75 s against 0.53 (1.41x) and 0.55 (1.36x), 368 against 312 MiB;
-a first start 0.45 s and 0.89 s; the chat app ready 0.62 s and 0.85 s after it starts (its first output at 0.45
-and 0.48 s).
+0-7: 0.93x to 3.00x, median 2.44x, both at c52c329). Cold start: SmolLM2 0.41 s against 0.13 (3.24x) and 0.21 s
+for llama-bench's same work (1.97x), 205 against 126 MiB; Gemma 0.66 s against 0.49 (1.36x) and 0.49 (1.35x),
+369 against 312 MiB; a first start 0.43 s and 0.82 s; the chat app ready 0.64 s and 0.82 s after it starts (its
+first output at 0.45 and 0.47 s).
 
     python benchmarks/as_shipped.py --llama-server OUTDIR/llama-server [--llama-bench OUTDIR/llama-bench] [--rounds 3]
         [--model NAME_OR_GGUF ...]
