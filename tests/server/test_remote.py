@@ -3,6 +3,7 @@ real `openai` client, as a person would point `-m http://HOST:PORT/v1` at vLLM o
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import subprocess
@@ -57,8 +58,20 @@ def test_a_remote_chat_streams_the_reply_the_server_writes(remote: RemoteServer,
     assert [m.role for m in chat.messages] == ["system", "user", "assistant"]
 
 
+def test_ignore_eos_reaches_the_server(remote: RemoteServer) -> None:
+    """The reply goes on past its end to max_tokens, where without ignore_eos it ends by itself."""
+    settings = GenerationSettings(max_tokens=60, sampler=SamplerSettings(temperature=0))
+    short = remote.new_chat().send("Hi", settings)
+    short.text()
+    assert short.stats is not None and short.stats.finish_reason == "stop" and short.stats.completion_tokens < 60
+    past_end = remote.new_chat().send("Hi", dataclasses.replace(settings, ignore_eos=True))
+    past_end.text()
+    assert past_end.stats is not None and past_end.stats.finish_reason == "length" and past_end.stats.completion_tokens == 60
+
+
 def test_cancel_closes_the_stream_and_the_server_stops(remote: RemoteServer, server: LiveServer) -> None:
-    generation = remote.new_chat().send("Tell me a long story.", GenerationSettings(max_tokens=2000, sampler=SamplerSettings(seed=1)))
+    generation = remote.new_chat().send("Tell me a long story.", GenerationSettings(max_tokens=2000, ignore_eos=True,
+                                                                                   sampler=SamplerSettings(seed=1)))
     received = []
     for piece in generation:
         received.append(piece)
