@@ -36,9 +36,8 @@ MODEL = DEFAULT_MODEL_NAME
 TEMPLATES = Path(__file__).parent.parent / "data" / "chat_templates"
 QWEN3_THINKING_OFF = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
 SCRIPTED = GenerationSettings(max_tokens=100)  # the scripted model writes a character a token
-# Sampled, so that the reply runs long enough to be stopped.
-# Past the end of the story too: how soon a seed's story ends depends on the CPU's rounding (on an AMD EPYC
-# with AVX2 only, seed 1's ended before the app could stop it).
+# Sampled and past its end (ignore_eos), so that the reply runs long enough to be stopped: how soon a seed's story
+# ends depends on the CPU's rounding (on an AMD EPYC with AVX2 only, seed 1's ended before the app could stop it).
 LONG = GenerationSettings(max_tokens=2000, ignore_eos=True, sampler=SamplerSettings(seed=1))
 
 MakeRemoteApp = Callable[..., ChatApp]
