@@ -29,12 +29,12 @@ for llama-bench's same work (1.97x), 205 against 126 MiB; Gemma 0.66 s against 0
 369 against 312 MiB; a first start 0.43 s and 0.82 s; the chat app ready 0.64 s and 0.82 s after it starts (its
 first output at 0.45 and 0.47 s).
 
-On an AMD EPYC without AVX-512 (AVX2 only; 2 threads, 2026-11-27 at eb1743c, about half as fast and noisier), 3
-rounds: serve 0.84x / 0.89x / 1.30x on SmolLM2 and 0.93x / 0.93x / 1.17x on Gemma, sampling 0.30 against 0.37 ms and
-0.53 against 2.94 ms. With the cold start's commands keeping their bytecode (USER_PYTHON): SmolLM2 0.71 s against 0.25
-(2.88x) and 0.41 (1.73x), Gemma 1.44 s against 1.03 (1.40x) and 1.17 (1.24x); the chat app ready 1.28 s and 1.67 s.
-Drafting over 8 seeds, two runs: SmolLM2 grounded 1.74x and 2.02x (paired 2.06x), open-ended 0.92x and 0.99x
-(paired 0.96x); Gemma 1.61x and 1.55x (paired 1.53x), open-ended 0.98x and 1.02x (paired 1.00x).
+On an AMD EPYC without AVX-512 (AVX2 only; 2 threads, 2026-11-27, about half as fast and noisier), two runs of 3
+rounds: serve 0.84x and 1.04x on SmolLM2, 0.93x and 0.95x on Gemma (4 streams 1.19-1.30x and 1.05-1.17x);
+sampling 0.30 against 0.37-0.39 ms and 0.53 against 2.94-2.96 ms. The cold start keeping its bytecode
+(USER_PYTHON): SmolLM2 0.71-0.81 s against 0.25-0.28 (2.88x), Gemma 1.44-1.52 s against 1.03-1.22 (1.24-1.40x).
+Drafting over 8 seeds, three runs: SmolLM2 grounded 1.53-2.02x, open-ended 0.92-0.99x; Gemma 1.55-1.78x and
+0.98-1.02x. The drafted replies' texts change from run to run (near ties, timed step costs), and so do these.
 
     python benchmarks/as_shipped.py --llama-server OUTDIR/llama-server [--llama-bench OUTDIR/llama-bench] [--rounds 3]
         [--model NAME_OR_GGUF ...]
