@@ -143,7 +143,7 @@ class Session:
         # Speculative decoding by a smaller model (its own KV sequence kept in step) where prompt lookup has no draft.
         self.draft_model: DraftModel | None = None
         # What plain and drafting steps cost here, timed: how long prompt lookup drafts.
-        self.step_costs = StepCosts()
+        self.step_costs = StepCosts(backend)
 
     @property
     def n_ctx(self) -> int:
@@ -444,10 +444,12 @@ class Decoder:
         started = time.perf_counter()
         if length:
             draft = lookup[:length]
+            rows = self._rows(draft, room)
+            new_shape = costs.new_shape(rows)
             accepted = self._verify(draft, room, cancelled, emit)
             if accepted is None:
                 return False
-            costs.drafted(time.perf_counter() - started, self._rows(draft, room))
+            costs.drafted(time.perf_counter() - started, rows, new_shape)
             return True
         draft_model = self.draft_model
         if room > 0 and draft_model is not None and draft_model.pace.use_drafts():

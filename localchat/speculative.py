@@ -52,12 +52,20 @@ class StepCosts:
     """What steps cost on one session's model, timed: a plain step (one token in, one sampled), and
     a drafting step's extra cost over it, a line in the count of drafted rows fit by least squares to
     recent drafting steps and, lightly, the prior line's two points. A drafting step's cost includes
-    what the RECOVERY_STEPS plain steps after it take over a steady one. Kept across the session's replies."""
+    what the RECOVERY_STEPS plain steps after it take over a steady one. The first step of a count of
+    rows the context has not evaluated yet costs `first_shape` plain steps more (`Backend.new_shapes`):
+    the backend's figure until the session has timed such a step, then the mean of those timed. Kept
+    across the session's replies."""
 
-    def __init__(self) -> None:
+    def __init__(self, backend: Backend | None = None) -> None:
         self.plain_s: float | None = None
         # (fixed, per row): a step drafting k rows costs 1 + fixed + per_row * k plain steps.
         self.line = (PRIOR_FIXED, PRIOR_PER_ROW)
+        # Only where a new count of rows costs more (a GPU) are steps told apart by it: elsewhere every
+        # drafting step goes into the line.
+        self._shapes = backend if backend is not None and backend.first_shape_steps > 0 else None
+        self.first_shape = backend.first_shape_steps if self._shapes is not None else 0.0
+        self._first_shapes_timed = 0
         # Moving averages of 1, k, k^2, u and k*u over drafting steps of k rows costing u plain steps more.
         self._observed = np.zeros(5)
         # The last drafting step while the plain steps after it are charged to it.
@@ -74,17 +82,35 @@ class StepCosts:
         if recovering.plain_steps == RECOVERY_STEPS:
             self._fit(recovering)
 
-    def drafted(self, seconds: float, rows: int) -> None:
+    def extra(self, rows: np.ndarray) -> np.ndarray:
+        """What a drafting step of each count of `rows` rows costs over a plain step, in plain steps."""
+        fixed, per_row = self.line
+        cost = fixed + per_row * rows
+        return cost if self._shapes is None else cost + self.first_shape * self._shapes.new_shapes(rows)
+
+    def new_shape(self, rows: int) -> bool:
+        """Whether a step of `rows` rows would be the context's first of that count, where that costs
+        more (ask before the step)."""
+        return self._shapes is not None and bool(self._shapes.new_shapes(np.array([rows]))[0])
+
+    def drafted(self, seconds: float, rows: int, new_shape: bool = False) -> None:
+        """A drafting step of `rows` rows took `seconds`; `new_shape`: it was the context's first of that count."""
         if self.plain_s is None:
             return
         if self._recovering is not None:  # drafting again at once: this step's own time holds the change back
             self._fit(self._recovering)
-        self._recovering = _RecoveringStep(seconds, rows)
+        self._recovering = _RecoveringStep(seconds, rows, new_shape)
 
     def _fit(self, step: _RecoveringStep) -> None:
         assert self.plain_s is not None
         self._recovering = None
-        self._observed += COST_WEIGHT * (_line_terms(step.rows, step.seconds / self.plain_s - 1) - self._observed)
+        extra = step.seconds / self.plain_s - 1
+        if step.new_shape:  # what it cost over the line is the shape's first time, not the line's
+            fixed, per_row = self.line
+            self._first_shapes_timed += 1
+            self.first_shape += (max(extra - fixed - per_row * step.rows, 0.0) - self.first_shape) / self._first_shapes_timed
+            return
+        self._observed += COST_WEIGHT * (_line_terms(step.rows, extra) - self._observed)
         # The prior's two points stay in the fit at a fixed weight: steps all of one length (a long
         # copy drafts as long as it may every step) fix the line's height there, the prior its slope.
         n, k, kk, u, ku = (float(total) for total in self._observed + _PRIOR_SUMS)
@@ -96,6 +122,7 @@ class StepCosts:
 class _RecoveringStep:
     seconds: float  # the drafting step's, plus what the plain steps after it took over a steady one
     rows: int
+    new_shape: bool  # the context's first step of that count of rows
     plain_steps: int = 0  # plain steps since
 
 
@@ -145,7 +172,7 @@ class LookupDrafting:
         if (1 + taken[-1]) / (1 + fixed + per_row) < DRAFT_MARGIN:
             return 0  # not even the longest draft's tokens at the shortest one's cost would pay
         ks = self._ks[1 : len(draft) + 1]
-        speed = (1 + taken[1:]) / (1 + fixed + per_row * verified_rows(ks, room, self.even_rows))
+        speed = (1 + taken[1:]) / (1 + self.costs.extra(verified_rows(ks, room, self.even_rows)))
         best = int(speed.argmax())
         return int(ks[best]) if speed[best] >= DRAFT_MARGIN else 0
 

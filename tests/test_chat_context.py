@@ -21,6 +21,7 @@ class CharacterBackend:
 
     def __init__(self, n_ctx: int) -> None:
         self.n_ctx = n_ctx
+        self.first_shape_steps = 0.0
 
         class Info:
             add_bos = False

@@ -85,3 +85,19 @@ def test_an_odd_batch_made_even_by_a_filler_row_gives_the_same_logits(settings: 
         for plain, filled in zip(decode(spare_cell=False), decode(spare_cell=True), strict=True):
             likely = np.argsort(plain)[-10:]
             np.testing.assert_allclose(filled[likely], plain[likely], atol=ATOL)
+
+
+def test_a_count_of_rows_is_new_until_a_step_of_it_keeps_every_row_s_logits(engine: Engine) -> None:
+    """`new_shapes`: what lookup drafting charges the first step of a shape for where that costs more (a GPU)."""
+    backend, seq = engine.backend, engine.sessions[0].seq
+    engine.sessions[0].reset()
+    counts = np.array([1, 5, 6, 7])
+    before = backend.new_shapes(counts)
+    tokens = backend.tokenize(TEXT, add_bos=True, special=False)
+    backend.evaluate(seq, tokens[:7], 0)  # a prompt's step: 7 tokens, one row of logits
+    assert list(backend.new_shapes(counts)) == list(before)
+    backend.evaluate_all(seq, tokens[7:13], 7)
+    backend.evaluate(seq, tokens[13:14], 13)
+    assert not backend.new_shapes(counts)[[0, 2]].any() and list(backend.new_shapes(counts)[[1, 3]]) == list(before[[1, 3]])
+    assert backend.first_shape_steps == 0.0  # a CPU plan
+    backend.truncate(seq, 0)

@@ -28,6 +28,7 @@ class ScriptedBackend:
 
     name = "scripted"
     even_rows = False
+    first_shape_steps = 0.0
     n_seq = 1
 
     def __init__(self, pieces: dict[int, bytes], script: list[int], n_ctx: int = 64) -> None:

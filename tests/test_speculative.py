@@ -29,6 +29,7 @@ from localchat.speculative import (
     DRAFT_RETRY,
     PRIOR_FIXED,
     PRIOR_PER_ROW,
+    RECOVERY_STEPS,
     DraftModel,
     DraftPace,
     LookupDrafting,
@@ -81,6 +82,7 @@ class MarkovBackend:
 
     name = "markov"
     even_rows = False
+    first_shape_steps = 0.0
     n_seq = 1
     n_ctx = 256
 
@@ -268,9 +270,9 @@ def test_drafts_are_verified_in_even_counts_of_rows_where_those_are_cheaper(even
             assert odd == []
 
 
-def costs_of(plain_s: float, fixed: float, per_row: float, steps: int = 60) -> StepCosts:
+def costs_of(plain_s: float, fixed: float, per_row: float, steps: int = 60, backend: object = None) -> StepCosts:
     """Step costs timed on a model whose drafting step of k rows costs `fixed + per_row * k` plain steps more."""
-    costs = StepCosts()
+    costs = StepCosts(backend)  # type: ignore[arg-type]
     for rows in [1, 3, 9, 25] * (steps // 4):
         costs.plain(plain_s)
         costs.drafted(plain_s * (1 + fixed + per_row * rows), rows)
@@ -301,6 +303,51 @@ def test_a_drafting_step_is_charged_what_the_plain_steps_after_it_take_over_stea
         costs.drafted(0.01 * (1 + 0.2 + 0.25 * rows), rows)
     assert costs.plain_s == pytest.approx(0.01, rel=1e-3)
     assert costs.line == pytest.approx((0.2 + 0.5 + 0.3, 0.25), rel=0.05)
+
+
+class ShapeLog:
+    """What StepCosts asks a backend of shapes: a GPU-like one whose first step of a count of rows costs more."""
+
+    first_shape_steps = 4.0
+
+    def __init__(self) -> None:
+        self.seen = np.zeros(70, dtype=bool)
+
+    def new_shapes(self, rows: np.ndarray) -> np.ndarray:
+        return ~self.seen[rows]
+
+
+def test_a_shape_s_first_step_is_charged_its_own_cost_where_that_costs_more() -> None:
+    """On a GPU a count of rows the context has not evaluated yet loads its kernels first: that step is
+    charged the backend's figure until one has been timed, then what such steps took over the line, which
+    they leave alone. Lookup then drafts a new shape only for a gain that covers it. On a CPU (no such
+    cost) every drafting step goes into the line, as before."""
+    shapes = ShapeLog()
+    costs = StepCosts(shapes)  # type: ignore[arg-type]
+    assert list(costs.extra(np.array([2, 4]))) == pytest.approx([PRIOR_FIXED + PRIOR_PER_ROW * k + 4.0 for k in (2, 4)])
+    shapes.seen[4] = True
+    assert costs.extra(np.array([4]))[0] == pytest.approx(PRIOR_FIXED + PRIOR_PER_ROW * 4)
+    assert costs.new_shape(2) and not costs.new_shape(4)
+    costs.plain(0.01)
+    line = costs.line
+    costs.drafted(0.01 * (1 + PRIOR_FIXED + PRIOR_PER_ROW * 2 + 7.0), 2, new_shape=True)  # 7 steps more the first time
+    for _ in range(RECOVERY_STEPS):
+        costs.plain(0.01)
+    assert costs.first_shape == pytest.approx(7.0) and costs.line == line
+    costs.drafted(0.01 * (1 + PRIOR_FIXED + PRIOR_PER_ROW * 3 + 5.0), 3, new_shape=True)
+    costs.plain(0.01)
+    costs.drafted(0.01 * (1 + 0.1 + 0.01 * 4), 4)  # drafting again at once resolves the last step
+    assert costs.first_shape == pytest.approx(6.0) and costs.line == line
+    # Predictions of 3 tokens come true: worth a step of a seen count of rows, not of a new one.
+    draft = list(range(20))
+    shapes.seen[:] = False
+    drafting = LookupDrafting(20, costs_of(0.01, 0.1, 0.02, backend=shapes), even_rows=False)
+    assert run_predictions(drafting, 3, 5, draft) == 0
+    shapes.seen[:] = True
+    assert run_predictions(drafting, 3, 5, draft) == 3
+    # Where a first step costs nothing more, none is told apart.
+    cpu = StepCosts(MarkovBackend())  # type: ignore[arg-type]
+    assert not cpu.new_shape(2) and cpu.first_shape == 0.0
 
 
 def run_predictions(drafting: LookupDrafting, taken: int, rounds: int, draft: list[int], n: int = 3) -> int:

@@ -1,8 +1,10 @@
 """Three probes of the GPU path that the one-shot check (run.sh) runs beside its figures.
 
     python3 benchmarks/gpu/probes.py shapes MODEL        what a step of k rows costs, and the one-token steps after it
-    python3 benchmarks/gpu/probes.py first MODEL [warm]  a fresh process's first replies (drafting, not, greedy),
-                                                         with `warm`: after one evaluation of each draft shape
+    python3 benchmarks/gpu/probes.py first MODEL [warm|uncharged]  a fresh process's first replies (drafting, not,
+                                                         greedy); `warm`: after one evaluation of each draft shape;
+                                                         `uncharged`: lookup not charging a shape's first step
+                                                         (localchat.backends.llamacpp.FIRST_SHAPE_STEPS = 0)
     python3 benchmarks/gpu/probes.py profile MODEL       Python's profile of a greedy and an as-shipped reply
     python3 benchmarks/gpu/probes.py paths MODEL [N]     one reply as `run` decodes it and as `serve`'s scheduler does
                                                          (N slots, default 4; no HTTP), as shipped without drafts and greedy
@@ -25,6 +27,7 @@ import time
 import localchat  # noqa: F401  (first: llama.cpp's libraries, localchat.native)
 import queue
 from localchat.backends.base import ARGMAX, SamplerSettings
+from localchat.backends import llamacpp
 from localchat.backends.llamacpp import decode_on_this_thread
 from localchat.engine import Engine
 from localchat.planner import PlanRequest
@@ -98,7 +101,8 @@ def first_replies(engine: Engine, warm: bool) -> None:
             engine.backend.truncate(0, 0)
     warm_ms = (time.perf_counter() - started) * 1e3
     replies = [reply(engine, mode) for mode in ("drafts", "no drafts", "greedy", "drafts")]
-    print(json.dumps({"warm": warm, "warm_ms": round(warm_ms, 1), "replies": replies}))
+    print(json.dumps({"warm": warm, "warm_ms": round(warm_ms, 1), "first_shape_steps": engine.backend.first_shape_steps,
+                      "replies": replies}))
 
 
 def profile(engine: Engine) -> None:
@@ -167,6 +171,8 @@ def main() -> None:
     if probe != "paths":  # paths decodes on the scheduler's thread too: llama.cpp's compute thread serves both
         decode_on_this_thread()  # as `localchat run` decodes
     n_seq = int(sys.argv[3]) if probe == "paths" and len(sys.argv) > 3 else 4 if probe == "paths" else 1
+    if sys.argv[3:] == ["uncharged"]:
+        llamacpp.FIRST_SHAPE_STEPS = 0.0
     with Engine.load(path, Settings(), PlanRequest(n_ctx=4096, n_seq=n_seq)) as engine:
         if probe == "shapes":
             shapes(engine)

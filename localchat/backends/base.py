@@ -298,6 +298,15 @@ class Backend(Protocol):
     # than one fewer (its kernels' quirk): drafts are then verified in even counts of rows, and an
     # odd batch may take a throwaway row.
     even_rows: bool
+    # What the context's first step of a count of rows, each with logits, costs over its later steps of
+    # that count, in plain steps: a GPU loads the kernels of a shape it has not run yet and builds its
+    # graphs (see `new_shapes`); a CPU pays next to nothing.
+    first_shape_steps: float
+
+    def new_shapes(self, rows: np.ndarray) -> np.ndarray:
+        """For each count in `rows`: whether the context has yet to evaluate a step of that many rows,
+        each with logits (a plain step has 1; a draft's, or a batch's, more)."""
+        ...
 
     def tokenize(self, text: str, *, add_bos: bool, special: bool) -> list[int]:
         """Text to token ids; `special` parses control tokens such as `<start_of_turn>`."""

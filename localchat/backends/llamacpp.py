@@ -44,6 +44,11 @@ from localchat.errors import ContextOverflowError, InferenceError
 
 # Rows of logits read back per decode when scoring (each row is n_vocab floats).
 SCORE_CHUNK = 64
+# What a step of a count of rows costs on a GPU the first time over later times, in plain steps
+# (first_shape_steps): on an H200 (a random 1.5B model, benchmarks/gpu/probes.py shapes) a new count of
+# 2 to 17 rows took 5-9 ms once, then about 1.3, where a plain step took 1.12. The low end: a session
+# times its own from its first such step on (localchat.speculative.StepCosts).
+FIRST_SHAPE_STEPS = 4.0
 
 # llama_get_logits with its pointer as a plain address, to see cheaply whether the buffer moved.
 _logits_address = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(("llama_get_logits", llama_cpp.llama_cpp._lib))
@@ -138,6 +143,9 @@ class LlamaCppBackend:
         self._output_index: dict[int, int] = {}
         self._first_row: dict[int, int] = {}
         self._n_outputs = 0  # rows of logits the last decode kept
+        # The counts of rows evaluated in one step with every row's logits (new_shapes).
+        self._shapes_seen = np.zeros(self._n_batch + 1, dtype=bool)
+        self.first_shape_steps = FIRST_SHAPE_STEPS if opened.load.uses_gpu else 0.0
         self._logits_view: tuple[int, int, np.ndarray] | None = None  # (address, rows, view)
         self._piece_cache: dict[int, bytes] = {}
         self._piece_buffer = ctypes.create_string_buffer(256)
@@ -221,6 +229,11 @@ class LlamaCppBackend:
             raise ContextOverflowError(f"the context is full ({self.n_ctx} tokens); start a new chat or raise --ctx")
         if status != 0:
             raise InferenceError(f"llama.cpp failed to evaluate tokens (llama_decode status {status})")
+        if n_outputs == n_tokens:
+            self._shapes_seen[n_tokens] = True
+
+    def new_shapes(self, rows: np.ndarray) -> np.ndarray:
+        return ~self._shapes_seen[rows]
 
     def evaluate(self, seq: int, tokens: Sequence[int], start: int, *, all_logits: bool = False) -> None:
         if start + len(tokens) > self.n_ctx:
