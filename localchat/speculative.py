@@ -83,18 +83,20 @@ class StepCosts:
             self._fit(recovering)
 
     def extra(self, rows: np.ndarray) -> np.ndarray:
-        """What a drafting step of each count of `rows` rows costs over a plain step, in plain steps."""
+        """What a drafting step of each count of `rows` drafted rows costs over a plain step, in plain steps."""
         fixed, per_row = self.line
         cost = fixed + per_row * rows
-        return cost if self._shapes is None else cost + self.first_shape * self._shapes.new_shapes(rows)
+        # The step evaluates the pending token's row with the drafted ones.
+        return cost if self._shapes is None else cost + self.first_shape * self._shapes.new_shapes(rows + 1)
 
     def new_shape(self, rows: int) -> bool:
-        """Whether a step of `rows` rows would be the context's first of that count, where that costs
-        more (ask before the step)."""
-        return self._shapes is not None and bool(self._shapes.new_shapes(np.array([rows]))[0])
+        """Whether a drafting step of `rows` drafted rows would be the context's first of its count of rows,
+        where that costs more (ask before the step)."""
+        return self._shapes is not None and bool(self._shapes.new_shapes(np.array([rows + 1]))[0])
 
     def drafted(self, seconds: float, rows: int, new_shape: bool = False) -> None:
-        """A drafting step of `rows` rows took `seconds`; `new_shape`: it was the context's first of that count."""
+        """A drafting step of `rows` drafted rows took `seconds`; `new_shape`: it was the context's first of its
+        count of rows."""
         if self.plain_s is None:
             return
         if self._recovering is not None:  # drafting again at once: this step's own time holds the change back

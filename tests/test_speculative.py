@@ -325,7 +325,7 @@ def test_a_shape_s_first_step_is_charged_its_own_cost_where_that_costs_more() ->
     shapes = ShapeLog()
     costs = StepCosts(shapes)  # type: ignore[arg-type]
     assert list(costs.extra(np.array([2, 4]))) == pytest.approx([PRIOR_FIXED + PRIOR_PER_ROW * k + 4.0 for k in (2, 4)])
-    shapes.seen[4] = True
+    shapes.seen[5] = True  # a step of 4 drafted rows and the pending token's
     assert costs.extra(np.array([4]))[0] == pytest.approx(PRIOR_FIXED + PRIOR_PER_ROW * 4)
     assert costs.new_shape(2) and not costs.new_shape(4)
     costs.plain(0.01)
@@ -348,6 +348,37 @@ def test_a_shape_s_first_step_is_charged_its_own_cost_where_that_costs_more() ->
     # Where a first step costs nothing more, none is told apart.
     cpu = StepCosts(MarkovBackend())  # type: ignore[arg-type]
     assert not cpu.new_shape(2) and cpu.first_shape == 0.0
+
+
+class ShapeCountingMarkovBackend(RowCountingMarkovBackend):
+    """The stand-in model as a GPU: the first step of a count of rows costs more, and it knows which it has run."""
+
+    first_shape_steps = 4.0
+
+    def new_shapes(self, rows: np.ndarray) -> np.ndarray:
+        return np.array([count not in {steps for steps, _ in self.steps} for count in np.atleast_1d(rows)])
+
+
+def test_a_drafting_step_is_told_new_by_the_rows_it_evaluates() -> None:
+    """A step verifying k drafted tokens evaluates k + 1 rows (the pending token's first): it is charged as the
+    context's first of a count exactly when no earlier step evaluated that many rows."""
+    backend = ShapeCountingMarkovBackend(even_rows=False)
+    decoder = start_reply(backend, [0, 1, 2, 3, 0, 1, 2, 3, 0, 1], GenerationSettings(max_tokens=40, sampler=ARGMAX,
+                                                                                       lookup_draft=8))
+    decoder.lookup = AlwaysDraftLookup(8, decoder.session.step_costs, backend.even_rows)
+    told: list[tuple[int, bool, bool]] = []
+    costs = decoder.session.step_costs
+    drafted = costs.drafted
+
+    def record(seconds: float, rows: int, new_shape: bool = False) -> None:
+        evaluated_before = {steps for steps, _ in backend.steps[:-1]}
+        told.append((rows, new_shape, backend.steps[-1][0] not in evaluated_before))
+        drafted(seconds, rows, new_shape)
+
+    costs.drafted = record  # type: ignore[method-assign]
+    finish_reply(decoder)
+    assert len(told) > 3 and any(new for _, new, _ in told) and not all(new for _, new, _ in told)
+    assert all(new == first for _, new, first in told), told
 
 
 def run_predictions(drafting: LookupDrafting, taken: int, rounds: int, draft: list[int], n: int = 3) -> int:

@@ -45,9 +45,10 @@ from localchat.errors import ContextOverflowError, InferenceError
 # Rows of logits read back per decode when scoring (each row is n_vocab floats).
 SCORE_CHUNK = 64
 # What a step of a count of rows costs on a GPU the first time over later times, in plain steps
-# (first_shape_steps): on an H200 (a random 1.5B model, benchmarks/gpu/probes.py shapes) a new count of
-# 2 to 17 rows took 5-9 ms once, then about 1.3, where a plain step took 1.12. The low end: a session
-# times its own from its first such step on (localchat.speculative.StepCosts).
+# (first_shape_steps): on an H200 (a random 1.5B model, benchmarks/gpu/probes.py shapes) the first step
+# of 2, 3, 5, 9 and 17 rows took 11.7, 7.9, 8.2, 6.2 and 8.2 ms, later ones 2.1 to 3.5, a plain step
+# 1.12: 3 to 10 ms more, 2.7 to 8.6 plain steps. Near the low end: a session times its own from its
+# first such step on (localchat.speculative.StepCosts).
 FIRST_SHAPE_STEPS = 4.0
 
 # llama_get_logits with its pointer as a plain address, to see cheaply whether the buffer moved.
