@@ -28,7 +28,6 @@ import localchat  # noqa: F401  (first: llama.cpp's libraries, localchat.native)
 import queue
 from localchat.backends.base import ARGMAX, SamplerSettings
 from localchat.backends import llamacpp
-from localchat.backends.llamacpp import decode_on_this_thread
 from localchat.engine import Engine
 from localchat.planner import PlanRequest
 from localchat.scheduler import ReplyDone, Scheduler, TextDelta
@@ -169,7 +168,7 @@ def chains(engine: Engine, rounds: int = 3, tokens: int = 256) -> None:
 def main() -> None:
     probe, path = sys.argv[1], sys.argv[2]
     if probe != "paths":  # paths decodes on the scheduler's thread too: llama.cpp's compute thread serves both
-        decode_on_this_thread()  # as `localchat run` decodes
+        llamacpp.decode_on_this_thread()  # as `localchat run` decodes
     n_seq = int(sys.argv[3]) if probe == "paths" and len(sys.argv) > 3 else 4 if probe == "paths" else 1
     if sys.argv[3:] == ["uncharged"]:
         llamacpp.FIRST_SHAPE_STEPS = 0.0
