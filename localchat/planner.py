@@ -406,7 +406,9 @@ def plan_offload(model: ModelFacts, hardware: Hardware, build: BuildFeatures, re
     # is not copied back each token. On the CPU its top-k sorts the whole row (slower than localchat's sampler).
     backend_sampling = backend == "llama.cpp" and head_on_gpu
     if backend_sampling:
-        reasons.append("sampling on the GPU: the output layer is there (llama.cpp's backend sampling)")
+        reasons.append("sampling on the GPU: the output layer is there (llama.cpp's backend sampling)" if request.n_seq == 1 else
+                       f"greedy replies sampled on the GPU, where the output layer is; others on the CPU, as {request.n_seq} "
+                       "sequences' chains are slower on the GPU")
 
     return Plan(
         backend=backend,

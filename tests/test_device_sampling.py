@@ -29,14 +29,24 @@ from test_planner import LLAMA_CUDA_BUILD, MISTRAL_7B_Q4_K_M, RTX_3090, machine
 COPY = "Copy this text exactly: The keeper climbed the narrow stairs at dusk and trimmed the wick."
 
 
+def sampling_on_the_device(settings: Settings, model: Path, sequences: int) -> Engine:
+    model_plan = plan_model(str(model), settings, PlanRequest(n_ctx=1024, n_seq=sequences))
+    model_plan = dataclasses.replace(model_plan, plan=dataclasses.replace(model_plan.plan, backend_sampling=True))
+    return Engine.from_plan(model_plan, settings)
+
+
 @pytest.fixture(scope="module")
 def device(settings: Settings, default_model: Path) -> Iterator[Engine]:
-    """The default model with sampling on the device, two sequences."""
-    model_plan = plan_model(str(default_model), settings, PlanRequest(n_ctx=1024, n_seq=2))
-    model_plan = dataclasses.replace(model_plan, plan=dataclasses.replace(model_plan.plan, backend_sampling=True))
-    engine = Engine.from_plan(model_plan, settings)
-    yield engine
-    engine.close()
+    """The default model with sampling on the device, two sequences (serve's slots)."""
+    with sampling_on_the_device(settings, default_model, 2) as engine:
+        yield engine
+
+
+@pytest.fixture(scope="module")
+def device_alone(settings: Settings, default_model: Path) -> Iterator[Engine]:
+    """The default model with sampling on the device, one sequence (run, the chat app)."""
+    with sampling_on_the_device(settings, default_model, 1) as engine:
+        yield engine
 
 
 def test_the_plan_samples_on_the_gpu_only_with_the_output_layer_there() -> None:
@@ -47,6 +57,8 @@ def test_the_plan_samples_on_the_gpu_only_with_the_output_layer_there() -> None:
     assert 0 < partial.n_gpu_layers <= MISTRAL_7B_Q4_K_M.n_layers and not partial.backend_sampling
     cpu = plan_offload(MISTRAL_7B_Q4_K_M, Hardware("CPU", 2, 2, frozenset(), 16 * GIB, 16 * GIB), LLAMA_CUDA_BUILD)
     assert not cpu.backend_sampling
+    slots = plan_offload(MISTRAL_7B_Q4_K_M, machine(gpus=(RTX_3090,)), LLAMA_CUDA_BUILD, PlanRequest(n_seq=4))
+    assert slots.backend_sampling and any(reason.startswith("greedy replies sampled on the GPU") for reason in slots.reasons)
 
 
 def reply(session: Session, prompt: list[int], settings: GenerationSettings) -> tuple[list[int], object]:
@@ -95,10 +107,18 @@ def test_a_finished_reply_s_chain_comes_off_its_sequence_where_the_context_has_s
     session.reset()
 
 
-def test_seeded_sampling_on_the_device_repeats_and_depends_on_the_seed(device: Engine) -> None:
-    prompt = tokenize_chat(device.backend, device.template, [Message("user", "Write a story about a dragon.")])
-    runs = [reply(device.sessions[0], prompt, GenerationSettings(max_tokens=16, sampler=SamplerSettings(temperature=1.0, seed=seed)))[0]
-            for seed in (7, 7, 8)]
+def test_a_context_of_several_sequences_draws_only_greedy_replies_on_the_device(device: Engine, device_alone: Engine) -> None:
+    drawn = SamplerSettings()  # llama.cpp's default chain
+    assert isinstance(device.backend.make_sampler(ARGMAX, seq=0), DeviceSampler)
+    assert isinstance(device.backend.make_sampler(drawn, seq=0), LlamaSampler)
+    assert isinstance(device_alone.backend.make_sampler(drawn, seq=0), DeviceSampler)
+
+
+def test_seeded_sampling_on_the_device_repeats_and_depends_on_the_seed(device_alone: Engine) -> None:
+    prompt = tokenize_chat(device_alone.backend, device_alone.template, [Message("user", "Write a story about a dragon.")])
+    drawn = [SamplerSettings(temperature=1.0, seed=seed) for seed in (7, 7, 8)]
+    assert isinstance(device_alone.backend.make_sampler(drawn[0], seq=0), DeviceSampler)
+    runs = [reply(device_alone.sessions[0], prompt, GenerationSettings(max_tokens=16, sampler=sampler))[0] for sampler in drawn]
     assert runs[0] == runs[1] and runs[0] != runs[2]
 
 
