@@ -383,8 +383,8 @@ class Decoder:
         # while its drafts are taken whole and shrinks when one is cut short, up to DRAFT_MODEL_TOKENS.
         self.lookup = LookupDrafting(lookup_draft, session.step_costs, session.backend.even_rows)
         self.model_draft_length = min(INITIAL_DRAFT, DRAFT_MODEL_TOKENS)
-        # Prompt lookup searches the prompt and the reply so far.
-        self.ngrams = NgramIndex(prompt)
+        # Prompt lookup searches the prompt and the reply so far; a draft model follows them. Neither: no index.
+        self.ngrams = NgramIndex(prompt) if lookup_draft or self.draft_model is not None else None
 
     def sample(self, row: int = -1) -> str:
         """Sample the next token into the reply from the logits of the last evaluated one (or of
@@ -402,8 +402,9 @@ class Decoder:
             logits = backend.logits(seq, *rows).copy()
             token = backend.sample(seq, self.sampler, *rows)
             text = reply.add(token, token_logprob(logits, token, reply.top_logprobs))
-        self.ngrams.append(token)
-        self.lookup.append(token)
+        if self.ngrams is not None:
+            self.ngrams.append(token)
+            self.lookup.append(token)
         if reply.finish_reason is None and len(session.tokens) >= session.n_ctx:
             reply.end("length")
         return text
@@ -439,7 +440,8 @@ class Decoder:
         room = min(session.n_ctx - len(session.tokens) - 1, reply.remaining - 1)
         costs = session.step_costs
         # Prompt lookup first, as drafting costs nothing but the rows; else the draft model while it pays.
-        lookup, n = self.ngrams.draft(min(room, self.lookup.limit)) if room > 0 else ([], 0)
+        ngrams = self.ngrams
+        lookup, n = ngrams.draft(min(room, self.lookup.limit)) if room > 0 and self.lookup.limit and ngrams else ([], 0)
         length = self.lookup.length(lookup, n, room) if lookup else 0
         started = time.perf_counter()
         if length:
@@ -453,7 +455,8 @@ class Decoder:
             return True
         draft_model = self.draft_model
         if room > 0 and draft_model is not None and draft_model.pace.use_drafts():
-            draft = draft_model.draft(self.ngrams.tokens, min(room, self.model_draft_length))
+            assert ngrams is not None
+            draft = draft_model.draft(ngrams.tokens, min(room, self.model_draft_length))
             accepted = self._verify(draft, room, cancelled, emit)
             if accepted is None:
                 return False

@@ -152,14 +152,18 @@ class LookupDrafting:
     to see how many came true (a run of r). Per n-gram length of the match (a 3-gram match is a
     better guide than a 1-gram one), a moving average of min(r, k) for every k gives a draft of k's
     expected tokens kept. So a reply that stops repeating its prompt stops drafting at once, and one
-    that starts copying drafts as soon as a prediction has come true, without a draft paid to find out."""
+    that starts copying drafts as soon as a prediction has come true, without a draft paid to find out.
+
+    This runs on every token, drafting or not, between one decode and the next, so the common case (a
+    prediction that did not come true, a step that will not draft) touches no array: each numpy call
+    after a decode waits for its code to come back into the caches (tens of microseconds on the AMD
+    EPYC machine), which on a GPU is a few percent of a step."""
 
     def __init__(self, limit: int, costs: StepCosts, even_rows: bool) -> None:
         self.limit = limit
         self.costs = costs
         self.even_rows = even_rows
-        # n -> (predictions resolved, moving average of min(r, k) for k = 0..limit).
-        self._taken: dict[int, tuple[int, np.ndarray]] = {}
+        self._taken: dict[int, _TakenAverage] = {}  # per n
         self._open: list[_Prediction] = []  # predictions still coming true
         self._ks = np.arange(limit + 1)
 
@@ -167,24 +171,25 @@ class LookupDrafting:
         """How many of `draft` (lookup's prediction, from a match of an `n`-gram) to draft now, with
         room for `room` more tokens; predicts it, drafted or not."""
         self._open.append(_Prediction(n, draft))
-        taken = self._expected_taken(n, len(draft))
-        if self.costs.plain_s is None or taken is None:
+        if self.costs.plain_s is None:
             return 0
+        average = self._taken.get(n)
+        if average is None:
+            # Nothing resolved yet: the oldest prediction still coming true says at least this far.
+            alive = next((p.kept for p in self._open if p.n == n and p.kept), 0)
+            if not alive:
+                return 0
+            longest = min(len(draft), alive)
+        else:
+            longest = average.scale * average.base.item(len(draft))
         fixed, per_row = self.costs.line
-        if (1 + taken[-1]) / (1 + fixed + per_row) < DRAFT_MARGIN:
+        if (1 + longest) / (1 + fixed + per_row) < DRAFT_MARGIN:
             return 0  # not even the longest draft's tokens at the shortest one's cost would pay
         ks = self._ks[1 : len(draft) + 1]
-        speed = (1 + taken[1:]) / (1 + self.costs.extra(verified_rows(ks, room, self.even_rows)))
+        taken = np.minimum(ks, alive) if average is None else average.scale * average.base[1 : len(draft) + 1]
+        speed = (1 + taken) / (1 + self.costs.extra(verified_rows(ks, room, self.even_rows)))
         best = int(speed.argmax())
         return int(ks[best]) if speed[best] >= DRAFT_MARGIN else 0
-
-    def _expected_taken(self, n: int, length: int) -> np.ndarray | None:
-        """The expected count of tokens kept from drafts of 0..length, or None before any evidence."""
-        if n in self._taken:
-            return self._taken[n][1][: length + 1]
-        # Nothing resolved yet: the oldest prediction still coming true says at least this far.
-        alive = next((p.kept for p in self._open if p.n == n and p.kept), 0)
-        return np.minimum(self._ks[: length + 1], alive) if alive else None
 
     def append(self, token: int) -> None:
         """The reply's next token: the open predictions that it ends are resolved."""
@@ -199,10 +204,26 @@ class LookupDrafting:
         self._open = still
 
     def _resolve(self, prediction: _Prediction) -> None:
-        count, average = self._taken.get(prediction.n, (0, np.zeros(self.limit + 1)))
-        weight = max(TAKEN_WEIGHT, 1 / (count + 1))
-        average += weight * (np.minimum(self._ks, prediction.kept) - average)
-        self._taken[prediction.n] = (count + 1, average)
+        average = self._taken.get(prediction.n)
+        if average is None:
+            average = self._taken[prediction.n] = _TakenAverage(np.minimum(self._ks, prediction.kept).astype(float))
+            return
+        average.count += 1
+        weight = max(TAKEN_WEIGHT, 1 / average.count)
+        average.scale *= 1 - weight
+        if prediction.kept:  # min(r, k) is 0 for every k where none came true
+            average.base = average.base * average.scale + weight * np.minimum(self._ks, prediction.kept)
+            average.scale = 1.0
+
+
+@dataclass
+class _TakenAverage:
+    """The moving average of min(r, k), k = 0..limit, over resolved predictions: `scale * base`, so that
+    one none of whose tokens came true (r = 0) only shrinks `scale`."""
+
+    base: np.ndarray
+    scale: float = 1.0
+    count: int = 1  # predictions resolved
 
 
 @dataclass
