@@ -441,7 +441,7 @@ class Decoder:
         costs = session.step_costs
         # Prompt lookup first, as drafting costs nothing but the rows; else the draft model while it pays.
         ngrams = self.ngrams
-        lookup, n = ngrams.draft(min(room, self.lookup.limit)) if room > 0 and self.lookup.limit and ngrams else ([], 0)
+        lookup, n = ngrams.draft(min(room, self.lookup.limit)) if room > 0 and self.lookup.limit and ngrams is not None else ([], 0)
         length = self.lookup.length(lookup, n, room) if lookup else 0
         started = time.perf_counter()
         if length:

@@ -206,7 +206,7 @@ class LookupDrafting:
     def _resolve(self, prediction: _Prediction) -> None:
         average = self._taken.get(prediction.n)
         if average is None:
-            average = self._taken[prediction.n] = _TakenAverage(np.minimum(self._ks, prediction.kept).astype(float))
+            self._taken[prediction.n] = _TakenAverage(np.minimum(self._ks, prediction.kept).astype(float))
             return
         average.count += 1
         weight = max(TAKEN_WEIGHT, 1 / average.count)
