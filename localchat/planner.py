@@ -405,10 +405,11 @@ def plan_offload(model: ModelFacts, hardware: Hardware, build: BuildFeatures, re
     # With the output layer on a GPU, llama.cpp samples there: the logits row (128k floats for Llama 3)
     # is not copied back each token. On the CPU its top-k sorts the whole row (slower than localchat's sampler).
     backend_sampling = backend == "llama.cpp" and head_on_gpu
-    if backend_sampling:
-        reasons.append("sampling on the GPU: the output layer is there (llama.cpp's backend sampling)" if request.n_seq == 1 else
-                       f"greedy replies sampled on the GPU, where the output layer is; others on the CPU, as {request.n_seq} "
-                       "sequences' chains are slower on the GPU")
+    if backend_sampling and request.n_seq == 1:
+        reasons.append("sampling on the GPU: the output layer is there (llama.cpp's backend sampling)")
+    elif backend_sampling:  # the backend's rule: localchat.backends.llamacpp_sampler.device_sampleable
+        reasons.append(f"greedy replies sampled on the GPU, where the output layer is; others on the CPU, as "
+                       f"{request.n_seq} sequences' chains are slower on the GPU")
 
     return Plan(
         backend=backend,

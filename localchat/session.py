@@ -402,7 +402,7 @@ class Decoder:
             logits = backend.logits(seq, *rows).copy()
             token = backend.sample(seq, self.sampler, *rows)
             text = reply.add(token, token_logprob(logits, token, reply.top_logprobs))
-        if self.ngrams is not None:
+        if self.ngrams is not None:  # lookup predicts only from an index
             self.ngrams.append(token)
             self.lookup.append(token)
         if reply.finish_reason is None and len(session.tokens) >= session.n_ctx:
@@ -440,8 +440,8 @@ class Decoder:
         room = min(session.n_ctx - len(session.tokens) - 1, reply.remaining - 1)
         costs = session.step_costs
         # Prompt lookup first, as drafting costs nothing but the rows; else the draft model while it pays.
-        ngrams = self.ngrams
-        lookup, n = ngrams.draft(min(room, self.lookup.limit)) if room > 0 and self.lookup.limit and ngrams is not None else ([], 0)
+        ngrams, limit = self.ngrams, min(room, self.lookup.limit)
+        lookup, n = ngrams.draft(limit) if limit > 0 and ngrams is not None else ([], 0)
         length = self.lookup.length(lookup, n, room) if lookup else 0
         started = time.perf_counter()
         if length:

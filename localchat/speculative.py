@@ -155,7 +155,7 @@ class LookupDrafting:
     that starts copying drafts as soon as a prediction has come true, without a draft paid to find out.
 
     This runs on every token, drafting or not, between one decode and the next, so the common case (a
-    prediction that did not come true, a step that will not draft) touches no array: each numpy call
+    prediction that did not come true, a step that will not draft) builds no array: each numpy call
     after a decode waits for its code to come back into the caches (tens of microseconds on the AMD
     EPYC machine), which on a GPU is a few percent of a step."""
 
@@ -168,20 +168,17 @@ class LookupDrafting:
         self._ks = np.arange(limit + 1)
 
     def length(self, draft: list[int], n: int, room: int) -> int:
-        """How many of `draft` (lookup's prediction, from a match of an `n`-gram) to draft now, with
-        room for `room` more tokens; predicts it, drafted or not."""
+        """How many of `draft` (lookup's prediction, at most `limit` tokens, from a match of an `n`-gram) to
+        draft now, with room for `room` more tokens; predicts it, drafted or not."""
         self._open.append(_Prediction(n, draft))
         if self.costs.plain_s is None:
             return 0
         average = self._taken.get(n)
-        if average is None:
-            # Nothing resolved yet: the oldest prediction still coming true says at least this far.
-            alive = next((p.kept for p in self._open if p.n == n and p.kept), 0)
-            if not alive:
-                return 0
-            longest = min(len(draft), alive)
-        else:
-            longest = average.scale * average.base.item(len(draft))
+        # Nothing resolved yet: the oldest prediction still coming true says at least this far.
+        alive = next((p.kept for p in self._open if p.n == n and p.kept), 0) if average is None else 0
+        if average is None and not alive:
+            return 0
+        longest = min(len(draft), alive) if average is None else average.scale * average.base.item(len(draft))
         fixed, per_row = self.costs.line
         if (1 + longest) / (1 + fixed + per_row) < DRAFT_MARGIN:
             return 0  # not even the longest draft's tokens at the shortest one's cost would pay

@@ -29,8 +29,8 @@ from test_planner import LLAMA_CUDA_BUILD, MISTRAL_7B_Q4_K_M, RTX_3090, machine
 COPY = "Copy this text exactly: The keeper climbed the narrow stairs at dusk and trimmed the wick."
 
 
-def sampling_on_the_device(settings: Settings, model: Path, sequences: int) -> Engine:
-    model_plan = plan_model(str(model), settings, PlanRequest(n_ctx=1024, n_seq=sequences))
+def engine_sampling_on_the_device(settings: Settings, model: Path, n_seq: int) -> Engine:
+    model_plan = plan_model(str(model), settings, PlanRequest(n_ctx=1024, n_seq=n_seq))
     model_plan = dataclasses.replace(model_plan, plan=dataclasses.replace(model_plan.plan, backend_sampling=True))
     return Engine.from_plan(model_plan, settings)
 
@@ -38,14 +38,14 @@ def sampling_on_the_device(settings: Settings, model: Path, sequences: int) -> E
 @pytest.fixture(scope="module")
 def device(settings: Settings, default_model: Path) -> Iterator[Engine]:
     """The default model with sampling on the device, two sequences (serve's slots)."""
-    with sampling_on_the_device(settings, default_model, 2) as engine:
+    with engine_sampling_on_the_device(settings, default_model, 2) as engine:
         yield engine
 
 
 @pytest.fixture(scope="module")
 def device_alone(settings: Settings, default_model: Path) -> Iterator[Engine]:
     """The default model with sampling on the device, one sequence (run, the chat app)."""
-    with sampling_on_the_device(settings, default_model, 1) as engine:
+    with engine_sampling_on_the_device(settings, default_model, 1) as engine:
         yield engine
 
 
@@ -87,7 +87,7 @@ def test_a_reply_needing_the_raw_logits_or_a_history_is_sampled_on_the_host(devi
     backend = device.backend
     assert isinstance(backend, LlamaCppBackend)
     assert isinstance(backend.make_sampler(ARGMAX, seq=1, raw_logits=True), LlamaSampler)  # logprobs
-    assert isinstance(backend.make_sampler(SamplerSettings(repeat_penalty=1.1), seq=1), LlamaSampler)
+    assert isinstance(backend.make_sampler(dataclasses.replace(ARGMAX, repeat_penalty=1.1), seq=1), LlamaSampler)
     assert isinstance(backend.make_sampler(ARGMAX), LlamaSampler)  # no sequence named
     prompt = backend.tokenize("The capital of France is", add_bos=True, special=False)
     ids, generation = reply(device.sessions[1], prompt, GenerationSettings(max_tokens=6, sampler=ARGMAX, logprobs=2))

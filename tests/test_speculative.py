@@ -415,6 +415,10 @@ def test_lookup_drafts_as_far_as_predictions_come_true_where_rows_are_cheap_enou
     drafting = LookupDrafting(20, cheap, even_rows=False)
     run_predictions(drafting, 20, 10, draft)
     assert run_predictions(drafting, 0, 6, draft) == 0
+    # However long nothing came true (the average shrinks to nothing), one prediction coming true whole counts at once.
+    run_predictions(drafting, 0, 3000, draft)
+    run_predictions(drafting, 20, 1, draft)
+    assert drafting.length(draft, 3, room=100) > 0
 
 
 def test_drafting_goes_on_only_while_it_pays() -> None:

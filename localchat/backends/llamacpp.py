@@ -312,8 +312,8 @@ class LlamaCppBackend:
         of several releases it when the reply ends, since every decode's graph carries the chain of each
         sequence that has one, active or not. On an H200 (a random 1.5B model, as shipped, one stream of
         replies that `serve`'s scheduler puts on its least recently used slot) 4 slots decoded 523 tok/s
-        where 1 slot decoded 655; releasing the chains did not close that gap (522 against 572 sampled on
-        the host), so such a context draws only greedy replies on the device."""
+        where 1 slot decoded 655; releasing the chains did not close that gap, so such a context draws only
+        greedy replies on the device (device_sampleable)."""
         if (self.load.backend_sampling and seq is not None
                 and device_sampleable(settings, guide, raw_logits, self.n_seq)):
             chain = self._attach(seq, settings)

@@ -285,19 +285,13 @@ def _add_truncations_and_draw(settings: SamplerSettings, add: Callable[[llama_cp
     add(llama_cpp.llama_sampler_init_dist(llama_cpp.LLAMA_DEFAULT_SEED if settings.seed is None else settings.seed))
 
 
-def device_sampleable(settings: SamplerSettings, guide: TokenGuide | None, raw_logits: bool, sequences: int) -> bool:
+def device_sampleable(settings: SamplerSettings, guide: TokenGuide | None, raw_logits: bool, n_seq: int) -> bool:
     """Whether llama.cpp samples a reply inside its graph: no penalties (llama.cpp samples every row of a
     draft from one history, so a drafted row would miss the drafted tokens before it), no grammar, no raw
-    logits read back (logprobs), and, in a context of several sequences (`serve`'s slots), greedy alone.
-
-    Several sequences' chains are slower on the device than on the host. Measured on an H200 (a random
-    1.5B model, Q4_K_M, 4 slots, `serve` against `llama-server` as shipped, alternated): the default chain
-    drawn on the device gave 0.93x / 0.78x and 0.90x / 0.82x with 1 / 4 streams, drawn on the host 0.98x /
-    0.96x and 0.99x / 0.97x. Greedy drawn on the device, 16 slots: 1.10x / 1.06x / 1.29x with 1 / 4 / 16
-    streams. With one sequence (`run`, the chat app) neither was clearly the faster: over two runs the
-    default chain decoded 704 and 765 tok/s drawn on the device (lookup drafts on, off), 732, 697 and 710
-    on the host (on, on, off), greedy 816 and 781."""
-    return guide is None and not raw_logits and not settings.penalized and (sequences == 1 or settings.greedy)
+    logits read back (logprobs), and, in a context of several sequences (`serve`'s slots), greedy alone:
+    there the default chain was drawn faster on the host (H200, `serve` as shipped with 4 slots: 0.96-0.97x
+    `llama-server` with 4 streams against 0.78-0.82x; benchmarks/gpu/README.md, fourth day)."""
+    return guide is None and not raw_logits and not settings.penalized and (n_seq == 1 or settings.greedy)
 
 
 class DeviceSampler:
