@@ -174,16 +174,17 @@ class LookupDrafting:
         if self.costs.plain_s is None:
             return 0
         average = self._taken.get(n)
-        # Nothing resolved yet: the oldest prediction still coming true says at least this far.
-        alive = next((p.kept for p in self._open if p.n == n and p.kept), 0) if average is None else 0
-        if average is None and not alive:
-            return 0
-        longest = min(len(draft), alive) if average is None else average.scale * average.base.item(len(draft))
+        if average is None:
+            # Nothing resolved yet: the oldest prediction still coming true says at least this far.
+            alive = next((p.kept for p in self._open if p.n == n and p.kept), 0)
+            if not alive:
+                return 0
+            average = self._runs_of(alive)
         fixed, per_row = self.costs.line
-        if (1 + longest) / (1 + fixed + per_row) < DRAFT_MARGIN:
+        if (1 + average.scale * average.base.item(len(draft))) / (1 + fixed + per_row) < DRAFT_MARGIN:
             return 0  # not even the longest draft's tokens at the shortest one's cost would pay
         ks = self._ks[1 : len(draft) + 1]
-        taken = np.minimum(ks, alive) if average is None else average.scale * average.base[1 : len(draft) + 1]
+        taken = average.scale * average.base[1 : len(draft) + 1]
         speed = (1 + taken) / (1 + self.costs.extra(verified_rows(ks, room, self.even_rows)))
         best = int(speed.argmax())
         return int(ks[best]) if speed[best] >= DRAFT_MARGIN else 0
@@ -203,7 +204,7 @@ class LookupDrafting:
     def _resolve(self, prediction: _Prediction) -> None:
         average = self._taken.get(prediction.n)
         if average is None:
-            self._taken[prediction.n] = _TakenAverage(np.minimum(self._ks, prediction.kept).astype(float))
+            self._taken[prediction.n] = self._runs_of(prediction.kept)
             return
         average.count += 1
         weight = max(TAKEN_WEIGHT, 1 / average.count)
@@ -211,6 +212,10 @@ class LookupDrafting:
         if prediction.kept:  # min(r, k) is 0 for every k where none came true
             average.base = average.base * average.scale + weight * np.minimum(self._ks, prediction.kept)
             average.scale = 1.0
+
+    def _runs_of(self, kept: int) -> _TakenAverage:
+        """The average of one prediction that came true for `kept` tokens: min(kept, k) for every k."""
+        return _TakenAverage(np.minimum(self._ks, kept).astype(float))
 
 
 @dataclass
