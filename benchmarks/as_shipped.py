@@ -35,6 +35,14 @@ sampling 0.30 against 0.37-0.39 ms and 0.53 against 2.94-2.96 ms. The cold start
 (USER_PYTHON): SmolLM2 0.71-0.81 s against 0.25-0.28 (2.88x), Gemma 1.44-1.52 s against 1.03-1.22 (1.24-1.40x).
 Drafting over 8 seeds, three runs: SmolLM2 grounded 1.53-2.02x, open-ended 0.92-0.99x; Gemma 1.55-1.78x and
 0.98-1.02x. The drafted replies' texts change from run to run (near ties, timed step costs), and so do these.
+Single-stream serve on SmolLM2 there, at fce0675, six runs of 12-16 alternated rounds (first to last piece of 128
+tokens): 0.90x to 0.97x llama-server (median 0.92x), 0.93x with both greedy; Gemma 1.02x (4 rounds). llama.cpp is
+not slower from Python: a one-token llama_decode loop in Python, the same loop in C on llama-cpp-python's libraries
+and llama-bench ran alike within this machine's noise (+-10% a run). Against an argmax reply through Generation (a
+process of its own, alternated), serve's decode calls took 3-7% longer (the hop to the compute thread in them) and the
+time between two calls was 0.58-0.68 ms against 0.23 (temperature 0, DRY and drafts still on); its event loop
+spends 0.39-0.47 ms of CPU a streamed token. Handing the loop two tokens at a time, or running the scheduler on the
+compute thread, moved the figure by no more than the noise (1.006x, 0.98x).
 
     python benchmarks/as_shipped.py --llama-server OUTDIR/llama-server [--llama-bench OUTDIR/llama-bench] [--rounds 3]
         [--model NAME_OR_GGUF ...]

@@ -2,7 +2,11 @@
 the path the chat app takes (the engine's chat with the model's template, the app's token limit),
 sampled with a fixed seed set, under localchat's sampler defaults and the settings compared.
 
-    python benchmarks/repetition.py [--model PATH] [--seeds 0 1 2] [--threads N] [--configs before after] [--json]
+    python benchmarks/repetition.py [--model PATH] [--seeds 0 1 2] [--threads N] [--configs none shipped]
+        [--max-tokens N] [--json]
+
+Each configuration is a repetition control over the model's own default sampler (its temperature and
+truncations unchanged): none, the repeat penalty alone, DRY alone, or the default as shipped.
 
 A reply loops when the same unit, or the same run of up to 4 units, comes 3 times in a row. A
 unit is a sentence: a line's text up to each '.', '!' or '?' followed by a space, or the rest of
@@ -48,12 +52,14 @@ PROMPTS = (
     "Give me a recipe for pancakes.",
     "Describe your ideal holiday.",
 )
-# The sampler settings compared: localchat's defaults before this benchmark, and the candidates.
-CONFIGS = {
-    "before": SamplerSettings(repeat_penalty=1.0, dry_multiplier=0.0),
-    "repeat": SamplerSettings(repeat_penalty=1.1, penalty_last_n=64, dry_multiplier=0.0),
-    "dry": SamplerSettings(repeat_penalty=1.0, dry_multiplier=0.8, dry_base=1.75, dry_allowed_length=2),
-    "after": SamplerSettings(),  # the defaults now
+# The repetition controls compared: SamplerSettings fields set over the model's default sampler ("shipped":
+# none, the default itself).
+CONFIGS: dict[str, dict[str, float | int]] = {
+    "none": {"repeat_penalty": 1.0, "dry_multiplier": 0.0},
+    "repeat": {"repeat_penalty": 1.1, "penalty_last_n": 64, "dry_multiplier": 0.0},
+    "dry": {"repeat_penalty": 1.0, "dry_multiplier": 0.8},
+    "dry1.2": {"repeat_penalty": 1.0, "dry_multiplier": 1.2},
+    "shipped": {},
 }
 MAX_PERIOD = 4  # units in the longest run looked for
 TIMES = 3
@@ -89,9 +95,10 @@ class Reply:
     text: str
 
 
-def reply(engine: Engine, prompt: str, sampler: SamplerSettings) -> Reply:
+def reply(engine: Engine, prompt: str, sampler: SamplerSettings, max_tokens: int) -> Reply:
     """The first reply of a new chat, stopped once it loops."""
-    generation = Chat(engine.sessions[0], engine.template).send(prompt, replace(REPLY_SETTINGS, sampler=sampler))
+    settings = replace(REPLY_SETTINGS, sampler=sampler, max_tokens=max_tokens)
+    generation = Chat(engine.sessions[0], engine.template).send(prompt, settings)
     text, looped = "", None
     for piece in generation:
         text += piece
@@ -110,16 +117,19 @@ def main() -> None:
     parser.add_argument("--model", help="a .gguf file or ONNX folder (default: the default model)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds, each run on every prompt (default: 0)")
     parser.add_argument("--threads", type=int, help="CPU threads (default: the planner's)")
-    parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=["before", "after"])
+    parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=["none", "shipped"])
+    parser.add_argument("--max-tokens", type=int, default=REPLY_SETTINGS.max_tokens,
+                        help=f"each reply's token limit (default: the chat app's, {REPLY_SETTINGS.max_tokens})")
     parser.add_argument("--json", action="store_true", help="every reply as one JSON line, then the summary")
     args = parser.parse_args()
     with Engine.load(args.model, request=PlanRequest(n_threads=args.threads)) as engine:
         for name in args.configs:
+            sampler = replace(engine.sampler_defaults.settings, **CONFIGS[name])
             started = time.perf_counter()
             replies = []
             for seed in args.seeds:
                 for prompt in PROMPTS:
-                    row = reply(engine, prompt, replace(CONFIGS[name], seed=seed))
+                    row = reply(engine, prompt, replace(sampler, seed=seed), args.max_tokens)
                     replies.append(row)
                     if args.json:
                         print(json.dumps({"config": name, **asdict(row)}), flush=True)
@@ -132,7 +142,7 @@ def main() -> None:
                 "limit": sum(r.limit for r in replies),
                 "mean_tokens": round(sum(r.tokens for r in replies) / len(replies)),
                 "seconds": round(time.perf_counter() - started),
-                "sampler": {k: v for k, v in asdict(CONFIGS[name]).items() if k != "seed"},
+                "sampler": sampler.describe(),
             }), flush=True)
 
 

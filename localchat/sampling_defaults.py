@@ -64,7 +64,9 @@ FAMILY_DEFAULTS: tuple[FamilyDefaults, ...] = (
         "Gemma 3 270M base", {"general.name": r"gemma[- ]3[- ]270m", "general.finetune": ""},
         {"repeat_penalty": 1.1, "penalty_last_n": 64, "dry_multiplier": 0.8},
         "a base model that loops without repetition control: 18 of 20 first replies looped with no penalty, "
-        "none with the repeat penalty and DRY (benchmarks/repetition.py, seed 0). DRY sees the reply alone, "
+        "none with the repeat penalty and DRY (benchmarks/repetition.py, seed 0). Neither alone did as well: "
+        "DRY 0.8 alone left 7 of 20 looping (256 tokens, seed 0), the repeat penalty alone 2 of 40 over seeds "
+        "0-1 against 1 for both (1024 tokens); DRY costs 0.01-0.03 ms a token here. DRY sees the reply alone, "
         "so a reply quoting its prompt is not penalised and prompt-lookup drafts are taken",
     ),
 )
