@@ -37,10 +37,12 @@ Drafting over 8 seeds, three runs: SmolLM2 grounded 1.53-2.02x, open-ended 0.92-
 0.98-1.02x. The drafted replies' texts change from run to run (near ties, timed step costs), and so do these.
 Single-stream serve on SmolLM2 there, at fce0675, six runs of 12-16 alternated rounds (first to last piece of 128
 tokens): 0.90x to 0.97x llama-server (median 0.92x), 0.93x with both greedy; Gemma 1.02x (4 rounds). llama.cpp is
-not slower from Python: a one-token llama_decode loop in Python, the same loop in C on llama-cpp-python's libraries
-and llama-bench ran alike within this machine's noise (+-10% a run). Against an argmax reply through Generation (a
-process of its own, alternated), serve's decode calls took 3-7% longer (the hop to the compute thread in them) and the
-time between two calls was 0.58-0.68 ms against 0.23 (temperature 0, DRY and drafts still on); its event loop
+not slower from Python: a one-token llama_decode loop in Python and the same loop in C on llama-cpp-python's
+libraries ran alike within this machine's noise (+-10% a run), though llama-bench read 3-13% over that C loop in
+three runs and 0.6% in a fourth (4% over it with 2048 cells of context rather than llama-bench's 128; a persistent
+threadpool, as llama-bench attaches, gave the C loop +5% and -3%). Against an argmax reply through Generation (a
+process of its own, alternated), serve's decode calls took 3-7% longer (the hop to the compute thread in them) and
+the time between two calls was 0.58-0.68 ms against 0.23 (temperature 0, DRY and drafts still on); its event loop
 spends 0.39-0.47 ms of CPU a streamed token. Handing the loop two tokens at a time, or running the scheduler on the
 compute thread, moved the figure by no more than the noise (1.006x, 0.98x).
 
