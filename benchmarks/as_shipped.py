@@ -43,7 +43,7 @@ three runs and 0.6% in a fourth (4% over it with 2048 cells of context rather th
 threadpool, as llama-bench attaches, gave the C loop +5% and -3%). Against an argmax reply through Generation (a
 process of its own, alternated), serve's decode calls took 3-7% longer (the hop to the compute thread in them) and
 the time between two calls was 0.58-0.68 ms against 0.23 (temperature 0, DRY and drafts still on); its event loop
-spends 0.39-0.47 ms of CPU a streamed token. Handing the loop two tokens at a time, or running the scheduler on the
+spends 0.39-0.47 ms of CPU a streamed token. Handing the loop a few tokens a chunk, or running the scheduler on the
 compute thread, moved the figure by no more than the noise (1.006x, 0.98x).
 
     python benchmarks/as_shipped.py --llama-server OUTDIR/llama-server [--llama-bench OUTDIR/llama-bench] [--rounds 3]

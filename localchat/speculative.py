@@ -22,10 +22,10 @@ LOOKUP_NGRAMS = (3, 2, 1)
 # to the session's timed steps; until then this line, measured with benchmarks/speculative.py
 # --step-cost on AMD EPYC (2 threads): SmolLM2-135M 0.31 + 0.57k (0.88 for k = 1, 14.5 for k = 25),
 # Gemma 3 270M 0.38 + 0.27k. The dearer of the two: a wrong guess there costs only a late start. SmolLM2's
-# rows cost so much because its file is Q4_1, whose every row this llama.cpp multiplies in full (its batched CPU
-# kernels, llamafile's sgemm and the repacked layouts, take Q4_0, Q4_K, Q5_0, Q8_0, IQ4_NL and others, not
-# Q4_1): on an AVX2 EPYC, 10 and 18 tokens took 5.32 and 9.65 steps, so drafting tops out at 1.88x on it
-# with every drafted token taken, where Gemma's 18 took 6.64 (2.71x).
+# drafted rows cost so much because its file is Q4_1, for which this llama.cpp has no batched CPU kernel
+# (llamafile's sgemm and the repacked layouts take Q4_0, Q4_K, Q5_0, Q8_0, IQ4_NL and others): each row pays
+# its dot products in full. On an AVX2 EPYC a step of 10 and of 18 tokens took 5.32 and 9.65 plain steps, so
+# drafting tops out at 1.88x there with every drafted token taken, where Gemma's 18 took 6.64 (2.71x).
 PRIOR_FIXED = 0.31
 PRIOR_PER_ROW = 0.57
 # The counts of rows the prior line was measured at, its two points in the fit.
