@@ -46,8 +46,13 @@ the time between two calls was 0.58-0.68 ms against 0.23 (temperature 0, DRY and
 spends 0.39-0.47 ms of CPU a streamed token. Handing the loop a few tokens a chunk, or running the scheduler on the
 compute thread, moved the figure by no more than the noise (1.006x, 0.98x).
 
-    python benchmarks/as_shipped.py --llama-server OUTDIR/llama-server [--llama-bench OUTDIR/llama-bench] [--rounds 3]
-        [--model NAME_OR_GGUF ...]
+With `--llama-completion`, `localchat run` against llama.cpp's own command-line tool, llama-completion (built from
+the same source as the others: its CMake target `llama-completion`, beside the anchors script's two), each as shipped
+on the same chat message (`-st`: one turn with the model's template), alternating: decode tok/s by each one's own
+figures, and llama.cpp's sampling ms per token.
+
+    python benchmarks/as_shipped.py --llama-server OUTDIR/llama-server [--llama-bench OUTDIR/llama-bench]
+        [--llama-completion OUTDIR/llama-completion] [--rounds 3] [--model NAME_OR_GGUF ...]
 """
 
 from __future__ import annotations
@@ -106,6 +111,9 @@ DRAFTING_ROUNDS = 8
 # compiles localchat's 20k lines at every start, about 0.1 s of `run -n 1`'s 0.9 s here.
 USER_PYTHON = {name: value for name, value in os.environ.items() if name != "PYTHONDONTWRITEBYTECODE"}
 DRAFTED_TOKENS = 192
+# `run` against llama-completion over at least this many rounds: one reply's speed moves 10-15% from one process to
+# the next on the AMD EPYC machines.
+RUN_ROUNDS = 10
 
 
 def stream(client: openai.OpenAI, messages: list[dict[str, str]], max_tokens: int) -> tuple[float, float, int]:
@@ -341,10 +349,58 @@ def cold_start(model: Path, llama_bench: Path, rounds: int, threads: int) -> dic
                          "ready_over_llama_bench": round(ready / theirs["wall_s"], 2)}}
 
 
+# llama-completion's own figures: its generated tokens' decode time, and its sampling time over every pick.
+COMPLETION_EVAL = re.compile(r"(?<!prompt )eval time =\s*([\d.]+) ms /\s*(\d+) runs")
+COMPLETION_SAMPLING = re.compile(r"sampling time =\s*([\d.]+) ms")
+
+
+def run_decode(model: Path, threads: int) -> float:
+    """`localchat run` as shipped on QUESTION: its decode tok/s (--stats: the tokens after the first over the time after it)."""
+    done = subprocess.run([sys.executable, "-m", "localchat", "run", "-m", str(model), "-n", str(TOKENS), "--threads", str(threads),
+                           "--stats", QUESTION[0]["content"]], capture_output=True, text=True, check=True, env=USER_PYTHON)
+    return float(json.loads(done.stderr.strip().splitlines()[-1])["decode_tok_s"])
+
+
+def completion_decode(model: Path, llama_completion: Path, threads: int) -> tuple[float, float]:
+    """llama-completion as shipped on QUESTION (`-st`: one turn of its conversation mode, the model's template): its
+    decode tok/s (the generated tokens it evaluated over that time and their picks' share of its sampling time),
+    and its sampling ms per token."""
+    done = subprocess.run([str(llama_completion), "-m", str(model), "-p", QUESTION[0]["content"], "-st", "-n", str(TOKENS),
+                           "-t", str(threads)], capture_output=True, text=True, stdin=subprocess.DEVNULL, check=True)
+    evaluated = COMPLETION_EVAL.findall(done.stderr)
+    sampling = COMPLETION_SAMPLING.findall(done.stderr)
+    assert evaluated and sampling, f"no timings from llama-completion: {done.stderr[-400:]}"
+    eval_ms, runs = float(evaluated[-1][0]), int(evaluated[-1][1])
+    picks = runs + 1  # the first token is picked after the prompt's evaluation
+    sampling_ms = float(sampling[-1])
+    return runs / (eval_ms + sampling_ms * runs / picks) * 1000, sampling_ms / picks
+
+
+def compare_runs(model: Path, llama_completion: Path, rounds: int, threads: int) -> dict[str, object]:
+    """`localchat run` against llama.cpp's llama-completion, each as shipped (no sampler flags) on the same file and
+    chat message, alternating: decode tok/s by each one's own figures, and llama.cpp's sampling ms per token (its
+    default chain, from a copy of the whole row)."""
+    ours: list[float] = []
+    theirs: list[tuple[float, float]] = []
+    for round_ in range(rounds):
+        for name in ("localchat", "llama_completion") if round_ % 2 == 0 else ("llama_completion", "localchat"):
+            if name == "localchat":
+                ours.append(run_decode(model, threads))
+            else:
+                theirs.append(completion_decode(model, llama_completion, threads))
+    theirs_decode = [decode for decode, _ in theirs]
+    return {"localchat_decode_tok_s": round(statistics.median(ours), 1),
+            "llama_completion_decode_tok_s": round(statistics.median(theirs_decode), 1),
+            "localchat_vs_llama_completion": round(statistics.median(ours) / statistics.median(theirs_decode), 3),
+            "paired": round(statistics.median(a / b for a, b in zip(ours, theirs_decode, strict=True)), 3),
+            "llama_completion_sampling_ms": round(statistics.median(ms for _, ms in theirs), 4)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--llama-server", type=Path, help="llama.cpp's llama-server binary (without it: sampling only)")
     parser.add_argument("--llama-bench", type=Path, help="llama.cpp's llama-bench binary (with it: the cold start)")
+    parser.add_argument("--llama-completion", type=Path, help="llama.cpp's llama-completion binary (with it: `run` against it)")
     parser.add_argument("--model", action="append", help="a model name or .gguf file, repeatable "
                         "(default: the default chat model and gemma-3-270m)")
     parser.add_argument("--rounds", type=int, default=3)
@@ -358,6 +414,8 @@ def main() -> None:
         entry: dict[str, object] = {"sampling": sampling_cost(str(path)), "drafting": drafting_as_shipped(str(path), max(args.rounds, DRAFTING_ROUNDS))}
         if args.llama_server is not None:
             entry["servers"] = compare_servers(path, args.llama_server, args.rounds, args.threads, args.logs)
+        if args.llama_completion is not None:
+            entry["run"] = compare_runs(path, args.llama_completion, max(args.rounds, RUN_ROUNDS), args.threads)
         if args.llama_bench is not None:
             entry["cold_start"] = cold_start(path, args.llama_bench, max(args.rounds, 5), args.threads)
         report[model] = entry

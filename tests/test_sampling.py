@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from localchat.backends.base import ARGMAX, DRY_SEQUENCE_BREAKERS, SamplerSettings
-from localchat.backends.llamacpp_sampler import FAR_SPAN, FIRST_SPAN
+from localchat.backends.llamacpp_sampler import FAR_SPAN, FIRST_SPAN, TouchableTokens
 from localchat.backends.onnx import NumpySampler
 from localchat.engine import Engine
 from localchat.errors import InvalidSettingError
@@ -158,6 +158,49 @@ def test_gemma_s_default_penalty_stops_its_loop(gemma_gguf_engine: Engine) -> No
 
     assert loops(ARGMAX)
     assert not loops(dataclasses.replace(defaults.settings, temperature=0))
+
+
+def test_the_touchable_tokens_are_the_repeat_window_and_what_followed_the_reply_s_last_token() -> None:
+    touchable = TouchableTokens(SamplerSettings(repeat_penalty=1.1, penalty_last_n=2, dry_multiplier=0.8))
+    for token in (1, 2, 3):
+        touchable.append(token, reply=False)  # the prompt: the repeat penalty's alone
+    for token in (7, 8, 9, 7):
+        touchable.append(token, reply=True)
+    # The window holds 9 and 7; 8 followed the last token, 7, before.
+    assert sorted(touchable.ids().tolist()) == [7, 8, 9] and 8 in touchable and 1 not in touchable
+    touchable.append(9, reply=True)
+    assert sorted(touchable.ids().tolist()) == [7, 9]  # 7 followed 9 before; the window holds 7 and 9
+    touchable.clear()
+    assert not touchable and touchable.bound() == 0
+    dry_alone = TouchableTokens(dry_only())
+    for token in (4, 5, 4):
+        dry_alone.append(token, reply=True)
+    dry_alone.append(6, reply=False)  # a token DRY never sees
+    assert dry_alone.ids().tolist() == [5]
+
+
+@pytest.mark.parametrize("sampler", [dry_only(dry_multiplier=5.0), dry_only(dry_multiplier=5.0, temperature=0.8, top_k=1, seed=7)],
+                         ids=["greedy", "top-1"])
+def test_the_candidates_sampler_keeps_the_token_dry_lowers_and_the_one_that_moves_up(engine: Engine, sampler: SamplerSettings) -> None:
+    """DRY touches only the tokens that followed the reply's last token before: the one that would extend the
+    repeat here stands far above the rest, too far for a search that did not know DRY touches it to look
+    past it, and DRY drops it under the second best (the whole row's chain picks that one)."""
+    backend = engine.backend
+    history = backend.tokenize(REPEATS, add_bos=False, special=False)
+    follower = history[history.index(history[-1]) + 1]  # what followed the last token's first occurrence
+    second = next(token for token in range(backend.info.n_vocab) if token not in history)
+    row = np.full(backend.info.n_vocab, -100.0, dtype=np.float32)
+    row[follower], row[second] = 20.0, 20.0 - FAR_SPAN / 2
+    ours, whole = backend.make_sampler(sampler), backend.make_sampler(sampler)
+    whole._whole_row = True  # type: ignore[attr-defined]
+    try:
+        for sampler_ in (ours, whole):
+            sampler_.accept(history, reply=True)
+        assert whole.pick(row.copy()) == second
+        assert ours.pick(row.copy()) == second
+    finally:
+        ours.close()
+        whole.close()
 
 
 @pytest.mark.parametrize(
