@@ -44,7 +44,18 @@ threadpool, as llama-bench attaches, gave the C loop +5% and -3%). Against an ar
 process of its own, alternated), serve's decode calls took 3-7% longer (the hop to the compute thread in them) and
 the time between two calls was 0.58-0.68 ms against 0.23 (temperature 0, DRY and drafts still on); its event loop
 spends 0.39-0.47 ms of CPU a streamed token. Handing the loop a few tokens a chunk, or running the scheduler on the
-compute thread, moved the figure by no more than the noise (1.006x, 0.98x).
+compute thread, moved the figure by no more than the noise (1.006x, 0.98x). Part of that time between calls is the
+hand-off of each text piece to the event loop: serve's scheduler waited in it 0.26-0.34 ms a token (mean over 4 replies
+of 128 tokens; median 0.08 ms), as waking the loop's thread preempts it on 2 cores whose other one holds llama.cpp's
+OpenMP worker spinning after a decode. GOMP_SPINCOUNT=10000 or 1000 cut the wait to 0.11-0.18 ms but slowed decoding
+(67-72 against 72-75 tok/s); sys.setswitchinterval(1e-4) changed nothing.
+
+The same machine at dec47aa, 3 rounds (10 for `run`): SmolLM2 serve decode 0.96x, aggregate 0.93x with 1 stream and
+1.09x with 4, time to first token 0.79x (40.0 against 31.5 ms; 6 more rounds of 5: 28.9 against 23.7 ms, the
+fastest alike at 17.8 and 18.0); `run` 0.97x llama-completion (74.5 against 76.7 tok/s), whose sampling took 0.148 ms a
+token against localchat's 0.267 with DRY. Gemma serve 0.95x, 0.87x and 0.99x, time to first token 1.60x faster;
+`run` 0.91x llama-completion in those 10 rounds and 1.03x in 8 more right after, its sampling 0.707 ms against 0.443.
+Cold start 3.3x llama-bench on SmolLM2 (0.86 against 0.26 s; 1.85x its same work) and 1.49x on Gemma (1.32x).
 
 With `--llama-completion`, `localchat run` against llama.cpp's own command-line tool, llama-completion (built from
 the same source as the others: its CMake target `llama-completion`, beside the anchors script's two), each as shipped
