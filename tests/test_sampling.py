@@ -118,10 +118,12 @@ def llama_breakers(engine: Engine, tokens: list[int]) -> np.ndarray:
         (SamplerSettings(temperature=0, repeat_penalty=1.1, dry_multiplier=0.8), REPEATS),
         (SamplerSettings(temperature=0, repeat_penalty=1.3, frequency_penalty=0.2, presence_penalty=0.1, penalty_last_n=16), REPEATS),
         (dry_only(dry_multiplier=1.5, dry_base=2.0, dry_allowed_length=3, dry_penalty_last_n=40), REPEATS),
+        # A window of -1 is the whole context (llama.cpp itself reads -1 as 0: no penalty).
+        (SamplerSettings(temperature=0, repeat_penalty=1.3, penalty_last_n=-1), REPEATS),
         # A repeat longer than the one where llama.cpp stops growing the penalty.
         (dry_only(), "the sea is deep and the sea is wide and " * 40 + "the sea"),
     ],
-    ids=["both", "repeat", "dry", "long-repeat"],
+    ids=["both", "repeat", "dry", "whole-context", "long-repeat"],
 )
 def test_the_numpy_sampler_penalises_as_llamas_chain_does(engine: Engine, sampler: SamplerSettings, text: str) -> None:
     backend = engine.backend
@@ -134,6 +136,26 @@ def test_the_numpy_sampler_penalises_as_llamas_chain_does(engine: Engine, sample
     theirs = llama_penalised(engine, sampler, history, logits)
     assert (ours != logits).any()  # the text does get penalised
     np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-5)
+
+
+def test_the_candidates_sampler_reaches_as_far_as_a_high_temperature_lets_a_token_be_drawn(engine: Engine) -> None:
+    """At temperature 10 a token FAR_SPAN + 1 under the best weighs e^-3.1 beside it in the draw: the search
+    must look past FAR_SPAN to find it, as the chain on the whole row does."""
+    backend = engine.backend
+    row = np.full(backend.info.n_vocab, -np.inf, dtype=np.float32)
+    row[5], row[7] = 0.0, -(FAR_SPAN + 1)
+    picked = []
+    for seed in range(200):
+        settings = SamplerSettings(seed=seed, temperature=10.0, top_p=1.0, min_p=0.0)
+        ours, whole = backend.make_sampler(settings), backend.make_sampler(settings)
+        whole._whole_row = True  # type: ignore[attr-defined]
+        try:
+            picked.append((ours.pick(row.copy()), whole.pick(row.copy())))
+        finally:
+            ours.close()
+            whole.close()
+    assert [a for a, _ in picked] == [b for _, b in picked]
+    assert 7 in {b for _, b in picked}
 
 
 def test_greedy_takes_the_argmax_shortcut_only_without_penalties(engine: Engine) -> None:
@@ -216,13 +238,16 @@ def test_the_candidates_sampler_keeps_the_token_dry_lowers_and_the_one_that_move
         SamplerSettings(temperature=0, repeat_penalty=1.5, dry_multiplier=0.8),  # greedy after penalties
         # Penalties that raise the logits of seen tokens (a repeat penalty under 1, a negative presence one).
         SamplerSettings(seed=7, repeat_penalty=0.7, presence_penalty=-1.0, penalty_last_n=64),
+        # Windows shorter than the prompt and than the reply.
+        SamplerSettings(seed=7, repeat_penalty=1.5, penalty_last_n=8, dry_multiplier=0.8, dry_penalty_last_n=16),
     ],
-    ids=["llama.cpp", "smollm2", "penalised", "gemma", "min-p", "min-p-penalised", "greedy-penalised", "raising"],
+    ids=["llama.cpp", "smollm2", "penalised", "gemma", "min-p", "min-p-penalised", "greedy-penalised", "raising", "short-windows"],
 )
 def test_the_candidates_sampler_picks_what_llamas_chain_picks_on_the_whole_row(engine: Engine, sampler: SamplerSettings) -> None:
     """The same seeded draws, token for token, as the chain run on every logit of each row: rows of
     several spreads, so that top-k's search widens (a wide spread, one token far above the rest) and
-    narrows (a flat row) its span as it goes."""
+    narrows (a flat row) its span as it goes. The text is shown as a reply does: its first half as the
+    prompt (the repeat penalties' alone), the rest as the reply."""
     backend = engine.backend
     history = backend.tokenize(REPEATS, add_bos=True, special=False)
     rng = np.random.default_rng(0)
@@ -236,7 +261,8 @@ def test_the_candidates_sampler_picks_what_llamas_chain_picks_on_the_whole_row(e
     spans = set()
     try:
         for sampler_ in (ours, whole):
-            sampler_.accept(history, reply=True)
+            sampler_.accept(history[: len(history) // 2])
+            sampler_.accept(history[len(history) // 2 :], reply=True)
         picked = []
         for row in rows:
             picked.append((ours.pick(row.copy()), whole.pick(row.copy())))

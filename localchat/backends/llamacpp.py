@@ -322,7 +322,7 @@ class LlamaCppBackend:
                 return DeviceSampler(settings, chain, self._ctx, release)
         if seq is not None:
             self._detach(seq)  # sampling on the host needs the raw logits
-        return LlamaSampler(settings, self.info.n_vocab, self._dry_sampler(settings) if settings.dry else None, guide)
+        return LlamaSampler(settings, self.info.n_vocab, self.n_ctx, self._dry_sampler(settings) if settings.dry else None, guide)
 
     def _attach(self, seq: int, settings: SamplerSettings) -> llama_cpp.llama_sampler_p | None:
         """The device chain for `settings` attached to `seq`: the one attached if its settings are the same

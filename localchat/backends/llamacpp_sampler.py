@@ -29,9 +29,10 @@ from localchat.backends.base import SamplerSettings, TokenGuide
 
 # llama_token_data as numpy lays it out: {int32 id; float logit; float p}.
 TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
-# Top-k's candidates reach no lower than this many logits under the best: a token there weighs below
-# e^-30 (1e-13) beside the best one, which top-p's sums do not see in float32 (a row masked by a grammar
-# or a flat one would otherwise hand the chain most of the vocabulary).
+# Top-k's candidates reach no lower than this many logits under the best, times the temperature where it is
+# above 1: a token there weighs below e^-30 (1e-13) beside the best one once the temperature has divided
+# the logits, which top-p's sums and the draw do not see in float32 (a row masked by a grammar or a flat
+# one would otherwise hand the chain most of the vocabulary).
 FAR_SPAN = 30.0
 # How far under the best logit a reply's first search for top-k's candidates looks, and by how much a
 # search that found too few looks further. Over replies of both real models the k-th best logit lay a
@@ -55,10 +56,10 @@ class LlamaSampler:
     alone: see SamplerSettings), then the truncations, temperature and the draw, or greedy. One chain, so
     that a pick is one call into llama.cpp and one to tell it the token (each call is slow after a decode)."""
 
-    def __init__(self, settings: SamplerSettings, n_vocab: int, dry: llama_cpp.llama_sampler_p | None = None,
+    def __init__(self, settings: SamplerSettings, n_vocab: int, n_ctx: int, dry: llama_cpp.llama_sampler_p | None = None,
                  guide: TokenGuide | None = None) -> None:
-        """`dry`: a DRY sampler with `settings`' parameters to copy (see `LlamaCppBackend.make_sampler`);
-        `guide`: the grammar the reply must follow."""
+        """`n_ctx`: the context's size, the window of a penalty over all of it (-1); `dry`: a DRY sampler with
+        `settings`' parameters to copy (see `LlamaCppBackend.make_sampler`); `guide`: the grammar the reply must follow."""
         if settings.dry and dry is None:
             raise ValueError("DRY is on but no DRY sampler was given")
         self.settings = settings
@@ -69,8 +70,10 @@ class LlamaSampler:
         add = partial(llama_cpp.llama_sampler_chain_add, self.chain)  # the chain owns what it holds
         # The penalties are also shown the prompt, alone (`accept`); the chain holds them.
         self.penalties = llama_cpp.llama_sampler_init_penalties(
-            # This build's C API still takes n_vocab first (see its include/llama.h).
-            n_vocab, settings.penalty_last_n, settings.repeat_penalty, settings.frequency_penalty, settings.presence_penalty,
+            # This build's C API still takes n_vocab first (see its include/llama.h); it reads a window of -1 as 0,
+            # which turns the penalties off, so the whole context is given as its size.
+            n_vocab, n_ctx if settings.penalty_last_n < 0 else settings.penalty_last_n, settings.repeat_penalty,
+            settings.frequency_penalty, settings.presence_penalty,
         ) if settings.repeat_penalized else None
         if self.penalties is not None:
             add(self.penalties)
@@ -93,6 +96,7 @@ class LlamaSampler:
         # Greedy and min-p alone pick within a fixed reach of the best logit (see `candidates`).
         self._reach = 0.0 if settings.greedy else -math.log(settings.min_p) + REACH_MARGIN if settings.min_p > 0 else math.inf
         self._span = FIRST_SPAN
+        self._far_span = FAR_SPAN * max(settings.temperature, 1.0)
 
     @property
     def argmax_only(self) -> bool:
@@ -175,16 +179,16 @@ class LlamaSampler:
                 found = len(ids) - int(np.count_nonzero(row[touchable_ids] >= best - span)) >= k
                 if found:
                     break
-            if span >= FAR_SPAN:
+            if span >= self._far_span:
                 # Too few within it: with none touchable, the rest weigh nothing beside the best.
                 found = not touchable
                 break
-            self._span = min(span + SPAN_STEP, FAR_SPAN)
+            self._span = min(span + SPAN_STEP, self._far_span)
         if len(ids) > CROWDED * k:
             logits = row[ids]
             kth = float(np.partition(logits, len(logits) - k)[len(logits) - k])
             if math.isfinite(best - kth):  # not a row masked all but a few (a grammar's)
-                self._span = min(best - kth + SPAN_MARGIN, FAR_SPAN)
+                self._span = min(best - kth + SPAN_MARGIN, self._far_span)
         return ids if found else None
 
     def _candidates_apart_from_touchable(self, row: np.ndarray) -> np.ndarray:
