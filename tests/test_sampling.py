@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from localchat.backends.base import ARGMAX, DRY_SEQUENCE_BREAKERS, SamplerSettings
-from localchat.backends.llamacpp_sampler import FAR_SPAN, FIRST_SPAN, TouchableTokens
+from localchat.backends.llamacpp_sampler import FAR_SPAN, FIRST_SPAN, LlamaSampler, TouchableTokens
 from localchat.backends.onnx import NumpySampler
 from localchat.engine import Engine
 from localchat.errors import InvalidSettingError
@@ -136,6 +136,57 @@ def test_the_numpy_sampler_penalises_as_llamas_chain_does(engine: Engine, sample
     theirs = llama_penalised(engine, sampler, history, logits)
     assert (ours != logits).any()  # the text does get penalised
     np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-5)
+
+
+def small_vocabulary_sampler(settings: SamplerSettings, n_vocab: int) -> LlamaSampler:
+    """A LlamaSampler over a vocabulary of `n_vocab` tokens and no model (DRY without sequence breakers)."""
+    dry = None
+    if settings.dry:
+        window = 4096 if settings.dry_penalty_last_n < 0 else settings.dry_penalty_last_n
+        dry = llama_cpp.llama_sampler_init_dry(None, settings.dry_multiplier, settings.dry_base, settings.dry_allowed_length,
+                                               window, None, 0)
+    try:
+        return LlamaSampler(settings, n_vocab, 4096, dry)
+    finally:
+        if dry is not None:
+            llama_cpp.llama_sampler_free(dry)  # the sampler holds a copy
+
+
+def test_the_candidates_sampler_picks_what_llamas_chain_picks_over_random_settings_and_texts() -> None:
+    """Random sampler settings (penalties and DRY with their windows, truncations, temperatures up to 10), a
+    prompt and a reply over a few tokens that repeat, and rows of several spreads (some masked to a few
+    tokens, some with one token far above the rest): the candidates path draws what the chain on the whole
+    row draws, pick for pick."""
+    n_vocab, rng = 300, np.random.default_rng(0)
+    for _ in range(150):
+        settings = SamplerSettings(
+            temperature=float(rng.choice([0.0, 0.5, 0.8, 1.0, 3.0, 10.0])), top_k=int(rng.choice([0, 1, 3, 10, 40])),
+            top_p=float(rng.choice([1.0, 0.9])), min_p=float(rng.choice([0.0, 0.05, 0.2])), seed=int(rng.integers(1000)),
+            repeat_penalty=float(rng.choice([1.0, 1.3, 2.0, 0.8])), frequency_penalty=float(rng.choice([0.0, 0.5])),
+            presence_penalty=float(rng.choice([0.0, 1.0])), penalty_last_n=int(rng.choice([-1, 1, 4, 16, 64])),
+            dry_multiplier=float(rng.choice([0.0, 3.0, 8.0])), dry_allowed_length=int(rng.choice([1, 2, 3])),
+            dry_penalty_last_n=int(rng.choice([-1, 3, 8, 32])))
+        ours, whole = small_vocabulary_sampler(settings, n_vocab), small_vocabulary_sampler(settings, n_vocab)
+        whole._whole_row = True
+        alphabet = int(rng.integers(3, 12))
+        prompt, reply = rng.integers(0, alphabet, int(rng.integers(0, 40))).tolist(), rng.integers(0, alphabet, int(rng.integers(0, 20))).tolist()
+        try:
+            for sampler in (ours, whole):
+                sampler.accept(prompt)
+                sampler.accept(reply, reply=True)
+            for _ in range(40):
+                row = (rng.normal(0, 1, n_vocab) * rng.choice([0.3, 2.0, 8.0])).astype(np.float32)
+                row[:alphabet] += rng.choice([0.0, 4.0, 10.0, 25.0])  # the tokens of the text among the best
+                if rng.random() < 0.15:
+                    row[rng.integers(n_vocab)] += 40.0
+                if rng.random() < 0.1:  # a grammar allowing a few tokens
+                    allowed = rng.integers(0, n_vocab, int(rng.integers(1, 6)))
+                    row[np.setdiff1d(np.arange(n_vocab), allowed)] = -np.inf
+                picked = ours.pick(row.copy())
+                assert picked == whole.pick(row.copy()), (settings, prompt, reply)
+        finally:
+            ours.close()
+            whole.close()
 
 
 def test_the_candidates_sampler_reaches_as_far_as_a_high_temperature_lets_a_token_be_drawn(engine: Engine) -> None:
