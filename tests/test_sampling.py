@@ -88,6 +88,14 @@ def test_the_numpy_sampler_picks_after_the_penalties() -> None:
     assert sampler.pick(np.array([0, 0, 0, 3, 2.5, 0, 0, 0, 0, 0], dtype=np.float32)) == 3  # 4 now penalised too
 
 
+def test_the_numpy_sampler_draws_a_token_as_far_under_the_best_as_a_high_temperature_reaches() -> None:
+    """At temperature 10 a token 31 under the best weighs e^-3.1 beside it: about 1 draw in 20."""
+    row = np.full(10, -np.inf, dtype=np.float32)
+    row[5], row[7] = 0.0, -31.0
+    picks = [NumpySampler(SamplerSettings(seed=seed, temperature=10.0, top_p=1.0, min_p=0.0)).pick(row.copy()) for seed in range(200)]
+    assert 3 <= picks.count(7) <= 20 and set(picks) == {5, 7}
+
+
 def llama_penalised(engine: Engine, settings: SamplerSettings, history: list[int], logits: np.ndarray) -> np.ndarray:
     """The logits after llama.cpp's chain for `settings` (greedy, so its last step changes none)."""
     sampler = engine.backend.make_sampler(settings)

@@ -11,7 +11,8 @@ import numpy as np
 
 from localchat.backends.base import SamplerSettings, TokenGuide
 
-# Candidates for sampling: logits this far below the best have a relative weight under e^-30.
+# Candidates for sampling: logits this far below the best, times the temperature where it is above 1, have a
+# relative weight under e^-30 in the draw.
 CANDIDATE_MARGIN = 30.0
 # About ln(FLT_MAX): DRY's exponent is capped so that base^exponent stays a finite float32.
 FLOAT_MAX_LOG = 88.7228391
@@ -138,7 +139,8 @@ class NumpySampler:
     def _sample(self, logits: np.ndarray) -> int:
         s = self.settings
         best = float(logits.max())
-        margin = CANDIDATE_MARGIN if s.min_p <= 0 else min(CANDIDATE_MARGIN, -float(np.log(s.min_p)))
+        far = CANDIDATE_MARGIN * max(s.temperature, 1.0)
+        margin = far if s.min_p <= 0 else min(far, -float(np.log(s.min_p)))
         ids = np.flatnonzero(logits >= best - margin)
         values = logits[ids].astype(np.float64)
         if 0 < s.top_k < len(ids):
