@@ -86,6 +86,7 @@ import termios
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import localchat  # noqa: F401  (first: llama.cpp's libraries load before numpy's, localchat.native)
 import llama_cpp
@@ -311,11 +312,16 @@ def chat_app_ready(command: list[str]) -> tuple[float, float]:
         os.close(terminal)
 
 
+def run_stats(model: Path, threads: int, tokens: int, prompt: str) -> dict[str, Any]:
+    """`localchat run` as shipped: its --stats line."""
+    done = subprocess.run([sys.executable, "-m", "localchat", "run", "-m", str(model), "-n", str(tokens), "--threads", str(threads),
+                           "--stats", prompt], capture_output=True, text=True, check=True, env=USER_PYTHON)
+    return json.loads(done.stderr.strip().splitlines()[-1])
+
+
 def run_prompt_tokens(model: Path, threads: int) -> int:
-    """The prompt tokens `localchat run -n 1 Hi` evaluates on `model` (its --stats)."""
-    done = subprocess.run([sys.executable, "-m", "localchat", "run", "-m", str(model), "-n", "1", "--threads", str(threads),
-                           "--stats", "Hi"], capture_output=True, text=True, check=True, env=USER_PYTHON)
-    return int(json.loads(done.stderr.strip().splitlines()[-1])["prompt_tokens"])
+    """The prompt tokens `localchat run -n 1 Hi` evaluates on `model`."""
+    return int(run_stats(model, threads, 1, "Hi")["prompt_tokens"])
 
 
 def cold_start(model: Path, llama_bench: Path, rounds: int, threads: int) -> dict[str, object]:
@@ -365,13 +371,6 @@ COMPLETION_EVAL = re.compile(r"(?<!prompt )eval time =\s*([\d.]+) ms /\s*(\d+) r
 COMPLETION_SAMPLING = re.compile(r"sampling time =\s*([\d.]+) ms")
 
 
-def run_decode(model: Path, threads: int) -> float:
-    """`localchat run` as shipped on QUESTION: its decode tok/s (--stats: the tokens after the first over the time after it)."""
-    done = subprocess.run([sys.executable, "-m", "localchat", "run", "-m", str(model), "-n", str(TOKENS), "--threads", str(threads),
-                           "--stats", QUESTION[0]["content"]], capture_output=True, text=True, check=True, env=USER_PYTHON)
-    return float(json.loads(done.stderr.strip().splitlines()[-1])["decode_tok_s"])
-
-
 def completion_decode(model: Path, llama_completion: Path, threads: int) -> tuple[float, float]:
     """llama-completion as shipped on QUESTION (`-st`: one turn of its conversation mode, the model's template): its
     decode tok/s (the generated tokens it evaluated over that time and their picks' share of its sampling time),
@@ -396,7 +395,8 @@ def compare_runs(model: Path, llama_completion: Path, rounds: int, threads: int)
     for round_ in range(rounds):
         for name in ("localchat", "llama_completion") if round_ % 2 == 0 else ("llama_completion", "localchat"):
             if name == "localchat":
-                ours.append(run_decode(model, threads))
+                # --stats' decode tok/s: the tokens after the first over the time after it.
+                ours.append(float(run_stats(model, threads, TOKENS, QUESTION[0]["content"])["decode_tok_s"]))
             else:
                 theirs.append(completion_decode(model, llama_completion, threads))
     theirs_decode = [decode for decode, _ in theirs]

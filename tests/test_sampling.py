@@ -10,8 +10,9 @@ import llama_cpp
 import numpy as np
 import pytest
 
-from localchat.backends.base import ARGMAX, DRY_SEQUENCE_BREAKERS, SamplerSettings
-from localchat.backends.llamacpp_sampler import FAR_SPAN, FIRST_SPAN, LlamaSampler, TouchableTokens
+from localchat.backends.base import ARGMAX, DRY_SEQUENCE_BREAKERS, FAR_SPAN, SamplerSettings
+from localchat.backends.llamacpp_natives import dry_key
+from localchat.backends.llamacpp_sampler import FIRST_SPAN, LlamaSampler, TouchableTokens
 from localchat.backends.onnx import NumpySampler
 from localchat.engine import Engine
 from localchat.errors import InvalidSettingError
@@ -148,13 +149,11 @@ def test_the_numpy_sampler_penalises_as_llamas_chain_does(engine: Engine, sample
 
 def small_vocabulary_sampler(settings: SamplerSettings, n_vocab: int) -> LlamaSampler:
     """A LlamaSampler over a vocabulary of `n_vocab` tokens and no model (DRY without sequence breakers)."""
-    dry = None
+    n_ctx, dry = 4096, None
     if settings.dry:
-        window = 4096 if settings.dry_penalty_last_n < 0 else settings.dry_penalty_last_n
-        dry = llama_cpp.llama_sampler_init_dry(None, settings.dry_multiplier, settings.dry_base, settings.dry_allowed_length,
-                                               window, None, 0)
+        dry = llama_cpp.llama_sampler_init_dry(None, *dry_key(settings, n_ctx), None, 0)
     try:
-        return LlamaSampler(settings, n_vocab, 4096, dry)
+        return LlamaSampler(settings, n_vocab, n_ctx, dry)
     finally:
         if dry is not None:
             llama_cpp.llama_sampler_free(dry)  # the sampler holds a copy

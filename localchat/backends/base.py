@@ -125,6 +125,10 @@ def lora_scales(scales: dict[int, float]) -> LoraScales:
 # DRY's sequence breakers (llama.cpp's defaults): a repeat is never matched across a token that
 # holds one of them, so lines, key/value pairs and quotes may start alike.
 DRY_SEQUENCE_BREAKERS = ("\n", ":", '"', "*")
+# A token this many logits under the best, at a temperature of 1 or less, weighs below e^-30 (1e-13) beside it
+# in the draw, which top-p's sums and the draw do not see in float32: both samplers look no further
+# (SamplerSettings.far_span).
+FAR_SPAN = 30.0
 
 
 @dataclass(frozen=True)
@@ -177,6 +181,12 @@ class SamplerSettings:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def far_span(self) -> float:
+        """How far under the best logit a token can still be drawn: FAR_SPAN, times the temperature above 1
+        (it divides the logits before the draw)."""
+        return FAR_SPAN * max(self.temperature, 1.0)
 
     def describe(self) -> str:
         """The settings in a few words, in the chain's order (greedy: the penalties and the pick)."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import ctypes
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Set as AbstractSet
 from contextlib import ExitStack
 from functools import partial
 from itertools import islice
@@ -29,11 +29,6 @@ from localchat.backends.base import SamplerSettings, TokenGuide
 
 # llama_token_data as numpy lays it out: {int32 id; float logit; float p}.
 TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
-# Top-k's candidates reach no lower than this many logits under the best, times the temperature where it is
-# above 1: a token there weighs below e^-30 (1e-13) beside the best one once the temperature has divided
-# the logits, which top-p's sums and the draw do not see in float32 (a row masked by a grammar or a flat
-# one would otherwise hand the chain most of the vocabulary).
-FAR_SPAN = 30.0
 # How far under the best logit a reply's first search for top-k's candidates looks, and by how much a
 # search that found too few looks further. Over replies of both real models the k-th best logit lay a
 # median 6.5-7.8 under the best (95%: 11-15), and moved 2-2.6 from one step to the next.
@@ -96,7 +91,9 @@ class LlamaSampler:
         # Greedy and min-p alone pick within a fixed reach of the best logit (see `candidates`).
         self._reach = 0.0 if settings.greedy else -math.log(settings.min_p) + REACH_MARGIN if settings.min_p > 0 else math.inf
         self._span = FIRST_SPAN
-        self._far_span = FAR_SPAN * max(settings.temperature, 1.0)
+        # Top-k's candidates reach no lower (a row masked by a grammar or a flat one would otherwise hand the
+        # chain most of the vocabulary).
+        self._far_span = settings.far_span
 
     @property
     def argmax_only(self) -> bool:
@@ -223,6 +220,9 @@ class LlamaSampler:
         self._natives.close()
 
 
+NO_FOLLOWERS: frozenset[int] = frozenset()
+
+
 class TouchableTokens:
     """The tokens the penalties may lower at the next pick, kept as tokens come: those in the repeat penalties'
     window (prompt and reply), and for DRY the tokens that followed the reply's last token earlier in the reply.
@@ -243,7 +243,7 @@ class TouchableTokens:
         # may hold, which only widens the search).
         self._followers: dict[int, set[int]] = {}
         self._last: int | None = None
-        self._next: set[int] = set()
+        self._next: AbstractSet[int] = NO_FOLLOWERS
 
     def __bool__(self) -> bool:
         return bool(self._counts) or bool(self._next)
@@ -270,7 +270,7 @@ class TouchableTokens:
             if self._last is not None:
                 self._followers.setdefault(self._last, set()).add(token)
             self._last = token
-            self._next = self._followers.get(token, set())
+            self._next = self._followers.get(token, NO_FOLLOWERS)
 
     def ids(self) -> np.ndarray:
         """The touchable ids, distinct, in no order."""
@@ -281,7 +281,7 @@ class TouchableTokens:
         self._counts.clear()
         self._followers.clear()
         self._last = None
-        self._next = set()
+        self._next = NO_FOLLOWERS
 
 
 def _sorted_union(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -11,9 +11,6 @@ import numpy as np
 
 from localchat.backends.base import SamplerSettings, TokenGuide
 
-# Candidates for sampling: logits this far below the best, times the temperature where it is above 1, have a
-# relative weight under e^-30 in the draw.
-CANDIDATE_MARGIN = 30.0
 # About ln(FLT_MAX): DRY's exponent is capped so that base^exponent stays a finite float32.
 FLOAT_MAX_LOG = 88.7228391
 
@@ -22,7 +19,7 @@ class NumpySampler:
     """Penalties, DRY, temperature, top-k, top-p and min-p over one logits row, as llama.cpp's
     chain does them, on a few candidates.
 
-    Only tokens within CANDIDATE_MARGIN of the best logit are looked at, so after one pass over
+    Only tokens within the settings' far span (SamplerSettings.far_span) of the best logit are looked at, so after one pass over
     the vocabulary the work scales with the candidates, not the vocabulary."""
 
     def __init__(self, settings: SamplerSettings, dry_breakers: np.ndarray | None = None, guide: TokenGuide | None = None) -> None:
@@ -139,8 +136,7 @@ class NumpySampler:
     def _sample(self, logits: np.ndarray) -> int:
         s = self.settings
         best = float(logits.max())
-        far = CANDIDATE_MARGIN * max(s.temperature, 1.0)
-        margin = far if s.min_p <= 0 else min(far, -float(np.log(s.min_p)))
+        margin = s.far_span if s.min_p <= 0 else min(s.far_span, -float(np.log(s.min_p)))
         ids = np.flatnonzero(logits >= best - margin)
         values = logits[ids].astype(np.float64)
         if 0 < s.top_k < len(ids):
