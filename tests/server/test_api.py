@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import openai
 import pytest
@@ -57,6 +59,15 @@ def test_a_stream_is_server_sent_events_ending_with_done(server: LiveServer) -> 
     assert all(line.startswith("data: ") for line in events)
     assert events[-1] == "data: [DONE]"
     assert all(json.loads(line[6:])["usage"] is None for line in events[:-1])  # no include_usage asked
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc; uvloop has no Windows build")
+def test_the_server_runs_on_uvloop_and_httptools(server: LiveServer) -> None:
+    """uvicorn's C event loop and HTTP parser (pyproject's dependencies), which it picks once they are installed:
+    `localchat serve`'s process has both libraries' extension modules loaded."""
+    loaded = Path(f"/proc/{server.process.pid}/maps").read_text()
+    assert "/uvloop/loop." in loaded
+    assert "/httptools/parser/parser." in loaded
 
 
 def test_text_completion_whole_and_streamed(server: LiveServer) -> None:
