@@ -84,6 +84,7 @@ import sys
 import tempfile
 import termios
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -169,30 +170,37 @@ def compare_servers(model: Path, llama_server: Path, rounds: int, threads: int, 
         "llama_server": [str(llama_server), "-m", str(model), "--port", "{port}", "-c", str(CONTEXT), "-t", str(threads),
                          "--host", "127.0.0.1"],
     }
-    servers: list[Served] = []
-    try:
-        for name, command in commands.items():
-            port = free_port()
-            servers.append(start(name, [part.replace("{port}", str(port)) for part in command], f"http://127.0.0.1:{port}",
-                                 logs / f"as_shipped-{name}.log", dict(os.environ)))
-            stream(servers[-1].client(), SHORT, 8)  # warm-up
-            servers[-1].signal(signal.SIGSTOP)
-        figures: dict[str, dict[str, list[float]]] = {s.name: {} for s in servers}
-        for round_ in range(rounds):
-            for server in servers[round_ % 2:] + servers[: round_ % 2]:
-                server.signal(signal.SIGCONT)
-                time.sleep(1)
-                for key, value in measure_server(server).items():
-                    figures[server.name].setdefault(key, []).append(value)
-                server.signal(signal.SIGSTOP)
-    finally:
-        stop_all(servers)
-    medians = {name: {key: round(statistics.median(values), 2) for key, values in record.items()}
-               for name, record in figures.items()}
+    medians = alternate_servers(commands, rounds, logs / "as_shipped", measure_server)
     ours, theirs = medians["localchat"], medians["llama_server"]
     # TTFT: lower is better, so the ratio is theirs over ours (>1: localchat faster), as for speeds.
     ratios = {key: round(theirs[key] / ours[key] if key == "ttft_ms" else ours[key] / theirs[key], 3) for key in ours}
     return {"medians": medians, "localchat_vs_llama_server": ratios}
+
+
+def alternate_servers(commands: dict[str, list[str]], rounds: int, log_prefix: Path,
+                      measure: Callable[[Served], dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Each command's server on a port of its own ("{port}" in the command; its log LOG_PREFIX-NAME.log), warmed up;
+    then `rounds` rounds of `measure` on each in turn, the first changing from round to round and the others stopped
+    (SIGSTOP). The medians of each server's figures."""
+    servers: list[Served] = []
+    figures: dict[str, dict[str, list[float]]] = {name: {} for name in commands}
+    try:
+        for name, command in commands.items():
+            port = free_port()
+            servers.append(start(name, [part.replace("{port}", str(port)) for part in command], f"http://127.0.0.1:{port}",
+                                 log_prefix.with_name(f"{log_prefix.name}-{name}.log"), dict(os.environ)))
+            stream(servers[-1].client(), SHORT, 8)  # warm-up
+            servers[-1].signal(signal.SIGSTOP)
+        for round_ in range(rounds):
+            for server in servers[round_ % len(servers):] + servers[: round_ % len(servers)]:
+                server.signal(signal.SIGCONT)
+                time.sleep(1)
+                for key, value in measure(server).items():
+                    figures[server.name].setdefault(key, []).append(value)
+                server.signal(signal.SIGSTOP)
+    finally:
+        stop_all(servers)
+    return {name: {key: round(statistics.median(values), 3) for key, values in record.items()} for name, record in figures.items()}
 
 
 def sampling_cost(model: str) -> dict[str, object]:

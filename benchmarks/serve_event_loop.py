@@ -21,21 +21,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import statistics
 import sys
-import time
 from pathlib import Path
 
-import openai
-from as_shipped import QUESTION, measure_server, stream
-from serve_load import free_port
-from vs_vllm import Served, start, stop_all
+from as_shipped import CONTEXT, QUESTION, alternate_servers, measure_server, stream
+from vs_vllm import Served
 
 from localchat.models import resolve_model
 from localchat.settings import Settings
 
-CONTEXT = 8192
 LOOP_TOKENS = 256
 # `localchat serve` as it runs where uvloop and httptools are not installed: uvicorn's asyncio loop and h11.
 ON_FALLBACKS = ("import functools, sys, uvicorn; "
@@ -43,11 +37,11 @@ ON_FALLBACKS = ("import functools, sys, uvicorn; "
                 "from localchat.cli import main; sys.argv[0] = 'localchat'; main()")
 
 
-def loop_cpu_ms_per_token(server: Served, client: openai.OpenAI) -> float:
+def loop_cpu_ms_per_token(server: Served) -> float:
     """CPU time of the server's event-loop thread (its main thread) per token of one streamed reply."""
     pid = server.process.pid
     before = _thread_cpu_ns(pid, pid)
-    _, _, tokens = stream(client, QUESTION, LOOP_TOKENS)
+    _, _, tokens = stream(server.client(), QUESTION, LOOP_TOKENS)
     return (_thread_cpu_ns(pid, pid) - before) / tokens / 1e6
 
 
@@ -58,33 +52,16 @@ def _thread_cpu_ns(pid: int, tid: int) -> int:
 def compare(model: Path, rounds: int, threads: int, logs: Path) -> dict[str, object]:
     serve = ["serve", "-m", str(model), "--port", "{port}", "--ctx", str(CONTEXT), "--threads", str(threads)]
     commands = {"c_loop": [sys.executable, "-m", "localchat", *serve], "fallbacks": [sys.executable, "-c", ON_FALLBACKS, *serve]}
-    servers: list[Served] = []
-    figures: dict[str, dict[str, list[float]]] = {name: {} for name in commands}
-    try:
-        for name, command in commands.items():
-            port = free_port()
-            servers.append(start(name, [part.replace("{port}", str(port)) for part in command], f"http://127.0.0.1:{port}",
-                                 logs / f"serve_event_loop-{name}.log", dict(os.environ)))
-            stream(servers[-1].client(), QUESTION, 8)  # warm-up
-            servers[-1].signal(signal.SIGSTOP)
-        for round_ in range(rounds):
-            for server in servers[round_ % 2:] + servers[: round_ % 2]:
-                server.signal(signal.SIGCONT)
-                time.sleep(1)
-                record = figures[server.name]
-                record.setdefault("loop_cpu_ms_per_token", []).append(loop_cpu_ms_per_token(server, server.client()))
-                for key, value in measure_server(server).items():
-                    record.setdefault(key, []).append(value)
-                server.signal(signal.SIGSTOP)
-    finally:
-        stop_all(servers)
-    medians = {name: {key: round(statistics.median(values), 3) for key, values in record.items()}
-               for name, record in figures.items()}
+    medians = alternate_servers(commands, rounds, logs / "serve_event_loop", measure)
     ours, theirs = medians["c_loop"], medians["fallbacks"]
     # Lower is better for the times: their figure over ours, as for speeds ours over theirs.
     lower_better = {"loop_cpu_ms_per_token", "ttft_ms"}
     ratios = {key: round(theirs[key] / ours[key] if key in lower_better else ours[key] / theirs[key], 3) for key in ours}
     return {"medians": medians, "c_loop_vs_fallbacks": ratios}
+
+
+def measure(server: Served) -> dict[str, float]:
+    return {"loop_cpu_ms_per_token": loop_cpu_ms_per_token(server), **measure_server(server)}
 
 
 def main() -> None:
