@@ -56,6 +56,9 @@ fastest alike at 17.8 and 18.0); `run` 0.97x llama-completion (74.5 against 76.7
 token against localchat's 0.267 with DRY. Gemma serve 0.95x, 0.87x and 0.99x, time to first token 1.60x faster;
 `run` 0.91x llama-completion in those 10 rounds and 1.03x in 8 more right after, its sampling 0.707 ms against 0.443.
 Cold start 3.3x llama-bench on SmolLM2 (0.86 against 0.26 s; 1.85x its same work) and 1.49x on Gemma (1.32x).
+The servers alone at 070e2d6 (localchat's on uvloop and httptools), 5 rounds: SmolLM2 decode 0.86x, aggregate 0.86x
+with 1 stream and 1.08x with 4, time to first token 35.5 against 30.2 ms; Gemma 0.94x, 1.05x and 1.03x, time to first
+token 1.58x faster (46 against 73 ms). SmolLM2's single stream read 0.94x and 0.91x in another run of 6 that day.
 
 With `--llama-completion`, `localchat run` against llama.cpp's own command-line tool, llama-completion (built from
 the same source as the others: its CMake target `llama-completion`, beside the anchors script's two), each as shipped
