@@ -173,16 +173,19 @@ def compare_servers(model: Path, llama_server: Path, rounds: int, threads: int, 
         "llama_server": [str(llama_server), "-m", str(model), "--port", "{port}", "-c", str(CONTEXT), "-t", str(threads),
                          "--host", "127.0.0.1"],
     }
-    medians = alternate_servers(commands, rounds, logs / "as_shipped", measure_server)
-    ours, theirs = medians["localchat"], medians["llama_server"]
-    # TTFT: lower is better, so the ratio is theirs over ours (>1: localchat faster), as for speeds.
-    ratios = {key: round(theirs[key] / ours[key] if key == "ttft_ms" else ours[key] / theirs[key], 3) for key in ours}
-    return {"medians": medians, "localchat_vs_llama_server": ratios}
+    medians = alternate_servers(commands, rounds, logs, "as_shipped", measure_server)
+    return {"medians": medians, "localchat_vs_llama_server": ratios(medians["localchat"], medians["llama_server"])}
 
 
-def alternate_servers(commands: dict[str, list[str]], rounds: int, log_prefix: Path,
+def ratios(ours: dict[str, float], theirs: dict[str, float], lower_better: frozenset[str] = frozenset({"ttft_ms"})) -> dict[str, float]:
+    """Each figure of ours against theirs, >1 where ours is better: theirs over ours for the figures where lower is
+    better (times), ours over theirs for the others (speeds)."""
+    return {key: round(theirs[key] / ours[key] if key in lower_better else ours[key] / theirs[key], 3) for key in ours}
+
+
+def alternate_servers(commands: dict[str, list[str]], rounds: int, logs: Path, label: str,
                       measure: Callable[[Served], dict[str, float]]) -> dict[str, dict[str, float]]:
-    """Each command's server on a port of its own ("{port}" in the command; its log LOG_PREFIX-NAME.log), warmed up;
+    """Each command's server on a port of its own ("{port}" in the command; its log LOGS/LABEL-NAME.log), warmed up;
     then `rounds` rounds of `measure` on each in turn, the first changing from round to round and the others stopped
     (SIGSTOP). The medians of each server's figures."""
     servers: list[Served] = []
@@ -191,7 +194,7 @@ def alternate_servers(commands: dict[str, list[str]], rounds: int, log_prefix: P
         for name, command in commands.items():
             port = free_port()
             servers.append(start(name, [part.replace("{port}", str(port)) for part in command], f"http://127.0.0.1:{port}",
-                                 log_prefix.with_name(f"{log_prefix.name}-{name}.log"), dict(os.environ)))
+                                 logs / f"{label}-{name}.log", dict(os.environ)))
             stream(servers[-1].client(), SHORT, 8)  # warm-up
             servers[-1].signal(signal.SIGSTOP)
         for round_ in range(rounds):

@@ -24,7 +24,7 @@ import os
 import sys
 from pathlib import Path
 
-from as_shipped import CONTEXT, QUESTION, alternate_servers, measure_server, stream
+from as_shipped import CONTEXT, QUESTION, alternate_servers, measure_server, ratios, stream
 from vs_vllm import Served
 
 from localchat.models import resolve_model
@@ -39,25 +39,21 @@ ON_FALLBACKS = ("import functools, sys, uvicorn; "
 
 def loop_cpu_ms_per_token(server: Served) -> float:
     """CPU time of the server's event-loop thread (its main thread) per token of one streamed reply."""
-    pid = server.process.pid
-    before = _thread_cpu_ns(pid, pid)
+    before = _main_thread_cpu_ns(server.process.pid)
     _, _, tokens = stream(server.client(), QUESTION, LOOP_TOKENS)
-    return (_thread_cpu_ns(pid, pid) - before) / tokens / 1e6
+    return (_main_thread_cpu_ns(server.process.pid) - before) / tokens / 1e6
 
 
-def _thread_cpu_ns(pid: int, tid: int) -> int:
-    return int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+def _main_thread_cpu_ns(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[0])
 
 
 def compare(model: Path, rounds: int, threads: int, logs: Path) -> dict[str, object]:
     serve = ["serve", "-m", str(model), "--port", "{port}", "--ctx", str(CONTEXT), "--threads", str(threads)]
     commands = {"c_loop": [sys.executable, "-m", "localchat", *serve], "fallbacks": [sys.executable, "-c", ON_FALLBACKS, *serve]}
-    medians = alternate_servers(commands, rounds, logs / "serve_event_loop", measure)
-    ours, theirs = medians["c_loop"], medians["fallbacks"]
-    # Lower is better for the times: their figure over ours, as for speeds ours over theirs.
-    lower_better = {"loop_cpu_ms_per_token", "ttft_ms"}
-    ratios = {key: round(theirs[key] / ours[key] if key in lower_better else ours[key] / theirs[key], 3) for key in ours}
-    return {"medians": medians, "c_loop_vs_fallbacks": ratios}
+    medians = alternate_servers(commands, rounds, logs, "serve_event_loop", measure)
+    lower_better = frozenset({"loop_cpu_ms_per_token", "ttft_ms"})
+    return {"medians": medians, "c_loop_vs_fallbacks": ratios(medians["c_loop"], medians["fallbacks"], lower_better)}
 
 
 def measure(server: Served) -> dict[str, float]:

@@ -19,8 +19,8 @@ class NumpySampler:
     """Penalties, DRY, temperature, top-k, top-p and min-p over one logits row, as llama.cpp's
     chain does them, on a few candidates.
 
-    Only tokens within the settings' far span (SamplerSettings.far_span) of the best logit are looked at, so after one pass over
-    the vocabulary the work scales with the candidates, not the vocabulary."""
+    Only tokens within the settings' far span (SamplerSettings.far_span) of the best logit are looked at, so
+    after one pass over the vocabulary the work scales with the candidates, not the vocabulary."""
 
     def __init__(self, settings: SamplerSettings, dry_breakers: np.ndarray | None = None, guide: TokenGuide | None = None) -> None:
         """`dry_breakers`: a mask over the vocabulary of the tokens that hold a DRY sequence breaker;
