@@ -12,7 +12,8 @@ import pytest
 
 from localchat.backends.base import ARGMAX, DRY_SEQUENCE_BREAKERS, FAR_SPAN, SamplerSettings
 from localchat.backends.llamacpp_natives import dry_key
-from localchat.backends.llamacpp_sampler import FIRST_SPAN, LlamaSampler, TouchableTokens
+from localchat.backends._logits_scan import near_best
+from localchat.backends.llamacpp_sampler import TOKEN_DATA, LlamaSampler, TouchableTokens
 from localchat.backends.onnx import NumpySampler
 from localchat.engine import Engine
 from localchat.errors import InvalidSettingError
@@ -145,6 +146,45 @@ def test_the_numpy_sampler_penalises_as_llamas_chain_does(engine: Engine, sample
     theirs = llama_penalised(engine, sampler, history, logits)
     assert (ours != logits).any()  # the text does get penalised
     np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("n_vocab", [1, 63, 64, 65, 300, 49152, 262144, 600_000])
+def test_near_best_takes_what_numpy_finds(n_vocab: int) -> None:
+    """The C scan the sampler searches with, against numpy: the logits within a span of the best, or the
+    `least` best if fewer, on rows of several spreads, rows mostly or wholly masked to -inf, ties (the lowest
+    id is the argmax; tied logits are all taken), NaNs (never taken), and vocabularies that are not a whole
+    number of its blocks."""
+    rng = np.random.default_rng(n_vocab)
+    out = np.zeros(n_vocab, dtype=TOKEN_DATA)
+    for trial in range(40):
+        row = rng.normal(0, rng.choice([0.3, 2.0, 8.0]), n_vocab).astype(np.float32)
+        if trial % 5 == 1:
+            row[rng.integers(n_vocab, size=max(1, n_vocab - 3))] = -np.inf
+        elif trial % 5 == 2:
+            row[:] = -np.inf
+        elif trial % 5 == 3:  # many ties, at the best and below it
+            row = np.round(row).astype(np.float32)
+        elif trial % 5 == 4 and n_vocab > 2:
+            row[rng.integers(n_vocab, size=2)] = np.nan
+        span = float(rng.choice([0.0, 1.0, 10.0, 50.0, np.inf]))
+        least = int(rng.choice([0, 1, 40, 45, 2000]))
+        count, best_id, floor = near_best(row, span, least, out)
+        best = np.nanmax(row)
+        expected_floor = best - np.float32(span)
+        if 0 < least <= np.count_nonzero(~np.isnan(row)):
+            expected_floor = max(expected_floor, np.sort(row[~np.isnan(row)])[-least])
+        expected = np.flatnonzero(row >= expected_floor)
+        assert best_id == int(np.nanargmax(row)), trial
+        assert floor == expected_floor or np.isneginf(floor) and np.isneginf(expected_floor), trial
+        assert out["id"][:count].tolist() == expected.tolist(), trial
+        assert np.array_equal(out["logit"][:count], row[expected]), trial
+
+
+def test_near_best_says_what_is_wrong_with_its_buffers() -> None:
+    with pytest.raises(TypeError, match="float32"):
+        near_best(np.zeros(8, dtype=np.float64), 1.0, 0, np.zeros(8, dtype=TOKEN_DATA))
+    with pytest.raises(ValueError, match="fewer candidates"):
+        near_best(np.zeros(8, dtype=np.float32), 1.0, 0, np.zeros(7, dtype=TOKEN_DATA))
 
 
 def small_vocabulary_sampler(settings: SamplerSettings, n_vocab: int) -> LlamaSampler:
@@ -303,9 +343,8 @@ def test_the_candidates_sampler_keeps_the_token_dry_lowers_and_the_one_that_move
 )
 def test_the_candidates_sampler_picks_what_llamas_chain_picks_on_the_whole_row(engine: Engine, sampler: SamplerSettings) -> None:
     """The same seeded draws, token for token, as the chain run on every logit of each row: rows of
-    several spreads, so that top-k's search widens (a wide spread, one token far above the rest) and
-    narrows (a flat row) its span as it goes. The text is shown as a reply does: its first half as the
-    prompt (the repeat penalties' alone), the rest as the reply."""
+    several spreads (a wide one, one token far above the rest, a flat one). The text is shown as a reply
+    does: its first half as the prompt (the repeat penalties' alone), the rest as the reply."""
     backend = engine.backend
     history = backend.tokenize(REPEATS, add_bos=True, special=False)
     rng = np.random.default_rng(0)
@@ -316,19 +355,21 @@ def test_the_candidates_sampler_picks_what_llamas_chain_picks_on_the_whole_row(e
     rows[10, np.setdiff1d(np.arange(backend.info.n_vocab), history)] = -np.inf  # a grammar allowing seen tokens alone
     ours, whole = backend.make_sampler(sampler), backend.make_sampler(sampler)
     whole._whole_row = True  # type: ignore[attr-defined]
-    spans = set()
+    handed = []
     try:
         for sampler_ in (ours, whole):
             sampler_.accept(history[: len(history) // 2])
             sampler_.accept(history[len(history) // 2 :], reply=True)
         picked = []
         for row in rows:
+            handed.append(len(ours.candidates(row.copy())))  # type: ignore[union-attr]
             picked.append((ours.pick(row.copy()), whole.pick(row.copy())))
-            spans.add(ours._span)  # type: ignore[attr-defined]
     finally:
         ours.close()
         whole.close()
     assert [a for a, _ in picked] == [b for _, b in picked]
     assert len({a for a, _ in picked}) > 5  # draws, not one token over and over
     if sampler.top_k and not sampler.greedy:
-        assert min(spans) < FIRST_SPAN < max(spans)
+        # The k best and at most as many more as tokens are touchable (the 64-token window, a few DRY followers),
+        # not every logit near the best; row 10, masked to the seen tokens, hands all it has.
+        assert max(handed[:10] + handed[11:]) <= sampler.top_k + 64 + 10

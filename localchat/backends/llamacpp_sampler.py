@@ -9,7 +9,8 @@ samplers (penalties, DRY, top-k, top-p, min-p, temperature, the draw) run on tho
 What a pick costs is set by how many numpy calls it makes as much as by how many logits they read: a
 decode streams the weights through every cache, so each call after it waits for its code and data (on
 the AMD EPYC machine, four numpy calls on 10 numbers took 65 us after a decode and 4 us once warm; an
-argmax of 262k logits 31-37 us). So the search is an argmax and one comparison of the row, in few calls.
+argmax of 262k logits 31-37 us). So the search is one call into C (`_logits_scan.near_best`), which finds
+the best logit and writes the tokens near it straight into the candidate array that the chain reads.
 """
 
 from __future__ import annotations
@@ -25,20 +26,11 @@ from itertools import islice
 import llama_cpp
 import numpy as np
 
+from localchat.backends._logits_scan import near_best
 from localchat.backends.base import SamplerSettings, TokenGuide
 
 # llama_token_data as numpy lays it out: {int32 id; float logit; float p}.
 TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
-# How far under the best logit a reply's first search for top-k's candidates looks, and by how much a
-# search that found too few looks further. Over replies of both real models the k-th best logit lay a
-# median 6.5-7.8 under the best (95%: 11-15), and moved 2-2.6 from one step to the next.
-FIRST_SPAN = 10.0
-SPAN_STEP = 5.0
-# A search that found more than CROWDED times top-k's k sets the next step's span to this step's k-th
-# best logit's distance under the best, and SPAN_MARGIN more: each candidate costs the chain's stages a
-# little, and a step rarely needs much more than k.
-CROWDED = 8
-SPAN_MARGIN = 3.0
 # min-p's reach is computed here in float64 and in llama.cpp in float32: a little more keeps every
 # token llama.cpp keeps.
 REACH_MARGIN = 1e-3
@@ -81,6 +73,9 @@ class LlamaSampler:
         self._penalties_lower = (settings.repeat_penalty >= 1 and settings.frequency_penalty >= 0
                                  and settings.presence_penalty >= 0)
         self._candidates = np.zeros(n_vocab, dtype=TOKEN_DATA)
+        # The candidates `near_best` last wrote to `_candidates`: what `_draw` need not write again.
+        self._scanned: np.ndarray | None = None
+        self._candidate_ids = self._candidates["id"]
         self._array = llama_cpp.llama_token_data_array()
         self._array_pointer = ctypes.byref(self._array)
         self._data = self._candidates.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data))
@@ -90,7 +85,6 @@ class LlamaSampler:
         self._top_k = settings.top_k if settings.top_k > 0 and not settings.greedy else 0
         # Greedy and min-p alone pick within a fixed reach of the best logit (see `candidates`).
         self._reach = 0.0 if settings.greedy else -math.log(settings.min_p) + REACH_MARGIN if settings.min_p > 0 else math.inf
-        self._span = FIRST_SPAN
         # Top-k's candidates reach no lower (a row masked by a grammar or a flat one would otherwise hand the
         # chain most of the vocabulary).
         self._far_span = settings.far_span
@@ -145,11 +139,9 @@ class LlamaSampler:
     def _search(self, row: np.ndarray, touchable: TouchableTokens | None) -> np.ndarray | None:
         """The ids within the chain's reach (see `candidates`), judged by the untouched tokens; None if that
         cannot be told from the tokens near the best."""
-        best_id = int(row.argmax())
-        best = float(row[best_id])
         if self._top_k:
-            return self._top_k_search(row, best, touchable)
-        ids = (row >= best - self._reach).nonzero()[0]
+            return self._top_k_search(row, touchable)
+        ids, best_id, _ = self._near_best(row, self._reach)
         if not touchable or best_id not in touchable:
             return ids
         untouched = [token for token in ids.tolist() if token not in touchable]
@@ -157,36 +149,27 @@ class LlamaSampler:
             return None
         return (row >= float(row[untouched].max()) - self._reach).nonzero()[0]
 
-    def _top_k_search(self, row: np.ndarray, best: float, touchable: TouchableTokens | None) -> np.ndarray | None:
-        """The ids at least as high as the k-th best untouched logit, found by looking a span under the best:
-        k untouched tokens within it prove it reaches that low (k more than the touchable tokens, without
-        looking which are), else it is widened and looked again. The span carries from step to step and
-        narrows when it finds far more than k (CROWDED)."""
+    def _top_k_search(self, row: np.ndarray, touchable: TouchableTokens | None) -> np.ndarray | None:
+        """The ids at least as high as the k-th best untouched logit: the k best logits and as many more as
+        tokens are touchable, without looking which are, prove it; where fewer lie within the far span, the
+        untouched among them are counted."""
         k = self._top_k
         bound = touchable.bound() if touchable else 0
-        touchable_ids = None
-        while True:
-            span = self._span
-            ids = (row >= best - span).nonzero()[0]
-            if len(ids) >= k + bound:
-                found = True
-                break
-            if touchable and len(ids) >= k:
-                touchable_ids = touchable.ids() if touchable_ids is None else touchable_ids
-                found = len(ids) - int(np.count_nonzero(row[touchable_ids] >= best - span)) >= k
-                if found:
-                    break
-            if span >= self._far_span:
-                # Too few within it: with none touchable, the rest weigh nothing beside the best.
-                found = not touchable
-                break
-            self._span = min(span + SPAN_STEP, self._far_span)
-        if len(ids) > CROWDED * k:
-            logits = row[ids]
-            kth = float(np.partition(logits, len(logits) - k)[len(logits) - k])
-            if math.isfinite(best - kth):  # not a row masked all but a few (a grammar's)
-                self._span = min(best - kth + SPAN_MARGIN, self._far_span)
-        return ids if found else None
+        ids, _, floor = self._near_best(row, self._far_span, k + bound)
+        if len(ids) >= k + bound:
+            return ids
+        if touchable and len(ids) >= k:
+            if len(ids) - int(np.count_nonzero(row[touchable.ids()] >= floor)) >= k:
+                return ids
+        # Too few within it: with none touchable, the rest weigh nothing beside the best.
+        return None if touchable else ids
+
+    def _near_best(self, row: np.ndarray, span: float, least: int = 0) -> tuple[np.ndarray, int, float]:
+        """The ids at least the best logit less `span`, or at least the least-th best logit if higher (a view
+        of `_candidates`, which holds their logits too), the best logit's id, and the floor they reach."""
+        count, best_id, floor = near_best(row, span, least, self._candidates)
+        ids = self._scanned = self._candidate_ids[:count]
+        return ids, best_id, floor
 
     def _candidates_apart_from_touchable(self, row: np.ndarray) -> np.ndarray:
         """The untouched tokens within reach of the best untouched ones, and every touchable token."""
@@ -199,11 +182,13 @@ class LlamaSampler:
         return _sorted_union(ids, touchable)
 
     def _draw(self, row: np.ndarray) -> int:
+        self._scanned = None
         ids = self._all_ids if self._whole_row else self.candidates(row)
         n = len(ids)
-        candidates = self._candidates[:n]
-        candidates["id"] = ids
-        candidates["logit"] = row[ids]
+        if ids is not self._scanned:  # the whole row, or ids the search did not write (touchable ones among them)
+            candidates = self._candidates[:n]
+            candidates["id"] = ids
+            candidates["logit"] = row[ids]
         array = self._array
         array.data = self._data
         array.size = n

@@ -1,0 +1,3 @@
+import numpy as np
+
+def near_best(row: np.ndarray, span: float, least: int, out: np.ndarray, /) -> tuple[int, int, float]: ...
