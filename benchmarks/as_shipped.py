@@ -59,6 +59,9 @@ Cold start 3.3x llama-bench on SmolLM2 (0.86 against 0.26 s; 1.85x its same work
 The servers alone at 070e2d6 (localchat's on uvloop and httptools), 5 rounds: SmolLM2 decode 0.86x, aggregate 0.86x
 with 1 stream and 1.08x with 4, time to first token 35.5 against 30.2 ms; Gemma 0.94x, 1.05x and 1.03x, time to first
 token 1.58x faster (46 against 73 ms). SmolLM2's single stream read 0.94x and 0.91x in another run of 6 that day.
+Sampling alone once a C pass found the candidates (a57d434, two runs): SmolLM2 0.160 and 0.152 ms against 0.392 and
+0.380, Gemma 0.302 and 0.259 against 2.87 and 2.93 (the argmax 0.093-0.117: a 262k row read once right after a decode);
+`run` against llama-completion, 10 and 12 rounds: SmolLM2 0.94x and 0.89x, Gemma 1.00x and 0.99x.
 
 With `--llama-completion`, `localchat run` against llama.cpp's own command-line tool, llama-completion (built from
 the same source as the others: its CMake target `llama-completion`, beside the anchors script's two), each as shipped
