@@ -41,8 +41,7 @@ RECOVERY_STEPS = 2
 # The weight each of the prior line's two points keeps in the fit for good: a twentieth of the first
 # drafting step's, against the moving average's 1 once steps have been timed.
 PRIOR_WEIGHT = 0.005
-# The weight of the newest prediction in how far predictions come true (after the first 1/WEIGHT,
-# which are averaged plainly).
+# How far predictions come true weighs each ended prediction 1 - TAKEN_WEIGHT as much as the next.
 TAKEN_WEIGHT = 0.3
 # A step drafts only where its expected tokens per second beat a plain step's by this factor: the
 # best of many lengths, each estimated, is picked, so its estimate is more often high than low.
@@ -149,14 +148,20 @@ def verified_rows(drafted: int | np.ndarray, room: int, even_rows: bool) -> int 
 
 class LookupDrafting:
     """How many prompt-lookup tokens a step of one reply drafts: the count expected to give tokens
-    fastest, from the session's step costs and how far this reply's earlier predictions came true,
-    or 0 where a plain step is expected to be faster.
+    fastest, from the session's step costs and how far this reply's predictions came true, or 0 where
+    a plain step is expected to be faster.
 
-    Every step predicts: the tokens lookup finds are followed as the reply goes on, drafted or not,
-    to see how many came true (a run of r). Per n-gram length of the match (a 3-gram match is a
-    better guide than a 1-gram one), a moving average of min(r, k) for every k gives a draft of k's
-    expected tokens kept. So a reply that stops repeating its prompt stops drafting at once, and one
-    that starts copying drafts as soon as a prediction has come true, without a draft paid to find out.
+    Every step predicts: the tokens lookup finds are followed as the reply goes on, drafted or not, to
+    see how many come true (a run of r). Per n-gram length of the match (a 3-gram match is a better
+    guide than a 1-gram one), a draft of k's expected tokens kept, E[min(r, k)], is the sum of the
+    chances that a run reaches 1..k tokens, estimated from how many predictions reached each position and
+    how many ended there (Kaplan-Meier's estimator, the older predictions weighing less): the predictions
+    still coming true count too, for the positions they have reached. While a reply copies its prompt for
+    hundreds of tokens none of its predictions ends, so an average over the ended ones alone stays at the
+    short runs before the copy (on Gemma 3 270M, a reply copying 150 tokens drafted 3 at a time, all kept);
+    counting those still alive, it drafts as far as they have come true. A reply that stops repeating its
+    prompt stops drafting at once, and one that starts copying drafts as soon as a prediction has come
+    true, without a draft paid to find out. No run is expected longer than the longest seen.
 
     This runs on every token, drafting or not, between one decode and the next, so the common case (a
     prediction that did not come true, a step that will not draft) builds no array: each numpy call
@@ -167,7 +172,7 @@ class LookupDrafting:
         self.limit = limit
         self.costs = costs
         self.even_rows = even_rows
-        self._taken: dict[int, _TakenAverage] = {}  # per n
+        self._runs: dict[int, _RunCounts] = {}  # per n
         self._open: list[_Prediction] = []  # predictions still coming true
         self._ks = np.arange(limit + 1)
 
@@ -177,18 +182,18 @@ class LookupDrafting:
         self._open.append(_Prediction(n, draft))
         if self.costs.plain_s is None:
             return 0
-        average = self._taken.get(n)
-        if average is None:
-            # Nothing resolved yet: the oldest prediction still coming true says at least this far.
-            alive = next((p.kept for p in self._open if p.n == n and p.kept), 0)
-            if not alive:
-                return 0
-            average = self._runs_of(alive)
+        runs = self._runs.get(n)
+        alive = [p.kept for p in self._open if p.n == n and p.kept]
+        reach = min(max(runs.reach if runs is not None else 0, max(alive, default=0)), len(draft))
+        if not reach:
+            return 0
+        runs = runs if runs is not None else _RunCounts(self.limit)
         fixed, per_row = self.costs.line
-        if (1 + average.scale * average.base.item(len(draft))) / (1 + fixed + per_row) < DRAFT_MARGIN:
-            return 0  # not even the longest draft's tokens at the shortest one's cost would pay
+        # Not even the longest draft's tokens at the shortest one's cost would pay (an upper bound of them, cheaply).
+        if (1 + runs.kept_at_most(alive, reach)) / (1 + fixed + per_row) < DRAFT_MARGIN:
+            return 0
+        taken = runs.expected_kept(alive)[1 : len(draft) + 1]
         ks = self._ks[1 : len(draft) + 1]
-        taken = average.scale * average.base[1 : len(draft) + 1]
         speed = (1 + taken) / (1 + self.costs.extra(verified_rows(ks, room, self.even_rows)))
         best = int(speed.argmax())
         return int(ks[best]) if speed[best] >= DRAFT_MARGIN else 0
@@ -202,34 +207,70 @@ class LookupDrafting:
                 if prediction.kept < len(prediction.tokens):
                     still.append(prediction)
                     continue
-            self._resolve(prediction)
+            runs = self._runs.get(prediction.n)
+            if runs is None:
+                runs = self._runs[prediction.n] = _RunCounts(self.limit)
+            runs.ended(prediction.kept, whole=prediction.kept == len(prediction.tokens))
         self._open = still
 
-    def _resolve(self, prediction: _Prediction) -> None:
-        average = self._taken.get(prediction.n)
-        if average is None:
-            self._taken[prediction.n] = self._runs_of(prediction.kept)
-            return
-        average.count += 1
-        weight = max(TAKEN_WEIGHT, 1 / average.count)
-        average.scale *= 1 - weight
-        if prediction.kept:  # min(r, k) is 0 for every k where none came true
-            average.base = average.base * average.scale + weight * np.minimum(self._ks, prediction.kept)
-            average.scale = 1.0
 
-    def _runs_of(self, kept: int) -> _TakenAverage:
-        """The average of one prediction that came true for `kept` tokens: min(kept, k) for every k."""
-        return _TakenAverage(np.minimum(self._ks, kept).astype(float))
+class _RunCounts:
+    """Per position j = 1..limit of a prediction, the ended predictions that reached it (their j-th token was
+    compared with the reply's) and of those the ones that ended there (it differed), weighed by TAKEN_WEIGHT.
+    Kept as `scale` times two arrays, so that weighing the older ones down is one multiplication. Index 0 is
+    unused; the one past the limit stays 0, for `kept_at_most` to read a second position where the limit is 1."""
+
+    def __init__(self, limit: int) -> None:
+        self.reached = np.zeros(limit + 2)
+        self.failed = np.zeros(limit + 2)
+        self.scale = 1.0
+        self.reach = 0  # the farthest position any ended prediction reached
+
+    def ended(self, kept: int, whole: bool) -> None:
+        """A prediction ended with `kept` tokens come true: all of it (`whole`), or followed by one that did not."""
+        self.scale *= 1 - TAKEN_WEIGHT
+        if self.scale < RESCALE_BELOW:
+            self.reached *= self.scale
+            self.failed *= self.scale
+            self.scale = 1.0
+        weight = 1 / self.scale
+        last = kept if whole else kept + 1
+        if last == 1:  # the common case, a prediction whose first token did not come true: no array built
+            self.reached[1] += weight
+        else:
+            self.reached[1 : last + 1] += weight
+        if not whole:
+            self.failed[last] += weight
+        self.reach = max(self.reach, last if whole else kept)
+
+    def kept_at_most(self, alive: list[int], reach: int) -> float:
+        """An upper bound of E[min(r, reach)] (`alive` as in `expected_kept`) from the first two positions'
+        counts, without an array: the chance of reaching the first, then the second and every one after."""
+        chance = 1.0
+        bound = 0.0
+        for position in (1, 2):
+            reached = self.reached.item(position) * self.scale + sum(kept >= position for kept in alive)
+            chance *= 1 - self.failed.item(position) * self.scale / reached if reached else 0.0
+            bound += chance * (1 if position == 1 else reach - 1)
+        return bound
+
+    def expected_kept(self, alive: list[int]) -> np.ndarray:
+        """E[min(r, k)] for k = 0..limit, the predictions still coming true (`alive`: how far each has) counted
+        as reaching their positions, at the weight of the newest."""
+        reached = self.reached * self.scale
+        if alive:
+            counts = np.bincount(alive, minlength=len(reached))
+            reached = reached + counts[::-1].cumsum()[::-1]  # those alive past j reached j
+        with np.errstate(divide="ignore", invalid="ignore"):
+            survives = np.where(reached > 0, 1 - self.failed * self.scale / reached, 0.0)
+        survives[0] = 1.0
+        expected = np.cumprod(survives)
+        expected[0] = 0.0
+        return expected.cumsum()
 
 
-@dataclass
-class _TakenAverage:
-    """The moving average of min(r, k), k = 0..limit, over resolved predictions: `scale * base`, so that
-    one none of whose tokens came true (r = 0) only shrinks `scale`."""
-
-    base: np.ndarray
-    scale: float = 1.0
-    count: int = 1  # predictions resolved
+# _RunCounts keeps its weights as a scale times its arrays; below this scale the arrays take it over.
+RESCALE_BELOW = 1e-100
 
 
 @dataclass

@@ -407,6 +407,7 @@ def test_lookup_drafts_as_far_as_predictions_come_true_where_rows_are_cheap_enou
     assert run_predictions(LookupDrafting(20, cheap, even_rows=False), 6, 5, draft) == 6
     assert run_predictions(LookupDrafting(20, cheap, even_rows=False), 0, 5, draft) == 0
     assert run_predictions(LookupDrafting(20, dear, even_rows=False), 6, 5, draft) == 0
+    assert run_predictions(LookupDrafting(1, cheap, even_rows=False), 1, 5, draft[:1]) == 1
     # Per n-gram length: 1-gram predictions failing do not stop 3-gram ones that come true.
     drafting = LookupDrafting(20, cheap, even_rows=False)
     run_predictions(drafting, 0, 10, draft, n=1)
@@ -419,6 +420,23 @@ def test_lookup_drafts_as_far_as_predictions_come_true_where_rows_are_cheap_enou
     run_predictions(drafting, 0, 3000, draft)
     run_predictions(drafting, 20, 1, draft)
     assert drafting.length(draft, 3, room=100) > 0
+
+
+def test_lookup_drafts_far_while_a_copy_goes_on_though_the_runs_before_it_were_short() -> None:
+    """Predictions still coming true count for the positions they have reached: a reply copying its prompt, whose
+    predictions all stay alive (none ends), drafts about as far as they have come true, though the predictions
+    that ended before the copy came true for 5 tokens each."""
+    source = list(range(1000))
+    drafting = LookupDrafting(60, costs_of(0.01, 0.36, 0.41), even_rows=False)
+    run_predictions(drafting, 5, 4, source[:60])
+    lengths = []
+    for position in range(100, 140):
+        lengths.append(drafting.length(source[position : position + 60], 3, room=100))
+        drafting.append(source[position])
+    assert lengths[0] <= 5 and lengths[-1] >= 30, lengths
+    # Where the copy stops, so does drafting: every alive prediction ends at the same token.
+    drafting.append(-1)
+    assert drafting.length(source[500:560], 3, room=100) <= 5
 
 
 def test_drafting_goes_on_only_while_it_pays() -> None:
