@@ -17,7 +17,7 @@ from localchat.backends.base import ROW_LIMIT, Backend, LoraScales, Sampler, Sam
 from localchat.backends.logprobs import token_logprob
 from localchat.constraints import Constraint, token_guide
 from localchat.errors import ContextOverflowError, InferenceError, InvalidSettingError
-from localchat.prefix_cache import PrefixCache, common_prefix_length
+from localchat.prefix_cache import MIN_MATCH_TOKENS, PrefixCache, common_prefix_length
 from localchat.speculative import (
     DRAFT_GROWTH,
     DRAFT_MODEL_TOKENS,
@@ -29,8 +29,9 @@ from localchat.speculative import (
     verified_rows,
 )
 
-# Live KV tokens about to be overwritten are saved to the prefix cache when at least this many.
-MIN_SAVE_TOKENS = 64
+# Live KV tokens about to be overwritten (or left at exit) are saved to the prefix cache when at least as many
+# as a match may be: a one-line question's chat is worth keeping for its head.
+MIN_SAVE_TOKENS = MIN_MATCH_TOKENS
 # Prompt tokens evaluated between checks for a cancel (about half a second on 2 CPU cores).
 PREFILL_CHUNK = 256
 

@@ -34,15 +34,15 @@ def test_longest_match_picks_the_entry_sharing_the_most_tokens() -> None:
 
 def test_a_lookup_compares_the_most_recent_of_many_entries_sharing_its_blocks() -> None:
     """A fixed system prompt puts every chat's entry among those sharing a new prompt's blocks: the lookup
-    compares the MAX_COMPARED most recently used (the oldest one here matches 20 tokens more, inside the
-    same last block), not all of them (each comparison costs the time to first token)."""
+    compares the MAX_COMPARED most recently used (the oldest one here matches more tokens, inside the same
+    last block), not all of them (each comparison costs the time to first token)."""
     cache = PrefixCache("model", ram_budget_bytes=1 << 30)
-    cache.put(SYSTEM[:64] + [7] * 30, b"old and longest")
+    cache.put(SYSTEM[:64] + [7] * (INDEX_BLOCK - 2), b"old and longest")
     for reply in range(200):
         cache.put(SYSTEM[:64] + [8, reply], f"chat {reply}".encode())
-    cache.put(SYSTEM[:64] + [7] * 10, b"newest")
+    cache.put(SYSTEM[:64] + [7] * 4, b"newest")
     match = cache.longest_match(SYSTEM[:64] + [7] * 40)
-    assert match is not None and cache.load(match.key) == b"newest" and match.length == 74
+    assert match is not None and cache.load(match.key) == b"newest" and match.length == 68
 
 
 def test_an_entry_extending_another_replaces_it() -> None:
