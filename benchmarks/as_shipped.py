@@ -62,6 +62,12 @@ token 1.58x faster (46 against 73 ms). SmolLM2's single stream read 0.94x and 0.
 Sampling alone once a C pass found the candidates (a57d434, two runs): SmolLM2 0.160 and 0.152 ms against 0.392 and
 0.380, Gemma 0.302 and 0.259 against 2.87 and 2.93 (the argmax 0.093-0.117: a 262k row read once right after a decode);
 `run` against llama-completion, 10 and 12 rounds: SmolLM2 0.94x and 0.89x, Gemma 1.00x and 0.99x.
+The servers at 5b4dd1a, 6 rounds: SmolLM2 decode 0.94x, aggregate 0.91x with 1 stream and 1.24x with 4. Drafting
+once the predictions still coming true count (40f6b37), 12 seeds: Gemma grounded 2.17x (paired 2.25x; 1.66x before,
+8 seeds), open-ended 1.01x; SmolLM2 1.78x (paired 1.81x; its Q4_1 rows cost the same in a batch, 1.88x with every
+draft taken) and 0.99x. Cold start once the prefix cache keeps 16-token heads (e03f7ba), 7 rounds, a new question
+each run: SmolLM2 0.79 s against 0.29 (2.68x; 1.74x llama-bench's same work), a first start 0.99 s, the chat app
+ready at 1.27 s; Gemma 1.48 s against 1.06 (1.40x; 1.18x), 1.80 s and 1.77 s.
 
 With `--llama-completion`, `localchat run` against llama.cpp's own command-line tool, llama-completion (built from
 the same source as the others: its CMake target `llama-completion`, beside the anchors script's two), each as shipped
@@ -77,6 +83,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import fcntl
+import itertools
 import json
 import os
 import pty
@@ -99,6 +106,7 @@ import localchat  # noqa: F401  (first: llama.cpp's libraries load before numpy'
 import llama_cpp
 import numpy as np
 import openai
+from first_chat import EVERYDAY, FACTUAL
 from serve_load import free_port
 from vs_vllm import Served, start, stop_all
 
@@ -345,13 +353,17 @@ def cold_start(model: Path, llama_bench: Path, rounds: int, threads: int) -> dic
     """`localchat run -n 1` against `llama-bench -p 0 -n 1 -r 1`, each from the shell to its exit, and the
     chat app (`localchat chat`) from its start to the model ready on its screen, alternating (one warm-up
     each: the page cache holds the file for all, and localchat has kept what it derives from the file,
-    localchat.file_facts). `first_start` is `run` in a new LOCALCHAT_HOME each time: a file seen for the
-    first time, no prefix cache. `-p 0 -n 1` decodes one token and evaluates no prompt, where `run` evaluates
-    its chat-templated prompt (31 tokens with SmolLM2's default system prompt): `llama_bench_same_work` is
-    llama-bench doing that too, the prompt's tokens and one more in one test, without its warm-up run
-    (`-p 0 -n 0 -pg N,1 --no-warmup`)."""
+    localchat.file_facts). `run` asks a new question each time, as a user does: the prefix cache holds the head
+    its chat shares with the earlier ones (the default system prompt), not the question (the same question
+    again would be restored whole). `first_start` is `run` in a new LOCALCHAT_HOME each time: a file seen for
+    the first time, no prefix cache. `-p 0 -n 1` decodes one token and evaluates no prompt, where `run`
+    evaluates its chat-templated prompt (31 tokens for "Hi" with SmolLM2's default system prompt):
+    `llama_bench_same_work` is llama-bench doing that too, that many tokens and one more in one test, without
+    its warm-up run (`-p 0 -n 0 -pg N,1 --no-warmup`)."""
     prompt_tokens = run_prompt_tokens(model, threads)
+    questions = itertools.cycle([*EVERYDAY, *(question for question, _ in FACTUAL)])
     commands = {
+        # Its last item, the question, is replaced before each run.
         "localchat": [sys.executable, "-m", "localchat", "run", "-m", str(model), "-n", "1", "--threads", str(threads), "Hi"],
         "llama_bench": [str(llama_bench), "-m", str(model), "-p", "0", "-n", "1", "-r", "1", "-t", str(threads)],
         "llama_bench_same_work": [str(llama_bench), "-m", str(model), "-p", "0", "-n", "0", "-pg", f"{prompt_tokens},1",
@@ -366,9 +378,12 @@ def cold_start(model: Path, llama_bench: Path, rounds: int, threads: int) -> dic
     chat_app_ready(app)
     for round_ in range(rounds):
         for name in (list(commands) if round_ % 2 == 0 else list(commands)[::-1]):
+            if name == "localchat":
+                commands[name][-1] = next(questions)
             figures[name].append(process_figures(commands[name]))
         app_figures.append(chat_app_ready(app))
         with tempfile.TemporaryDirectory() as home:
+            commands["localchat"][-1] = next(questions)
             first_starts.append(process_figures(commands["localchat"], {**USER_PYTHON, "LOCALCHAT_HOME": home})[0])
     medians = {name: {"wall_s": round(statistics.median(w for w, _ in runs), 3),
                       "peak_mib": round(statistics.median(m for _, m in runs), 1)} for name, runs in figures.items()}
