@@ -363,8 +363,7 @@ def cold_start(model: Path, llama_bench: Path, rounds: int, threads: int) -> dic
     prompt_tokens = run_prompt_tokens(model, threads)
     questions = itertools.cycle([*EVERYDAY, *(question for question, _ in FACTUAL)])
     commands = {
-        # Its last item, the question, is replaced before each run.
-        "localchat": [sys.executable, "-m", "localchat", "run", "-m", str(model), "-n", "1", "--threads", str(threads), "Hi"],
+        "localchat": [sys.executable, "-m", "localchat", "run", "-m", str(model), "-n", "1", "--threads", str(threads)],
         "llama_bench": [str(llama_bench), "-m", str(model), "-p", "0", "-n", "1", "-r", "1", "-t", str(threads)],
         "llama_bench_same_work": [str(llama_bench), "-m", str(model), "-p", "0", "-n", "0", "-pg", f"{prompt_tokens},1",
                                   "-r", "1", "--no-warmup", "-t", str(threads)],
@@ -373,18 +372,20 @@ def cold_start(model: Path, llama_bench: Path, rounds: int, threads: int) -> dic
     figures: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
     app_figures: list[tuple[float, float]] = []
     first_starts: list[float] = []
-    for name, command in commands.items():
-        process_figures(command)
+
+    def command(name: str) -> list[str]:
+        """`name`'s command: `run`'s with the next question."""
+        return [*commands[name], next(questions)] if name == "localchat" else commands[name]
+
+    for name in commands:
+        process_figures(command(name))
     chat_app_ready(app)
     for round_ in range(rounds):
         for name in (list(commands) if round_ % 2 == 0 else list(commands)[::-1]):
-            if name == "localchat":
-                commands[name][-1] = next(questions)
-            figures[name].append(process_figures(commands[name]))
+            figures[name].append(process_figures(command(name)))
         app_figures.append(chat_app_ready(app))
         with tempfile.TemporaryDirectory() as home:
-            commands["localchat"][-1] = next(questions)
-            first_starts.append(process_figures(commands["localchat"], {**USER_PYTHON, "LOCALCHAT_HOME": home})[0])
+            first_starts.append(process_figures(command("localchat"), {**USER_PYTHON, "LOCALCHAT_HOME": home})[0])
     medians = {name: {"wall_s": round(statistics.median(w for w, _ in runs), 3),
                       "peak_mib": round(statistics.median(m for _, m in runs), 1)} for name, runs in figures.items()}
     ours, theirs, same_work = medians["localchat"], medians["llama_bench"], medians["llama_bench_same_work"]

@@ -183,12 +183,11 @@ class LookupDrafting:
         self._open.append(_Prediction(n, draft))
         if self.costs.plain_s is None:
             return 0
-        runs = self._runs.get(n)
+        runs = self._runs_of(n)
         alive = [p.kept for p in self._open if p.n == n and p.kept]
-        reach = min(max(runs.reach if runs is not None else 0, max(alive, default=0)), len(draft))
+        reach = min(max([runs.reach, *alive]), len(draft))
         if not reach:
             return 0
-        runs = runs if runs is not None else _RunCounts(self.limit)
         fixed, per_row = self.costs.line
         # Not even the longest draft's tokens at the shortest one's cost would pay (an upper bound of them, cheaply).
         if (1 + runs.kept_at_most(alive, reach)) / (1 + fixed + per_row) < DRAFT_MARGIN:
@@ -208,11 +207,14 @@ class LookupDrafting:
                 if prediction.kept < len(prediction.tokens):
                     still.append(prediction)
                     continue
-            runs = self._runs.get(prediction.n)
-            if runs is None:
-                runs = self._runs[prediction.n] = _RunCounts(self.limit)
-            runs.ended(prediction.kept, whole=prediction.kept == len(prediction.tokens))
+            self._runs_of(prediction.n).ended(prediction.kept, whole=prediction.kept == len(prediction.tokens))
         self._open = still
+
+    def _runs_of(self, n: int) -> _RunCounts:
+        runs = self._runs.get(n)
+        if runs is None:
+            runs = self._runs[n] = _RunCounts(self.limit)
+        return runs
 
 
 class _RunCounts:
@@ -247,13 +249,13 @@ class _RunCounts:
     def kept_at_most(self, alive: list[int], reach: int) -> float:
         """An upper bound of E[min(r, reach)] (`alive` as in `expected_kept`) from the first two positions'
         counts, without an array: the chance of reaching the first, then the second and every one after."""
-        chance = 1.0
-        bound = 0.0
-        for position in (1, 2):
-            reached = self.reached.item(position) * self.scale + sum(kept >= position for kept in alive)
-            chance *= 1 - self.failed.item(position) * self.scale / reached if reached else 0.0
-            bound += chance * (1 if position == 1 else reach - 1)
-        return bound
+        first = self._survives(1, alive)
+        return first + first * self._survives(2, alive) * (reach - 1)
+
+    def _survives(self, position: int, alive: list[int]) -> float:
+        """The chance that a prediction reaching `position` comes true there (0 where none reached it)."""
+        reached = self.reached.item(position) * self.scale + sum(kept >= position for kept in alive)
+        return 1 - self.failed.item(position) * self.scale / reached if reached else 0.0
 
     def expected_kept(self, alive: list[int]) -> np.ndarray:
         """E[min(r, k)] for k = 0..limit, the predictions still coming true (`alive`: how far each has) counted
