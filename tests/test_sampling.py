@@ -152,20 +152,22 @@ def test_the_numpy_sampler_penalises_as_llamas_chain_does(engine: Engine, sample
 def test_near_best_takes_what_numpy_finds(n_vocab: int) -> None:
     """The C scan the sampler searches with, against numpy: the logits within a span of the best, or the
     `least` best if fewer, on rows of several spreads, rows mostly or wholly masked to -inf, ties (the lowest
-    id is the argmax; tied logits are all taken), NaNs (never taken), and vocabularies that are not a whole
-    number of its blocks."""
+    id is the argmax; tied logits are all taken), NaNs (never taken), rows rising to their best (the scan's
+    floor rises as it reads), and vocabularies that are not a whole number of its groups."""
     rng = np.random.default_rng(n_vocab)
     out = np.zeros(n_vocab, dtype=TOKEN_DATA)
-    for trial in range(40):
+    for trial in range(48):
         row = rng.normal(0, rng.choice([0.3, 2.0, 8.0]), n_vocab).astype(np.float32)
-        if trial % 5 == 1:
+        if trial % 6 == 1:
             row[rng.integers(n_vocab, size=max(1, n_vocab - 3))] = -np.inf
-        elif trial % 5 == 2:
+        elif trial % 6 == 2:
             row[:] = -np.inf
-        elif trial % 5 == 3:  # many ties, at the best and below it
+        elif trial % 6 == 3:  # many ties, at the best and below it
             row = np.round(row).astype(np.float32)
-        elif trial % 5 == 4 and n_vocab > 2:
+        elif trial % 6 == 4 and n_vocab > 2:
             row[rng.integers(n_vocab, size=2)] = np.nan
+        elif trial % 6 == 5:
+            row.sort()
         span = float(rng.choice([0.0, 1.0, 10.0, 50.0, np.inf]))
         least = int(rng.choice([0, 1, 40, 45, 2000]))
         count, best_id, floor = near_best(row, span, least, out)

@@ -88,17 +88,17 @@ class LlamaSampler:
         # Top-k's candidates reach no lower (a row masked by a grammar or a flat one would otherwise hand the
         # chain most of the vocabulary).
         self._far_span = settings.far_span
-
-    @property
-    def argmax_only(self) -> bool:
-        """Greedy with no penalties: the pick is the row's argmax (ties: the lowest id, as llama.cpp's)."""
-        return self.settings.greedy and not self.settings.penalized
+        # Flags of the settings that every pick reads, kept here: right after a decode each property call
+        # waits for its code and data.
+        self._penalized = settings.penalized
+        # Greedy with no penalties: the pick is the row's argmax (ties: the lowest id, as llama.cpp's).
+        self.argmax_only = settings.greedy and not settings.penalized
 
     def accept(self, tokens: Sequence[int], *, reply: bool = False) -> None:
         """Show the penalties tokens the sampler did not pick: the prompt, or (`reply`) tokens of the reply, which
         DRY sees too (through the chain, whose other stages keep nothing)."""
         target = self.chain if reply else self.penalties
-        if target is None or not self.settings.penalized:
+        if target is None or not self._penalized:
             return
         window = self.settings.history_window if reply else self.settings.penalty_last_n
         for token in tokens if window < 0 else islice(tokens, max(len(tokens) - window, 0), None):
@@ -107,17 +107,18 @@ class LlamaSampler:
 
     def pick(self, row: np.ndarray) -> int:
         """The next token from a logits row (which the grammar's mask may rewrite in place)."""
-        if self.guide is not None:
-            self.guide.mask(row)
+        guide = self.guide
+        if guide is not None:
+            guide.mask(row)
         if self.argmax_only:
             token = int(row.argmax())
         else:
             token = self._draw(row)
             llama_cpp.llama_sampler_accept(self.chain, token)
-            if self.settings.penalized:
+            if self._penalized:
                 self._touchable.append(token, reply=True)
-        if self.guide is not None:
-            self.guide.consume(token)
+        if guide is not None:
+            guide.consume(token)
         return token
 
     def candidates(self, row: np.ndarray) -> np.ndarray:
