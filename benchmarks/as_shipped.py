@@ -67,7 +67,12 @@ once the predictions still coming true count (40f6b37), 12 seeds: Gemma grounded
 8 seeds), open-ended 1.01x; SmolLM2 1.78x (paired 1.81x; its Q4_1 rows cost the same in a batch, 1.88x with every
 draft taken) and 0.99x. Cold start once the prefix cache keeps 16-token heads (e03f7ba), 7 rounds, a new question
 each run: SmolLM2 0.79 s against 0.29 (2.68x; 1.74x llama-bench's same work), a first start 0.99 s, the chat app
-ready at 1.27 s; Gemma 1.48 s against 1.06 (1.40x; 1.18x), 1.80 s and 1.77 s.
+ready at 1.27 s; Gemma 1.48 s against 1.06 (1.40x; 1.18x), 1.80 s and 1.77 s. Once the search reads the row in one
+pass (f99564f), 6 rounds on a slower day (SmolLM2's plain story at 57 tok/s, 72-75 the day before): sampling 0.13
+against 0.40 ms (49k) and 0.26 against 3.32 (262k); SmolLM2 serve decode 0.87x, aggregate 0.86x with 1 stream and
+1.13x with 4, `run` 0.93x (9 rounds more, alternating with its parent and llama-completion: 0.97x, the parent 0.94x),
+drafting 1.79x (paired 1.84x) and 0.97x, cold start 0.88 s against 0.34 (2.56x); Gemma 1.02x, 0.97x and 1.06x, `run`
+0.99x, drafting 2.03x (paired 2.08x) and 1.04x, cold start 1.77 s against 1.36 (1.30x), the chat app ready at 1.96 s.
 
 With `--llama-completion`, `localchat run` against llama.cpp's own command-line tool, llama-completion (built from
 the same source as the others: its CMake target `llama-completion`, beside the anchors script's two), each as shipped
