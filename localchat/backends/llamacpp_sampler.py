@@ -91,8 +91,12 @@ class LlamaSampler:
         # Flags of the settings that every pick reads, kept here: right after a decode each property call
         # waits for its code and data.
         self._penalized = settings.penalized
-        # Greedy with no penalties: the pick is the row's argmax (ties: the lowest id, as llama.cpp's).
-        self.argmax_only = settings.greedy and not settings.penalized
+        self._argmax_only = settings.greedy and not settings.penalized
+
+    @property
+    def argmax_only(self) -> bool:
+        """Greedy with no penalties: the pick is the row's argmax (ties: the lowest id, as llama.cpp's)."""
+        return self._argmax_only
 
     def accept(self, tokens: Sequence[int], *, reply: bool = False) -> None:
         """Show the penalties tokens the sampler did not pick: the prompt, or (`reply`) tokens of the reply, which
