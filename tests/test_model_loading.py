@@ -79,3 +79,32 @@ def test_a_gguf_model_starts_loading_before_numpy_is_imported(default_model: Pat
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert run.returncode == 0, run.stderr
     assert run.stdout.splitlines()[0] == "False"
+
+
+def test_llama_cpp_s_log_keeps_its_latest_error_lines_and_drops_the_rest() -> None:
+    """The log callback (C: localchat/backends/_llama_log.c) called as llama.cpp calls it."""
+    from localchat.backends import _llama_log
+    from localchat.backends.llamacpp_natives import log_callback
+
+    _llama_log.clear_errors()
+    log_callback(2, b"llama_model_loader: loaded meta data\n", None)  # INFO: dropped
+    assert _llama_log.recent_errors() == []
+    for line in range(10):
+        log_callback(4, f"error {line}\n".encode(), None)
+        log_callback(3, b"a warning\n", None)
+    log_callback(4, b"\xff cut \xe2\x82\n", None)
+    assert _llama_log.recent_errors() == [*(f"error {line}" for line in range(3, 10)), "\ufffd cut \ufffd"]
+    _llama_log.clear_errors()
+    assert _llama_log.recent_errors() == []
+
+
+def test_a_model_file_cut_short_is_refused_with_what_llama_cpp_found(default_model: Path, settings: Settings, tmp_path: Path) -> None:
+    from localchat.backends.llamacpp_natives import LlamaModel, ensure_initialized
+    from localchat.model_loading import plan_model
+
+    ensure_initialized()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(default_model.read_bytes()[: default_model.stat().st_size // 2])
+    load = plan_model(str(default_model), settings, PlanRequest()).plan.load_params
+    with pytest.raises(ModelError, match=r"could not load .*cut\.gguf: .*not within the file bounds"):
+        LlamaModel(cut, load, None)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from contextlib import ExitStack
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import llama_cpp
 
+from localchat.backends import _llama_log
 from localchat.backends.base import (
     DRY_SEQUENCE_BREAKERS,
     ROW_LIMIT,
@@ -46,15 +46,14 @@ FLASH_ATTN_TYPES: dict[FlashAttn, int] = {
     "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
 }
 
-GGML_LOG_LEVEL_ERROR = 4  # enum ggml_log_level (NONE, DEBUG, INFO, WARN, ERROR, CONT)
-# llama.cpp's logger is process-global; keep its recent errors to explain a failed load.
-recent_errors: deque[str] = deque(maxlen=8)
+# llama.cpp's logger is process-global; it keeps the recent errors that explain a failed load (in C: see
+# _llama_log.c) and drops the rest.
+log_callback = llama_cpp.llama_log_callback(_llama_log.callback_address())
 
 
-@llama_cpp.llama_log_callback
-def log_callback(level: int, text: bytes | None, _user_data: ctypes.c_void_p) -> None:
-    if text and level == GGML_LOG_LEVEL_ERROR:
-        recent_errors.append(text.decode("utf-8", errors="replace").strip())
+def llama_errors() -> str | None:
+    """What llama.cpp logged as errors since the errors were last cleared, in one line; None if nothing."""
+    return "; ".join(_llama_log.recent_errors()) or None
 
 
 # The llama.cpp library loaded: a rebuild or another release is another file. (llama-cpp-python's own
@@ -175,11 +174,11 @@ class LlamaLoraAdapter:
         if header.architecture != model_architecture:
             raise ModelError(f"{path} is a LoRA adapter for {header.architecture} models and the model is {model_architecture}; "
                              "an adapter works only with the base model it was made for")
-        recent_errors.clear()
+        _llama_log.clear_errors()
         self.path = path
         self.pointer = llama_cpp.llama_adapter_lora_init(model, str(path).encode())
         if not self.pointer:
-            detail = "; ".join(recent_errors) or "no detail from llama.cpp"
+            detail = llama_errors() or "no detail from llama.cpp"
             raise ModelError(f"llama.cpp cannot apply the LoRA adapter {path} to this model ({detail}); "
                              "an adapter works only with the base model it was made for")
 
@@ -201,10 +200,10 @@ class LlamaModel:
         if on_progress is not None:
             self._progress = llama_cpp.llama_progress_callback(lambda value, _data: (on_progress(value), True)[1])
             params.progress_callback = self._progress
-        recent_errors.clear()
+        _llama_log.clear_errors()
         self.pointer = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
         if not self.pointer:
-            detail = "; ".join(recent_errors) or "no detail from llama.cpp"
+            detail = llama_errors() or "no detail from llama.cpp"
             raise ModelError(f"llama.cpp could not load {path}: {detail}")
         self.vocab = llama_cpp.llama_model_get_vocab(self.pointer)
 
@@ -238,7 +237,7 @@ class LlamaContext:
             params.n_outputs_max_per_seq = ROW_LIMIT
         self.pointer = llama_cpp.llama_init_from_model(model.pointer, params)
         if not self.pointer:
-            detail = "; ".join(recent_errors) or "out of memory?"
+            detail = llama_errors() or "out of memory?"
             raise ModelError(f"llama.cpp could not create a {load.n_ctx}-token context for {path}: {detail}")
 
     def close(self) -> None:
