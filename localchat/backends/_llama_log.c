@@ -1,7 +1,7 @@
 /* llama.cpp's log callback for localchat (localchat/backends/llamacpp_natives.py): the last few error
    lines, kept to explain a failed load or context, and every other line dropped.
 
-   Why C: a callback written in Python takes the GIL for every line llama.cpp logs, about 2,300 to load
+   Why C: a callback written in Python takes the GIL for every line llama.cpp logs, about 1,200 to load
    the default model, and the thread that loads it shares the GIL with what the command or the chat app
    imports meanwhile: each line waits until the importing thread lets the GIL go. */
 
