@@ -1,9 +1,11 @@
 """Continuous batching: several replies decoded together, one backend batch per step.
 
-One thread owns the backend. Each step it admits waiting requests into free slots (a slot is one
-KV sequence and its Session) and prefills them, then decodes one token for every active slot in a
-single `evaluate_batch`. A finished or cancelled reply frees its slot for a waiting request at the
-next step. Requests beyond the slots wait in a bounded queue; past it `submit` refuses them.
+The scheduler's thread waits for requests, then runs its steps where the backend evaluates
+(`Backend.hold_compute`: llama.cpp's compute thread), so that no decode hops between threads. Each
+step admits waiting requests into free slots (a slot is one KV sequence and its Session) and
+prefills them, then decodes one token for every active slot in a single `evaluate_batch`. A
+finished or cancelled reply frees its slot for a waiting request at the next step. Requests beyond
+the slots wait in a bounded queue; past it `submit` refuses them.
 
 Slots share the context's cells (llama.cpp's unified KV cache). An idle slot keeps the KV of its
 last reply, so a client resending its history is best served by the slot that holds it; any other
@@ -53,7 +55,7 @@ class ReplyFailed:
 
 
 ReplyEvent = TextDelta | ReplyDone | ReplyFailed
-# Called on the scheduler's thread: it must only hand the event over, never block.
+# Called where the scheduler steps (the backend's compute thread): it must only hand the event over, never block.
 EventSink = Callable[[ReplyEvent], None]
 
 
@@ -95,7 +97,7 @@ class _Slot:
 class Scheduler:
     """N slots decoded together on the engine's backend, fed from a queue of at most `max_waiting`.
 
-    While it runs, the scheduler's thread is the only one to touch the engine's sessions and
+    While it runs, the scheduler's steps are the only ones to touch the engine's sessions and
     backend (tokenizing aside, which reads only the vocabulary).
     """
 
@@ -173,9 +175,7 @@ class Scheduler:
                         self._wake.wait()
                     if self._stopping:
                         break
-                self._step += 1
-                self._admit()
-                self._decode_step()
+                self._backend.hold_compute(self._steps)
             crashed = False
         finally:
             # After a bug too, no request is left waiting for an answer that will not come.
@@ -189,6 +189,18 @@ class Scheduler:
                     self._finish(slot)
             for request in waiting:
                 request.sink(ReplyFailed("the scheduler failed") if crashed else ReplyDone(request.reply.stats()))
+
+    def _steps(self, others_waiting: Callable[[], bool]) -> None:
+        """Steps while replies run or wait; after one step when another caller waits to evaluate."""
+        while True:
+            self._step += 1
+            self._admit()
+            self._decode_step()
+            with self._wake:
+                if self._stopping or not self._waiting and self.busy_slots == 0:
+                    return
+            if others_waiting():
+                return
 
     def _admit(self) -> None:
         """Move waiting requests into free slots, prefill each and sample its first token."""

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import queue
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import llama_cpp
 import pytest
 
 from greedy_paths import assert_same_until_near_tie
@@ -117,6 +119,53 @@ def test_a_cancelled_reply_frees_its_slot_for_the_next(two_slots: Engine) -> Non
         assert collect(sinks[1])[1].finish_reason == "cancelled"
         assert collect(sinks[2])[1].finish_reason == "cancelled"
         assert scheduler.busy_slots == 0 and scheduler.waiting == 0
+    finally:
+        scheduler.close()
+
+
+def test_a_reply_s_decodes_picks_and_text_all_run_on_the_compute_thread(two_slots: Engine,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scheduler's steps run where llama.cpp decodes: no decode is handed from one thread to another."""
+    threads: dict[str, set[int]] = {"decode": set(), "text": set()}
+    real_decode = llama_cpp.llama_decode
+
+    def recorded_decode(ctx: llama_cpp.llama_context_p, batch: llama_cpp.llama_batch) -> int:
+        threads["decode"].add(threading.get_ident())
+        return real_decode(ctx, batch)
+
+    monkeypatch.setattr(llama_cpp, "llama_decode", recorded_decode)
+    events: queue.SimpleQueue[ReplyEvent] = queue.SimpleQueue()
+
+    def sink(event: ReplyEvent) -> None:
+        threads["text"].add(threading.get_ident())
+        events.put(event)
+
+    scheduler = Scheduler(two_slots, max_waiting=0)
+    scheduler.start()
+    try:
+        scheduler.submit(prompt(two_slots, "What is the capital of Japan?"), GREEDY, sink)
+        text, _ = collect(events)
+    finally:
+        scheduler.close()
+    assert text and len(threads["decode"]) == 1 and threads["text"] == threads["decode"]
+
+
+def test_a_busy_scheduler_lets_another_model_decode_before_its_reply_ends(two_slots: Engine, engine: Engine) -> None:
+    """A scheduler holds the compute thread while its replies run, and gives it up after a step when a
+    decode asked for by another thread waits: a second model's reply is not held back until the first's ends."""
+    events: queue.SimpleQueue[ReplyEvent] = queue.SimpleQueue()
+    scheduler = Scheduler(two_slots, max_waiting=0)
+    scheduler.start()
+    try:
+        long = GenerationSettings(max_tokens=400, sampler=ARGMAX, ignore_eos=True)
+        handle = scheduler.submit(prompt(two_slots, "Write a story about a dragon."), long, events.put)
+        assert isinstance(events.get(timeout=60), TextDelta)
+        engine.sessions[0].reset()
+        other = engine.sessions[0].generate(prompt(engine, "What is the capital of Japan?"), GREEDY)
+        assert other.text()
+        assert scheduler.busy_slots == 1, "the other model's reply waited for the first one's end"
+        handle.cancel()
+        assert collect(events)[1].finish_reason == "cancelled"
     finally:
         scheduler.close()
 

@@ -8,7 +8,7 @@ ids and KV ranges; text only appears in `tokenize` and `token_bytes`.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
@@ -392,6 +392,12 @@ class Backend(Protocol):
     def use_loras(self, scales: LoraScales) -> None:
         """Compute with these loaded adapters from the next evaluation on, for every sequence (the
         KV cache written under other adapters is not theirs to reuse); () for the model alone."""
+        ...
+
+    def hold_compute(self, steps: Callable[[Callable[[], bool]], None]) -> None:
+        """`steps(others_waiting)` where the backend evaluates (llama.cpp: the process's one compute thread),
+        for a loop of evaluations that should make no hop between threads each. The loop returns once
+        `others_waiting()` is true, letting evaluations asked for by other threads run."""
         ...
 
     def close(self, *, process_ends: bool = False) -> None:

@@ -101,7 +101,8 @@ class ServerMetrics:
             self.model_load_seconds.labels(event.name).observe(event.seconds)
 
     def observe_reply(self, stats: GenerationStats) -> None:
-        """Called on the scheduler's thread when a reply ends (prometheus_client is thread-safe)."""
+        """Called where the scheduler steps (llama.cpp's compute thread) when a reply ends
+        (prometheus_client is thread-safe)."""
         self.replies.labels(stats.finish_reason).inc()
         if stats.sampler is not None:
             self.sampled_replies.labels(stats.sampler.describe()).inc()

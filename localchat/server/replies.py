@@ -31,7 +31,7 @@ class PendingReply:
         self._handle: ScheduledReply = scheduler.submit(prompt, settings, self._deliver)
 
     def _deliver(self, event: ReplyEvent) -> None:
-        """On the scheduler's thread."""
+        """Where the scheduler steps (llama.cpp's compute thread)."""
         if isinstance(event, ReplyDone):
             self._on_done(event.stats)
         try:

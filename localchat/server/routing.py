@@ -147,7 +147,7 @@ class CompletionService:
             return plan, tokenize_prompt(self.engine.backend, self.engine.template, plan.prompt + plan.forced)
 
         # Rendering and tokenizing take a while for long histories: off the event loop. Tokenizing
-        # reads only the vocabulary, so it may run beside the scheduler's thread.
+        # reads only the vocabulary, so it may run beside the scheduler's steps.
         return await run_in_threadpool(prepare)
 
     async def start_chat(self, body: ChatCompletionRequest, stop: tuple[str, ...] | None = None) -> ChatRun:

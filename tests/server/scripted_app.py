@@ -162,6 +162,9 @@ class ScriptedBackend:
     def use_loras(self, scales: LoraScales) -> None:
         self.loras = scales
 
+    def hold_compute(self, steps: Callable[[Callable[[], bool]], None]) -> None:
+        steps(lambda: False)
+
     def close(self, *, process_ends: bool = False) -> None: ...
 
 
