@@ -73,6 +73,12 @@ against 0.40 ms (49k) and 0.26 against 3.32 (262k); SmolLM2 serve decode 0.87x, 
 1.13x with 4, `run` 0.93x (9 rounds more, alternating with its parent and llama-completion: 0.97x, the parent 0.94x),
 drafting 1.79x (paired 1.84x) and 0.97x, cold start 0.88 s against 0.34 (2.56x); Gemma 1.02x, 0.97x and 1.06x, `run`
 0.99x, drafting 2.03x (paired 2.08x) and 1.04x, cold start 1.77 s against 1.36 (1.30x), the chat app ready at 1.96 s.
+Once the scheduler steps on the compute thread (b0d2fcf; the time between two decodes 0.57 ms against 1.1-1.2), 6
+rounds, 2026-11-28: SmolLM2 serve decode 0.99x, aggregate 0.90x with 1 stream and 1.06x with 4, time to first token
+31.8 against 33.1 ms, `run` 0.89x (paired 0.93x), drafting 2.06x (paired 2.08x, 95% taken) and 1.01x, sampling 0.13
+against 0.38 ms, cold start 0.76 s against 0.32 (2.39x); Gemma serve 0.92x, 0.84x and 0.95x (5 rounds right after,
+beside the tree before it: 0.995x, 0.98x and 1.05x, against 1.02x, 0.96x and 1.08x), `run` 0.98x, drafting 2.17x
+(83%) and 1.04x, sampling 0.29 against 3.30 ms, cold start 1.67 s against 1.27 (1.31x).
 
 With `--llama-completion`, `localchat run` against llama.cpp's own command-line tool, llama-completion (built from
 the same source as the others: its CMake target `llama-completion`, beside the anchors script's two), each as shipped
