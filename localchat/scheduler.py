@@ -171,7 +171,7 @@ class Scheduler:
         try:
             while True:
                 with self._wake:
-                    while not self._stopping and not self._waiting and self.busy_slots == 0:
+                    while not self._stopping and self._idle():
                         self._wake.wait()
                     if self._stopping:
                         break
@@ -190,6 +190,10 @@ class Scheduler:
             for request in waiting:
                 request.sink(ReplyFailed("the scheduler failed") if crashed else ReplyDone(request.reply.stats()))
 
+    def _idle(self) -> bool:
+        """No reply runs or waits (read under `_wake`)."""
+        return not self._waiting and self.busy_slots == 0
+
     def _steps(self, others_waiting: Callable[[], bool]) -> None:
         """Steps while replies run or wait; after one step when another caller waits to evaluate."""
         while True:
@@ -197,7 +201,7 @@ class Scheduler:
             self._admit()
             self._decode_step()
             with self._wake:
-                if self._stopping or not self._waiting and self.busy_slots == 0:
+                if self._stopping or self._idle():
                     return
             if others_waiting():
                 return
