@@ -9,6 +9,9 @@
     python3 benchmarks/gpu/probes.py paths MODEL [N]     one reply as `run` decodes it and as `serve`'s scheduler does
                                                          (N slots, default 4; no HTTP), as shipped without drafts and greedy
     python3 benchmarks/gpu/probes.py chains MODEL        one reply with each part of the default sampler's chain
+    python3 benchmarks/gpu/probes.py placement MODEL     one reply as shipped, without drafts and greedy, each sampled
+                                                         on the device and on the host, alternated; then where a token's
+                                                         time goes in each (the decode's launch, the wait and pick, the rest)
 
 A batch of another shape makes llama.cpp build its graph again and ggml-cuda capture its CUDA graph again
 (localchat.speculative.RECOVERY_STEPS); a shape never seen in the process may also load its kernels then.
@@ -23,15 +26,20 @@ import pstats
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import replace
+from functools import partial
 
 import localchat  # noqa: F401  (first: llama.cpp's libraries, localchat.native)
 import queue
+
+import llama_cpp
 from localchat.backends.base import ARGMAX, SamplerSettings
-from localchat.backends import llamacpp
+from localchat.backends import llamacpp, llamacpp_sampler
 from localchat.engine import Engine
 from localchat.planner import PlanRequest
 from localchat.scheduler import ReplyDone, Scheduler, TextDelta
-from localchat.session import GenerationSettings
+from localchat.session import GenerationSettings, GenerationStats
 from localchat.settings import DEFAULT_LOOKUP_DRAFT, Settings
 
 PROMPT = "Write a story about a dragon."
@@ -165,6 +173,92 @@ def chains(engine: Engine, rounds: int = 3, tokens: int = 256) -> None:
     print(json.dumps({name: round(statistics.median(values), 1) for name, values in speeds.items()}))
 
 
+def split_chain(settings: SamplerSettings) -> object:
+    """The chain with top-k alone on the device: a sampler llama.cpp runs only on the host (typical at 1, which
+    keeps every token) ends the device's part, so the decode reads back top-k's candidates, and
+    llama_sampler_sample runs the rest of the chain over them on the host."""
+    chain = llamacpp_sampler._new_chain()
+    add = partial(llama_cpp.llama_sampler_chain_add, chain)
+    if settings.greedy or settings.top_k <= 0:
+        llamacpp_sampler._add_truncations_and_draw(settings, add)
+        return chain
+    add(llama_cpp.llama_sampler_init_top_k(settings.top_k))
+    add(llama_cpp.llama_sampler_init_typical(1.0, 1))
+    llamacpp_sampler._add_truncations_and_draw(replace(settings, top_k=0), add)
+    return chain
+
+
+def pick_split(self: llamacpp_sampler.DeviceSampler, index: int) -> int:
+    return int(llama_cpp.llama_sampler_sample(self.chain, self._context, index))
+
+
+PLACEMENTS = {"device": (llamacpp_sampler.device_sampleable, llamacpp_sampler.device_chain),
+              "split": (llamacpp_sampler.device_sampleable, split_chain), "host": (lambda *args: False, None)}
+PLACED = {"as shipped": (DEFAULT_LOOKUP_DRAFT, None), "no drafts": (0, None), "greedy": (0, ARGMAX)}
+
+
+def placement(engine: Engine, rounds: int = 5, tokens: int = 512) -> None:
+    """Decode tok/s of one reply with each sampler sampled on the device and on the host (llama.cpp's chain over
+    the C pass's candidates), alternated round by round, each after a short reply with the same settings (a
+    chain attached anew makes llama.cpp reserve its graph again); then one reply of each timed by part."""
+    prompt = engine.backend.tokenize(PROMPT, add_bos=True, special=False)
+    session = engine.sessions[0]
+
+    def one(place: str, lookup_draft: int, sampler: SamplerSettings | None, n: int) -> GenerationStats:
+        engine.backend._detach(session.seq)  # type: ignore[attr-defined]
+        llamacpp.device_sampleable, chain = PLACEMENTS[place]
+        if chain is not None:
+            llamacpp.device_chain = chain
+        llamacpp_sampler.DeviceSampler.pick_output = pick_split if place == "split" else pick_output  # type: ignore[method-assign]
+        session.reset()
+        generation = session.generate(prompt, GenerationSettings(max_tokens=n + 1, ignore_eos=True, sampler=sampler,
+                                                                 lookup_draft=lookup_draft))
+        generation.text()
+        assert generation.stats is not None
+        return generation.stats
+
+    pick_output = llamacpp_sampler.DeviceSampler.pick_output
+    placed = [(name, place) for name in PLACED for place in PLACEMENTS if not (name == "greedy" and place == "split")]
+    speeds: dict[str, list[float]] = {}
+    drafted: dict[str, list[int]] = {}
+    for _ in range(rounds):
+        for name, place in placed:
+            lookup_draft, sampler = PLACED[name]
+            one(place, lookup_draft, sampler, 16)
+            stats = one(place, lookup_draft, sampler, tokens)
+            speeds.setdefault(f"{name}, {place}", []).append(stats.decode_tok_s)
+            drafted.setdefault(f"{name}, {place}", []).append(stats.accepted_tokens)
+    print(json.dumps({label: round(statistics.median(values), 1) for label, values in speeds.items()}))
+    print(json.dumps({"accepted drafted tokens": drafted}))
+    backend = engine.backend
+    evaluate, sample = backend.evaluate, backend.sample
+    spent = {"launch": 0.0, "wait and pick": 0.0}
+
+    def timed(part: str, call: Callable[..., object]) -> Callable[..., object]:
+        def run(*args: object, **kwargs: object) -> object:
+            started = time.perf_counter()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                spent[part] += time.perf_counter() - started
+        return run
+
+    parts: dict[str, dict[str, float]] = {}
+    for name, place in placed:
+        lookup_draft, sampler = PLACED[name]
+        one(place, lookup_draft, sampler, 16)
+        backend.evaluate, backend.sample = timed("launch", evaluate), timed("wait and pick", sample)  # type: ignore[method-assign]
+        spent.update({"launch": 0.0, "wait and pick": 0.0})
+        started = time.perf_counter()
+        stats = one(place, lookup_draft, sampler, tokens)
+        total = time.perf_counter() - started
+        del backend.evaluate, backend.sample
+        per_token = {part: seconds / stats.completion_tokens * 1e6 for part, seconds in spent.items()}
+        per_token["rest"] = total / stats.completion_tokens * 1e6 - sum(per_token.values())
+        parts[f"{name}, {place}"] = {part: round(us, 1) for part, us in per_token.items()}
+    print(json.dumps({"us a token": parts}))
+
+
 def main() -> None:
     probe, path = sys.argv[1], sys.argv[2]
     if probe != "paths":  # paths decodes on the scheduler's thread too: llama.cpp's compute thread serves both
@@ -181,6 +275,8 @@ def main() -> None:
             paths(engine)
         elif probe == "chains":
             chains(engine)
+        elif probe == "placement":
+            placement(engine)
         else:
             profile(engine)
 
