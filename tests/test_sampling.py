@@ -12,8 +12,8 @@ import pytest
 
 from localchat.backends.base import ARGMAX, DRY_SEQUENCE_BREAKERS, FAR_SPAN, SamplerSettings
 from localchat.backends.llamacpp_natives import dry_key
-from localchat.backends._logits_scan import near_best
-from localchat.backends.llamacpp_sampler import TOKEN_DATA, LlamaSampler, TouchableTokens
+from localchat.backends._logits_scan import draw, near_best
+from localchat.backends.llamacpp_sampler import ACCEPT, APPLY, TOKEN_DATA, LlamaSampler, TouchableTokens
 from localchat.backends.onnx import NumpySampler
 from localchat.engine import Engine
 from localchat.errors import InvalidSettingError
@@ -238,6 +238,30 @@ def test_the_candidates_sampler_picks_what_llamas_chain_picks_over_random_settin
             whole.close()
 
 
+def test_top_k_looks_past_the_far_span_when_a_penalty_lowers_the_best_token() -> None:
+    """Fewer than k tokens lie within FAR_SPAN of the best, and the best was in the prompt: the repeat penalty
+    halves it (80 to 40), and a token 35 under it (45) becomes the likeliest pick. The search must look past
+    the span measured from the best before the penalty, as the chain on the whole row does; where the best was
+    not in the prompt, the tokens within that span are all it needs (and the same draws)."""
+    row = np.full(300, -np.inf, dtype=np.float32)
+    row[7], row[9] = 80.0, 45.0
+    for prompt, expected in (([7], 9), ([3], 7)):
+        draws = []
+        for seed in range(20):
+            settings = SamplerSettings(seed=seed, temperature=1.0, repeat_penalty=2.0, penalty_last_n=64)
+            ours, whole = small_vocabulary_sampler(settings, 300), small_vocabulary_sampler(settings, 300)
+            whole._whole_row = True
+            try:
+                for sampler in (ours, whole):
+                    sampler.accept(prompt)
+                draws.append((ours.pick(row.copy()), whole.pick(row.copy())))
+            finally:
+                ours.close()
+                whole.close()
+        assert [a for a, _ in draws] == [b for _, b in draws]
+        assert {a for a, _ in draws} == {expected}
+
+
 def test_the_candidates_sampler_reaches_as_far_as_a_high_temperature_lets_a_token_be_drawn(engine: Engine) -> None:
     """At temperature 10 a token FAR_SPAN + 1 under the best weighs e^-3.1 beside it in the draw: the search
     must look past FAR_SPAN to find it, as the chain on the whole row does."""
@@ -375,3 +399,13 @@ def test_the_candidates_sampler_picks_what_llamas_chain_picks_on_the_whole_row(e
         # The k best and at most as many more as tokens are touchable (the 64-token window, a few DRY followers),
         # not every logit near the best; row 10, masked to the seen tokens, hands all it has.
         assert max(handed[:10] + handed[11:]) <= sampler.top_k + 64 + 10
+
+
+def test_the_draw_refuses_no_candidates_or_more_than_its_buffer_holds() -> None:
+    sampler = small_vocabulary_sampler(SamplerSettings(seed=0), 300)
+    try:
+        for count in (0, 301):
+            with pytest.raises(ValueError, match="at least one candidate"):
+                draw(sampler._candidates, count, sampler._chain_address, APPLY, ACCEPT)
+    finally:
+        sampler.close()

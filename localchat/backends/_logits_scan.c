@@ -1,6 +1,6 @@
 /* One pass over a logits row for localchat's sampler (localchat/backends/llamacpp_sampler.py): the best
    logit's token and the tokens near it (within a span of it, or the k best), written straight into the
-   array of candidates that llama.cpp's sampler chain reads.
+   array of candidates that llama.cpp's sampler chain reads; and the draw, the chain run over them.
 
    Why C: right after a decode each numpy call waits for its code and data, and the search in numpy (an
    argmax, a comparison, nonzero, a partition for top-k, two writes of the candidates) took most of a pick.
@@ -16,6 +16,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #if defined(__SSE2__) || defined(_M_X64)
@@ -272,8 +273,66 @@ static PyObject *near_best(PyObject *module, PyObject *const *args, Py_ssize_t n
     return Py_BuildValue("(nnd)", count, best_id, (double)floor);
 }
 
+/* llama.cpp's llama_token_data_array, and the two calls of its sampler API that a draw makes. */
+typedef struct {
+    token_data *data;
+    size_t size;
+    int64_t selected;
+    bool sorted;
+} token_data_array;
+typedef void (*sampler_apply)(void *chain, token_data_array *candidates);
+typedef void (*sampler_accept)(void *chain, int32_t token);
+
+PyDoc_STRVAR(draw_doc,
+"draw(candidates, count, chain, apply, accept) -> token\n\n"
+"llama.cpp's sampler `chain` (an address) run over the first `count` llama_token_data of `candidates` (a\n"
+"writable buffer; the chain may reorder them), and told the token it picked: `apply` and `accept` are the\n"
+"addresses of llama_sampler_apply and llama_sampler_accept. One call where ctypes takes six: after a decode\n"
+"each of those waits for its code and data.");
+
+static PyObject *draw(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "draw takes candidates, a count, a chain and the apply and accept functions");
+        return NULL;
+    }
+    Py_ssize_t count = PyNumber_AsSsize_t(args[1], PyExc_OverflowError);
+    if (count == -1 && PyErr_Occurred())
+        return NULL;
+    void *chain = PyLong_AsVoidPtr(args[2]);
+    sampler_apply apply = (sampler_apply)PyLong_AsVoidPtr(args[3]);
+    sampler_accept accept = (sampler_accept)PyLong_AsVoidPtr(args[4]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (chain == NULL || apply == NULL || accept == NULL) {
+        PyErr_SetString(PyExc_ValueError, "draw needs a chain and llama.cpp's apply and accept");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        return NULL;
+    if (count <= 0 || view.len < count * (Py_ssize_t)sizeof(token_data)) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "draw needs at least one candidate, and no more than its buffer holds");
+        return NULL;
+    }
+    token_data_array array = {(token_data *)view.buf, (size_t)count, -1, false};
+    apply(chain, &array);
+    int32_t token = array.selected >= 0 && (size_t)array.selected < array.size ? array.data[array.selected].id : -1;
+    if (token >= 0)
+        accept(chain, token);
+    PyBuffer_Release(&view);
+    if (token < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "llama.cpp's sampler chain selected no candidate");
+        return NULL;
+    }
+    return PyLong_FromLong(token);
+}
+
 static PyMethodDef methods[] = {
     {"near_best", (PyCFunction)(void (*)(void))near_best, METH_FASTCALL, near_best_doc},
+    {"draw", (PyCFunction)(void (*)(void))draw, METH_FASTCALL, draw_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -10,7 +10,12 @@ What a pick costs is set by how many numpy calls it makes as much as by how many
 decode streams the weights through every cache, so each call after it waits for its code and data (on
 the AMD EPYC machine, four numpy calls on 10 numbers took 65 us after a decode and 4 us once warm; an
 argmax of 262k logits 31-37 us). So the search is one call into C (`_logits_scan.near_best`), which finds
-the best logit and writes the tokens near it straight into the candidate array that the chain reads.
+the best logit and writes the tokens near it straight into the candidate array that the chain reads, and
+the draw is one more (`_logits_scan.draw`), which runs the chain over them and tells it the token: through
+ctypes that took six calls (the array's four fields, the chain, the accept). With both, a pick inside a
+reply took 0.051-0.057 ms against 0.070-0.077 on SmolLM2's 49k vocabulary and 0.080-0.096 against 0.104-0.118
+on Gemma 3 270M's 262k, which also no longer searches its row twice where few tokens are near the best
+(`_top_k_search`) (AMD EPYC with AVX-512, 4 alternating runs of benchmarks/as_shipped.py's sampling figure).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from itertools import islice
 import llama_cpp
 import numpy as np
 
-from localchat.backends._logits_scan import near_best
+from localchat.backends._logits_scan import draw, near_best
 from localchat.backends.base import SamplerSettings, TokenGuide
 
 # llama_token_data as numpy lays it out: {int32 id; float logit; float p}.
@@ -34,6 +39,9 @@ TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32
 # min-p's reach is computed here in float64 and in llama.cpp in float32: a little more keeps every
 # token llama.cpp keeps.
 REACH_MARGIN = 1e-3
+# llama_sampler_apply and llama_sampler_accept, which `draw` calls from C.
+APPLY = ctypes.cast(llama_cpp.llama_sampler_apply, ctypes.c_void_p).value
+ACCEPT = ctypes.cast(llama_cpp.llama_sampler_accept, ctypes.c_void_p).value
 
 
 class LlamaSampler:
@@ -76,9 +84,7 @@ class LlamaSampler:
         # The candidates `near_best` last wrote to `_candidates`: what `_draw` need not write again.
         self._scanned: np.ndarray | None = None
         self._candidate_ids = self._candidates["id"]
-        self._array = llama_cpp.llama_token_data_array()
-        self._array_pointer = ctypes.byref(self._array)
-        self._data = self._candidates.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data))
+        self._chain_address = ctypes.cast(self.chain, ctypes.c_void_p).value
         self._all_ids = np.arange(n_vocab, dtype=np.int64)
         # Without a truncation the draw may land anywhere: every token is a candidate.
         self._whole_row = not settings.greedy and settings.top_k <= 0 and (settings.min_p <= 0 or settings.top_p < 1)
@@ -118,7 +124,6 @@ class LlamaSampler:
             token = int(row.argmax())
         else:
             token = self._draw(row)
-            llama_cpp.llama_sampler_accept(self.chain, token)
             if self._penalized:
                 self._touchable.append(token, reply=True)
         if guide is not None:
@@ -160,14 +165,15 @@ class LlamaSampler:
         untouched among them are counted."""
         k = self._top_k
         bound = touchable.bound() if touchable else 0
-        ids, _, floor = self._near_best(row, self._far_span, k + bound)
+        ids, best_id, floor = self._near_best(row, self._far_span, k + bound)
         if len(ids) >= k + bound:
             return ids
         if touchable and len(ids) >= k:
             if len(ids) - int(np.count_nonzero(row[touchable.ids()] >= floor)) >= k:
                 return ids
-        # Too few within it: with none touchable, the rest weigh nothing beside the best.
-        return None if touchable else ids
+        # Too few within it: the rest weigh nothing beside the best, if the best is untouched (a penalty cannot
+        # lower it, so it stays the best and the far span's floor stays where it is).
+        return None if touchable and best_id in touchable else ids
 
     def _near_best(self, row: np.ndarray, span: float, least: int = 0) -> tuple[np.ndarray, int, float]:
         """The ids at least the best logit less `span`, or at least the least-th best logit if higher (a view
@@ -187,6 +193,7 @@ class LlamaSampler:
         return _sorted_union(ids, touchable)
 
     def _draw(self, row: np.ndarray) -> int:
+        """The chain's pick among the candidates, which the chain is told of."""
         self._scanned = None
         ids = self._all_ids if self._whole_row else self.candidates(row)
         n = len(ids)
@@ -194,13 +201,7 @@ class LlamaSampler:
             candidates = self._candidates[:n]
             candidates["id"] = ids
             candidates["logit"] = row[ids]
-        array = self._array
-        array.data = self._data
-        array.size = n
-        array.selected = -1
-        array.sorted = False
-        llama_cpp.llama_sampler_apply(self.chain, self._array_pointer)
-        return int(array.data[array.selected].id)
+        return draw(self._candidates, n, self._chain_address, APPLY, ACCEPT)
 
     def reset(self) -> None:
         llama_cpp.llama_sampler_reset(self.chain)
