@@ -8,7 +8,7 @@ has. Token-level concerns stay in the backends: this interface speaks messages a
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -46,6 +46,11 @@ class ChatGeneration(Protocol):
     def tokens_per_second(self) -> float: ...
 
     def __iter__(self) -> Iterator[str]: ...
+
+    def stream(self, emit: Callable[[str], None]) -> None:
+        """Run to the end, passing each text piece to `emit`, on the thread the engine computes on where
+        it has one (see Generation.stream); `emit` must not wait for the caller's thread."""
+        ...
 
     def cancel(self) -> None: ...
 

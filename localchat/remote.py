@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -243,6 +243,11 @@ class RemoteGeneration:
 
     def __iter__(self) -> Iterator[str]:
         return self._run()
+
+    def stream(self, emit: Callable[[str], None]) -> None:
+        """Run to the end, passing each text piece to `emit` on the calling thread (the server computes)."""
+        for piece in self:
+            emit(piece)
 
     def _run(self) -> Iterator[str]:
         endpoint = self.server.endpoint

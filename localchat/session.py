@@ -589,6 +589,29 @@ class Generation:
                 decoder.close()
             self.stats = reply.stats()
 
+    def stream(self, emit: Callable[[str], None]) -> None:
+        """Run to the end, passing each text piece to `emit`, where the backend evaluates (llama.cpp's compute
+        thread: Backend.hold_compute): a token's decode then makes no hop between threads, and `emit` runs
+        there too. The loop steps aside while an evaluation asked for by another thread runs (a model
+        warming up, embeddings), then goes on."""
+        pieces = iter(self)
+        ended = False
+
+        def steps(others_waiting: Callable[[], bool]) -> None:
+            nonlocal ended
+            try:
+                for piece in pieces:
+                    emit(piece)
+                    if others_waiting():
+                        return
+            except BaseException:
+                pieces.close()  # `emit` failed: the reply ends here, its KV cache and stats kept as after a break
+                raise
+            ended = True
+
+        while not ended:
+            self.session.backend.hold_compute(steps)
+
     def text(self) -> str:
         """Run to the end and return the whole reply."""
         return "".join(self)

@@ -5,7 +5,7 @@ the slow ones on the real model, where the refusals come from the real context."
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,6 +42,10 @@ class ScriptedGeneration:
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.pieces)
+
+    def stream(self, emit: Callable[[str], None]) -> None:
+        for piece in self.pieces:
+            emit(piece)
 
     def cancel(self) -> None:
         pass

@@ -11,8 +11,12 @@ import llama_cpp
 import numpy as np
 import pytest
 
+from localchat.backends.base import ARGMAX
 from localchat.backends.llamacpp import _ComputeThread
 from localchat.engine import Engine
+from localchat.session import GenerationSettings
+
+LIGHTHOUSE = "The lighthouse keeper climbed the stairs"
 
 
 def test_decodes_asked_for_by_several_threads_all_run_on_one_thread(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -52,6 +56,65 @@ def test_decodes_asked_for_by_several_threads_all_run_on_one_thread(engine: Engi
     first, *others = logits.values()
     for other in others:
         np.testing.assert_array_equal(first, other)
+
+
+def test_a_streamed_reply_decodes_and_passes_its_text_on_the_compute_thread(engine: Engine,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Generation.stream (the chat app's reply worker) runs the reply where llama.cpp decodes: no decode is
+    handed from the caller's thread to another, and the text comes from that thread too."""
+    session = engine.sessions[0]
+    session.reset()
+    threads: dict[str, set[int]] = {"decode": set(), "text": set()}
+    real_decode = llama_cpp.llama_decode
+
+    def recorded_decode(ctx: llama_cpp.llama_context_p, batch: llama_cpp.llama_batch) -> int:
+        threads["decode"].add(threading.get_ident())
+        return real_decode(ctx, batch)
+
+    monkeypatch.setattr(llama_cpp, "llama_decode", recorded_decode)
+    pieces: list[str] = []
+
+    def emit(piece: str) -> None:
+        threads["text"].add(threading.get_ident())
+        pieces.append(piece)
+
+    prompt = engine.backend.tokenize(LIGHTHOUSE, add_bos=True, special=False)
+    generation = session.generate(prompt, GenerationSettings(max_tokens=16, sampler=ARGMAX))
+    caller = threading.Thread(target=generation.stream, args=(emit,))
+    caller.start()
+    caller.join()
+    assert "".join(pieces) and generation.stats is not None and generation.stats.completion_tokens == 16
+    assert len(threads["decode"]) == 1 and threads["text"] == threads["decode"] and caller.ident not in threads["decode"]
+
+
+def test_a_streamed_reply_lets_another_model_decode_before_it_ends(engine: Engine, gemma_gguf_engine: Engine) -> None:
+    """A streamed reply holds the compute thread, and steps aside after a token when a decode asked for by
+    another thread waits: a second model's reply (or its warm-up) is not held back until the first one's end."""
+    session = engine.sessions[0]
+    session.reset()
+    prompt = engine.backend.tokenize(LIGHTHOUSE, add_bos=True, special=False)
+    generation = session.generate(prompt, GenerationSettings(max_tokens=400, sampler=ARGMAX, ignore_eos=True))
+    first_piece, ended = threading.Event(), threading.Event()
+
+    def stream() -> None:
+        try:
+            generation.stream(lambda piece: first_piece.set())
+        finally:
+            ended.set()
+
+    caller = threading.Thread(target=stream)
+    caller.start()
+    try:
+        assert first_piece.wait(60)
+        other = gemma_gguf_engine.sessions[0]
+        other.reset()
+        gemma_prompt = gemma_gguf_engine.backend.tokenize(LIGHTHOUSE, add_bos=True, special=False)
+        assert other.generate(gemma_prompt, GenerationSettings(max_tokens=4, sampler=ARGMAX)).text()
+        assert not ended.is_set(), "the other model's reply waited for the streamed one's end"
+    finally:
+        generation.cancel()
+        caller.join()
+    assert generation.stats is not None and generation.stats.finish_reason == "cancelled"
 
 
 @pytest.mark.usefixtures("ctrl_c_raises")

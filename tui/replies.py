@@ -107,25 +107,30 @@ class Reply:
 
 def write_reply(reply: Reply, post: Callable[[Message], object]) -> None:
     """The reply's worker, in its thread: runs the generation and posts its text (at most every
-    FRAME_S), its numbers (every STATS_S) and its end; never touches a widget."""
+    FRAME_S), its numbers (every STATS_S) and its end; never touches a widget. The pieces come where
+    the engine computes (ChatGeneration.stream), and posting them waits for nothing."""
     worker = get_current_worker()
     generation = reply.turn.generation
     pending: list[str] = []
     last_text = last_stats = time.monotonic()
+
+    def show(piece: str) -> None:
+        nonlocal last_text, last_stats
+        pending.append(piece)
+        now = time.monotonic()
+        if now - last_text >= FRAME_S:
+            post(ReplyText("".join(pending)))
+            pending.clear()
+            last_text = now
+        if now - last_stats >= STATS_S:
+            post(reply.live_stats())
+            last_stats = now
+        if worker.is_cancelled:
+            generation.cancel()
+
     error = None
     try:
-        for piece in generation:
-            pending.append(piece)
-            now = time.monotonic()
-            if now - last_text >= FRAME_S:
-                post(ReplyText("".join(pending)))
-                pending.clear()
-                last_text = now
-            if now - last_stats >= STATS_S:
-                post(reply.live_stats())
-                last_stats = now
-            if worker.is_cancelled:
-                generation.cancel()
+        generation.stream(show)
     except LocalchatError as failure:
         error = str(failure)
     finally:
