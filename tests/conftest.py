@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import llama_cpp
 import pytest
 
 from localchat.engine import Engine
@@ -75,3 +77,17 @@ def engine(settings: Settings, default_model: Path) -> Iterator[Engine]:
     """The real default model in llama.cpp, shared by the tests of one run (2k context)."""
     with Engine.load(str(default_model), settings, PlanRequest(n_ctx=2048)) as loaded:
         yield loaded
+
+
+@pytest.fixture
+def decoding_threads(monkeypatch: pytest.MonkeyPatch) -> set[int]:
+    """The threads that call llama_decode from here on, recorded as they do."""
+    threads: set[int] = set()
+    real_decode = llama_cpp.llama_decode
+
+    def recorded_decode(ctx: llama_cpp.llama_context_p, batch: llama_cpp.llama_batch) -> int:
+        threads.add(threading.get_ident())
+        return real_decode(ctx, batch)
+
+    monkeypatch.setattr(llama_cpp, "llama_decode", recorded_decode)
+    return threads

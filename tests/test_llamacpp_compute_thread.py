@@ -7,7 +7,6 @@ import signal
 import threading
 import time
 
-import llama_cpp
 import numpy as np
 import pytest
 
@@ -19,17 +18,9 @@ from localchat.session import GenerationSettings
 LIGHTHOUSE = "The lighthouse keeper climbed the stairs"
 
 
-def test_decodes_asked_for_by_several_threads_all_run_on_one_thread(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_decodes_asked_for_by_several_threads_all_run_on_one_thread(engine: Engine, decoding_threads: set[int]) -> None:
     backend = engine.backend
     engine.sessions[0].reset()  # the shared engine's sequence 0 may hold an earlier test's tokens
-    decoding_threads: set[int] = set()
-    real_decode = llama_cpp.llama_decode
-
-    def recorded_decode(ctx: llama_cpp.llama_context_p, batch: llama_cpp.llama_batch) -> int:
-        decoding_threads.add(threading.get_ident())
-        return real_decode(ctx, batch)
-
-    monkeypatch.setattr(llama_cpp, "llama_decode", recorded_decode)
     prompt = backend.tokenize("The lighthouse keeper climbed the stairs", add_bos=True, special=False)
     logits: dict[int, np.ndarray] = {}
     done_evaluating = threading.Event()
@@ -59,23 +50,16 @@ def test_decodes_asked_for_by_several_threads_all_run_on_one_thread(engine: Engi
 
 
 def test_a_streamed_reply_decodes_and_passes_its_text_on_the_compute_thread(engine: Engine,
-                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                           decoding_threads: set[int]) -> None:
     """Generation.stream (the chat app's reply worker) runs the reply where llama.cpp decodes: no decode is
     handed from the caller's thread to another, and the text comes from that thread too."""
     session = engine.sessions[0]
     session.reset()
-    threads: dict[str, set[int]] = {"decode": set(), "text": set()}
-    real_decode = llama_cpp.llama_decode
-
-    def recorded_decode(ctx: llama_cpp.llama_context_p, batch: llama_cpp.llama_batch) -> int:
-        threads["decode"].add(threading.get_ident())
-        return real_decode(ctx, batch)
-
-    monkeypatch.setattr(llama_cpp, "llama_decode", recorded_decode)
+    text_threads: set[int] = set()
     pieces: list[str] = []
 
     def emit(piece: str) -> None:
-        threads["text"].add(threading.get_ident())
+        text_threads.add(threading.get_ident())
         pieces.append(piece)
 
     prompt = engine.backend.tokenize(LIGHTHOUSE, add_bos=True, special=False)
@@ -84,7 +68,7 @@ def test_a_streamed_reply_decodes_and_passes_its_text_on_the_compute_thread(engi
     caller.start()
     caller.join()
     assert "".join(pieces) and generation.stats is not None and generation.stats.completion_tokens == 16
-    assert len(threads["decode"]) == 1 and threads["text"] == threads["decode"] and caller.ident not in threads["decode"]
+    assert len(decoding_threads) == 1 and text_threads == decoding_threads and caller.ident not in decoding_threads
 
 
 def test_a_streamed_reply_lets_another_model_decode_before_it_ends(engine: Engine, gemma_gguf_engine: Engine) -> None:

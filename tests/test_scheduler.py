@@ -9,7 +9,6 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-import llama_cpp
 import pytest
 
 from greedy_paths import assert_same_until_near_tie
@@ -124,20 +123,13 @@ def test_a_cancelled_reply_frees_its_slot_for_the_next(two_slots: Engine) -> Non
 
 
 def test_a_reply_s_decodes_picks_and_text_all_run_on_the_compute_thread(two_slots: Engine,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                      decoding_threads: set[int]) -> None:
     """The scheduler's steps run where llama.cpp decodes: no decode is handed from one thread to another."""
-    threads: dict[str, set[int]] = {"decode": set(), "text": set()}
-    real_decode = llama_cpp.llama_decode
-
-    def recorded_decode(ctx: llama_cpp.llama_context_p, batch: llama_cpp.llama_batch) -> int:
-        threads["decode"].add(threading.get_ident())
-        return real_decode(ctx, batch)
-
-    monkeypatch.setattr(llama_cpp, "llama_decode", recorded_decode)
+    text_threads: set[int] = set()
     events: queue.SimpleQueue[ReplyEvent] = queue.SimpleQueue()
 
     def sink(event: ReplyEvent) -> None:
-        threads["text"].add(threading.get_ident())
+        text_threads.add(threading.get_ident())
         events.put(event)
 
     scheduler = Scheduler(two_slots, max_waiting=0)
@@ -147,7 +139,7 @@ def test_a_reply_s_decodes_picks_and_text_all_run_on_the_compute_thread(two_slot
         text, _ = collect(events)
     finally:
         scheduler.close()
-    assert text and len(threads["decode"]) == 1 and threads["text"] == threads["decode"]
+    assert text and len(decoding_threads) == 1 and text_threads == decoding_threads
 
 
 def test_a_busy_scheduler_lets_another_model_decode_before_its_reply_ends(two_slots: Engine, engine: Engine) -> None:
