@@ -79,6 +79,13 @@ rounds, 2026-11-28: SmolLM2 serve decode 0.99x, aggregate 0.90x with 1 stream an
 against 0.38 ms, cold start 0.76 s against 0.32 (2.39x); Gemma serve 0.92x, 0.84x and 0.95x (5 rounds right after,
 beside the tree before it: 0.995x, 0.98x and 1.05x, against 1.02x, 0.96x and 1.08x), `run` 0.98x, drafting 2.17x
 (83%) and 1.04x, sampling 0.29 against 3.30 ms, cold start 1.67 s against 1.27 (1.31x).
+On an AMD EPYC with AVX-512 (VNNI, BF16; 2 threads), 6 rounds, 2026-11-28 at d6a9aec (the draw one call into C):
+sampling 0.055 against 0.183 ms (49k; the argmax 0.019) and 0.089 against 1.645 (262k; 0.042); SmolLM2 serve decode
+0.92x, aggregate 0.89x with 1 stream and 1.14x with 4, time to first token 16.9 against 22.7 ms, `run` 0.96x (139.2
+against 145.4 tok/s), drafting 1.49x (83% taken) and 0.98x, cold start 0.33 s against 0.12 (2.68x; 1.64x its same
+work); Gemma serve 0.95x, 0.97x and 1.07x, 23.9 against 30.0 ms, `run` 0.96x, drafting 2.22x (83%) and 1.00x, cold
+start 0.72 s against 0.54 (1.33x). SmolLM2's Q4_1 rows cost 0.55 plain steps each there (benchmarks/speculative.py
+--step-cost: 26 rows 14.2 plain steps), so its drafts top out at 1.83x with every one taken.
 
 With `--llama-completion`, `localchat run` against llama.cpp's own command-line tool, llama-completion (built from
 the same source as the others: its CMake target `llama-completion`, beside the anchors script's two), each as shipped
