@@ -4,6 +4,7 @@ reasoning into the folded block above it)."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -115,7 +116,8 @@ def write_reply(reply: Reply, post: Callable[[Message], object]) -> None:
     worker = get_current_worker()
     generation = reply.turn.generation
     pending: list[str] = []
-    last_text = last_stats = time.monotonic()
+    # The first text goes at once: pacing the frames must not hold back the first token.
+    last_text, last_stats = -math.inf, time.monotonic()
 
     def show(piece: str) -> None:
         nonlocal last_text, last_stats
