@@ -443,6 +443,8 @@ class ChatApp(App[int]):
         await self._start_reply(turn)
 
     async def _start_reply(self, turn: Turn) -> None:
+        # The toasts shown so far go: at 80x24 they sit over the conversation, where the reply is written.
+        self.clear_notifications()
         self.reply = await Reply.start(turn, self.conversation_view)
         self._show_left_out(turn.chat.left_out())
         self.status.state = "writing"

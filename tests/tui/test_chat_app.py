@@ -59,6 +59,18 @@ async def test_a_real_turn_streams_into_the_view_and_is_stored(make_app: MakeApp
         assert status.backend == "llama.cpp" and status.rss_bytes > 0
 
 
+async def test_a_reply_clears_the_toasts_over_the_conversation(make_app: MakeApp) -> None:
+    """A toast (the model's "ready" note lasts 6 s) sits over the conversation at 80x24, where the reply is
+    written: sending a message takes it away."""
+    app = make_app()
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        app.notify("smollm2-135m-instruct is ready: a small chat model", timeout=60)
+        await wait_until(pilot, lambda: app.screen.query("Toast"), timeout=10)
+        app.prompt.text = "What is the capital of Japan?"
+        await press_and_wait_for_reply(pilot, "enter")
+        assert not app.screen.query("Toast")
+
+
 async def test_escape_stops_a_reply_and_keeps_what_was_written(make_app: MakeApp, store: ConversationStore) -> None:
     app = make_app(reply_settings=ENDLESS)
     async with app.run_test(size=(80, 24)) as pilot:
