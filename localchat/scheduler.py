@@ -175,7 +175,7 @@ class Scheduler:
                         self._wake.wait()
                     if self._stopping:
                         break
-                self._backend.hold_compute(self._steps)
+                self._backend.hold_compute(self._take_step)
             crashed = False
         finally:
             # After a bug too, no request is left waiting for an answer that will not come.
@@ -194,17 +194,13 @@ class Scheduler:
         """No reply runs or waits (read under `_wake`)."""
         return not self._waiting and self.busy_slots == 0
 
-    def _steps(self, others_waiting: Callable[[], bool]) -> None:
-        """Steps while replies run or wait; after one step when another caller waits to evaluate."""
-        while True:
-            self._step += 1
-            self._admit()
-            self._decode_step()
-            with self._wake:
-                if self._stopping or self._idle():
-                    return
-            if others_waiting():
-                return
+    def _take_step(self) -> bool:
+        """One step (admit, then decode every active slot); whether there is another to take."""
+        self._step += 1
+        self._admit()
+        self._decode_step()
+        with self._wake:
+            return not self._stopping and not self._idle()
 
     def _admit(self) -> None:
         """Move waiting requests into free slots, prefill each and sample its first token."""

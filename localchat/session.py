@@ -595,22 +595,19 @@ class Generation:
         there too. The loop steps aside while an evaluation asked for by another thread runs (a model
         warming up, embeddings), then goes on."""
         pieces = iter(self)
-        ended = False
 
-        def steps(others_waiting: Callable[[], bool]) -> None:
-            nonlocal ended
+        def step() -> bool:
+            piece = next(pieces, None)
+            if piece is None:
+                return False
             try:
-                for piece in pieces:
-                    emit(piece)
-                    if others_waiting():
-                        return
+                emit(piece)
             except BaseException:
                 pieces.close()  # `emit` failed: the reply ends here, its KV cache and stats kept as after a break
                 raise
-            ended = True
+            return True
 
-        while not ended:
-            self.session.backend.hold_compute(steps)
+        self.session.backend.hold_compute(step)
 
     def text(self) -> str:
         """Run to the end and return the whole reply."""

@@ -394,10 +394,10 @@ class Backend(Protocol):
         KV cache written under other adapters is not theirs to reuse); () for the model alone."""
         ...
 
-    def hold_compute(self, steps: Callable[[Callable[[], bool]], None]) -> None:
-        """`steps(others_waiting)` where the backend evaluates (llama.cpp: the process's one compute thread),
-        for a loop of evaluations that should make no hop between threads each. The loop returns once
-        `others_waiting()` is true, letting evaluations asked for by other threads run."""
+    def hold_compute(self, step: Callable[[], bool]) -> None:
+        """`step()` again and again while it returns True, where the backend evaluates (llama.cpp: the
+        process's one compute thread), for a loop of evaluations that should make no hop between threads
+        each. Evaluations asked for by other threads meanwhile run between two steps."""
         ...
 
     def close(self, *, process_ends: bool = False) -> None:

@@ -440,8 +440,9 @@ class OnnxBackend:
         if scales:
             raise InvalidSettingError("the ONNX backend (onnxruntime) cannot apply LoRA adapters; run the model as GGUF for them")
 
-    def hold_compute(self, steps: Callable[[Callable[[], bool]], None]) -> None:
-        steps(lambda: False)  # onnxruntime evaluates on the calling thread
+    def hold_compute(self, step: Callable[[], bool]) -> None:
+        while step():  # onnxruntime evaluates on the calling thread
+            pass
 
     def close(self, *, process_ends: bool = False) -> None:
         self._bindings = []

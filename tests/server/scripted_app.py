@@ -162,8 +162,9 @@ class ScriptedBackend:
     def use_loras(self, scales: LoraScales) -> None:
         self.loras = scales
 
-    def hold_compute(self, steps: Callable[[Callable[[], bool]], None]) -> None:
-        steps(lambda: False)
+    def hold_compute(self, step: Callable[[], bool]) -> None:
+        while step():
+            pass
 
     def close(self, *, process_ends: bool = False) -> None: ...
 
