@@ -85,12 +85,19 @@ sampling 0.055 against 0.183 ms (49k; the argmax 0.019) and 0.089 against 1.645 
 against 145.4 tok/s), drafting 1.49x (83% taken) and 0.98x, cold start 0.33 s against 0.12 (2.68x; 1.64x its same
 work); Gemma serve 0.95x, 0.97x and 1.07x, 23.9 against 30.0 ms, `run` 0.96x, drafting 2.22x (83%) and 1.00x, cold
 start 0.72 s against 0.54 (1.33x). SmolLM2's Q4_1 rows cost 0.55 plain steps each there (benchmarks/speculative.py
---step-cost: 26 rows 14.2 plain steps), so its drafts top out at 1.83x with every one taken.
+--step-cost: 26 rows 14.2 plain steps), so its drafts top out at 1.83x with every one taken. The same machine
+later that day, slower by a quarter (llama-bench tg128 103 tok/s against 135), 6 rounds at 56f1f73: SmolLM2 serve
+0.91x, 0.97x and 1.15x, `run` 0.91x by each one's own figures and 0.92x at the output (paired 0.94x), drafting
+1.76x (89%) and 0.99x, cold start 0.32 s against 0.13 (2.51x; 1.52x its same work); Gemma serve 0.96x, 0.98x and
+1.08x, `run` 0.96x at the output, drafting 2.36x (96%) and 1.01x, cold start 0.70 s against 0.52 (1.35x; 1.27x).
 
 With `--llama-completion`, `localchat run` against llama.cpp's own command-line tool, llama-completion (built from
 the same source as the others: its CMake target `llama-completion`, beside the anchors script's two), each as shipped
 on the same chat message (`-st`: one turn with the model's template), alternating: decode tok/s by each one's own
-figures, and llama.cpp's sampling ms per token.
+figures, and at each one's output (`at_output`: the tokens after the first over the time from the first piece of
+text on stdout to the last, as a person sees them come), and llama.cpp's sampling ms per token. llama-completion's
+own figure counts its decodes and picks alone, not the rest of its loop (text, its log thread, the write); localchat's
+counts all of its loop, so the figures at the output are the like-for-like ones.
 
     python benchmarks/as_shipped.py --llama-server OUTDIR/llama-server [--llama-bench OUTDIR/llama-bench]
         [--llama-completion OUTDIR/llama-completion] [--rounds 3] [--model NAME_OR_GGUF ...]
@@ -422,40 +429,88 @@ COMPLETION_EVAL = re.compile(r"(?<!prompt )eval time =\s*([\d.]+) ms /\s*(\d+) r
 COMPLETION_SAMPLING = re.compile(r"sampling time =\s*([\d.]+) ms")
 
 
-def completion_decode(model: Path, llama_completion: Path, threads: int) -> tuple[float, float]:
-    """llama-completion as shipped on QUESTION (`-st`: one turn of its conversation mode, the model's template): its
-    decode tok/s (the generated tokens it evaluated over that time and their picks' share of its sampling time),
-    and its sampling ms per token."""
-    done = subprocess.run([str(llama_completion), "-m", str(model), "-p", QUESTION[0]["content"], "-st", "-n", str(TOKENS),
-                           "-t", str(threads)], capture_output=True, text=True, stdin=subprocess.DEVNULL, check=True)
-    evaluated = COMPLETION_EVAL.findall(done.stderr)
-    sampling = COMPLETION_SAMPLING.findall(done.stderr)
-    assert evaluated and sampling, f"no timings from llama-completion: {done.stderr[-400:]}"
+def output_times(command: list[str], env: dict[str, str] | None = None) -> tuple[float, float, str]:
+    """Run `command` and read its output as a person at a terminal sees it come: when its first and its last piece
+    of text reached stdout (perf_counter seconds), and its stderr."""
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert process.stdout is not None and process.stderr is not None
+    streams = {process.stdout.fileno(): "out", process.stderr.fileno(): "err"}
+    errors = bytearray()
+    first = last = 0.0
+    while streams:
+        for fd in select.select(list(streams), [], [])[0]:
+            data = os.read(fd, 65536)
+            if not data:
+                del streams[fd]
+            elif streams[fd] == "err":
+                errors += data
+            else:
+                last = time.perf_counter()
+                first = first or last
+    if process.wait() != 0:
+        raise subprocess.CalledProcessError(process.returncode, command, stderr=errors.decode(errors="replace"))
+    assert last > first, f"{command[0]} wrote no reply"
+    return first, last, errors.decode(errors="replace")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunDecode:
+    """One reply's decode tok/s: by the program's own figures, and at its output (the tokens after the first over
+    the time from the first piece of text on stdout to the last)."""
+
+    stated: float
+    at_output: float
+
+
+def run_decode(model: Path, threads: int) -> RunDecode:
+    """`localchat run` as shipped on QUESTION: --stats' decode tok/s (the tokens after the first over the time after it)."""
+    first, last, errors = output_times([sys.executable, "-m", "localchat", "run", "-m", str(model), "-n", str(TOKENS),
+                                        "--threads", str(threads), "--stats", QUESTION[0]["content"]], USER_PYTHON)
+    stats = json.loads(errors.strip().splitlines()[-1])
+    return RunDecode(float(stats["decode_tok_s"]), (int(stats["completion_tokens"]) - 1) / (last - first))
+
+
+def completion_decode(model: Path, llama_completion: Path, threads: int) -> tuple[RunDecode, float]:
+    """llama-completion as shipped on QUESTION (`-st`: one turn of its conversation mode, the model's template;
+    `--no-display-prompt`, so that its output is the reply alone): its decode tok/s (the generated tokens it
+    evaluated over that time and their picks' share of its sampling time, which leave out the rest of its loop:
+    turning tokens into text, writing it) and at its output, and its sampling ms per token."""
+    first, last, errors = output_times([str(llama_completion), "-m", str(model), "-p", QUESTION[0]["content"], "-st",
+                                        "--no-display-prompt", "-n", str(TOKENS), "-t", str(threads)])
+    evaluated = COMPLETION_EVAL.findall(errors)
+    sampling = COMPLETION_SAMPLING.findall(errors)
+    assert evaluated and sampling, f"no timings from llama-completion: {errors[-400:]}"
     eval_ms, runs = float(evaluated[-1][0]), int(evaluated[-1][1])
     picks = runs + 1  # the first token is picked after the prompt's evaluation
     sampling_ms = float(sampling[-1])
-    return runs / (eval_ms + sampling_ms * runs / picks) * 1000, sampling_ms / picks
+    return RunDecode(runs / (eval_ms + sampling_ms * runs / picks) * 1000, runs / (last - first)), sampling_ms / picks
 
 
 def compare_runs(model: Path, llama_completion: Path, rounds: int, threads: int) -> dict[str, object]:
     """`localchat run` against llama.cpp's llama-completion, each as shipped (no sampler flags) on the same file and
-    chat message, alternating: decode tok/s by each one's own figures, and llama.cpp's sampling ms per token (its
-    default chain, from a copy of the whole row)."""
-    ours: list[float] = []
-    theirs: list[tuple[float, float]] = []
+    chat message, alternating: decode tok/s by each one's own figures and at each one's output, and llama.cpp's
+    sampling ms per token (its default chain, from a copy of the whole row)."""
+    ours: list[RunDecode] = []
+    theirs: list[RunDecode] = []
+    sampling_ms: list[float] = []
     for round_ in range(rounds):
         for name in ("localchat", "llama_completion") if round_ % 2 == 0 else ("llama_completion", "localchat"):
             if name == "localchat":
-                # --stats' decode tok/s: the tokens after the first over the time after it.
-                ours.append(float(run_stats(model, threads, TOKENS, QUESTION[0]["content"])["decode_tok_s"]))
+                ours.append(run_decode(model, threads))
             else:
-                theirs.append(completion_decode(model, llama_completion, threads))
-    theirs_decode = [decode for decode, _ in theirs]
-    return {"localchat_decode_tok_s": round(statistics.median(ours), 1),
-            "llama_completion_decode_tok_s": round(statistics.median(theirs_decode), 1),
-            "localchat_vs_llama_completion": round(statistics.median(ours) / statistics.median(theirs_decode), 3),
-            "paired": round(statistics.median(a / b for a, b in zip(ours, theirs_decode, strict=True)), 3),
-            "llama_completion_sampling_ms": round(statistics.median(ms for _, ms in theirs), 4)}
+                decode, sampling = completion_decode(model, llama_completion, threads)
+                theirs.append(decode)
+                sampling_ms.append(sampling)
+
+    def compared(figure: Callable[[RunDecode], float]) -> dict[str, float]:
+        mine, other = [figure(run) for run in ours], [figure(run) for run in theirs]
+        return {"localchat_decode_tok_s": round(statistics.median(mine), 1),
+                "llama_completion_decode_tok_s": round(statistics.median(other), 1),
+                "localchat_vs_llama_completion": round(statistics.median(mine) / statistics.median(other), 3),
+                "paired": round(statistics.median(a / b for a, b in zip(mine, other, strict=True)), 3)}
+
+    return {**compared(lambda run: run.stated), "at_output": compared(lambda run: run.at_output),
+            "llama_completion_sampling_ms": round(statistics.median(sampling_ms), 4)}
 
 
 def main() -> None:
