@@ -21,7 +21,7 @@ LIGHTHOUSE = "The lighthouse keeper climbed the stairs"
 def test_decodes_asked_for_by_several_threads_all_run_on_one_thread(engine: Engine, decoding_threads: set[int]) -> None:
     backend = engine.backend
     engine.sessions[0].reset()  # the shared engine's sequence 0 may hold an earlier test's tokens
-    prompt = backend.tokenize("The lighthouse keeper climbed the stairs", add_bos=True, special=False)
+    prompt = backend.tokenize(LIGHTHOUSE, add_bos=True, special=False)
     logits: dict[int, np.ndarray] = {}
     done_evaluating = threading.Event()
 
