@@ -19,6 +19,7 @@ from localchat.errors import InvalidSettingError, LocalchatError, ModelError
 from localchat.hardware import MIB, peak_rss_bytes
 from localchat.planner import OneReply, PlanRequest
 from localchat.settings import DEFAULT_LOOKUP_DRAFT, Settings
+from localchat.unicode_text import well_formed
 
 if TYPE_CHECKING:
     from localchat.constraints import Constraint
@@ -171,7 +172,8 @@ def _generation_settings(args: argparse.Namespace) -> GenerationSettings:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    # Bytes that are not UTF-8, in an argument or on stdin, are read as U+FFFD (localchat.unicode_text).
+    prompt = sys.stdin.buffer.read().decode("utf-8", "replace") if args.prompt == "-" else args.prompt
     endpoint = _remote(args)
     if endpoint is not None:
         settings = _generation_settings(args)
@@ -532,15 +534,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampler_options(run)
     run.add_argument("-n", type=int, default=256, help="most tokens to generate (default: %(default)s)")
     run.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
-    run.add_argument("--system", help="a system prompt")
-    run.add_argument("--stop", action="append", help="stop at this text (repeatable)")
+    run.add_argument("--system", type=well_formed, help="a system prompt")
+    run.add_argument("--stop", action="append", type=well_formed, help="stop at this text (repeatable)")
     run.add_argument("--stats", action="store_true", help="print one JSON line of statistics on stderr at the end")
     run.add_argument("--json-schema", type=Path, metavar="FILE", help="the reply is JSON following this JSON schema file")
     _add_lookup_option(run)
     _add_draft_model_option(run)
     _add_lora_option(run)
     _add_remote_options(run)
-    run.add_argument("prompt", help="the prompt, or - to read it from stdin")
+    run.add_argument("prompt", type=well_formed, help="the prompt, or - to read it from stdin")
     run.set_defaults(handler=cmd_run)
 
     bench = commands.add_parser("bench", help="measure speed, KV reuse and prefix caching")
@@ -555,7 +557,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--parallel", type=int, default=4, help="replies decoded together (default: %(default)s)")
     serve.add_argument("--queue", type=int, default=16, help="requests that may wait for a slot; more get 503 (default: %(default)s)")
     serve.add_argument("--api-key", help="require `Authorization: Bearer KEY` (default: $LOCALCHAT_API_KEY, else none)")
-    serve.add_argument("--cors-origin", action="append", help="let web pages from this origin call the API (repeatable)")
+    serve.add_argument("--cors-origin", action="append", help="let web pages from this origin call the API, beyond this machine's own and local apps' (repeatable)")
     _add_lookup_option(serve)
     _add_draft_model_option(serve)
     _add_lora_option(serve)

@@ -81,6 +81,18 @@ def test_raw_greedy_runs_are_repeatable_and_read_stdin(localchat_home: Path) -> 
     assert outputs[0] == outputs[1] and "Paris" in outputs[0]
 
 
+def test_bytes_that_are_not_utf8_are_read_as_the_replacement_character(localchat_home: Path, default_model: Path) -> None:
+    """A prompt typed in a Latin-1 terminal reaches Python as lone surrogates, which no UTF-8 encoder
+    takes: in an argument and on stdin, each such byte is read as U+FFFD."""
+    env = {**os.environ, "LOCALCHAT_HOME": str(localchat_home)}
+    prompt = b"Caf\xe9 au lait?"
+    for args, stdin in [([os.fsdecode(prompt)], None), (["-"], prompt)]:
+        done = subprocess.run([sys.executable, "-m", "localchat", "run", "-n", "2", "--raw", "--stats", *args], input=stdin,
+                              capture_output=True, env=env, timeout=300)
+        assert done.returncode == 0 and b"Traceback" not in done.stderr, done.stderr.decode(errors="replace")
+        assert json.loads(done.stderr.decode().splitlines()[-1])["completion_tokens"] >= 1
+
+
 def test_info_explains_the_plan(localchat_home: Path) -> None:
     result = localchat("info", home=localchat_home)
     assert result.returncode == 0, result.stderr

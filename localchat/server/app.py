@@ -43,7 +43,7 @@ from localchat.server.metrics import CONTENT_TYPE, RequestCounter, ServerMetrics
 from localchat.server.ollama import ollama_router
 from localchat.server.ollama_models import ollama_models_router
 from localchat.server.replies import PendingReply, ReplyFailedError
-from localchat.server.routing import LEASES, ModelRouter
+from localchat.server.routing import LATEST, LEASES, ModelRouter
 from localchat.server.schemas import (
     ChatChoice,
     ChatChunkChoice,
@@ -61,11 +61,13 @@ from localchat.server.schemas import (
     LoraAdapterCard,
     LoraApplied,
     LoraScale,
+    ModelCard,
     ModelList,
     PromptTokensDetails,
     Usage,
 )
-from localchat.server.security import ApiKeyGuard, BodySizeLimit
+from localchat.server.json_bodies import BodiesAsJson, WellFormedRoute
+from localchat.server.security import ApiKeyGuard, BodySizeLimit, OriginGuard, allowed_origins
 from localchat.server.served_models import EngineLoader, ServedModel
 from localchat.server.settings import ServerSettings
 from localchat.server.spliced_json import CONTENT_MARK, SplicedJson
@@ -285,6 +287,7 @@ def create_app(engine: Engine, settings: ServerSettings, loader: EngineLoader | 
 
     app = FastAPI(title="localchat", summary="OpenAI's and Ollama's APIs for the models on this machine", version="1",
                   lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.router.route_class = WellFormedRoute
     app.state.pool = pool
     _install_error_handlers(app, settings)
     app.openapi = _openapi_with_400(app)  # type: ignore[method-assign]
@@ -385,6 +388,17 @@ def create_app(engine: Engine, settings: ServerSettings, loader: EngineLoader | 
         catalog = await run_in_threadpool(loader.catalog) if loader is not None else []
         return ModelList(data=router.cards(catalog))
 
+    @app.get("/v1/models/{model:path}", response_model=ModelCard, responses=ERROR_RESPONSES)
+    async def model_card(model: str) -> ModelCard:
+        """One model of /v1/models, named as a request names it (never loaded nor pulled by asking)."""
+        catalog = await run_in_threadpool(loader.catalog) if loader is not None else []
+        wanted = {model.casefold(), model.removesuffix(LATEST).casefold()}
+        for card in router.cards(catalog):
+            if card.id.casefold() in wanted:
+                return card
+        raise APIError(404, f"The model '{model}' does not exist on this server: GET /v1/models lists the models it has",
+                       code="model_not_found", param="model")
+
     # llama-server's adapter routes, for the first model (the one --lora adapted).
     @app.get("/lora-adapters", response_model=list[LoraAdapterCard], responses=ERROR_RESPONSES)
     async def lora_adapters() -> list[LoraAdapterCard]:
@@ -413,13 +427,14 @@ def create_app(engine: Engine, settings: ServerSettings, loader: EngineLoader | 
         app.include_router(api_router)
 
     # The last added is the outermost: count every answer; CORS before the key, since browsers
-    # send preflight requests without it; then the key; then the body bound.
+    # send preflight requests without it; then the origin, the key, the body bound, and bodies as JSON.
+    origins = allowed_origins(settings.cors_origins)
+    app.add_middleware(BodiesAsJson)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     if settings.api_key is not None:
         app.add_middleware(ApiKeyGuard, api_key=settings.api_key)
-    if settings.cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["GET", "POST"],
-                           allow_headers=["Authorization", "Content-Type"])
+    app.add_middleware(OriginGuard, origins=origins)
+    app.add_middleware(CORSMiddleware, allow_origin_regex=origins.pattern, allow_methods=["*"], allow_headers=["*"])
     app.add_middleware(RequestCounter, metrics=metrics)
     app.add_middleware(LeaseRelease)
     return app

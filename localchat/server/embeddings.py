@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, Response
 
 from localchat.embeddings import Embeddings, embed_inputs, normalized
 from localchat.errors import ContextOverflowError
+from localchat.server.json_bodies import WellFormedRoute
 from localchat.server.errors import APIError
 from localchat.server.ollama import OllamaRoutes, ollama_error_responses
 from localchat.server.ollama_schemas import EmbeddingRequest as OllamaEmbeddingRequest
@@ -109,7 +110,7 @@ class EmbeddingRoutes:
 
 def embedding_router(models: ModelRouter) -> APIRouter:
     routes = EmbeddingRoutes(models)
-    router = APIRouter()
+    router = APIRouter(route_class=WellFormedRoute)
     router.add_api_route("/v1/embeddings", routes.openai, methods=["POST"], response_model=EmbeddingList,
                          responses=OPENAI_ERRORS, summary="OpenAI's embeddings", tags=["OpenAI"])
     router.add_api_route("/api/embed", routes.embed, methods=["POST"], response_model=EmbedResponse,

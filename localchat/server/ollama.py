@@ -18,7 +18,6 @@ accepts options it does not know.
 from __future__ import annotations
 
 import json
-import math
 import re
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -33,6 +32,7 @@ from pydantic import BaseModel, ValidationError
 
 from localchat.constraints import tokenizer_for
 from localchat.scheduler import TextDelta
+from localchat.server.json_bodies import WellFormedRoute
 from localchat.server.errors import APIError
 from localchat.server.logprobs import chat_logprobs, token_piece
 from localchat.server.ollama_schemas import (
@@ -87,8 +87,8 @@ UNSUPPORTED_OPTIONS: dict[str, tuple[object, str]] = {
 # Ollama's think efforts and the reasoning_effort a template reads ("max" is gpt-oss's "high").
 THINK_EFFORTS = {"low": "low", "medium": "medium", "high": "high", "max": "high"}
 OLLAMA_ROLES = frozenset({"system", "user", "assistant", "tool"})
-# Ollama writes a model without a tag as NAME:latest; localchat's names have no such tag.
-LATEST = ":latest"
+# A keep_alive this long or longer is for ever (what /api/ps shows as the expiry stays a date).
+KEEP_ALIVE_FOR_EVER_S = 100 * 365 * 24 * 3600.0
 # Go's duration syntax (time.ParseDuration), as keep_alive takes it: "5m", "1h30m", "-1s", "0".
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
 _DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -111,15 +111,15 @@ INFERENCE_ERRORS = ollama_error_responses(400, 401, 404, 413, 500, 503)
 
 
 def keep_alive_seconds(value: KeepAlive | None) -> float | None:
-    """Seconds to keep a model loaded once idle; None: as long as room allows (a negative value,
-    Ollama's "for ever", or no value: localchat's default)."""
+    """Seconds to keep a model loaded once idle; None: as long as room allows (a negative value or one
+    of a century or more, Ollama's "for ever", or no value: localchat's default)."""
     if value is None:
         return None
     if isinstance(value, (int, float)):
         seconds = float(value)
     else:
         seconds = _go_duration(value)
-    return None if seconds < 0 or not math.isfinite(seconds) else seconds
+    return None if seconds < 0 or not seconds < KEEP_ALIVE_FOR_EVER_S else seconds
 
 
 def _go_duration(text: str) -> float:
@@ -144,8 +144,9 @@ def _option(name: str, value: object, kind: type) -> object:
     raise APIError(400, f'option "{name}" must be of type {"integer" if kind is int else "float"}', param=f"options.{name}")
 
 
-def sampling_fields(options: dict[str, Any] | None) -> tuple[dict[str, Any], tuple[str, ...] | None]:
-    """The sampler fields `options` set, and its stop strings (None: none given)."""
+def sampling_fields(options: dict[str, Any] | None, reply_limit: int) -> tuple[dict[str, Any], tuple[str, ...] | None]:
+    """The sampler fields `options` set, and its stop strings (None: none given). A num_predict over
+    `reply_limit` (the server's) is cut to it, as Ollama bounds it, where OpenAI's max_tokens is refused."""
     fields: dict[str, Any] = {}
     stop: tuple[str, ...] | None = None
     for name, value in (options or {}).items():
@@ -168,6 +169,8 @@ def sampling_fields(options: dict[str, Any] | None) -> tuple[dict[str, Any], tup
         del fields["seed"]
     if fields.get("max_tokens", 1) <= 0:
         del fields["max_tokens"]
+    elif fields.get("max_tokens", 0) > reply_limit:
+        fields["max_tokens"] = reply_limit
     return fields, stop
 
 
@@ -312,7 +315,7 @@ class OllamaRoutes:
         if not requested:
             raise APIError(400, "model is required", param="model")
         try:
-            served = await self.models.lease(request, await self.model_id(requested))
+            served = await self.models.lease(request, requested)
         except APIError as error:
             if error.code == "model_not_found":
                 raise APIError(404, f"model '{requested}' not found", code=error.code, param="model") from None
@@ -320,19 +323,11 @@ class OllamaRoutes:
         self.models.pool.keep_alive(served.id, keep_alive_seconds(keep_alive))
         return served
 
-    async def model_id(self, requested: str) -> str:
-        """The server's id of the model `requested` names; Ollama's NAME:latest names NAME too."""
-        try:
-            return await self.models.model_id(requested)
-        except APIError as error:
-            if error.code != "model_not_found" or not requested.endswith(LATEST):
-                raise
-        return await self.models.model_id(requested.removesuffix(LATEST))
 
     async def unload(self, requested: str) -> None:
         """Ollama's unload request (no prompt, keep_alive 0): the model goes once idle; not loaded, nothing happens."""
         try:
-            model_id = await self.model_id(requested)
+            model_id = await self.models.model_id(requested)
         except APIError:
             raise APIError(404, f"model '{requested}' not found", code="model_not_found", param="model") from None
         self.models.pool.keep_alive(model_id, 0)
@@ -361,7 +356,8 @@ class OllamaRoutes:
         """The reply to a chat or generate request, streamed or whole (or its rendered prompt alone)."""
         if body.debug_render_only:
             return await self._render(service, openai_body, body.model)
-        run = await service.start_chat(openai_body, stop)
+        # Ollama cuts a history too long for the context from its oldest turns unless truncate is false.
+        run = await service.start_chat(openai_body, stop, fit_context=chat and body.truncate is not False)
         writer = _ReplyWriter(run, service, body.model, timer, chat=chat)
         if body.stream:
             return ndjson(writer.stream())
@@ -369,7 +365,7 @@ class OllamaRoutes:
 
     def _chat_body(self, model: str, messages: list[dict[str, Any]], body: ChatRequest | GenerateRequest,
                    served: ServedModel, tools: list[dict[str, Any]]) -> tuple[ChatCompletionRequest, tuple[str, ...] | None]:
-        fields, stop = sampling_fields(body.options)
+        fields, stop = sampling_fields(body.options, self.models.settings.max_reply_tokens)
         openai = {
             "model": served.id, "messages": messages, **fields,
             "response_format": _response_format(body.format),
@@ -407,7 +403,7 @@ class OllamaRoutes:
         return await self._answer(body, service, openai_body, stop, timer, request, chat=False)
 
     async def _generate_raw(self, body: GenerateRequest, service: CompletionService, timer: _Timer, request: Request) -> Response:
-        fields, stop = sampling_fields(body.options)
+        fields, stop = sampling_fields(body.options, service.settings.max_reply_tokens)
         completion = _validated(CompletionRequest, {"model": service.model_id, "prompt": body.prompt, **fields,
                                                     "logprobs": body.top_logprobs if body.logprobs else None})
         if body.debug_render_only:
@@ -556,7 +552,7 @@ class _ReplyWriter:
 def ollama_router(models: ModelRouter) -> APIRouter:
     """The routes of Ollama's inference API."""
     routes = OllamaRoutes(models)
-    router = APIRouter(tags=["Ollama"])
+    router = APIRouter(tags=["Ollama"], route_class=WellFormedRoute)
     router.add_api_route("/api/chat", routes.chat, methods=["POST"], response_model=ChatResponse,
                          responses={**INFERENCE_ERRORS, **NDJSON_STREAM}, summary="Ollama's chat")
     router.add_api_route("/api/generate", routes.generate, methods=["POST"], response_model=GenerateResponse,

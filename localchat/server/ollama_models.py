@@ -25,16 +25,18 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from localchat import hub
 from localchat.backends.base import SamplerSettings
 from localchat.chat_formats import detect_format
 from localchat.errors import LocalchatError, ModelError
 from localchat.gguf_file import read_gguf_header
-from localchat.models import InstalledModel, describe_model, remove_model
+from localchat.models import InstalledModel, describe_model, packaged_model, remove_model
+from localchat.server.json_bodies import WellFormedRoute
 from localchat.server.errors import APIError
-from localchat.server.ollama import LATEST, NDJSON_STREAM, ndjson, ollama_error_responses
+from localchat.server.ollama import NDJSON_STREAM, ndjson, ollama_error_responses
+from localchat.server.routing import LATEST, ModelRouter
 from localchat.server.ollama_schemas import (
     CopyRequest,
     ListedModel,
@@ -51,12 +53,13 @@ from localchat.server.ollama_schemas import (
 from localchat.templates import fallback_template
 
 if TYPE_CHECKING:
-    from localchat.server.routing import ModelRouter
     from localchat.server.served_models import EngineLoader
     from localchat.server.settings import ServerSettings
 
 # The Ollama release whose API (api/types.go, server/routes.go) these routes follow.
 OLLAMA_API_VERSION = "0.32.15"
+# What Ollama answers at / (clients match the text, not only the status).
+OLLAMA_RUNNING = "Ollama is running"
 # A name /api/copy may give: a file name in the models folder, without a path.
 COPY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -146,14 +149,13 @@ class OllamaModels:
         return paths
 
     def find(self, requested: str) -> tuple[str, Path]:
-        """The id and path of the model `requested` names (NAME:latest for NAME too); 404 when none.
+        """The id and path of the model `requested` names, in any case (NAME:latest for NAME too); 404 when none.
         Never loads nor pulls."""
         paths = self._paths()
         for name in (requested, requested.removesuffix(LATEST)):
-            if name in paths:
-                return name, paths[name]
+            wanted = name.casefold()
             for model_id, path in paths.items():
-                if name in (path.name, path.stem):
+                if wanted in (model_id.casefold(), path.name.casefold(), path.stem.casefold()):
                     return model_id, path
         raise APIError(404, f"model '{requested}' not found", code="model_not_found", param="model")
 
@@ -177,9 +179,9 @@ class OllamaModels:
         if not body.wanted:
             raise APIError(400, "model is required", param="model")
         model_id, path = self.find(body.wanted)
-        if not path.exists():
-            raise APIError(400, f"'{model_id}' is made from its PyPI package on first use: chat with it, then show it",
-                           param="model")
+        packaged = packaged_model(path)
+        if not path.exists() and packaged is not None and self.loader is not None:
+            path = await run_in_threadpool(packaged.locate, self.loader.settings)  # made from its package now
         row = await run_in_threadpool(describe_model, model_id, path)
         if row.problem is not None:
             raise APIError(400, row.problem, param="model")
@@ -219,7 +221,6 @@ class OllamaModels:
         return RunningModels(models=running)
 
     async def pull(self, body: PullRequest, request: Request) -> Response:
-        self._checked(self.settings.allow_pull, "pulling models", "--allow-pull")
         if self.loader is None:
             raise APIError(400, "this server serves one model and pulls none", param="model")
         wanted = body.wanted
@@ -229,6 +230,10 @@ class OllamaModels:
         if name is None:
             self.find(wanted)  # a model of this machine that is not from the hub: nothing to pull
             return JSONResponse(Progress(status="success").model_dump())
+        # A model already here is there to use, as apps pull before they chat; fetching one is the server's choice.
+        if not self.settings.allow_pull and await run_in_threadpool(hub.find_cached, name, self.loader.settings):
+            return JSONResponse(Progress(status="success").model_dump())
+        self._checked(self.settings.allow_pull, "pulling models", "--allow-pull")
         lines = self._pull(name, self.loader)
         if body.stream:
             return ndjson(lines)
@@ -305,6 +310,9 @@ class OllamaModels:
     async def version(self) -> Version:
         return Version(version=OLLAMA_API_VERSION)
 
+    async def running(self) -> PlainTextResponse:
+        return PlainTextResponse(OLLAMA_RUNNING)
+
 
 def _copy_model(source: Path, target: Path) -> None:
     """A second name for a single-file GGUF model: a hard link, else a copy written whole then renamed."""
@@ -325,8 +333,11 @@ def _copy_model(source: Path, target: Path) -> None:
 
 def ollama_models_router(models: ModelRouter, loader: EngineLoader | None, settings: ServerSettings) -> APIRouter:
     routes = OllamaModels(models, loader, settings)
-    router = APIRouter(tags=["Ollama"])
-    router.add_api_route("/api/tags", routes.tags, methods=["GET"], response_model=ModelList,
+    router = APIRouter(tags=["Ollama"], route_class=WellFormedRoute)
+    # Ollama's command-line client and apps check the server is up with HEAD / (its Heartbeat) or GET /.
+    router.add_api_route("/", routes.running, methods=["GET", "HEAD"], response_class=PlainTextResponse,
+                         summary="Ollama's liveness check: `Ollama is running`")
+    router.add_api_route("/api/tags", routes.tags, methods=["GET", "HEAD"], response_model=ModelList,
                          responses=ollama_error_responses(401), summary="the models this server has")
     router.add_api_route("/api/show", routes.show, methods=["POST"], response_model=ShowResponse,
                          responses=ollama_error_responses(400, 401, 404, 413), summary="a model's details")
@@ -341,6 +352,6 @@ def ollama_models_router(models: ModelRouter, loader: EngineLoader | None, setti
     router.add_api_route("/api/copy", routes.copy, methods=["POST"], response_class=Response,
                          responses={200: {"description": "Copied"}, **ollama_error_responses(400, 401, 403, 404, 413)},
                          summary="give a GGUF model a second name")
-    router.add_api_route("/api/version", routes.version, methods=["GET"], response_model=Version,
+    router.add_api_route("/api/version", routes.version, methods=["GET", "HEAD"], response_model=Version,
                          responses=ollama_error_responses(401), summary="the Ollama API version followed")
     return router

@@ -1,8 +1,9 @@
 """Request and response bodies of Ollama's API (its api/types.go); they also make its part of the
 OpenAPI schema.
 
-Ollama decodes requests with Go's encoding/json: unknown fields are ignored and a wrong type is an
-error, so these models ignore extra fields and are strict about types. Fields Ollama knows that
+Ollama decodes requests with Go's encoding/json: unknown fields are ignored, null leaves a field
+unset and a wrong type is an error, so these models ignore extra fields, read null as unset and are
+strict about types. Fields Ollama knows that
 localchat does not implement are declared, so that a request setting one to something that would
 change the answer is refused by name (localchat/server/ollama.py) rather than answered as if unset.
 Responses leave out what is not set, as Go's omitempty does.
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from localchat.server.schemas import TokenLogprob, WithoutNone
 
@@ -29,6 +30,13 @@ Options = Annotated[dict[str, Any], Field(description="sampling options (Modelfi
 
 class OllamaRequest(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_unset(cls, given: Any) -> Any:
+        """A field sent as null takes its default, as Go's decoder leaves it (`"content": null` on an
+        assistant's tool calls, converted from OpenAI's messages; `"stream": null`)."""
+        return {name: value for name, value in given.items() if value is not None} if isinstance(given, dict) else given
 
 
 class CalledFunction(OllamaRequest):
@@ -73,7 +81,8 @@ class _Inference(OllamaRequest):
     keep_alive: KeepAlive | None = Field(None, description="how long the model stays loaded after the request "
                                                            "(0: unloaded at once; negative: for ever; default: as memory allows)")
     think: Think | None = Field(None, description="whether a reasoning model thinks first (false asks its template not to)")
-    truncate: bool | None = Field(None, description="accepted; a prompt over the context is refused, never cut")
+    truncate: bool | None = Field(None, description="a chat too long for the context loses its oldest turns (system "
+                                                    "messages and the last one stay); false: refused instead")
     shift: bool | None = Field(None, description="accepted; a reply that fills the context ends with done_reason length")
     logprobs: bool = False
     top_logprobs: int = Field(0, ge=0, le=20)

@@ -30,6 +30,7 @@ from localchat.server.replies import PendingReply
 from localchat.server.schemas import (
     ChatCompletionRequest,
     ChatDelta,
+    ChatMessage,
     CompletionRequest,
     ModelCard,
     SamplingFields,
@@ -41,6 +42,8 @@ from localchat.session import GenerationSettings
 
 # Where a request's scope keeps the leases it took (released by app.py's LeaseRelease).
 LEASES = "localchat_model_leases"
+# Ollama writes a model without a tag as NAME:latest; localchat's names have no such tag.
+LATEST = ":latest"
 
 
 class ModelRouter:
@@ -80,16 +83,21 @@ class ModelRouter:
         return lease.model
 
     async def model_id(self, requested: str | None) -> str:
-        """The pool's name for the model `requested` names; APIError 404 when there is none."""
+        """The pool's name for the model `requested` names (in any case; Ollama's NAME:latest names NAME
+        too); APIError 404 when there is none."""
         if not requested:
             return self.first.id
-        for served in [self.first, *self.pool.loaded().values()]:
-            if requested in served.aliases:
-                return served.id
+        for name in dict.fromkeys([requested, requested.removesuffix(LATEST)]):
+            wanted = name.casefold()
+            for served in [self.first, *self.pool.loaded().values()]:
+                if wanted in (alias.casefold() for alias in served.aliases):
+                    return served.id
         hint = ""
         if self.loader is not None:
             try:
                 found = await run_in_threadpool(self.loader.model_id, requested)
+                if found is None and requested.endswith(LATEST):
+                    found = await run_in_threadpool(self.loader.model_id, requested.removesuffix(LATEST))
             except LocalchatError as error:
                 raise APIError(404, f"{error}; GET /v1/models lists the models this server has", code="model_not_found",
                                param="model") from None
@@ -139,24 +147,36 @@ class CompletionService:
                                   ignore_eos=body.ignore_eos, shown_tokens=shown_tokens, logprobs=logprobs,
                                   lookup_draft=self.settings.lookup_draft, loras=loras)
 
-    async def chat_prompt(self, body: ChatCompletionRequest) -> tuple[ChatPlan, list[int]]:
-        """How the request is answered, and the prompt's tokens (a forced call's opening included)."""
+    async def chat_prompt(self, body: ChatCompletionRequest, *, fit_context: bool = False) -> tuple[ChatPlan, list[int]]:
+        """How the request is answered, and the prompt's tokens (a forced call's opening included).
+        `fit_context` (Ollama's way): a history too long for the context, with room for the reply as
+        localchat.chat.Chat leaves it, loses its oldest turns (never a system message nor the last
+        message); else it is refused whole (OpenAI's and llama-server's)."""
+        n_ctx = self.engine.backend.n_ctx
+        reply_room = min(body.reply_limit or n_ctx // 4, n_ctx // 2)
 
         def prepare() -> tuple[ChatPlan, list[int]]:
-            plan = plan_chat(body, self.chat, default_thinking=self.settings.enable_thinking)
-            return plan, tokenize_prompt(self.engine.backend, self.engine.template, plan.prompt + plan.forced)
+            kept = body
+            while True:
+                plan = plan_chat(kept, self.chat, default_thinking=self.settings.enable_thinking)
+                tokens = tokenize_prompt(self.engine.backend, self.engine.template, plan.prompt + plan.forced)
+                shorter = _without_oldest_turn(kept.messages) if fit_context and len(tokens) + reply_room > n_ctx else None
+                if shorter is None:
+                    return plan, tokens
+                kept = kept.model_copy(update={"messages": shorter})
 
         # Rendering and tokenizing take a while for long histories: off the event loop. Tokenizing
         # reads only the vocabulary, so it may run beside the scheduler's steps.
         return await run_in_threadpool(prepare)
 
-    async def start_chat(self, body: ChatCompletionRequest, stop: tuple[str, ...] | None = None) -> ChatRun:
+    async def start_chat(self, body: ChatCompletionRequest, stop: tuple[str, ...] | None = None, *,
+                         fit_context: bool = False) -> ChatRun:
         """Plans, tokenizes and queues the reply to `body` (`stop`: stop strings beyond OpenAI's
-        four, from another API's request; else the body's)."""
+        four, from another API's request; else the body's; `fit_context`: see chat_prompt)."""
         generation = self.generation_settings(body, body.reply_limit, self.chat.shown_tokens, body.logprobs_wanted)
         if stop is not None:
             generation = replace(generation, stop=stop)
-        plan, prompt = await self.chat_prompt(body)
+        plan, prompt = await self.chat_prompt(body, fit_context=fit_context)
         constraint = plan.constraint or (body.response_format.constraint() if body.response_format is not None else None)
         if constraint is not None:
             generation = replace(generation, constraint=constraint)
@@ -209,3 +229,17 @@ async def _cancel_on_disconnect(request: Request, reply: PendingReply) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         continue
     reply.cancel()
+
+
+def _without_oldest_turn(messages: Sequence[ChatMessage]) -> list[ChatMessage] | None:
+    """`messages` without the oldest message but system ones, and the assistant's and tools' messages
+    that followed it, so that what is kept starts with a user message as templates want; None when
+    only the last message would be left."""
+    turns = [index for index, message in enumerate(messages) if message.role not in ("system", "developer")]
+    if len(turns) <= 1:
+        return None
+    dropped = 1
+    while dropped < len(turns) - 1 and messages[turns[dropped]].role != "user":
+        dropped += 1
+    gone = set(turns[:dropped])
+    return [message for index, message in enumerate(messages) if index not in gone]

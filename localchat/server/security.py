@@ -1,17 +1,35 @@
-"""ASGI guards in front of the app: the API key and the request size bound."""
+"""ASGI guards in front of the app: the API key, the request size bound, and which web pages may call it.
+
+Request bodies are read as JSON whatever their Content-Type (localchat.server.json_bodies). A browser
+sends a form's body from any page without asking first (no CORS preflight), so OriginGuard refuses a
+request that a page of an origin not allowed makes: what stops a site from making this server work, or
+changing its models, through a form.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 import secrets
+from collections.abc import Sequence
+from urllib.parse import urlsplit
 
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from localchat.server.errors import error_body
 
-# Paths anyone may call without the key: load balancers and supervisors poll it.
-OPEN_PATHS = frozenset({"/health"})
+# Paths anyone may call without the key: load balancers, supervisors and Ollama's clients poll them.
+OPEN_PATHS = frozenset({"/health", "/"})
+# Origins whose pages may call the API without `--cors-origin`, as Ollama allows them by default: pages
+# served from this machine, and the shells of desktop apps and editor extensions.
+LOCAL_ORIGINS = (r"https?://(localhost|127\.0\.0\.1|0\.0\.0\.0|\[::1\])(:\d+)?"
+                 r"|(app|file|tauri|vscode-webview|vscode-file)://.*")
+
+
+def allowed_origins(extra: Sequence[str]) -> re.Pattern[str]:
+    """The origins a web page may call the API from: LOCAL_ORIGINS and `extra` (`--cors-origin`)."""
+    return re.compile("|".join([LOCAL_ORIGINS, *(re.escape(origin.rstrip("/")) for origin in extra)]))
 
 
 async def send_error(
@@ -80,3 +98,24 @@ class BodySizeLimit:
     @property
     def _message(self) -> str:
         return f"the request body is over the {self.max_bytes}-byte limit"
+
+
+class OriginGuard:
+    """A request from a web page (it carries an Origin header) whose origin is neither allowed nor the
+    server's own gets 403, as Ollama answers it."""
+
+    def __init__(self, app: ASGIApp, origins: re.Pattern[str]) -> None:
+        self.app = app
+        self.origins = origins
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            headers = dict(scope["headers"])
+            origin = headers.get(b"origin", b"").decode("latin-1")
+            own = urlsplit(origin).netloc.encode("latin-1") == headers.get(b"host")
+            if origin and not own and not self.origins.fullmatch(origin):
+                await send_error(scope, send, 403, f"web pages from {origin} may not call this server: start "
+                                 f"`localchat serve --cors-origin {origin}` to let them", "origin_not_allowed")
+                return
+        await self.app(scope, receive, send)
+

@@ -100,7 +100,7 @@ class EngineLoader:
         return [CatalogModel(name, path) for name, path in installed_model_names(self.settings)]
 
     def model_id(self, requested: str) -> str | None:
-        """The id of the model `requested` names: an id, a file's name or stem, or a hub name already
+        """The id of the model `requested` names: an id, a file's name or stem (in any case), or a hub name already
         in the Hugging Face cache (pulled first only with allow_pull); None when there is none."""
         if requested in self._sources:
             return requested
@@ -110,6 +110,10 @@ class EngineLoader:
                 return model.id
         for model in catalog:
             if requested in (model.path.name, model.path.stem):
+                return model.id
+        wanted = requested.casefold()
+        for model in catalog:
+            if wanted in (model.id.casefold(), model.path.name.casefold(), model.path.stem.casefold()):
                 return model.id
         name = hub.HubModelName.parse(requested)
         if name is None:

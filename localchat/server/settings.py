@@ -16,11 +16,13 @@ class ServerSettings:
     port: int = 8080
     # None: no key needed. Otherwise every endpoint but /health wants `Authorization: Bearer KEY`.
     api_key: str | None = None
-    # Origins a browser page may call the API from; none by default (no CORS headers at all).
+    # Origins a browser page may call the API from beyond this machine's own pages and local apps'
+    # (localchat.server.security.LOCAL_ORIGINS); pages of other origins get 403.
     cors_origins: tuple[str, ...] = ()
     # Requests waiting for a slot beyond the busy ones; past that, 503 with Retry-After.
     queue_size: int = 16
-    max_body_bytes: int = 1 * MIB
+    # A batch of documents to embed is the largest body apps send (LangChain sends them all at once).
+    max_body_bytes: int = 64 * MIB
     # The most tokens one reply may ask for, and what a request that names no limit gets.
     max_reply_tokens: int = 4096
     retry_after_s: int = 1

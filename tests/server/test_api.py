@@ -122,7 +122,7 @@ def test_every_endpoint_but_health_needs_the_key(server: LiveServer, method: str
         openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0).models.list()
 
 
-def test_no_cors_headers_unless_asked_for(server: LiveServer) -> None:
+def test_no_cors_headers_for_pages_of_other_sites(server: LiveServer) -> None:
     preflight = requests.options(f"{server.url}/v1/models", timeout=10, headers={
         "Origin": "https://example.com", "Access-Control-Request-Method": "GET"})
     assert "access-control-allow-origin" not in preflight.headers

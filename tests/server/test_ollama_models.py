@@ -13,6 +13,8 @@ import ollama
 import pytest
 from live_server import LiveServer, start_server
 
+from localchat.models import DEFAULT_MODEL_NAME
+
 sys.path.insert(0, str(Path(__file__).parent.parent / "hub"))
 from hub_files import make_gguf  # noqa: E402  (tests/hub's GGUF writer and stand-in hub, shared)
 from stand_in_hub import HubFile, start_hub  # noqa: E402
@@ -87,3 +89,21 @@ def test_changing_models_is_refused_unless_the_server_allows_it(server: LiveServ
             change()
         assert refused.value.status_code == 403 and flag in refused.value.error
     assert "gemma-3-270m" in _names(client)
+    # A model already here is no change: apps pull the model they are about to use.
+    assert client.pull(DEFAULT_MODEL_NAME).status == "success"
+    assert client.pull(f"{DEFAULT_MODEL_NAME}:latest").status == "success"
+
+
+def test_a_packaged_model_not_made_yet_is_shown_as_listed(tmp_path: Path, default_model: Path) -> None:
+    """Apps show each model /api/tags lists: Gemma, made from its PyPI package on first use, is made by
+    the first look at it."""
+    server = start_server(tmp_path, "-m", str(default_model))
+    try:
+        client = ollama.Client(host=server.url, headers=server.auth, timeout=120)
+        assert "gemma-3-270m" in _names(client)
+        shown = client.show("gemma-3-270m")
+        assert shown.modelinfo is not None and shown.modelinfo["general.architecture"] == "gemma3"
+        listed = {model.model: model for model in client.list().models}
+        assert listed["gemma-3-270m"].size and listed["gemma-3-270m"].details.family == "gemma3"  # type: ignore[union-attr]
+    finally:
+        server.stop()

@@ -11,10 +11,12 @@ from localchat.server.errors import APIError
 from localchat.server.ollama import _messages, keep_alive_seconds, sampling_fields
 from localchat.server.ollama_schemas import Message
 
+REPLY_LIMIT = 4096
+
 
 @pytest.mark.parametrize(("given", "seconds"), [
     (None, None), (0, 0.0), (1.5, 1.5), (-1, None), ("0", 0.0), ("5m", 300.0), ("1h30m", 5400.0), ("250ms", 0.25),
-    ("-1s", None), ("2.5s", 2.5),
+    ("-1s", None), ("2.5s", 2.5), (1e12, None), ("100000000h", None), (float("inf"), None),
 ])
 def test_keep_alive_reads_seconds_and_gos_durations(given: Any, seconds: float | None) -> None:
     assert keep_alive_seconds(given) == seconds
@@ -31,13 +33,15 @@ def test_options_become_sampler_fields() -> None:
         "temperature": 0, "top_k": 20.0, "top_p": 0.9, "min_p": 0.1, "seed": 7, "num_predict": 64, "repeat_penalty": 1.2,
         "repeat_last_n": -1, "presence_penalty": 0.5, "frequency_penalty": 0.25, "dry_multiplier": 0, "stop": ["\n\n", "END"],
         "num_ctx": 8192, "num_gpu": 99, "typical_p": 1.0, "mirostat": 0, "unknown": "ignored", "top_a": None,
-    })
+    }, REPLY_LIMIT)
     assert fields == {"temperature": 0.0, "top_k": 20, "top_p": 0.9, "min_p": 0.1, "seed": 7, "max_tokens": 64,
                       "repeat_penalty": 1.2, "repeat_last_n": -1, "presence_penalty": 0.5, "frequency_penalty": 0.25,
                       "dry_multiplier": 0.0}
     assert stop == ("\n\n", "END")
     # Ollama's "random" seed and "no limit" leave localchat's defaults.
-    assert sampling_fields({"seed": -1, "num_predict": -1}) == ({}, None)
+    assert sampling_fields({"seed": -1, "num_predict": -1}, REPLY_LIMIT) == ({}, None)
+    # More than the server allows is cut to it, as Ollama bounds num_predict.
+    assert sampling_fields({"num_predict": 8192}, REPLY_LIMIT) == ({"max_tokens": REPLY_LIMIT}, None)
 
 
 @pytest.mark.parametrize(("options", "message"), [
@@ -51,7 +55,7 @@ def test_options_become_sampler_fields() -> None:
 ])
 def test_options_localchat_cannot_honour_are_refused_by_name(options: dict[str, Any], message: str) -> None:
     with pytest.raises(APIError, match=message):
-        sampling_fields(options)
+        sampling_fields(options, REPLY_LIMIT)
 
 
 def test_calls_without_ids_are_answered_by_their_tools_results() -> None:

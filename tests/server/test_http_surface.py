@@ -1,0 +1,135 @@
+"""What any HTTP client meets before a model answers, through the real app over a scripted model
+(scripted_app.py), in process: bodies read as JSON whatever their Content-Type (as `curl -d` sends
+them), which web pages may call the server, Ollama's liveness checks, model names as apps write them,
+the body bound, and Ollama's way with a history too long for the context."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from chat_format_cases import QWEN3
+from fastapi.testclient import TestClient
+from scripted_app import ScriptedBackend, scripted_client
+
+from localchat.hardware import MIB
+from localchat.server.settings import ServerSettings
+
+HELLO = [{"role": "user", "content": "Hello"}]
+OLLAMA_CHAT = {"model": "scripted", "messages": HELLO, "stream": False}
+OPENAI_CHAT = {"model": "scripted", "messages": HELLO}
+
+
+@pytest.fixture
+def scripted(tmp_path: Path) -> Iterator[tuple[ScriptedBackend, TestClient]]:
+    backend = ScriptedBackend(QWEN3)
+    with scripted_client(backend, tmp_path, ServerSettings(cors_origins=("https://chat.example.org",))) as (_, http):
+        yield backend, http
+
+
+@pytest.mark.parametrize("content_type", [None, "application/x-www-form-urlencoded", "text/plain"])
+@pytest.mark.parametrize(("path", "body"), [("/api/chat", OLLAMA_CHAT), ("/v1/chat/completions", OPENAI_CHAT)])
+def test_a_body_is_read_as_json_whatever_its_content_type(scripted: tuple[ScriptedBackend, TestClient], path: str,
+                                                           body: dict[str, Any], content_type: str | None) -> None:
+    backend, http = scripted
+    backend.replies.append("Hi.")
+    headers = {"Content-Type": content_type} if content_type else {}
+    response = http.post(path, content=json.dumps(body).encode(), headers=headers)
+    assert response.status_code == 200, response.text
+    reply = response.json()
+    assert (reply["message"]["content"] if path.startswith("/api/") else reply["choices"][0]["message"]["content"]) == "Hi."
+
+
+def test_pages_of_other_sites_are_refused_and_local_ones_allowed(scripted: tuple[ScriptedBackend, TestClient]) -> None:
+    backend, http = scripted
+    backend.replies.extend(["One.", "Two."])
+    # A form posted from another site's page, which a browser sends without asking first.
+    refused = http.post("/api/chat", json=OLLAMA_CHAT, headers={"Origin": "https://evil.example"})
+    assert refused.status_code == 403 and "--cors-origin https://evil.example" in refused.json()["error"]
+    assert backend.prompts == []
+    openai_refused = http.post("/v1/chat/completions", json=OPENAI_CHAT, headers={"Origin": "https://evil.example"})
+    assert openai_refused.status_code == 403 and openai_refused.json()["error"]["code"] == "origin_not_allowed"
+    for origin in ("http://localhost:3000", "https://chat.example.org"):  # a local page; one --cors-origin allows
+        answered = http.post("/api/chat", json=OLLAMA_CHAT, headers={"Origin": origin})
+        assert answered.status_code == 200 and answered.headers["access-control-allow-origin"] == origin
+    # The preflight of a DELETE with the headers OpenAI's JavaScript client adds, from a desktop app's shell.
+    preflight = http.options("/api/delete", headers={"Origin": "tauri://localhost", "Access-Control-Request-Method": "DELETE",
+                                                     "Access-Control-Request-Headers": "content-type, x-stainless-os"})
+    assert preflight.status_code == 200 and "DELETE" in preflight.headers["access-control-allow-methods"]
+    assert "x-stainless-os" in preflight.headers["access-control-allow-headers"]
+    other = http.options("/api/chat", headers={"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"})
+    assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
+    # The server's own pages (its host, as on a LAN address) are no other site.
+    own = http.get("/api/version", headers={"Origin": "http://testserver"})
+    assert own.status_code == 200
+
+
+def test_ollamas_liveness_checks_are_answered(scripted: tuple[ScriptedBackend, TestClient]) -> None:
+    _, http = scripted
+    root = http.get("/")
+    assert (root.status_code, root.text) == (200, "Ollama is running")
+    for path in ("/", "/api/version", "/api/tags"):  # Ollama's command-line client sends HEAD / first
+        assert http.head(path).status_code == 200
+
+
+def test_model_names_are_read_as_apps_write_them(scripted: tuple[ScriptedBackend, TestClient]) -> None:
+    backend, http = scripted
+    backend.replies.extend(["One.", "Two.", "Three."])
+    for path, body in [("/api/chat", {**OLLAMA_CHAT, "model": "Scripted"}),
+                       ("/v1/chat/completions", {**OPENAI_CHAT, "model": "scripted:latest"}),
+                       ("/api/generate", {"model": "SCRIPTED:latest", "prompt": "Hello", "stream": False})]:
+        assert http.post(path, json=body).status_code == 200, (path, body)
+    card = http.get("/v1/models/Scripted:latest")
+    assert card.status_code == 200 and card.json()["id"] == "scripted" and card.json()["object"] == "model"
+    missing = http.get("/v1/models/gpt-4o")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+
+
+def test_ollamas_nulls_durations_and_reply_lengths_are_read_as_ollama_reads_them(
+        scripted: tuple[ScriptedBackend, TestClient]) -> None:
+    backend, http = scripted
+    backend.replies.extend(["Called.", "Long."])
+    # null is unset, as Go's decoder leaves it: an assistant message of calls converted from OpenAI's shape.
+    history = [*HELLO, {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": {}}}]},
+               {"role": "tool", "content": "42"}]
+    called = http.post("/api/chat", json={**OLLAMA_CHAT, "messages": history, "stream": None, "keep_alive": None})
+    assert called.status_code == 200 and called.text.count("\n") > 1  # stream: null streams, as Ollama's default
+    # More tokens than the server allows are cut to its bound, and a keep_alive past any date is for ever.
+    long = http.post("/api/chat", json={**OLLAMA_CHAT, "options": {"num_predict": 10**6}, "keep_alive": "100000000h"})
+    assert long.status_code == 200 and long.json()["message"]["content"] == "Long."
+    running = http.get("/api/ps")
+    assert running.status_code == 200 and running.json()["models"][0]["expires_at"].startswith("9999")  # never
+
+
+def test_a_body_over_the_bound_is_refused_and_the_bound_fits_a_batch_of_documents(tmp_path: Path) -> None:
+    backend = ScriptedBackend(QWEN3)
+    with scripted_client(backend, tmp_path, ServerSettings(max_body_bytes=MIB)) as (_, http):
+        huge = http.post("/v1/completions", content=b'{"prompt": "' + b"a" * (2 * MIB) + b'"}')
+        assert huge.status_code == 413 and huge.json()["error"]["code"] == "request_too_large"
+    assert ServerSettings().max_body_bytes >= 32 * MIB  # LangChain embeds a document set in one request
+
+
+def test_a_history_too_long_for_the_context_loses_its_oldest_turns_on_ollamas_api(tmp_path: Path) -> None:
+    backend = ScriptedBackend(QWEN3, n_ctx=400)  # characters are tokens
+    turns: list[dict[str, Any]] = []
+    for number in range(6):
+        turns += [{"role": "user", "content": f"Question {number}: " + "x" * 40},
+                  {"role": "assistant", "content": f"Answer {number}."}]
+    history = [{"role": "system", "content": "Be brief."}, *turns, {"role": "user", "content": "Last question?"}]
+    with scripted_client(backend, tmp_path) as (_, http):
+        backend.replies.append("Fine.")
+        answered = http.post("/api/chat", json={**OLLAMA_CHAT, "messages": history, "options": {"num_predict": 20}})
+        assert answered.status_code == 200, answered.text
+        prompt = backend.prompts[-1]
+        assert len(prompt) + 20 <= 400 and "Be brief." in prompt and "Last question?" in prompt
+        assert "Question 0" not in prompt and "Question 5" in prompt
+        kept = prompt[prompt.index("Be brief."):]
+        assert kept.index("<|im_start|>user") < kept.index("<|im_start|>assistant")  # it starts with a user turn
+        refused = http.post("/api/chat", json={**OLLAMA_CHAT, "messages": history, "truncate": False,
+                                               "options": {"num_predict": 20}})
+        assert refused.status_code == 400 and "context" in refused.json()["error"]
+        openai = http.post("/v1/chat/completions", json={**OPENAI_CHAT, "messages": history, "max_tokens": 20})
+        assert openai.status_code == 400  # OpenAI's API and llama-server refuse it whole
