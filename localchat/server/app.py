@@ -38,6 +38,7 @@ from localchat.model_pool import Lease, MemoryBudget, MemoryNeed, ModelBusyError
 from localchat.scheduler import QueueFullError, TextDelta
 from localchat.server.embeddings import embedding_router
 from localchat.server.errors import APIError, error_response
+from localchat.server.json_bodies import BodiesAsJson, WellFormedRoute
 from localchat.server.logprobs import chat_logprobs, completion_logprobs, token_piece
 from localchat.server.metrics import CONTENT_TYPE, RequestCounter, ServerMetrics
 from localchat.server.ollama import ollama_router
@@ -66,7 +67,6 @@ from localchat.server.schemas import (
     PromptTokensDetails,
     Usage,
 )
-from localchat.server.json_bodies import BodiesAsJson, WellFormedRoute
 from localchat.server.security import ApiKeyGuard, BodySizeLimit, OriginGuard, allowed_origins
 from localchat.server.served_models import EngineLoader, ServedModel
 from localchat.server.settings import ServerSettings

@@ -21,8 +21,8 @@ from fastapi.responses import JSONResponse, Response
 
 from localchat.embeddings import Embeddings, embed_inputs, normalized
 from localchat.errors import ContextOverflowError
-from localchat.server.json_bodies import WellFormedRoute
 from localchat.server.errors import APIError
+from localchat.server.json_bodies import WellFormedRoute
 from localchat.server.ollama import OllamaRoutes, ollama_error_responses
 from localchat.server.ollama_schemas import EmbeddingRequest as OllamaEmbeddingRequest
 from localchat.server.ollama_schemas import EmbeddingResponse as OllamaEmbeddingResponse

@@ -32,8 +32,8 @@ from pydantic import BaseModel, ValidationError
 
 from localchat.constraints import tokenizer_for
 from localchat.scheduler import TextDelta
-from localchat.server.json_bodies import WellFormedRoute
 from localchat.server.errors import APIError
+from localchat.server.json_bodies import WellFormedRoute
 from localchat.server.logprobs import chat_logprobs, token_piece
 from localchat.server.ollama_schemas import (
     CalledFunctionOut,

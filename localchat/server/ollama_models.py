@@ -28,15 +28,14 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from localchat import hub
-from localchat.backends.base import SamplerSettings
 from localchat.chat_formats import detect_format
 from localchat.errors import LocalchatError, ModelError
 from localchat.gguf_file import read_gguf_header
 from localchat.models import InstalledModel, describe_model, packaged_model, remove_model
-from localchat.server.json_bodies import WellFormedRoute
+from localchat.sampling_defaults import sampler_defaults
 from localchat.server.errors import APIError
+from localchat.server.json_bodies import WellFormedRoute
 from localchat.server.ollama import NDJSON_STREAM, ndjson, ollama_error_responses
-from localchat.server.routing import LATEST, ModelRouter
 from localchat.server.ollama_schemas import (
     CopyRequest,
     ListedModel,
@@ -50,6 +49,7 @@ from localchat.server.ollama_schemas import (
     ShowResponse,
     Version,
 )
+from localchat.server.routing import LATEST, ModelRouter
 from localchat.templates import fallback_template
 
 if TYPE_CHECKING:
@@ -107,11 +107,14 @@ def _listed(row: InstalledModel) -> ListedModel:
                        digest=_digest(row.path), details=_details(row))
 
 
-def _parameters() -> str:
-    """The sampling defaults a request starts from, as Ollama's Modelfile parameters."""
-    defaults = SamplerSettings()
+def _parameters(info: dict[str, Any]) -> str:
+    """The sampling defaults a request starts from (the model's: localchat.sampling_defaults, from its
+    metadata `info`), as Ollama's Modelfile parameters, and localchat's dry_multiplier where DRY is on."""
+    defaults = sampler_defaults({key: str(value) for key, value in info.items() if key.startswith("general.")}).settings
     rows = [("temperature", defaults.temperature), ("top_k", defaults.top_k), ("top_p", defaults.top_p),
             ("min_p", defaults.min_p), ("repeat_penalty", defaults.repeat_penalty), ("repeat_last_n", defaults.penalty_last_n)]
+    if defaults.dry_multiplier:
+        rows.append(("dry_multiplier", defaults.dry_multiplier))
     return "\n".join(f"{name:<31}{value}" for name, value in rows)
 
 
@@ -195,7 +198,7 @@ class OllamaModels:
             capabilities = ["embedding"]
         else:
             capabilities = ["completion", "tools"] + (["thinking"] if detect_format(template).reasons else [])
-        return ShowResponse(parameters=_parameters(), template=template, details=_details(row), model_info=info,
+        return ShowResponse(parameters=_parameters(info), template=template, details=_details(row), model_info=info,
                             capabilities=capabilities, modified_at=_modified(path))
 
     def _template(self, model_id: str) -> str:

@@ -105,13 +105,17 @@ def test_tools_answer_in_shape(client: ollama.Client) -> None:
     assert reply.message.tool_calls or reply.message.content
 
 
-def test_the_model_routes(client: ollama.Client) -> None:
+def test_the_model_routes(client: ollama.Client, gemma_gguf_engine: Engine) -> None:
     listed = {model.model: model for model in client.list().models}
     assert MODEL in listed and listed[MODEL].details is not None and listed[MODEL].details.family == "gemma3"
     assert listed[MODEL].size and listed[MODEL].details.quantization_level == "Q4_K_M"
     shown = client.show(MODEL)
     assert shown.modelinfo is not None and shown.modelinfo["general.architecture"] == "gemma3"
     assert shown.capabilities == ["completion", "tools"] and shown.template
+    # The parameters a request starts from: Gemma's own (its repeat penalty and DRY), not llama.cpp's.
+    parameters = {name: float(value) for name, value in (line.split() for line in (shown.parameters or "").splitlines())}
+    defaults = gemma_gguf_engine.sampler_defaults.settings
+    assert parameters["repeat_penalty"] == defaults.repeat_penalty > 1 and parameters["dry_multiplier"] == defaults.dry_multiplier > 0
     running = {model.model: model for model in client.ps().models}
     assert running[MODEL].context_length == CONTEXT and running[MODEL].size
     with pytest.raises(ollama.ResponseError) as missing:
