@@ -18,6 +18,7 @@ from pydantic import (
     ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
+    field_validator,
     model_serializer,
 )
 
@@ -250,8 +251,20 @@ class ChatCompletionRequest(SamplingFields):
 
 class CompletionRequest(SamplingFields):
     prompt: str | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] = Field(
-        description="text, or token ids"
+        description="text, or token ids; a list of one of them too (LangChain's OpenAI LLM sends its prompt so)"
     )
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_prompt(cls, prompt: Any) -> Any:
+        """OpenAI's list of prompts, of one prompt: that prompt. Several get one choice each there; here
+        they are refused in one line (each may be sent alone, and the server decodes requests together)."""
+        if isinstance(prompt, list) and prompt and all(isinstance(item, (str, list)) for item in prompt):
+            if len(prompt) > 1:
+                raise ValueError(f"{len(prompt)} prompts in one request: localchat answers one prompt per request; "
+                                 "send each in a request of its own (they are decoded together)")
+            return prompt[0]
+        return prompt
     logprobs: int | None = Field(None, ge=0, le=MAX_LEGACY_LOGPROBS,
                                  description="each token's log-probability and the this many most likely alternatives")
 
