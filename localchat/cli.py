@@ -5,9 +5,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import errno
 import gc
 import json
 import os
+import signal
+import socket
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -367,6 +370,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         lookup_draft=_lookup_draft(args),
     )
     app_settings, request = Settings(), _plan_request(args, n_seq=args.parallel)
+    listening = _listening_socket(settings.host, settings.port)
     with _start_loading(args, request) as loading:
         # The web stack's imports, beside the load.
         from localchat.server.app import serve
@@ -386,8 +390,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
             flush=True,
         )
         _log_model_changes()
-        serve(engine, settings, loader)
+        serve(engine, settings, loader, listening)
     return 0
+
+
+def _listening_socket(host: str, port: int) -> socket.socket:
+    """The server's socket, bound before the model loads: a port in use or a host not of this machine
+    is one line at once, not a load and then uvicorn's error."""
+    try:
+        address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        listening = socket.socket(address[0], socket.SOCK_STREAM)
+    except OSError as error:
+        raise InvalidSettingError(f"--host {host}: {error.strerror or error}") from None
+    listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+    try:
+        listening.bind(address[4])
+    except OSError as error:
+        listening.close()
+        advice = "another program listens there: give another --port" if error.errno == errno.EADDRINUSE else (
+            "give an address of this machine as --host (127.0.0.1, or 0.0.0.0 for every network)")
+        raise InvalidSettingError(f"cannot listen on {host}:{port}: {error.strerror}; {advice}") from None
+    return listening
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
@@ -398,6 +421,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
         raise InvalidSettingError(f"--draft-model {DECODED_REMOTELY}")
     if remote is not None and args.lora:
         raise InvalidSettingError(f"--lora {DECODED_REMOTELY}")
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):  # Textual would draw into a pipe and wait for keys for ever
+        raise InvalidSettingError("the chat app needs a terminal; from a pipe or a script, `localchat run PROMPT` "
+                                  "answers one prompt (`-` reads it from stdin)")
     settings, request, loras = Settings(), _plan_request(args), _lora_specs(args)
     # The model loads while the app is imported and drawn. One that cannot be planned is left to
     # the app, which says why and offers another.
@@ -626,3 +652,10 @@ def main(argv: Sequence[str] | None = None, *, process_ends: bool = False) -> in
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader left early (`| head`): the rest of the output goes nowhere, and the exit is SIGPIPE's.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+    except OSError as error:  # a folder that is a file, a disk that is full or read-only: the system's own words
+        print(f"localchat: error: {error} (check the paths given and LOCALCHAT_HOME)", file=sys.stderr)
+        return 1

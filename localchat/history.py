@@ -92,13 +92,20 @@ class ConversationStore:
             path.parent.mkdir(parents=True, exist_ok=True)
             # Autocommit mode: every write below opens and commits its own transaction.
             self._db = sqlite3.connect(path, isolation_level=None)
+            # A byte of a message that is not UTF-8 (a damaged file) reads as U+FFFD, not as an error.
+            self._db.text_factory = lambda data: data.decode("utf-8", "replace")
+            # Damaged pages are found here, where they can be one line, not in the query that meets them.
+            damage = self._db.execute("PRAGMA quick_check(1)").fetchone()[0]
+            if damage != "ok":
+                raise sqlite3.DatabaseError(f"it is damaged ({damage.splitlines()[-1]})")
             self._db.execute("PRAGMA journal_mode=WAL")
             # FULL syncs the WAL on every commit: a finished message survives a power cut too.
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.execute("PRAGMA foreign_keys=ON")
             self._migrate()
         except sqlite3.DatabaseError as error:
-            raise HistoryError(f"cannot open the conversation history {path}: {error}") from error
+            raise HistoryError(f"cannot open the conversation history {path}: {error}; move the file aside to start a new "
+                               f"one, or save what it holds with `sqlite3 {path} .recover`") from error
 
     @classmethod
     def open(cls, settings: Settings) -> ConversationStore:

@@ -37,6 +37,11 @@ def remote_endpoint(model: str | None, *, remote_model: str | None = None, api_k
     if model is None or not model.startswith(("http://", "https://")):
         return None
     url, _, fragment = model.partition("#")
-    if not urlsplit(url).hostname:
+    try:
+        parts = urlsplit(url)
+        hostname, _ = parts.hostname, parts.port  # each raises ValueError for what it cannot read
+    except ValueError:  # an unclosed IPv6 bracket, a port that is not a number in [0, 65535]
+        hostname = None
+    if not hostname:
         raise RemoteError(f"'{model}' is not a server's address: write it as http://HOST:PORT/v1")
     return RemoteEndpoint(url.rstrip("/"), remote_model or fragment or None, api_key or os.environ.get(API_KEY_VARIABLE))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -160,6 +162,10 @@ def test_a_bad_model_file_gets_one_clear_line(tmp_path: Path, localchat_home: Pa
         (["chat", "-m", "http://127.0.0.1:1/v1", "--lora", "x.gguf"], "--lora works with local models only"),
         (["run", "--lora", "/no/such/adapter.gguf", "hi"], "/no/such/adapter.gguf cannot be read"),
         (["run", "-m", "http:///v1", "hi"], "is not a server's address"),
+        (["run", "-m", "http://[::1", "hi"], "is not a server's address"),
+        (["run", "-m", "http://127.0.0.1:port/v1", "hi"], "is not a server's address"),
+        (["chat"], "the chat app needs a terminal"),  # stdout is a pipe here
+        (["serve", "--host", "nosuchhost.invalid"], "--host nosuchhost.invalid"),
         (["run", "-m", "http://127.0.0.1:1/v1", "hi"], "cannot reach http://127.0.0.1:1/v1"),
         (["run", "--ctx", "64", "word " * 2000], "context holds"),
         (["info", "--ctx", "4"], "context size 4 is too small"),
@@ -169,3 +175,25 @@ def test_bad_input_gets_one_clear_line(localchat_home: Path, args: list[str], me
     result = localchat(*args, home=localchat_home)
     assert result.returncode == 1, result.stdout
     assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_what_the_system_refuses_is_one_line(tmp_path: Path, localchat_home: Path, default_model: Path) -> None:
+    """A port in use (found before the model loads), a home that is a file, a reader that leaves early."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = localchat("serve", "--port", str(taken.getsockname()[1]), home=localchat_home)
+    assert busy.returncode == 1 and "Address already in use; another program listens there" in busy.stderr
+    assert "serving" not in busy.stderr and "Traceback" not in busy.stderr
+    home_file = tmp_path / "home"
+    home_file.write_text("")
+    in_a_file = localchat("run", "-n", "1", "hi", home=home_file)
+    assert in_a_file.returncode == 1 and "Not a directory" in in_a_file.stderr and "LOCALCHAT_HOME" in in_a_file.stderr
+    assert "Traceback" not in in_a_file.stderr
+    env = {**os.environ, "LOCALCHAT_HOME": str(localchat_home)}
+    reader = subprocess.Popen([sys.executable, "-m", "localchat", "run", "-n", "200", "--raw", "Count: 1, 2, 3,"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert reader.stdout is not None and reader.stderr is not None
+    reader.stdout.read(1)
+    reader.stdout.close()  # as `| head -c 1` leaves
+    assert reader.wait(timeout=300) == 128 + signal.SIGPIPE and b"Traceback" not in reader.stderr.read()

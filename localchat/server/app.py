@@ -458,9 +458,11 @@ def _interrupt(_signal: int, _frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-def serve(engine: Engine, settings: ServerSettings, loader: EngineLoader | None = None) -> None:
+def serve(engine: Engine, settings: ServerSettings, loader: EngineLoader | None = None,
+          listening: socket.socket | None = None) -> None:
     """Run the API until interrupted (Ctrl-C or SIGTERM: both raise KeyboardInterrupt after the
-    shutdown, which unloads every model so that their prefix caches reach the disk)."""
+    shutdown, which unloads every model so that their prefix caches reach the disk). `listening`: a
+    socket bound to the settings' host and port already (else uvicorn binds it)."""
     app = create_app(engine, settings, loader)
     pool: ModelPool[ServedModel] = app.state.pool
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", timeout_graceful_shutdown=5)
@@ -468,7 +470,7 @@ def serve(engine: Engine, settings: ServerSettings, loader: EngineLoader | None 
     # process on the spot.
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        _Server(config, pool).run()
+        _Server(config, pool).run(sockets=[listening] if listening is not None else None)
     finally:
         signal.signal(signal.SIGTERM, previous)
         # A second Ctrl-C makes uvicorn skip its shutdown: the models it left loaded are freed here,

@@ -78,6 +78,28 @@ def test_a_file_that_is_not_a_database_is_a_readable_error(tmp_path: Path) -> No
         ConversationStore(path)
 
 
+def test_damaged_pages_are_found_at_open_and_a_byte_not_utf8_reads_as_the_replacement(tmp_path: Path) -> None:
+    """A damaged file is one line when the app opens it, not an error in the query that meets the
+    damage; a message's byte that is not UTF-8 costs that character alone."""
+    path = tmp_path / "history.db"
+    store = ConversationStore(path)
+    for number in range(40):
+        store.add_message(store.create(f"chat {number}").id, "user", f"question {number} " * 60)
+    store.close()
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE messages SET content = CAST(X'48ff69' AS TEXT) WHERE id = 1")
+    store = ConversationStore(path)
+    assert [m.content for m in store.messages(store.conversations()[-1].id)] == ["H\ufffdi"]
+    store.close()
+    page_size = 4096
+    data = bytearray(path.read_bytes())
+    assert len(data) > 4 * page_size
+    data[2 * page_size : 3 * page_size] = b"\xff" * page_size  # a b-tree page of the tables, written over
+    path.write_bytes(bytes(data))
+    with pytest.raises(HistoryError, match="it is damaged .*; move the file aside"):
+        ConversationStore(path)
+
+
 def test_titles_come_from_the_first_line() -> None:
     assert title_from("\n  What is WAL?\nmore") == "What is WAL?"
     assert len(title_from("x" * 200)) <= 48
