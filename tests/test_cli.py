@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+from gguf import GGUFReader
 
 from localchat.models import DEFAULT_MODEL_NAME, inspect_gguf
 from localchat.planner import OneReply
@@ -197,3 +200,17 @@ def test_what_the_system_refuses_is_one_line(tmp_path: Path, localchat_home: Pat
     reader.stdout.read(1)
     reader.stdout.close()  # as `| head -c 1` leaves
     assert reader.wait(timeout=300) == 128 + signal.SIGPIPE and b"Traceback" not in reader.stderr.read()
+
+
+def test_a_model_whose_output_is_not_a_number_is_one_line(tmp_path: Path, localchat_home: Path, default_model: Path) -> None:
+    """Broken weights (here the last norm's, NaN) give no logit to compare: one line, sampled or greedy."""
+    broken = tmp_path / "nan.gguf"
+    shutil.copyfile(default_model, broken)
+    norm = next(t for t in GGUFReader(default_model).tensors if t.name == "output_norm.weight")
+    with broken.open("r+b") as stream:
+        stream.seek(norm.data_offset)
+        stream.write(np.full(norm.n_elements, np.nan, dtype=np.float32).tobytes())
+    for flags in ([], ["--temperature", "0"]):
+        result = localchat("run", "-m", str(broken), "-n", "3", *flags, "hi", home=localchat_home)
+        assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+        assert "the model's output is not a number (NaN)" in result.stderr

@@ -33,6 +33,7 @@ import numpy as np
 
 from localchat.backends._logits_scan import draw, near_best
 from localchat.backends.base import SamplerSettings, TokenGuide
+from localchat.errors import ModelError
 
 # llama_token_data as numpy lays it out: {int32 id; float logit; float p}.
 TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
@@ -197,6 +198,9 @@ class LlamaSampler:
         self._scanned = None
         ids = self._all_ids if self._whole_row else self.candidates(row)
         n = len(ids)
+        if n == 0 and np.isnan(row).any():  # NaN compares above no cut
+            raise ModelError("the model's output is not a number (NaN): its weights are broken, or a LoRA adapter's "
+                             "scale is too large")
         if ids is not self._scanned:  # the whole row, or ids the search did not write (touchable ones among them)
             candidates = self._candidates[:n]
             candidates["id"] = ids
