@@ -252,7 +252,7 @@ def _embedding(build: DecoderBuild, input_ids: str) -> tuple[str, Callable[[str]
     tied = config.tie_word_embeddings or not build.has("lm_head.weight")
     bits = build.bits("embedding")
     n_vocab, hidden = table.shape
-    block = build.quant.embedding_block
+    block = build.quant.block("embedding", bits, hidden)
     head_smooth = build.smoothing(g.output_name(FINAL_NORM))
     # Tied, the table holds the head's smoothed columns, and the lookup undoes them.
     table_smooth = head_smooth if tied else None

@@ -9,6 +9,8 @@ import numpy as np
 
 QUANTS = ("fp32", "fp16", "int8", "int4")
 BLOCK_SIZE = 32
+# The least block size MatMulNBits and GatherBlockQuantized take.
+MIN_BLOCK = 16
 
 
 @dataclass(frozen=True)
@@ -47,9 +49,14 @@ class QuantPlan:
     smooth: float = 0.0
 
     def block(self, role: str, bits: int, k: int) -> int:
-        """The block size of a `bits`-bit matrix of `role` with `k` inputs."""
+        """The block size of a `bits`-bit matrix of `role` with `k` inputs. The embedding's divides
+        its width (halved down to MatMulNBits' least, 16): its lookup reads whole blocks, so one
+        running past the row (SmolLM2's 576 in blocks of 128) gives rows too long for the model."""
         if role == "embedding":
-            return self.embedding_block
+            block = self.embedding_block
+            while k % block and block > MIN_BLOCK:
+                block //= 2
+            return block
         if bits == 4:
             return self.block_4bit
         return next((block for block in self.blocks_8bit if k % block == 0), self.blocks_8bit[-1])

@@ -172,6 +172,16 @@ def test_matrices_split_in_runs_of_rows_give_the_same_logits(name: str, chunk_by
     np.testing.assert_array_equal(logits[True], logits[False])
 
 
+def test_an_embedding_narrower_than_its_plans_block_converts_and_runs(tiny_checkpoint: Callable[[str], Path], tmp_path: Path,
+                                                                     settings: Settings) -> None:
+    """The int4 plan quantizes the embedding in blocks of 128; a width they do not divide (the tiny
+    llama's 64, SmolLM2's 576) takes the largest that does, since the lookup returns whole blocks."""
+    folder = convert_to_onnx(tiny_checkpoint("llama"), tmp_path / "int4", "int4").output
+    formats = json.loads((folder / ONNX_MARKER).read_text())["weight_formats"]
+    assert formats["embed_tokens"].startswith("int8/64"), formats
+    assert np.isfinite(first_logits(folder, settings)).all()
+
+
 def test_graph_uses_fused_operators(onnx_model: Callable[[str, str], Path]) -> None:
     meta = json.loads((onnx_model("gemma-270m", "int4") / ONNX_MARKER).read_text())
     operators, layers = meta["operators"], meta["n_layers"]
