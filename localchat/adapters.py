@@ -26,6 +26,8 @@ class LoraSpec:
         path, _, scale = text.rpartition(":")
         if path and _is_number(scale):
             return cls(Path(path).expanduser(), float(scale))
+        if path and Path(path).expanduser().is_file() and not Path(text).expanduser().exists():
+            raise InvalidSettingError(f"--lora {text}: the scale '{scale}' is not a number; write FILE:SCALE, as {path}:0.5")
         return cls(Path(text).expanduser())
 
 

@@ -59,12 +59,21 @@ class Constraint:
     def grammar(self) -> str:
         try:
             return GRAMMAR_FROM[self.kind](self.source)
-        except ValueError as error:  # a JSON schema that is not JSON
-            raise InvalidSettingError(f"the {self.kind.replace('_', ' ')} is not valid JSON: {error}") from None
+        except ValueError as error:  # a JSON schema that is not JSON, or JSON that is no schema (a list, a number)
+            problem = "cannot be used" if _is_json(self.source) else "is not valid JSON"
+            raise InvalidSettingError(f"the {self.kind.replace('_', ' ')} {problem}: {error}") from None
 
     @classmethod
     def json_schema(cls, schema: object) -> Constraint:
         return cls("json_schema", json.dumps(schema))
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _llguidance():  # type: ignore[no-untyped-def]

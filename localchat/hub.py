@@ -243,6 +243,9 @@ def _scan(settings: Settings) -> HFCacheInfo | None:
         return scan_cache_dir(settings.hf_cache_dir)
     except CacheNotFound:
         return None
+    except ValueError:  # a file where the cache's folder should be
+        raise ModelError(f"the Hugging Face cache {settings.hf_cache_dir} is not a folder: point HF_HUB_CACHE "
+                         "(or HF_HOME) at one") from None
 
 
 def _models_in(info: HFCacheInfo, repo_id: str | None = None) -> list[CachedModel]:

@@ -164,6 +164,7 @@ def test_a_bad_model_file_gets_one_clear_line(tmp_path: Path, localchat_home: Pa
         (["run", "-m", "http://127.0.0.1:1/v1", "--lora", "x.gguf", "hi"], "--lora works with local models only"),
         (["chat", "-m", "http://127.0.0.1:1/v1", "--lora", "x.gguf"], "--lora works with local models only"),
         (["run", "--lora", "/no/such/adapter.gguf", "hi"], "/no/such/adapter.gguf cannot be read"),
+        (["run", "--lora", f"{__file__}:abc", "hi"], "the scale 'abc' is not a number"),
         (["run", "-m", "http:///v1", "hi"], "is not a server's address"),
         (["run", "-m", "http://[::1", "hi"], "is not a server's address"),
         (["run", "-m", "http://127.0.0.1:port/v1", "hi"], "is not a server's address"),
@@ -193,6 +194,9 @@ def test_what_the_system_refuses_is_one_line(tmp_path: Path, localchat_home: Pat
     in_a_file = localchat("run", "-n", "1", "hi", home=home_file)
     assert in_a_file.returncode == 1 and "Not a directory" in in_a_file.stderr and "LOCALCHAT_HOME" in in_a_file.stderr
     assert "Traceback" not in in_a_file.stderr
+    hub_cache = subprocess.run([sys.executable, "-m", "localchat", "list"], capture_output=True, text=True, timeout=300,
+                               env={**os.environ, "LOCALCHAT_HOME": str(localchat_home), "HF_HUB_CACHE": str(home_file)})
+    assert hub_cache.returncode == 1 and "is not a folder: point HF_HUB_CACHE" in hub_cache.stderr
     env = {**os.environ, "LOCALCHAT_HOME": str(localchat_home)}
     reader = subprocess.Popen([sys.executable, "-m", "localchat", "run", "-n", "200", "--raw", "Count: 1, 2, 3,"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)

@@ -35,6 +35,7 @@ PERSON = {
     [
         ("json_schema", '{"type": "bogus"}', "Invalid type"),
         ("json_schema", "{not json", "not valid JSON"),
+        ("json_schema", "[1, 2, 3]", "the json schema cannot be used"),  # JSON, but no schema
         ("regex", "a(", "unclosed group"),
         ("lark", "start: missing_rule", "missing_rule"),
     ],
