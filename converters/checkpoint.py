@@ -550,6 +550,7 @@ def locate_checkpoint(spec: str, patterns: list[str] = HUB_PATTERNS) -> Checkpoi
     except ModelError as error:
         files = ", ".join(patterns[:6])
         raise ModelError(
-            f"{error}; or download {files} from https://huggingface.co/{spec} into a folder and pass that folder instead"
+            f"there is no folder {spec} here, and as a Hugging Face repo id: {error}; or download {files} from "
+            f"https://huggingface.co/{spec} into a folder and pass that folder instead"
         ) from None
     return CheckpointSource(folder, spec.split("/")[1], Path.cwd())

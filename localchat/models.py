@@ -389,6 +389,9 @@ def remove_model(model: str, settings: Settings) -> RemovedModel:
             ref.path.unlink()
             _verified_marker(ref.path).unlink(missing_ok=True)
         return RemovedModel((model,), freed)
+    if packaged is not None:
+        raise ModelError(f"{model} is not made yet (it is made from its PyPI package, {packaged.package}, on first use): "
+                         "there is nothing to delete")
     name = hub.HubModelName.parse(model)
     if name is None:
         raise ModelError(f"no model named '{model}' is installed; `localchat list` shows the names to give")

@@ -262,7 +262,12 @@ class OnnxBackend:
         binding.bind_cpu_input("total_sequence_length", np.array(total, dtype=np.int32))
         binding.bind_cpu_input("logits_count", np.array([n_logits], dtype=np.int64))
         binding.bind_output("logits", "cpu", 0, np.float32, logits_into.shape, logits_into.ctypes.data)
-        self._session.run_with_iobinding(binding)
+        try:
+            self._session.run_with_iobinding(binding)
+        except RuntimeError as error:  # onnxruntime's Fail and RuntimeException: a graph this runtime cannot run
+            detail = " ".join(str(error).split())[:300]
+            raise InferenceError(f"onnxruntime could not run {self.info.path}: {detail}; convert the model again "
+                                 "(`localchat convert`) with this localchat") from None
 
     # -- text ----------------------------------------------------------------------
 

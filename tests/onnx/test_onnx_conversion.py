@@ -13,6 +13,7 @@ import pytest
 
 from checkpoint_fixtures import TINY_ARCHITECTURES
 from localchat.converters.checkpoint import Checkpoint
+from localchat.converters.onnx_quant import QuantPlan
 from localchat.converters.onnx import (
     QUANT_PLANS,
     UnsupportedModelError,
@@ -25,7 +26,7 @@ from localchat.converters.onnx import (
 from localchat.converters.verify import ReferenceModel, greedy_continuation, reference_tokenize, verify_text
 from localchat.bench import bench_text
 from localchat.engine import Engine
-from localchat.errors import ModelError
+from localchat.errors import InferenceError, ModelError
 from localchat.models import ONNX_MARKER
 from localchat.planner import PlanRequest
 from localchat.settings import Settings
@@ -180,6 +181,16 @@ def test_an_embedding_narrower_than_its_plans_block_converts_and_runs(tiny_check
     formats = json.loads((folder / ONNX_MARKER).read_text())["weight_formats"]
     assert formats["embed_tokens"].startswith("int8/64"), formats
     assert np.isfinite(first_logits(folder, settings)).all()
+
+
+def test_a_graph_onnxruntime_cannot_run_is_one_error(tiny_checkpoint: Callable[[str], Path], tmp_path: Path,
+                                                     settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What onnxruntime refuses while it runs is an InferenceError saying what to do, not its own
+    exception: here the int4 embedding as it was converted before its block divided its width."""
+    monkeypatch.setattr(QuantPlan, "block", lambda plan, role, bits, k: plan.embedding_block if role == "embedding" else 32)
+    folder = convert_to_onnx(tiny_checkpoint("llama"), tmp_path / "int4", "int4").output
+    with pytest.raises(InferenceError, match="onnxruntime could not run .*Reshape.*; convert the model again"):
+        first_logits(folder, settings)
 
 
 def test_graph_uses_fused_operators(onnx_model: Callable[[str, str], Path]) -> None:
