@@ -28,8 +28,9 @@ LOCAL_ORIGINS = (r"https?://(localhost|127\.0\.0\.1|0\.0\.0\.0|\[::1\])(:\d+)?"
 
 
 def allowed_origins(extra: Sequence[str]) -> re.Pattern[str]:
-    """The origins a web page may call the API from: LOCAL_ORIGINS and `extra` (`--cors-origin`)."""
-    return re.compile("|".join([LOCAL_ORIGINS, *(re.escape(origin.rstrip("/")) for origin in extra)]))
+    """The origins a web page may call the API from: LOCAL_ORIGINS and `extra` (`--cors-origin`; `*`: any)."""
+    given = (".*" if origin == "*" else re.escape(origin.rstrip("/")) for origin in extra)
+    return re.compile("|".join([LOCAL_ORIGINS, *given]))
 
 
 async def send_error(

@@ -67,6 +67,12 @@ def test_pages_of_other_sites_are_refused_and_local_ones_allowed(scripted: tuple
     assert own.status_code == 200
 
 
+def test_cors_origin_star_lets_any_page_call(tmp_path: Path) -> None:
+    with scripted_client(ScriptedBackend(QWEN3), tmp_path, ServerSettings(cors_origins=("*",))) as (_, http):
+        answered = http.get("/api/version", headers={"Origin": "https://any.example"})
+        assert answered.status_code == 200 and answered.headers["access-control-allow-origin"] == "https://any.example"
+
+
 def test_ollamas_liveness_checks_are_answered(scripted: tuple[ScriptedBackend, TestClient]) -> None:
     _, http = scripted
     root = http.get("/")
