@@ -20,6 +20,7 @@ from pydantic import (
     SerializerFunctionWrapHandler,
     field_validator,
     model_serializer,
+    model_validator,
 )
 
 from localchat.constraints import JSON_OBJECT_SCHEMA, Constraint
@@ -81,9 +82,15 @@ class _Request(BaseModel):
 
 
 class _TopRequest(_Request):
-    """A whole request body: its undeclared fields are kept for `unsupported_field`."""
+    """A whole request body: its undeclared fields are kept for `unsupported_field`. A field sent as
+    null takes its default, as OpenAI reads it (the openai client sends null for an argument given as None)."""
 
     model_config = ConfigDict(extra="allow", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_unset(cls, given: Any) -> Any:
+        return {name: value for name, value in given.items() if value is not None} if isinstance(given, dict) else given
 
 
 class StreamOptions(_Request):
@@ -104,12 +111,12 @@ class SamplingFields(_TopRequest):
     max_tokens: int | None = Field(None, ge=1, description="most tokens to generate; omitted means the server's limit")
     temperature: float | None = Field(None, ge=0, le=2, description="0 is greedy")
     top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=0, description="llama.cpp's extension: sample from the k likeliest tokens (0: all)")
+    top_k: int | None = Field(None, ge=0, lt=2**31, description="llama.cpp's extension: sample from the k likeliest tokens (0: all)")
     min_p: float | None = Field(None, ge=0, lt=1,
                                 description="llama.cpp's extension: drop tokens below this share of the likeliest's probability")
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
-    seed: int | None = Field(None, ge=0, lt=2**32)
+    seed: int | None = Field(None, ge=-1, lt=2**63, description="-1: a random one, as llama-server reads it")
     repeat_penalty: float | None = Field(None, gt=0, description="llama.cpp's extension: 1 turns the repeat penalty off")
     repeat_last_n: int | None = Field(None, ge=-1,
                                       description="llama.cpp's extension: the tokens the penalties look back on (-1: all, 0: off)")
@@ -122,6 +129,12 @@ class SamplingFields(_TopRequest):
     lora: list[LoraScale] | None = Field(
         None, description="llama.cpp's extension: the loaded LoRA adapters to apply to this reply, with their scales; "
                           "adapters not listed are off; omitted means the server's --lora scales")
+
+    @field_validator("seed")
+    @classmethod
+    def _seed_of_llama_cpp(cls, seed: int | None) -> int | None:
+        """OpenAI's 64-bit seed as llama.cpp's 32-bit one (the same seed, the same reply); -1: none."""
+        return None if seed is None or seed == -1 else seed % 2**32
 
     @property
     def stop_strings(self) -> tuple[str, ...]:

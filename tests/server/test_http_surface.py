@@ -110,6 +110,19 @@ def test_ollamas_nulls_durations_and_reply_lengths_are_read_as_ollama_reads_them
     assert running.status_code == 200 and running.json()["models"][0]["expires_at"].startswith("9999")  # never
 
 
+def test_openais_nulls_and_seeds_are_read_as_openai_and_llama_server_read_them(
+        scripted: tuple[ScriptedBackend, TestClient]) -> None:
+    backend, http = scripted
+    backend.replies.extend(["One.", "Two.", "Three."])
+    # The openai client sends null for an argument given as None: the default, as OpenAI reads it.
+    nulls = {"presence_penalty": None, "frequency_penalty": None, "n": None, "logprobs": None, "stream": None, "seed": None}
+    for body in (nulls, {"seed": -1}, {"seed": 2**40 + 7}):  # llama-server's random seed; OpenAI's 64-bit ones
+        answered = http.post("/v1/chat/completions", json={**OPENAI_CHAT, **body})
+        assert answered.status_code == 200, (body, answered.text)
+    huge = http.post("/v1/chat/completions", json={**OPENAI_CHAT, "top_k": 2**63})
+    assert huge.status_code == 400 and huge.json()["error"]["param"] == "top_k"
+
+
 def test_a_body_over_the_bound_is_refused_and_the_bound_fits_a_batch_of_documents(tmp_path: Path) -> None:
     backend = ScriptedBackend(QWEN3)
     with scripted_client(backend, tmp_path, ServerSettings(max_body_bytes=MIB)) as (_, http):
