@@ -44,7 +44,7 @@ from localchat.server.metrics import CONTENT_TYPE, RequestCounter, ServerMetrics
 from localchat.server.ollama import ollama_router
 from localchat.server.ollama_models import ollama_models_router
 from localchat.server.replies import PendingReply, ReplyFailedError
-from localchat.server.routing import LATEST, LEASES, ModelRouter
+from localchat.server.routing import LEASES, ModelRouter, names_wanted
 from localchat.server.schemas import (
     ChatChoice,
     ChatChunkChoice,
@@ -392,7 +392,7 @@ def create_app(engine: Engine, settings: ServerSettings, loader: EngineLoader | 
     async def model_card(model: str) -> ModelCard:
         """One model of /v1/models, named as a request names it (never loaded nor pulled by asking)."""
         catalog = await run_in_threadpool(loader.catalog) if loader is not None else []
-        wanted = {model.casefold(), model.removesuffix(LATEST).casefold()}
+        wanted = names_wanted(model)
         for card in router.cards(catalog):
             if card.id.casefold() in wanted:
                 return card

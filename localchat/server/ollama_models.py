@@ -49,7 +49,7 @@ from localchat.server.ollama_schemas import (
     ShowResponse,
     Version,
 )
-from localchat.server.routing import LATEST, ModelRouter
+from localchat.server.routing import LATEST, ModelRouter, names_wanted
 from localchat.templates import fallback_template
 
 if TYPE_CHECKING:
@@ -154,12 +154,10 @@ class OllamaModels:
     def find(self, requested: str) -> tuple[str, Path]:
         """The id and path of the model `requested` names, in any case (NAME:latest for NAME too); 404 when none.
         Never loads nor pulls."""
-        paths = self._paths()
-        for name in (requested, requested.removesuffix(LATEST)):
-            wanted = name.casefold()
-            for model_id, path in paths.items():
-                if wanted in (model_id.casefold(), path.name.casefold(), path.stem.casefold()):
-                    return model_id, path
+        wanted = names_wanted(requested)
+        for model_id, path in self._paths().items():
+            if wanted & {model_id.casefold(), path.name.casefold(), path.stem.casefold()}:
+                return model_id, path
         raise APIError(404, f"model '{requested}' not found", code="model_not_found", param="model")
 
     def rows(self) -> list[InstalledModel]:

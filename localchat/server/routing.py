@@ -46,6 +46,11 @@ LEASES = "localchat_model_leases"
 LATEST = ":latest"
 
 
+def names_wanted(requested: str) -> set[str]:
+    """The names, casefolded, that `requested` matches: itself and, for Ollama's NAME:latest, NAME."""
+    return {requested.casefold(), requested.removesuffix(LATEST).casefold()}
+
+
 class ModelRouter:
     """Which model answers a request: the one it names, loaded first if need be, else the server's
     first model. The lease on it lasts until the response has been sent (see LeaseRelease)."""
@@ -87,11 +92,10 @@ class ModelRouter:
         too); APIError 404 when there is none."""
         if not requested:
             return self.first.id
-        for name in dict.fromkeys([requested, requested.removesuffix(LATEST)]):
-            wanted = name.casefold()
-            for served in [self.first, *self.pool.loaded().values()]:
-                if wanted in (alias.casefold() for alias in served.aliases):
-                    return served.id
+        wanted = names_wanted(requested)
+        for served in [self.first, *self.pool.loaded().values()]:
+            if any(alias.casefold() in wanted for alias in served.aliases):
+                return served.id
         hint = ""
         if self.loader is not None:
             try:
