@@ -405,6 +405,8 @@ LLAMA_MAX_LAYERS = 512
 LLAMA_MAX_EXPERTS = 1024
 ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")
 UINT32_MAX = (1 << 32) - 1
+# ggml's norm operators assert `eps >= 0`; NaN fails that too.
+NORM_EPSILON_KEYS = ("attention.layer_norm_epsilon", "attention.layer_norm_rms_epsilon", "attention.group_norm_epsilon")
 
 
 def _invalid(header: GgufHeader, key: str, value: object) -> ModelError:
@@ -419,6 +421,15 @@ def _arch_int(header: GgufHeader, key: str, default: int, low: int = 0, high: in
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise _invalid(header, key, value)
     return value
+
+
+def _check_norm_epsilons(header: GgufHeader) -> None:
+    for key in NORM_EPSILON_KEYS:
+        value = header.arch_value(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise _invalid(header, key, value)
 
 
 def _per_layer(header: GgufHeader, key: str, n_layers: int, default: int) -> list[int]:
@@ -448,6 +459,7 @@ def _check_llama_cpp_asserts(header: GgufHeader, n_layers: int) -> None:
     if not valid:
         raise _invalid(header, "expert_count", f"{n_expert} experts, {used} used, {groups} groups, {group_used} used")
     _arch_int(header, "nextn_predict_layers", 0, 0, n_layers)
+    _check_norm_epsilons(header)
     scaling = header.arch_value("rope.scaling.type", "linear")
     if scaling not in ROPE_SCALING_TYPES:
         raise _invalid(header, "rope.scaling.type", scaling)

@@ -8,6 +8,7 @@ data stays sparse (a file of the full size holding only the header).
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import re
@@ -393,6 +394,7 @@ def _duplicate_token_up_to_nul(seed: Seed) -> bytes:
 # block_count 0 or over 512, inconsistent expert counts, an unknown rope scaling).
 EMBEDDING = "token_embd.weight"
 UINT32, STRING, UINT64 = 4, 8, 10
+RMS_EPSILON = "gemma3.attention.layer_norm_rms_epsilon"
 HOSTILE: dict[str, tuple[Callable[[Seed], bytes], str]] = {
     "vocabulary entry repeated": (_duplicate_token, "repeats an earlier one"),
     "vocabulary entry repeated up to a NUL": (_duplicate_token_up_to_nul, "repeats an earlier one"),
@@ -427,6 +429,8 @@ HOSTILE: dict[str, tuple[Callable[[Seed], bytes], str]] = {
         lambda s: s.with_entry(_entry("gemma3.rope.scaling.type", STRING, _gguf_string(b"cubic"))), "rope.scaling.type",
     ),
     "byte tokens in a 'bert' vocabulary": (lambda s: _tokenizer_model(s, b"bert"), "byte tokens in a 'bert' vocabulary"),
+    "rms epsilon NaN": (lambda s: s.put(s.value_at(RMS_EPSILON), "<f", math.nan), RMS_EPSILON),
+    "rms epsilon negative": (lambda s: s.put(s.value_at(RMS_EPSILON), "<f", -1e-6), RMS_EPSILON),
 }
 
 
@@ -464,6 +468,7 @@ CLI_CASES: dict[str, tuple[Callable[[Seed], bytes], str]] = {
     "vocabulary entry repeated up to a NUL": HOSTILE["vocabulary entry repeated up to a NUL"],
     "alignment 1": (lambda s: s.with_entry(_entry("general.alignment", UINT32, _u32(1))), "aligned to 32 bytes"),
     "block_count 0": HOSTILE["block_count 0"],
+    "rms epsilon NaN (ggml asserts)": HOSTILE["rms epsilon NaN"],
     "byte tokens in a 'bert' vocabulary": (lambda s: _tokenizer_model(s, b"bert"), "byte tokens in a 'bert' vocabulary"),
     "unigram vocabulary without its BOS": (_unigram_without_bos, "adds a BOS token it does not have"),
     "tensor renamed (llama.cpp: not found)": (
