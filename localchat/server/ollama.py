@@ -9,7 +9,8 @@ measured. /api/generate is a chat of one user message (its `system` before it), 
 prompt as is.
 
 Ollama's fields that localchat does not implement and that would change the answer (images,
-suffix, template, context; Mirostat and other samplers in `options`) are refused by name. Options
+suffix, template, context; typical_p in `options`) are refused by name. Sampling options are read
+as Ollama's llama.cpp reads them, not by OpenAI's bounds (a top_k of -1 cuts nothing). Options
 that set how Ollama loads and runs a model (num_ctx, num_gpu, num_thread...) change no answer's
 meaning: localchat's plan sets those, and the options are accepted and not applied, as Ollama
 accepts options it does not know.
@@ -18,9 +19,10 @@ accepts options it does not know.
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -61,28 +63,59 @@ if TYPE_CHECKING:
     from localchat.server.served_models import ServedModel
 
 NDJSON = "application/x-ndjson"
-# Ollama's sampling options and the sampler fields they set (OpenAI's, with llama.cpp's extensions).
-SAMPLING_OPTIONS: dict[str, tuple[str, type]] = {
-    "temperature": ("temperature", float),
-    "top_k": ("top_k", int),
-    "top_p": ("top_p", float),
-    "min_p": ("min_p", float),
-    "repeat_penalty": ("repeat_penalty", float),
-    "repeat_last_n": ("repeat_last_n", int),
-    "presence_penalty": ("presence_penalty", float),
-    "frequency_penalty": ("frequency_penalty", float),
-    "seed": ("seed", int),
-    "num_predict": ("max_tokens", int),
+
+
+@dataclass(frozen=True)
+class SamplingOption:
+    """An Ollama option the sampler honours: the sampler field it sets (OpenAI's name, with llama.cpp's
+    extensions), its type as Ollama's Go decoder takes it, and how llama.cpp reads its value (Ollama hands
+    options to llama.cpp as given): None leaves localchat's default; a ValueError says what it must be."""
+
+    field: str
+    kind: type
+    read: Callable[[Any], Any]
+
+
+def _within(ok: Callable[[Any], bool], rule: str) -> Callable[[Any], Any]:
+    """A reader that takes a value as is where `ok`, else says `rule`."""
+    def read(value: Any) -> Any:
+        if not ok(value):
+            raise ValueError(rule)
+        return value
+
+    return read
+
+
+SAMPLING_OPTIONS: dict[str, SamplingOption] = {
+    # llama.cpp: a temperature of 0 or less is greedy; none is too high (the bound of 2 is OpenAI's API's).
+    "temperature": SamplingOption("temperature", float, lambda t: max(t, 0.0)),
+    # llama.cpp: a top_k of 0 or less cuts nothing (Ollama's clients send -1), as does one past any vocabulary.
+    "top_k": SamplingOption("top_k", int, lambda k: k if 0 < k < 2**31 else 0),
+    # llama.cpp: 1 or more cuts nothing; 0 or less keeps the likeliest token alone (greedy: sampling_fields).
+    "top_p": SamplingOption("top_p", float, lambda p: min(p, 1.0)),
+    # llama.cpp: 0 or less cuts nothing; 1 or more keeps the likeliest token alone (greedy: sampling_fields).
+    "min_p": SamplingOption("min_p", float, lambda p: max(p, 0.0)),
+    # llama.cpp divides the logits of tokens seen by it: 0 or less has no meaning.
+    "repeat_penalty": SamplingOption("repeat_penalty", float, _within(lambda v: v > 0, "must be > 0 (1 turns it off)")),
+    # llama-server refuses less than -1 itself.
+    "repeat_last_n": SamplingOption("repeat_last_n", int,
+                                    _within(lambda v: v >= -1, "must be >= -1 (-1: the whole context, 0: off)")),
+    # localchat's sampler takes OpenAI's range.
+    "presence_penalty": SamplingOption("presence_penalty", float, _within(lambda v: -2 <= v <= 2, "must be in [-2, 2]")),
+    "frequency_penalty": SamplingOption("frequency_penalty", float, _within(lambda v: -2 <= v <= 2, "must be in [-2, 2]")),
+    # Ollama's -1 (any negative) is a random seed; llama.cpp's seeds are 32-bit: a larger one is taken
+    # modulo 2**32, as OpenAI's seed is (localchat.server.schemas).
+    "seed": SamplingOption("seed", int, lambda s: None if s < 0 else s % 2**32),
+    # Ollama's -1 (any <= 0): no limit but the server's (sampling_fields cuts a larger one to it).
+    "num_predict": SamplingOption("max_tokens", int, lambda n: n if n > 0 else None),
     # localchat's own (llama.cpp's name): 0 turns DRY off, which is on by default (localchat.backends.base).
-    "dry_multiplier": ("dry_multiplier", float),
+    "dry_multiplier": SamplingOption("dry_multiplier", float, _within(lambda v: v >= 0, "must be >= 0 (0 turns DRY off)")),
 }
 # Options localchat does not implement that change the answer, with the value that leaves it
-# unchanged (Ollama's default) and what they are.
+# unchanged (Ollama's default) and what they are. Those Ollama no longer knows (mirostat, tfs_z,
+# penalize_newline) it ignores, logging them as invalid: so does localchat, as any unknown option.
 UNSUPPORTED_OPTIONS: dict[str, tuple[object, str]] = {
     "typical_p": (1.0, "locally typical sampling"),
-    "tfs_z": (1.0, "tail-free sampling"),
-    "mirostat": (0, "Mirostat sampling"),
-    "penalize_newline": (True, "sparing newlines from the repeat penalty"),
 }
 # Ollama's think efforts and the reasoning_effort a template reads ("max" is gpt-oss's "high").
 THINK_EFFORTS = {"low": "low", "medium": "medium", "high": "high", "max": "high"}
@@ -134,19 +167,20 @@ def _go_duration(text: str) -> float:
     return sign * sum(float(number) * _DURATION_UNITS[unit] for number, unit in parts)
 
 
-def _option(name: str, value: object, kind: type) -> object:
+def _option(name: str, value: object, kind: type) -> Any:
     """An option's value as Ollama's Go decoder takes it: any JSON number for an integer (cut)
     or a float; a wrong type is an error naming it."""
-    if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if kind is int and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return int(value)
-    raise APIError(400, f'option "{name}" must be of type {"integer" if kind is int else "float"}', param=f"options.{name}")
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise APIError(400, f'option "{name}" must be of type {"integer" if kind is int else "float"}', param=f"options.{name}")
+    if not math.isfinite(value):  # json.loads reads NaN and Infinity, which Go's decoder refuses
+        raise APIError(400, f'option "{name}" must be a finite number', param=f"options.{name}")
+    return int(value) if kind is int else float(value)
 
 
 def sampling_fields(options: dict[str, Any] | None, reply_limit: int) -> tuple[dict[str, Any], tuple[str, ...] | None]:
-    """The sampler fields `options` set, and its stop strings (None: none given). A num_predict over
-    `reply_limit` (the server's) is cut to it, as Ollama bounds it, where OpenAI's max_tokens is refused."""
+    """The sampler fields `options` set, read as llama.cpp reads them (SAMPLING_OPTIONS), and its stop
+    strings (None: none given). A num_predict over `reply_limit` (the server's) is cut to it, as Ollama
+    bounds it, where OpenAI's max_tokens is refused."""
     fields: dict[str, Any] = {}
     stop: tuple[str, ...] | None = None
     for name, value in (options or {}).items():
@@ -162,20 +196,22 @@ def sampling_fields(options: dict[str, Any] | None, reply_limit: int) -> tuple[d
                 raise APIError(400, 'option "stop" must be of an array of strings', param="options.stop")
             stop = tuple(item for item in value if item)
         elif name in SAMPLING_OPTIONS:
-            field, kind = SAMPLING_OPTIONS[name]
-            fields[field] = _option(name, value, kind)
-    # Ollama's seed -1 is a random seed; num_predict -1 (or any <= 0) is no limit but the server's.
-    if fields.get("seed", 0) < 0:
-        del fields["seed"]
-    if fields.get("max_tokens", 1) <= 0:
-        del fields["max_tokens"]
-    elif fields.get("max_tokens", 0) > reply_limit:
+            option = SAMPLING_OPTIONS[name]
+            try:
+                fields[option.field] = option.read(_option(name, value, option.kind))
+            except ValueError as error:
+                raise APIError(400, f"options.{name}: {value} {error}", param=f"options.{name}") from None
+    fields = {field: value for field, value in fields.items() if value is not None}
+    if fields.get("top_p", 1.0) <= 0 or fields.get("min_p", 0.0) >= 1:
+        # llama.cpp keeps the likeliest token alone: a greedy pick, its penalties still applied.
+        fields = {field: value for field, value in fields.items() if field not in ("top_p", "min_p")} | {"temperature": 0.0}
+    if fields.get("max_tokens", 0) > reply_limit:
         fields["max_tokens"] = reply_limit
     return fields, stop
 
 
 # Where a field of the OpenAI body came from in the Ollama request, for error messages.
-_FIELD_ORIGINS = {field: f"options.{name}" for name, (field, _) in SAMPLING_OPTIONS.items()} | {"response_format": "format"}
+_FIELD_ORIGINS = {"response_format": "format"}
 
 
 def _validated(model: type[BaseModel], body: dict[str, Any]) -> Any:
@@ -367,14 +403,15 @@ class OllamaRoutes:
                    served: ServedModel, tools: list[dict[str, Any]]) -> tuple[ChatCompletionRequest, tuple[str, ...] | None]:
         fields, stop = sampling_fields(body.options, self.models.settings.max_reply_tokens)
         openai = {
-            "model": served.id, "messages": messages, **fields,
+            "model": served.id, "messages": messages,
             "response_format": _response_format(body.format),
             "logprobs": body.logprobs, "top_logprobs": body.top_logprobs if body.logprobs else None,
             **_think(body.think, served.chat.format.reasons, model),
         }
         if tools:
             openai["tools"] = tools
-        return _validated(ChatCompletionRequest, openai), stop
+        # The sampler fields as Ollama reads them (sampling_fields), past OpenAI's bounds (a temperature of 3).
+        return _validated(ChatCompletionRequest, openai).model_copy(update=fields), stop
 
     async def _render(self, service: CompletionService, body: ChatCompletionRequest, model: str) -> Response:
         plan, _ = await service.chat_prompt(body)
@@ -404,8 +441,9 @@ class OllamaRoutes:
 
     async def _generate_raw(self, body: GenerateRequest, service: CompletionService, timer: _Timer, request: Request) -> Response:
         fields, stop = sampling_fields(body.options, service.settings.max_reply_tokens)
-        completion = _validated(CompletionRequest, {"model": service.model_id, "prompt": body.prompt, **fields,
+        completion = _validated(CompletionRequest, {"model": service.model_id, "prompt": body.prompt,
                                                     "logprobs": body.top_logprobs if body.logprobs else None})
+        completion = completion.model_copy(update=fields)  # as in _chat_body
         if body.debug_render_only:
             debug = DebugResponse(model=body.model, created_at=created_at(), debug_info=DebugRender(rendered_template=body.prompt))
             return JSONResponse(debug.model_dump(by_alias=True))

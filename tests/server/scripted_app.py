@@ -72,6 +72,7 @@ class ScriptedBackend:
     replies: deque[str] = field(default_factory=deque)
     prompts: list[str] = field(default_factory=list)
     sampled: list[int] = field(default_factory=list)  # tokens written, per reply
+    samplers: list[SamplerSettings] = field(default_factory=list)  # each reply's sampler settings
     lora_files: list[Path] = field(default_factory=list)
     loras: LoraScales = ()  # the adapters set now
     batches: list[tuple[LoraScales, tuple[int, ...]]] = field(default_factory=list)  # adapters and sequences of each batch
@@ -130,6 +131,7 @@ class ScriptedBackend:
     def make_sampler(self, settings: SamplerSettings, guide: TokenGuide | None = None, *, seq: int | None = None, raw_logits: bool = False) -> _ScriptSampler:
         script = self.tokenize(self.replies.popleft(), add_bos=False, special=True) if self.replies else []
         self.sampled.append(0)
+        self.samplers.append(settings)
         return _ScriptSampler(deque([*script, EOS]), guide, self.prompts, self.token_text)
 
     def sample(self, seq: int, sampler: _ScriptSampler, row: int = -1) -> int:  # type: ignore[override]

@@ -76,6 +76,15 @@ def test_generate_whole_streamed_and_raw(client: ollama.Client, gemma_gguf_engin
     assert "".join(part.response for part in parts if part.response)
 
 
+def test_options_past_openais_bounds_are_read_as_llama_cpp_reads_them(client: ollama.Client) -> None:
+    """Ollama hands options to llama.cpp as given: a temperature of 3, top_k -1 (no cut), a 64-bit seed; the options
+    today's Ollama no longer knows (Mirostat, tail-free sampling, penalize_newline) it ignores."""
+    options = {"temperature": 3, "top_k": -1, "seed": 2**40, "mirostat": 2, "tfs_z": 0.5, "penalize_newline": False,
+               "num_predict": 4}
+    reply = client.generate(MODEL, prompt="Name a colour.", options=options)
+    assert reply.done and reply.done_reason in ("stop", "length")
+
+
 def test_format_gives_json_following_the_schema(client: ollama.Client) -> None:
     schema = {"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue"]}, "bright": {"type": "boolean"}},
               "required": ["colour", "bright"], "additionalProperties": False}

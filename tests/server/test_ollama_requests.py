@@ -44,14 +44,32 @@ def test_options_become_sampler_fields() -> None:
     assert sampling_fields({"num_predict": 8192}, REPLY_LIMIT) == ({"max_tokens": REPLY_LIMIT}, None)
 
 
+@pytest.mark.parametrize(("options", "fields"), [
+    # llama.cpp's meanings, which Ollama hands the options to: greedy at 0 or below, no top-k cut at 0 or below
+    # (nor past any vocabulary), no top-p cut at 1 or above, no min-p cut at 0 or below.
+    ({"temperature": 3.5, "top_k": -1}, {"temperature": 3.5, "top_k": 0}),
+    ({"temperature": -1, "top_k": 2**40, "top_p": 1.5, "min_p": -0.5}, {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}),
+    # top_p 0 or min_p 1 keeps the likeliest token alone: greedy.
+    ({"temperature": 0.8, "top_p": 0}, {"temperature": 0.0}),
+    ({"min_p": 1.0, "top_p": 0.9}, {"temperature": 0.0}),
+    # A seed is 32 bits in llama.cpp, as OpenAI's 64-bit one is taken here.
+    ({"seed": 2**32 + 7}, {"seed": 7}),
+    ({"seed": 2**70 + 3}, {"seed": 3}),
+    # Options today's Ollama no longer knows are ignored, as it ignores them (it logs them).
+    ({"mirostat": 2, "mirostat_tau": 5.0, "tfs_z": 0.5, "penalize_newline": False}, {}),
+])
+def test_options_mean_what_llama_cpp_makes_of_them(options: dict[str, Any], fields: dict[str, Any]) -> None:
+    assert sampling_fields(options, REPLY_LIMIT) == (fields, None)
+
+
 @pytest.mark.parametrize(("options", "message"), [
-    ({"mirostat": 2}, "options.mirostat: Mirostat sampling is not supported by localchat; leave it out"),
     ({"typical_p": 0.7}, "options.typical_p: locally typical sampling is not supported by localchat; leave it out"),
-    ({"tfs_z": 0.5}, "options.tfs_z: tail-free sampling is not supported by localchat; leave it out"),
-    ({"penalize_newline": False}, "options.penalize_newline: sparing newlines from the repeat penalty is not supported"),
     ({"top_k": "40"}, 'option "top_k" must be of type integer'),
     ({"temperature": True}, 'option "temperature" must be of type float'),
+    ({"seed": float("inf")}, 'option "seed" must be a finite number'),
     ({"stop": "END"}, 'option "stop" must be of an array of strings'),
+    ({"repeat_penalty": 0}, r"options.repeat_penalty: 0 must be > 0 \(1 turns it off\)"),
+    ({"repeat_last_n": -2}, r"options.repeat_last_n: -2 must be >= -1"),
 ])
 def test_options_localchat_cannot_honour_are_refused_by_name(options: dict[str, Any], message: str) -> None:
     with pytest.raises(APIError, match=message):

@@ -105,12 +105,12 @@ def test_generate_is_a_chat_of_one_message_or_raw(qwen3: tuple[ollama.Client, Sc
     ("/api/chat", {"messages": TOOLS_QUESTION}, 400, "model is required"),
     ("/api/chat", {"model": "scripted", "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}, 400,
      "messages.0.images: localchat serves text models, which cannot read images; send text only"),
-    ("/api/chat", {"model": "scripted", "messages": TOOLS_QUESTION, "options": {"mirostat": 2}}, 400,
-     "options.mirostat: Mirostat sampling is not supported by localchat; leave it out"),
+    ("/api/chat", {"model": "scripted", "messages": TOOLS_QUESTION, "options": {"typical_p": 0.5}}, 400,
+     "options.typical_p: locally typical sampling is not supported by localchat; leave it out"),
     ("/api/chat", {"model": "scripted", "messages": TOOLS_QUESTION, "options": {"top_k": "many"}}, 400,
      'option "top_k" must be of type integer'),
-    ("/api/chat", {"model": "scripted", "messages": TOOLS_QUESTION, "options": {"top_p": 0}}, 400,
-     "options.top_p: Input should be greater than 0"),
+    ("/api/chat", {"model": "scripted", "messages": TOOLS_QUESTION, "options": {"repeat_penalty": 0}}, 400,
+     "options.repeat_penalty: 0 must be > 0 (1 turns it off)"),
     ("/api/chat", {"model": "scripted", "messages": TOOLS_QUESTION, "keep_alive": "soon"}, 400,
      'keep_alive: invalid duration "soon": give seconds or a duration such as "5m" or "1h30m"'),
     ("/api/chat", {"model": "scripted", "messages": TOOLS_QUESTION, "stream": "yes"}, 400, "stream: Input should be a valid boolean"),
@@ -138,6 +138,18 @@ def test_unknown_fields_and_load_time_options_are_accepted_as_ollama_does(
     with pytest.raises(ollama.ResponseError) as refused:
         client.chat(model="scripted", messages=TOOLS_QUESTION, options={"typical_p": 0.5})
     assert refused.value.status_code == 400 and "typical_p" in refused.value.error
+
+
+def test_options_are_read_as_ollamas_llama_cpp_reads_them(qwen3: tuple[ollama.Client, ScriptedBackend, httpx.Client]) -> None:
+    """Past OpenAI's bounds: a temperature of 3, top_k -1 (no cut), a 64-bit seed (modulo 2**32), and the
+    options today's Ollama ignores (it logs them); through chat, generate and raw generate alike."""
+    client, backend, _ = qwen3
+    options = {"temperature": 3, "top_k": -1, "seed": 2**40 + 9, "mirostat": 2, "tfs_z": 0.5, "penalize_newline": False}
+    backend.replies.extend(["Fine."] * 3)
+    assert client.chat(model="scripted", messages=TOOLS_QUESTION, options=options).message.content == "Fine."
+    assert client.generate(model="scripted", prompt="Hi", options=options).response == "Fine."
+    assert client.generate(model="scripted", prompt="Hi", raw=True, options=options).response == "Fine."
+    assert [(s.temperature, s.top_k, s.seed) for s in backend.samplers] == [(3.0, 0, 9)] * 3
 
 
 def test_empty_requests_load_and_keep_alive_0_unloads(qwen3: tuple[ollama.Client, ScriptedBackend, httpx.Client]) -> None:
