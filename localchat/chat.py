@@ -26,6 +26,14 @@ def tokenize_prompt(backend: Backend, template: ChatTemplate, text: str) -> list
     return backend.tokenize(text, add_bos=add_bos, special=True)
 
 
+def tokenize_continuation(backend: Backend, template: ChatTemplate, text: str) -> list[int]:
+    """A prompt `template` rendered, as tokens that go on after earlier ones (an earlier exchange's
+    prompt and reply): without the BOS that starts a prompt, added or written by the template."""
+    if template.bos_token:
+        text = text.removeprefix(template.bos_token)
+    return backend.tokenize(text, add_bos=False, special=True)
+
+
 @dataclass(frozen=True)
 class ChatPrompt:
     """The prompt for a chat's next reply, and what of the conversation it holds."""

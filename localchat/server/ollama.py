@@ -6,10 +6,11 @@ response_format, `think` as the template's switch, `options` as sampler fields) 
 reply is written as Ollama writes it: newline-delimited JSON objects (or one object), content and
 thinking apart, tool calls with their arguments as objects, and the counters Ollama clients show,
 measured. /api/generate is a chat of one user message (its `system` before it), or with `raw` the
-prompt as is.
+prompt as is. Its deprecated `context` (the token ids of an earlier exchange, which its reply's last
+line gives) goes before that chat's prompt, as Ollama prepends it, so that the prompt goes on from it.
 
 Ollama's fields that localchat does not implement and that would change the answer (images,
-suffix, template, context; typical_p in `options`) are refused by name. Sampling options are read
+suffix, template; typical_p in `options`) are refused by name. Sampling options are read
 as Ollama's llama.cpp reads them, not by OpenAI's bounds (a top_k of -1 cuts nothing). Options
 that set how Ollama loads and runs a model (num_ctx, num_gpu, num_thread...) change no answer's
 meaning: localchat's plan sets those, and the options are accepted and not applied, as Ollama
@@ -59,6 +60,7 @@ from localchat.server.spliced_json import CONTENT_MARK, STAMP_MARK, SplicedJson
 from localchat.session import GenerationStats
 
 if TYPE_CHECKING:
+    from localchat.backends.base import Backend
     from localchat.server.routing import ChatRun, CompletionService, ModelRouter
     from localchat.server.served_models import ServedModel
 
@@ -388,12 +390,14 @@ class OllamaRoutes:
         return await self._answer(body, service, openai_body, stop, timer, request, chat=True)
 
     async def _answer(self, body: ChatRequest | GenerateRequest, service: CompletionService, openai_body: ChatCompletionRequest,
-                      stop: tuple[str, ...] | None, timer: _Timer, request: Request, *, chat: bool) -> Response:
-        """The reply to a chat or generate request, streamed or whole (or its rendered prompt alone)."""
+                      stop: tuple[str, ...] | None, timer: _Timer, request: Request, *, chat: bool,
+                      before: Sequence[int] = ()) -> Response:
+        """The reply to a chat or generate request, streamed or whole (or its rendered prompt alone);
+        `before`: the tokens of an earlier exchange its prompt goes on from (generate's context)."""
         if body.debug_render_only:
-            return await self._render(service, openai_body, body.model)
+            return await self._render(service, openai_body, body.model, before)
         # Ollama cuts a history too long for the context from its oldest turns unless truncate is false.
-        run = await service.start_chat(openai_body, stop, fit_context=chat and body.truncate is not False)
+        run = await service.start_chat(openai_body, stop, fit_context=chat and body.truncate is not False, before=before)
         writer = _ReplyWriter(run, service, body.model, timer, chat=chat)
         if body.stream:
             return ndjson(writer.stream())
@@ -413,9 +417,10 @@ class OllamaRoutes:
         # The sampler fields as Ollama reads them (sampling_fields), past OpenAI's bounds (a temperature of 3).
         return _validated(ChatCompletionRequest, openai).model_copy(update=fields), stop
 
-    async def _render(self, service: CompletionService, body: ChatCompletionRequest, model: str) -> Response:
+    async def _render(self, service: CompletionService, body: ChatCompletionRequest, model: str, before: Sequence[int]) -> Response:
         plan, _ = await service.chat_prompt(body)
-        debug = DebugResponse(model=model, created_at=created_at(), debug_info=DebugRender(rendered_template=plan.prompt + plan.forced))
+        rendered = _text_of(service.engine.backend, before) + plan.prompt + plan.forced
+        debug = DebugResponse(model=model, created_at=created_at(), debug_info=DebugRender(rendered_template=rendered))
         return JSONResponse(debug.model_dump(by_alias=True))
 
     # -- /api/generate ------------------------------------------------------------------
@@ -435,9 +440,13 @@ class OllamaRoutes:
         service = self.models.service(served)
         if body.raw:
             return await self._generate_raw(body, service, timer, request)
+        n_vocab = service.engine.backend.info.n_vocab
+        if not all(0 <= token < n_vocab for token in body.context or ()):
+            raise APIError(400, f"context: token ids must be in [0, {n_vocab}): send the context an earlier reply of "
+                                f"this model gave", param="context")
         messages = ([{"role": "system", "content": body.system}] if body.system else []) + [{"role": "user", "content": body.prompt}]
         openai_body, stop = self._chat_body(body.model, messages, body, served, [])
-        return await self._answer(body, service, openai_body, stop, timer, request, chat=False)
+        return await self._answer(body, service, openai_body, stop, timer, request, chat=False, before=body.context or ())
 
     async def _generate_raw(self, body: GenerateRequest, service: CompletionService, timer: _Timer, request: Request) -> Response:
         fields, stop = sampling_fields(body.options, service.settings.max_reply_tokens)
@@ -468,8 +477,6 @@ def _refuse_generate_fields(body: GenerateRequest) -> None:
         ("images", bool(body.images), "localchat serves text models, which cannot read images"),
         ("suffix", bool(body.suffix), "localchat has no fill-in-the-middle; send the text before it as the prompt"),
         ("template", bool(body.template), "localchat renders the model's own chat template; use raw to send a prompt as is"),
-        ("context", bool(body.context), "the context of an earlier reply is not supported (deprecated by Ollama); "
-                                        "send the conversation to /api/chat"),
         ("width", body.width is not None, "localchat generates no images"),
         ("height", body.height is not None, "localchat generates no images"),
         ("steps", body.steps is not None, "localchat generates no images"),
@@ -477,8 +484,13 @@ def _refuse_generate_fields(body: GenerateRequest) -> None:
     for name, given, why in refused:
         if given:
             raise APIError(400, f"{name}: {why}", code="unsupported_parameter", param=name)
-    if body.raw and body.system:
+    if body.raw and (body.system or body.context):
         raise APIError(400, "raw mode does not support template, system, or context", param="raw")
+
+
+def _text_of(backend: Backend, tokens: Sequence[int]) -> str:
+    """Tokens as text, control tokens as the vocabulary spells them (what Ollama's detokenize gives)."""
+    return b"".join(backend.token_bytes(token) or backend.token_text(token).encode() for token in tokens).decode(errors="replace")
 
 
 class _ReplyWriter:
@@ -520,15 +532,18 @@ class _ReplyWriter:
         logprobs = said.logprobs or None
         counters: dict[str, Any] = {}
         done_reason = None
+        context = None
         if done:
             counters = self.timer.metrics(stats).model_dump()
             done_reason = "length" if stats is not None and stats.finish_reason == "length" else "stop"
+            if self.run is not None and stats is not None:  # a raw prompt has none, as Ollama gives none
+                context = [*self.run.prompt, *stats.completion_ids]
         if self.chat:
             message = ReplyMessage(content=content, thinking=thinking, tool_calls=calls)
             return ChatResponse(model=self.model, created_at=stamp or created_at(), message=message, done=done,
                                 done_reason=done_reason, logprobs=logprobs, **counters)
         return GenerateResponse(model=self.model, created_at=stamp or created_at(), response=content, thinking=thinking, done=done,
-                                done_reason=done_reason, logprobs=logprobs, **counters)
+                                done_reason=done_reason, context=context, logprobs=logprobs, **counters)
 
     def _finish(self, said: _Reply) -> list[ToolCallOut] | None:
         """The reply's end: what the reader held back, and its calls (a call whose arguments are cut

@@ -100,7 +100,8 @@ class GenerateRequest(_Inference):
     raw: bool = Field(False, description="the prompt as is, without the chat template")
     suffix: str = Field("", description="refused: localchat has no fill-in-the-middle")
     template: str = Field("", description="refused: localchat renders the model's own chat template")
-    context: list[int] | None = Field(None, description="refused (deprecated in Ollama): send the history to /api/chat")
+    context: list[int] | None = Field(None, description="an earlier reply's context (deprecated in Ollama): the prompt "
+                                                        "goes on from that exchange; /api/chat takes the history instead")
     images: list[str] | None = Field(None, description="refused: localchat serves text models")
     width: int | None = Field(None, description="refused: no image generation")
     height: int | None = Field(None, description="refused: no image generation")
@@ -199,6 +200,8 @@ class _GenerateLine(BaseModel):
     thinking: str | None = None
     done: bool
     done_reason: str | None = Field(None, description="stop, length, load or unload")
+    context: list[int] | None = Field(None, description="on the last line (not raw): the exchange's tokens, prompt "
+                                                        "and reply, for a later request's context")
     logprobs: list[TokenLogprob] | None = None
 
 

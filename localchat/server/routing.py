@@ -18,7 +18,7 @@ from fastapi import Request
 from fastapi.concurrency import run_in_threadpool
 
 from localchat.adapters import requested_scales
-from localchat.chat import tokenize_prompt
+from localchat.chat import tokenize_continuation, tokenize_prompt
 from localchat.constraints import tokenizer_for
 from localchat.errors import LocalchatError
 from localchat.model_pool import ModelBusyError, ModelPool
@@ -151,11 +151,13 @@ class CompletionService:
                                   ignore_eos=body.ignore_eos, shown_tokens=shown_tokens, logprobs=logprobs,
                                   lookup_draft=self.settings.lookup_draft, loras=loras)
 
-    async def chat_prompt(self, body: ChatCompletionRequest, *, fit_context: bool = False) -> tuple[ChatPlan, list[int]]:
+    async def chat_prompt(self, body: ChatCompletionRequest, *, fit_context: bool = False,
+                          before: Sequence[int] = ()) -> tuple[ChatPlan, list[int]]:
         """How the request is answered, and the prompt's tokens (a forced call's opening included).
         `fit_context` (Ollama's way): a history too long for the context, with room for the reply as
         localchat.chat.Chat leaves it, loses its oldest turns (never a system message nor the last
-        message); else it is refused whole (OpenAI's and llama-server's)."""
+        message); else it is refused whole (OpenAI's and llama-server's). `before`: tokens the prompt
+        goes on from (Ollama's context: an earlier exchange's)."""
         n_ctx = self.engine.backend.n_ctx
         reply_room = min(body.reply_limit or n_ctx // 4, n_ctx // 2)
 
@@ -163,7 +165,9 @@ class CompletionService:
             kept = body
             while True:
                 plan = plan_chat(kept, self.chat, default_thinking=self.settings.enable_thinking)
-                tokens = tokenize_prompt(self.engine.backend, self.engine.template, plan.prompt + plan.forced)
+                text = plan.prompt + plan.forced
+                tokens = ([*before, *tokenize_continuation(self.engine.backend, self.engine.template, text)] if before
+                          else tokenize_prompt(self.engine.backend, self.engine.template, text))
                 shorter = _without_oldest_turn(kept.messages) if fit_context and len(tokens) + reply_room > n_ctx else None
                 if shorter is None:
                     return plan, tokens
@@ -174,20 +178,20 @@ class CompletionService:
         return await run_in_threadpool(prepare)
 
     async def start_chat(self, body: ChatCompletionRequest, stop: tuple[str, ...] | None = None, *,
-                         fit_context: bool = False) -> ChatRun:
+                         fit_context: bool = False, before: Sequence[int] = ()) -> ChatRun:
         """Plans, tokenizes and queues the reply to `body` (`stop`: stop strings beyond OpenAI's
-        four, from another API's request; else the body's; `fit_context`: see chat_prompt)."""
+        four, from another API's request; else the body's; `fit_context`, `before`: see chat_prompt)."""
         generation = self.generation_settings(body, body.reply_limit, self.chat.shown_tokens, body.logprobs_wanted)
         if stop is not None:
             generation = replace(generation, stop=stop)
-        plan, prompt = await self.chat_prompt(body, fit_context=fit_context)
+        plan, prompt = await self.chat_prompt(body, fit_context=fit_context, before=before)
         constraint = plan.constraint or (body.response_format.constraint() if body.response_format is not None else None)
         if constraint is not None:
             generation = replace(generation, constraint=constraint)
             # The vocabulary is read into llguidance once (seconds for a large one): off the event loop.
             await run_in_threadpool(tokenizer_for, self.engine.backend)
         reply = self.submit(prompt, generation)
-        return ChatRun(plan, ChatReplyReader(plan), reply, generation)
+        return ChatRun(plan, ChatReplyReader(plan), reply, generation, prompt)
 
     async def text_prompt(self, body: CompletionRequest) -> list[int]:
         if isinstance(body.prompt, list):
@@ -213,12 +217,13 @@ class CompletionService:
 
 @dataclass(frozen=True)
 class ChatRun:
-    """A chat reply under way: how it was planned, its reader, the scheduled reply, its settings."""
+    """A chat reply under way: how it was planned, its reader, the scheduled reply, its settings, its prompt's tokens."""
 
     plan: ChatPlan
     reader: ChatReplyReader
     reply: PendingReply
     generation: GenerationSettings
+    prompt: list[int]
 
     def read(self, text: str) -> list[ChatDelta]:
         """The reply's next text as deltas; once the calls wanted are made the rest is not needed."""

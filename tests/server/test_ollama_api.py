@@ -68,12 +68,36 @@ def test_the_same_conversation_gives_the_same_greedy_reply_through_both_apis(gem
 
 def test_generate_whole_streamed_and_raw(client: ollama.Client, gemma_gguf_engine: Engine) -> None:
     whole = client.generate(MODEL, prompt="Name a colour.", options={**GREEDY, "num_predict": 12})
-    assert whole.done and whole.response and whole.context is None
+    assert whole.done and whole.response and whole.context
     _counters_add_up(whole, 12)
     parts = list(client.generate(MODEL, prompt="The sky is", raw=True, stream=True, options={**GREEDY, "num_predict": 8}))
-    # <bos> and the prompt's tokens: no template around it.
+    # <bos> and the prompt's tokens: no template around it; no context, as Ollama gives none for a raw prompt.
     assert parts[-1].done and parts[-1].prompt_eval_count == len(gemma_gguf_engine.backend.tokenize("The sky is", add_bos=True, special=True))
+    assert parts[-1].context is None
     assert "".join(part.response for part in parts if part.response)
+
+
+def test_generate_goes_on_from_an_earlier_replys_context(gemma_server: LiveServer, client: ollama.Client) -> None:
+    """Ollama's deprecated context: the first reply's tokens (its prompt and reply) come before the second prompt, so
+    the model sees the first exchange; the second's context holds both exchanges."""
+    options = {**GREEDY, "num_predict": 8}
+    first = client.generate(MODEL, prompt="My name is Ada.", options=options)
+    assert first.context and len(first.context) == first.prompt_eval_count + (first.eval_count or 0)
+    second = client.generate(MODEL, prompt="What is my name?", context=first.context, options=options)
+    assert second.context and second.context[:len(first.context)] == first.context
+    alone = client.generate(MODEL, prompt="What is my name?", options=options)
+    # The first exchange, then the new turn without the <bos> a prompt starts with.
+    assert second.prompt_eval_count == len(first.context) + (alone.prompt_eval_count or 0) - 1
+
+    def rendered(body: dict[str, Any]) -> str:
+        answer = gemma_server.post("/api/generate", {"model": MODEL, **body, "_debug_render_only": True})
+        return str(answer.json()["_debug_info"]["rendered_template"])
+
+    turn = rendered({"prompt": "What is my name?"})
+    with_context = rendered({"prompt": "What is my name?", "context": first.context})
+    assert turn.startswith("<bos><start_of_turn>user\nWhat is my name?")
+    assert with_context.startswith(rendered({"prompt": "My name is Ada."}) + first.response)
+    assert with_context.endswith(turn.removeprefix("<bos>"))
 
 
 def test_options_past_openais_bounds_are_read_as_llama_cpp_reads_them(client: ollama.Client) -> None:

@@ -16,7 +16,7 @@ import ollama
 import pytest
 from chat_format_cases import QWEN3, QWEN3_CALLS, TOOLS, TOOLS_QUESTION
 from live_server import serving
-from scripted_app import ScriptedBackend, scripted_app
+from scripted_app import N_VOCAB, ScriptedBackend, scripted_app
 
 
 
@@ -100,6 +100,26 @@ def test_generate_is_a_chat_of_one_message_or_raw(qwen3: tuple[ollama.Client, Sc
     assert "".join(part.response or "" for part in streamed) == "Paris." and backend.prompts[-1] == "<raw>"
 
 
+def test_generate_goes_on_from_an_earlier_replys_context(qwen3: tuple[ollama.Client, ScriptedBackend, httpx.Client]) -> None:
+    """Ollama's deprecated context: the tokens of an exchange (prompt and reply), which a later generate
+    goes on from (Ollama prepends them to its prompt); on the last line only, and never for a raw prompt."""
+    client, backend, http = qwen3
+    backend.replies.extend(["Ada.", "You are Ada.", "Who?", "Ada."])
+    first = client.generate(model="scripted", prompt="I am Ada.")
+    assert first.context is not None and len(first.context) == first.prompt_eval_count + (first.eval_count or 0)
+    lines = list(client.generate(model="scripted", prompt="Who am I?", context=first.context, stream=True))
+    assert [line.context is None for line in lines] == [True] * (len(lines) - 1) + [False]
+    client.generate(model="scripted", prompt="Who am I?")  # the same turn alone
+    # The first exchange, then the new turn as it renders alone.
+    assert backend.prompts[1] == backend.prompts[0] + "Ada." + backend.prompts[2]
+    second = lines[-1].context or []
+    assert second[:len(first.context)] == first.context and len(second) > len(first.context)
+    rendered = http.post("/api/generate", json={"model": "scripted", "prompt": "Who am I?", "context": first.context,
+                                                "_debug_render_only": True}).json()["_debug_info"]["rendered_template"]
+    assert rendered == backend.prompts[1]
+    assert client.generate(model="scripted", prompt="x", raw=True).context is None
+
+
 @pytest.mark.parametrize(("path", "body", "status", "error"), [
     ("/api/chat", {"model": "nope", "messages": TOOLS_QUESTION}, 404, "model 'nope' not found"),
     ("/api/chat", {"messages": TOOLS_QUESTION}, 400, "model is required"),
@@ -118,8 +138,10 @@ def test_generate_is_a_chat_of_one_message_or_raw(qwen3: tuple[ollama.Client, Sc
      "suffix: localchat has no fill-in-the-middle; send the text before it as the prompt"),
     ("/api/generate", {"model": "scripted", "prompt": "x", "raw": True, "system": "s"}, 400,
      "raw mode does not support template, system, or context"),
-    ("/api/generate", {"model": "scripted", "prompt": "x", "context": [1, 2]}, 400,
-     "context: the context of an earlier reply is not supported (deprecated by Ollama); send the conversation to /api/chat"),
+    ("/api/generate", {"model": "scripted", "prompt": "x", "raw": True, "context": [1, 2]}, 400,
+     "raw mode does not support template, system, or context"),
+    ("/api/generate", {"model": "scripted", "prompt": "x", "context": [1, 10**9]}, 400,
+     f"context: token ids must be in [0, {N_VOCAB}): send the context an earlier reply of this model gave"),
 ])
 def test_errors_come_as_ollama_gives_them(qwen3: tuple[ollama.Client, ScriptedBackend, httpx.Client], path: str,
                                           body: dict[str, Any], status: int, error: str) -> None:
