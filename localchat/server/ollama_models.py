@@ -31,7 +31,7 @@ from localchat import hub
 from localchat.chat_formats import detect_format
 from localchat.errors import LocalchatError, ModelError
 from localchat.gguf_file import read_gguf_header
-from localchat.models import InstalledModel, describe_model, packaged_model, remove_model
+from localchat.models import InstalledModel, describe_model, packaged_model, pending_stamp, remove_model
 from localchat.sampling_defaults import sampler_defaults
 from localchat.server.errors import APIError
 from localchat.server.json_bodies import WellFormedRoute
@@ -92,8 +92,11 @@ def _digest(path: Path) -> str:
 
 
 def _modified(path: Path) -> str:
-    """When the model's file changed (a packaged model not made yet: the epoch)."""
-    return _time(path.stat().st_mtime if path.exists() else 0)
+    """When the model's file changed (a packaged model not made yet: the time its file will have)."""
+    if path.exists():
+        return _time(path.stat().st_mtime)
+    stamp = pending_stamp(path)
+    return _time(stamp.mtime if stamp is not None else 0)
 
 
 def _details(row: InstalledModel) -> ModelDetails:
@@ -163,7 +166,8 @@ class OllamaModels:
     def rows(self) -> list[InstalledModel]:
         """Every model described from its file; a packaged model not made yet (it is on first use) as such."""
         return [describe_model(model_id, path) if path.exists() else
-                InstalledModel(model_id, "gguf", path, 0, pending="made from its PyPI package on first use")
+                InstalledModel(model_id, "gguf", path, stamp.size if (stamp := pending_stamp(path)) else 0,
+                               pending="made from its PyPI package on first use")
                 for model_id, path in self._paths().items()]
 
     def _checked(self, allowed: bool, what: str, flag: str) -> None:

