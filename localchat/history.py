@@ -8,6 +8,8 @@ migrations recorded in `PRAGMA user_version`, so a newer localchat opens an olde
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -51,6 +53,29 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE messages ADD COLUMN reasoning TEXT;
     """,
 )
+
+
+def _columns(db: sqlite3.Connection) -> frozenset[tuple[str, str]]:
+    """Each (table, column) of the database's tables."""
+    rows = db.execute("SELECT t.name, c.name FROM sqlite_master AS t JOIN pragma_table_info(t.name) AS c WHERE t.type = 'table'")
+    return frozenset(rows)
+
+
+@functools.cache
+def _promised_columns(version: int) -> frozenset[tuple[str, str]]:
+    """The (table, column) pairs a file at schema `version` holds: its migrations, run on an empty database."""
+    with contextlib.closing(sqlite3.connect(":memory:")) as db:
+        db.executescript("".join(MIGRATIONS[:version]))
+        return _columns(db)
+
+
+def _missing(promised: frozenset[tuple[str, str]], present: frozenset[tuple[str, str]]) -> list[str]:
+    """What of `promised` is not `present`, named for a person: a table wholly missing, else its columns."""
+    tables = {table for table, _ in present}
+    gone = sorted(promised - present)
+    return sorted({f"table {table}" for table, _ in gone if table not in tables}) + [
+        f"column {table}.{column}" for table, column in gone if table in tables
+    ]
 
 
 class HistoryError(LocalchatError):
@@ -119,6 +144,10 @@ class ConversationStore:
                 f"{self.path} was written by a newer localchat (schema {version}, this one knows "
                 f"{len(MIGRATIONS)}); upgrade localchat"
             )
+        # A table dropped by hand or by another tool passes quick_check and user_version alike: a
+        # query that meets it would fail later, mid-chat, so the schema is checked here, once.
+        if missing := _missing(_promised_columns(version), _columns(self._db)):
+            raise sqlite3.DatabaseError(f"it is incomplete (it has no {', no '.join(missing)})")
         for number in range(version, len(MIGRATIONS)):
             # executescript commits first, so BEGIN makes the migration and its version one step.
             self._db.executescript(f"BEGIN; {MIGRATIONS[number]}; PRAGMA user_version = {number + 1}; COMMIT;")

@@ -10,12 +10,16 @@ conversation store in its own transaction.
 
 from __future__ import annotations
 
+import asyncio
+import signal
+import sys
 import threading
 
 from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.driver import Driver
 from textual.screen import ModalScreen
 from textual.widgets import Footer
 
@@ -47,6 +51,9 @@ from localchat.tui.widgets.status import StatusBar
 REPLY_SETTINGS = GenerationSettings(max_tokens=1024, lookup_draft=DEFAULT_LOOKUP_DRAFT)
 MEMORY_S = 1.0  # how often the status bar's memory figures are sampled
 THEMES = ("textual-dark", "textual-light")
+# `kill` and a closed terminal window end the app as Ctrl+Q does, keeping the reply being written; the exit
+# status is then a killed process's, 128 + the signal's number. asyncio takes no signal handlers on Windows.
+QUIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP) if sys.platform != "win32" else ()
 
 
 class ChatApp(App[int]):
@@ -116,7 +123,15 @@ class ChatApp(App[int]):
         self.loading = False
         self.thinking = True  # the stored preference replaces it on mount
         self._pull_cancel: threading.Event | None = None  # set to stop the pull under way
-        self._quit_after_reply = False
+        self._quitting: int | None = None  # the exit status, once told to quit while a reply is written
+
+    def get_driver_class(self) -> type[Driver]:
+        chosen = super().get_driver_class()
+        if not QUIT_SIGNALS:  # Windows: no hangup to outlive (and no termios to import)
+            return chosen
+        from localchat.tui.terminal import terminal_driver
+
+        return terminal_driver(chosen)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         # Behind a dialog only quitting and moving the focus work: no second dialog over the first,
@@ -148,6 +163,8 @@ class ChatApp(App[int]):
         self.conversation_view = self.query_one(ConversationView)
         self.prompt = self.query_one(PromptInput)
         self.memory_timer = self.set_interval(MEMORY_S, self._sample_memory)
+        for number in QUIT_SIGNALS:
+            asyncio.get_running_loop().add_signal_handler(number, self._quit, 128 + number)
         self._sample_memory()
         conversations = self.store.conversations()
         await self.open_conversation(conversations[0].id if conversations else None)
@@ -485,8 +502,8 @@ class ChatApp(App[int]):
             if (used := reply.turn.chat.context_used()) is not None:
                 self.status.context_used = used
         self._refresh_list()
-        if self._quit_after_reply:
-            self.exit(self.return_code or 0)
+        if self._quitting is not None:
+            self.exit(self.return_code or self._quitting)
 
     def _stop_reply(self) -> None:
         if self.reply is not None:
@@ -571,16 +588,23 @@ class ChatApp(App[int]):
     # Shutdown
 
     def action_quit(self) -> None:
+        self._quit(0)
+
+    def _quit(self, status: int) -> None:
+        """Exit with `status` (Ctrl+Q's 0, or a signal's), once the reply being written is stored."""
         if self.reply is not None:
             # Keep what was written: the worker stops within a token or a prompt chunk, its last
             # text and its end arrive as messages, the reply is stored, then the app exits. No
             # timeout: closing the engine under a running worker would crash.
-            self._quit_after_reply = True
+            if self._quitting is None:  # the first to ask says how the app ends
+                self._quitting = status
             self._stop_reply()
             return
-        self.exit(self.return_code or 0)
+        self.exit(self.return_code or status)
 
     def on_unmount(self) -> None:
+        for number in QUIT_SIGNALS:
+            asyncio.get_running_loop().remove_signal_handler(number)
         worker_busy = False
         if self.reply is not None:
             self._stop_reply()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pty
 import signal
 import sqlite3
 import subprocess
@@ -98,6 +99,42 @@ def test_damaged_pages_are_found_at_open_and_a_byte_not_utf8_reads_as_the_replac
     path.write_bytes(bytes(data))
     with pytest.raises(HistoryError, match="it is damaged .*; move the file aside"):
         ConversationStore(path)
+
+
+@pytest.mark.parametrize(("version", "damage", "missing"), [
+    (len(MIGRATIONS), "DROP TABLE preferences", "table preferences"),
+    (len(MIGRATIONS), "DROP TABLE messages", "table messages"),
+    (len(MIGRATIONS), "ALTER TABLE messages DROP COLUMN reasoning", "column messages.reasoning"),
+    (2, "DROP TABLE messages", "table messages"),  # an older file, checked against what its own version holds
+])
+def test_a_file_missing_a_table_is_found_at_open(history_path: Path, version: int, damage: str, missing: str) -> None:
+    """A table dropped by hand passes quick_check and user_version: it is one line at open, not an
+    error in the query that meets it."""
+    with sqlite3.connect(history_path) as db:
+        db.executescript("".join(MIGRATIONS[:version]) + f"PRAGMA user_version = {version}; {damage};")
+    with pytest.raises(HistoryError, match=rf"it is incomplete \(it has no {missing}\); move the file aside"):
+        ConversationStore(history_path)
+
+
+def test_the_chat_app_on_a_file_missing_a_table_ends_with_one_line(tmp_path: Path) -> None:
+    """`localchat` in a terminal, its history missing a table: one line on stderr and status 1, no
+    traceback (the model named is missing, so nothing loads: the history is opened either way)."""
+    home = tmp_path / "home"
+    ConversationStore(home / "data" / "history.db").close()
+    with sqlite3.connect(home / "data" / "history.db") as db:
+        db.execute("DROP TABLE preferences")
+    leader, follower = pty.openpty()
+    try:
+        app = subprocess.run([sys.executable, "-m", "localchat", "-m", str(tmp_path / "model.gguf")], stdin=follower,
+                             stdout=follower, stderr=subprocess.PIPE, text=True, timeout=60, check=False,
+                             env={**os.environ, "LOCALCHAT_HOME": str(home)})
+    finally:
+        os.close(follower)
+        os.close(leader)
+    assert app.returncode == 1
+    (line,) = app.stderr.splitlines()
+    assert line.startswith("localchat: error: cannot open the conversation history") and "it is incomplete" in line
+    assert "move the file aside" in line
 
 
 def test_titles_come_from_the_first_line() -> None:
