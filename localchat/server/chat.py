@@ -166,7 +166,8 @@ def plan_chat(body: ChatCompletionRequest, chat: ModelChat, *, default_thinking:
         forced_name = choice.function.name
         if forced_name not in names:
             raise APIError(400, f"tool_choice names the function '{forced_name}', which is not among the tools", param="tool_choice")
-    if choice != "none" and not tools:
+    # "auto" with no tools is no tools, as llama-server, vLLM and Ollama read it.
+    if choice not in ("none", "auto") and not tools:
         raise APIError(400, "tool_choice asks for a tool call but the request has no tools", param="tool_choice")
     shown = tools if choice != "none" else []
     messages = [_message(message, index) for index, message in enumerate(body.messages)]

@@ -49,6 +49,18 @@ def test_a_forced_call_is_valid_whole_and_streamed(server: LiveServer, choice: A
     assert [(c.function.name, c.function.arguments) for c in streamed] == [(name, calls[0].function.arguments)]  # type: ignore[union-attr]
 
 
+def test_no_tools_with_auto_choice_is_no_tools(server: LiveServer) -> None:
+    """As llama-server, vLLM and Ollama read it; a call asked for with no tools stays a 400."""
+    for tools in ([], None):
+        body = {"messages": ASK, "tool_choice": "auto", "max_tokens": 4, **GREEDY} | ({} if tools is None else {"tools": tools})
+        answered = server.post("/v1/chat/completions", body)
+        assert answered.status_code == 200 and answered.json()["choices"][0]["message"]["content"], answered.text
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        refused = server.post("/v1/chat/completions", {"messages": ASK, "tools": [], "tool_choice": choice})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "tool_choice", refused.text
+        assert "tools" in refused.json()["error"]["message"]
+
+
 def test_tools_with_auto_choice_answer_in_shape(server: LiveServer) -> None:
     reply = server.client().chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER_TOOL], max_tokens=40, **GREEDY)
     choice = reply.choices[0]
