@@ -49,6 +49,17 @@ def test_a_forced_call_is_valid_whole_and_streamed(server: LiveServer, choice: A
     assert [(c.function.name, c.function.arguments) for c in streamed] == [(name, calls[0].function.arguments)]  # type: ignore[union-attr]
 
 
+def test_a_forced_call_of_a_function_without_parameters_has_none(server: LiveServer) -> None:
+    """OpenAI: a function defined without parameters takes an empty parameter list."""
+    now = {"type": "function", "function": {"name": "get_time", "description": "The time now."}}
+    for choice in ({"type": "function", "function": {"name": "get_time"}}, "required"):
+        reply = server.client().chat.completions.create(model=MODEL, messages=ASK, tools=[now], tool_choice=choice,  # type: ignore[arg-type]
+                                                        max_tokens=60, **GREEDY)
+        calls = reply.choices[0].message.tool_calls or []
+        assert [(call.function.name, call.function.arguments) for call in calls] == [("get_time", "{}")]  # type: ignore[union-attr]
+        assert reply.choices[0].finish_reason == "tool_calls"
+
+
 def test_no_tools_with_auto_choice_is_no_tools(server: LiveServer) -> None:
     """As llama-server, vLLM and Ollama read it; a call asked for with no tools stays a 400."""
     for tools in ([], None):
