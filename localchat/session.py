@@ -276,6 +276,12 @@ class Reply:
         # One per token of `token_ids` when asked for; `unsent_logprobs` hands them on with the text.
         self.logprobs: list[TokenLogprob] = []
         self._logprobs_sent = 0
+        # Where each of those tokens' text begins in the reply's text, and how much of it was handed on:
+        # the tokens of a stop string (whose text never is) have no log-probabilities handed on.
+        self._token_starts: list[int] = []
+        self._decoded_chars = 0
+        self._released_chars = 0
+        self._tail_taken = False
         self.finish_reason: str | None = None  # set when the reply has ended
         self.cached_tokens = 0
         self.prefix_cache_tokens = 0
@@ -308,7 +314,11 @@ class Reply:
         self.token_ids.append(token)
         if logprob is not None:
             self.logprobs.append(logprob)
-        text, self._stopped_by_string = self._stops.feed(self._decoder.decode(self.piece(token)))
+            self._token_starts.append(self._decoded_chars)
+        decoded = self._decoder.decode(self.piece(token))
+        self._decoded_chars += len(decoded)
+        text, self._stopped_by_string = self._stops.feed(decoded)
+        self._released_chars += len(text)
         if self._stopped_by_string:
             self.finish_reason = "stop"
         elif len(self.token_ids) >= self._limit:
@@ -325,11 +335,15 @@ class Reply:
         return self._token_text(token).encode() if token in self._shown else self._token_bytes(token)
 
     def unsent_logprobs(self) -> tuple[TokenLogprob, ...]:
-        """The log-probabilities added since the last call: a text piece carries those of the
-        tokens added since the piece before (a token whose text is held back, a partial
-        character or a possible stop string's start, goes with the piece that releases it)."""
-        new = tuple(self.logprobs[self._logprobs_sent :])
-        self._logprobs_sent = len(self.logprobs)
+        """The log-probabilities not handed on yet of the tokens whose text the reply has released:
+        a text piece carries those of the tokens it begins (a token whose text is held back, a
+        partial character or a possible stop string's start, goes with the piece that releases
+        it). Those of a stop string's tokens never go: the logprobs cover the text returned."""
+        sent = self._logprobs_sent
+        while sent < len(self.logprobs) and (self._tail_taken or self._token_starts[sent] < self._released_chars):
+            sent += 1
+        new = tuple(self.logprobs[self._logprobs_sent : sent])
+        self._logprobs_sent = sent
         return new
 
     def end(self, finish_reason: str) -> None:
@@ -340,6 +354,7 @@ class Reply:
         """The text held back until the end: a possible stop string's start, a partial character."""
         if self._stopped_by_string:
             return ""
+        self._tail_taken = True  # with the tokens that print nothing at its end
         return self._stops.flush() + self._decoder.decode(b"", final=True)
 
     def stats(self) -> GenerationStats:
