@@ -6,6 +6,7 @@ localchat.tool_call_reader.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
 from collections.abc import Sequence
@@ -159,6 +160,11 @@ class ReplyParser:
             self._reader.close()
         self._mode = "content"
         return self._take()
+
+    @property
+    def in_call(self) -> bool:
+        """Whether the text read so far ends inside a call, or what may turn out to be one."""
+        return self._mode in ("header", "json", "after")
 
     # What the readers report, as parts:
     def start(self, name: str) -> None:
@@ -356,3 +362,20 @@ class ReplyParser:
             self._pending = text[len(marker):]
         self._close_section()
         return True
+
+
+class CallScope:
+    """Where a reply's stop strings apply (localchat.session.StopScope): outside its tool calls.
+    A call's text is the function's and its arguments', not the reply's to end: a stop string
+    such as "}" must not cut a call into arguments that do not parse."""
+
+    def __init__(self, fmt: ChatFormat, prompt: str = "") -> None:
+        self._parser = ReplyParser(fmt, prompt=prompt)
+
+    def feed(self, text: str) -> None:
+        self._parser.feed(text)
+
+    def applies(self, before: str) -> bool:
+        probe = copy.deepcopy(self._parser)
+        probe.feed(before)
+        return not probe.in_call

@@ -40,6 +40,7 @@ from localchat.errors import InvalidSettingError
 from localchat.reply_parser import (
     ArgumentsDelta,
     CallEnd,
+    CallScope,
     CallStart,
     ContentDelta,
     ParsedReply,
@@ -106,6 +107,10 @@ class ChatPlan:
     read_calls: bool
     max_calls: int | None
     constraint: Constraint | None = None  # a forced call's grammar
+
+    def stop_scope(self) -> CallScope:
+        """Where the reply's stop strings apply: outside the calls it writes."""
+        return CallScope(self.format, self.prompt)
 
 
 def _arguments(text: str, where: str) -> dict[str, Any]:

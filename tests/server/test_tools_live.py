@@ -49,6 +49,35 @@ def test_a_forced_call_is_valid_whole_and_streamed(server: LiveServer, choice: A
     assert [(c.function.name, c.function.arguments) for c in streamed] == [(name, calls[0].function.arguments)]  # type: ignore[union-attr]
 
 
+CHOICES = [{"type": "function", "function": {"name": "get_weather"}}, "required"]
+
+
+def _streamed_calls(chunks: list[Any]) -> tuple[str, list[tuple[str, str]], str | None]:
+    """A stream's content, its calls (name, arguments) put together, and its finish reason."""
+    content, calls = "", {}
+    for chunk in chunks:
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        for call in delta.tool_calls or ():
+            name, arguments = calls.get(call.index, ("", ""))
+            calls[call.index] = (name + (call.function.name or ""), arguments + (call.function.arguments or ""))
+    return content, list(calls.values()), chunks[-1].choices[0].finish_reason
+
+
+@pytest.mark.parametrize("choice", CHOICES)
+def test_a_stop_string_never_cuts_a_forced_call(server: LiveServer, choice: Any) -> None:
+    """A forced call is held to its grammar: a stop string such as "}" would cut its arguments."""
+    client = server.client()
+    asked = {"model": MODEL, "messages": ASK, "tools": [WEATHER_TOOL], "tool_choice": choice, "max_tokens": 60,
+             "stop": ["}", '"'], **GREEDY}
+    whole = client.chat.completions.create(**asked)
+    calls = whole.choices[0].message.tool_calls or []
+    assert whole.choices[0].finish_reason == "tool_calls" and len(calls) == 1, whole
+    assert list(json.loads(calls[0].function.arguments)) == ["city"]  # type: ignore[union-attr]
+    content, streamed, finish = _streamed_calls(list(client.chat.completions.create(**asked, stream=True)))
+    assert (content, streamed, finish) == ("", [("get_weather", calls[0].function.arguments)], "tool_calls")  # type: ignore[union-attr]
+
+
 def test_a_forced_call_of_a_function_without_parameters_has_none(server: LiveServer) -> None:
     """OpenAI: a function defined without parameters takes an empty parameter list."""
     now = {"type": "function", "function": {"name": "get_time", "description": "The time now."}}
