@@ -107,6 +107,7 @@ class ChatPlan:
     read_calls: bool
     max_calls: int | None
     constraint: Constraint | None = None  # a forced call's grammar
+    forced_functions: tuple[str, ...] = ()  # the functions a forced call may be of
 
     def stop_scope(self) -> CallScope:
         """Where the reply's stop strings apply: outside the calls it writes."""
@@ -190,7 +191,9 @@ def plan_chat(body: ChatCompletionRequest, chat: ModelChat, *, default_thinking:
     except InvalidSettingError as error:
         raise APIError(400, f"tools: {error}", param="tools") from None
     forced = call_opening(chat.format, prompt, forced_name)
-    return ChatPlan(prompt, forced, chat.format, read_calls=True, max_calls=max_calls, constraint=constraint)
+    functions = (forced_name,) if forced_name is not None else tuple(names)
+    return ChatPlan(prompt, forced, chat.format, read_calls=True, max_calls=max_calls, constraint=constraint,
+                    forced_functions=functions)
 
 
 def new_call_id() -> str:
@@ -205,7 +208,7 @@ class ChatReplyReader:
     """
 
     def __init__(self, plan: ChatPlan, new_id: Callable[[], str] = new_call_id) -> None:
-        self._parser = ReplyParser(plan.format, calls=plan.read_calls, prompt=plan.prompt)
+        self._parser = ReplyParser(plan.format, calls=plan.read_calls, prompt=plan.prompt, forced=plan.forced_functions)
         self._max_calls = plan.max_calls
         self._new_id = new_id
         self._reply = ParsedReply()

@@ -78,6 +78,25 @@ def test_a_stop_string_never_cuts_a_forced_call(server: LiveServer, choice: Any)
     assert (content, streamed, finish) == ("", [("get_weather", calls[0].function.arguments)], "tool_calls")  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("choice", CHOICES)
+def test_a_forced_call_cut_by_max_tokens_ends_with_length_and_the_arguments_written(server: LiveServer, choice: Any) -> None:
+    """As OpenAI answers it: the call, with the arguments written so far (they may not parse), never
+    the call's markup as content nor arguments the model did not write."""
+    client = server.client()
+    asked = {"model": MODEL, "messages": ASK, "tools": [WEATHER_TOOL], "tool_choice": choice, **GREEDY}
+    uncut = client.chat.completions.create(**asked, max_tokens=60)
+    assert uncut.choices[0].finish_reason == "tool_calls" and uncut.usage is not None
+    full = (uncut.choices[0].message.tool_calls or [])[0].function.arguments  # type: ignore[union-attr]
+    written = uncut.usage.completion_tokens
+    for max_tokens in sorted({1, written // 2, written - 1}):
+        whole = client.chat.completions.create(**asked, max_tokens=max_tokens).choices[0]
+        calls = [(call.function.name, call.function.arguments) for call in whole.message.tool_calls or ()]  # type: ignore[union-attr]
+        assert whole.finish_reason == "length" and not whole.message.content, (max_tokens, whole)
+        assert len(calls) == 1 and calls[0][0] == "get_weather" and full.startswith(calls[0][1]), (max_tokens, calls)
+        streamed = _streamed_calls(list(client.chat.completions.create(**asked, max_tokens=max_tokens, stream=True)))
+        assert streamed == ("", calls, "length"), max_tokens
+
+
 def test_a_forced_call_of_a_function_without_parameters_has_none(server: LiveServer) -> None:
     """OpenAI: a function defined without parameters takes an empty parameter list."""
     now = {"type": "function", "function": {"name": "get_time", "description": "The time now."}}
