@@ -374,6 +374,10 @@ def call_opening(fmt: ChatFormat, prompt: str, name: str | None = None) -> str:
     return (f"{thinking.end[0]}\n\n" if thinking else "") + call.prefix + (f"{name}{call.before_arguments}" if name else "")
 
 
+# A function defined without parameters takes none, as OpenAI reads it: its arguments are {}.
+NO_PARAMETERS = {"properties": {}, "additionalProperties": False}
+
+
 def call_grammar(fmt: ChatFormat, tools: Sequence[Mapping[str, Any]], name: str | None = None,
                  control: Mapping[str, int] | None = None) -> str:
     """A Lark grammar (llguidance's) for what follows `call_opening(fmt, prompt, name)`: the
@@ -395,7 +399,7 @@ def call_grammar(fmt: ChatFormat, tools: Sequence[Mapping[str, Any]], name: str 
     chosen = [tool["function"] for tool in tools if name is None or tool["function"]["name"] == name]
     rules = []
     for number, function in enumerate(chosen):
-        schema = {"type": "object", **(function.get("parameters") or {}), "x-guidance": JSON_LAYOUT}
+        schema = {"type": "object", **function.get("parameters", NO_PARAMETERS), "x-guidance": JSON_LAYOUT}
         body = ("" if name else literal(function["name"] + syntax.before_arguments), f"arguments_{number}", literal(syntax.closing))
         rules += [f"call_{number}: {' '.join(part for part in body if part)}",
                   f"arguments_{number}: %json {json.dumps(schema, ensure_ascii=False)}"]

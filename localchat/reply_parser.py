@@ -6,6 +6,7 @@ localchat.tool_call_reader.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
 from collections.abc import Sequence
@@ -78,9 +79,9 @@ class ParsedReply:
             self.calls[part.index].arguments += part.text
 
 
-def parse_reply(fmt: ChatFormat, text: str, *, calls: bool = True, prompt: str = "") -> ParsedReply:
+def parse_reply(fmt: ChatFormat, text: str, *, calls: bool = True, prompt: str = "", forced: Sequence[str] = ()) -> ParsedReply:
     """A whole reply's parts."""
-    parser = ReplyParser(fmt, calls=calls, prompt=prompt)
+    parser = ReplyParser(fmt, calls=calls, prompt=prompt, forced=forced)
     reply = ParsedReply()
     for part in [*parser.feed(text), *parser.finish()]:
         reply.add(part)
@@ -113,13 +114,16 @@ class ReplyParser:
 
     `calls=False` reads no tool calls (their text stays content). `prompt` is the rendered
     prompt: one that ends with a section's start marker (DeepSeek R1's `<think>`, gpt-oss's
-    `<|start|>assistant`) makes the reply start inside that section. However a reply is split
-    into pieces, its parts put together are the same.
+    `<|start|>assistant`) makes the reply start inside that section. `forced`: the functions
+    the reply must call one of (the server wrote the call's opening, a grammar holds the rest):
+    cut short before its name ends, it is a call of the one function the name begun can be, else
+    none, never content. However a reply is split into pieces, its parts put together are the same.
     """
 
-    def __init__(self, fmt: ChatFormat, *, calls: bool = True, prompt: str = "") -> None:
+    def __init__(self, fmt: ChatFormat, *, calls: bool = True, prompt: str = "", forced: Sequence[str] = ()) -> None:
         self.format = fmt
         self.calls_enabled = calls
+        self._forced = tuple(forced)
         sections = [s for s in fmt.sections if calls or s.kind in ("reasoning", "content") or (s.header and s.header.channels)]
         self._bare = next((s for s in sections if not s.start), None)
         self._openers: dict[str, Section | None] = {m: None for m in fmt.dropped} | {s.start: s for s in sections if s.start}
@@ -152,13 +156,36 @@ class ReplyParser:
         """The reply has ended: the rest, as it stands (a call cut short ends as written)."""
         self._run(final=True)
         if self._mode == "header" or (self._mode == "json" and not self._committed):
-            self._revert()
-            self._run(final=True)
+            if self._forced:
+                self._end_forced_call()
+            else:
+                self._revert()
+                self._run(final=True)
         elif self._mode == "json":
             assert self._reader is not None
-            self._reader.close()
+            self._reader.close(cut_short=True)
         self._mode = "content"
         return self._take()
+
+    def _end_forced_call(self) -> None:
+        """A forced call cut short in its name: a call of the one function that name can be, with
+        no arguments written; else no call (its markup is not content either)."""
+        if isinstance(self._reader, CallsReader):
+            begun: str | None = self._reader.text if self._reader.state == "name" else None
+        else:
+            assert self._section is not None and self._section.header is not None
+            named = re.search(self._section.header.name, self._header)
+            begun = named.group(1) if named else ""
+        self._close_section()
+        functions = [name for name in self._forced if begun is not None and name.startswith(begun)]
+        if len(functions) == 1:
+            self.start(functions[0])
+            self.end()
+
+    @property
+    def in_call(self) -> bool:
+        """Whether the text read so far ends inside a call, or what may turn out to be one."""
+        return self._mode in ("header", "json", "after")
 
     # What the readers report, as parts:
     def start(self, name: str) -> None:
@@ -356,3 +383,20 @@ class ReplyParser:
             self._pending = text[len(marker):]
         self._close_section()
         return True
+
+
+class CallScope:
+    """Where a reply's stop strings apply (localchat.session.StopScope): outside its tool calls.
+    A call's text is the function's and its arguments', not the reply's to end: a stop string
+    such as "}" must not cut a call into arguments that do not parse."""
+
+    def __init__(self, fmt: ChatFormat, prompt: str = "") -> None:
+        self._parser = ReplyParser(fmt, prompt=prompt)
+
+    def feed(self, text: str) -> None:
+        self._parser.feed(text)
+
+    def applies(self, before: str) -> bool:
+        probe = copy.deepcopy(self._parser)
+        probe.feed(before)
+        return not probe.in_call

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from localchat.backends.base import ROW_LIMIT, Backend, LoraScales, Sampler, SamplerSettings, TokenLogprob
 from localchat.backends.logprobs import token_logprob
@@ -36,12 +37,26 @@ MIN_SAVE_TOKENS = MIN_MATCH_TOKENS
 PREFILL_CHUNK = 256
 
 
+class StopScope(Protocol):
+    """Where in a reply its stop strings apply: outside its tool calls (localchat.reply_parser.CallScope)."""
+
+    def feed(self, text: str) -> None:
+        """Text the reply has released."""
+        ...
+
+    def applies(self, before: str) -> bool:
+        """Whether a stop string that begins after `before` (text beyond what was fed) ends the reply."""
+        ...
+
+
 @dataclass(frozen=True)
 class GenerationSettings:
     """How long to generate and when to stop; `max_tokens=None` means until the context is full."""
 
     max_tokens: int | None = 512
     stop: tuple[str, ...] = ()
+    # Where the stop strings apply (None: anywhere); a reply held to a `constraint` matches none.
+    stop_scope: Callable[[], StopScope] | None = None
     # None: the model's defaults (localchat.sampling_defaults), filled in when the reply starts.
     sampler: SamplerSettings | None = None
     ignore_eos: bool = False
@@ -98,10 +113,12 @@ class GenerationStats:
 
 
 class _StopMatcher:
-    """Cuts text at the first stop string, holding back a tail that may begin one."""
+    """Cuts text at the first stop string (where `scope` says stop strings apply), holding back a
+    tail that may begin one."""
 
-    def __init__(self, stops: Sequence[str]) -> None:
+    def __init__(self, stops: Sequence[str], scope: StopScope | None = None) -> None:
         self.stops = tuple(stops)
+        self.scope = scope
         self._hold = max((len(s) for s in self.stops), default=1) - 1
         self.pending = ""
 
@@ -110,16 +127,23 @@ class _StopMatcher:
         if not self.stops:
             return text, False
         self.pending += text
-        found = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
-        if found:
-            out, self.pending = self.pending[: min(found)], ""
+        found = self._first_stop()
+        if found is not None:
+            out, self.pending = self.pending[:found], ""
             return out, True
         safe = len(self.pending) - self._hold
         # Only hold back a tail that really is the start of some stop string.
         while safe < len(self.pending) and not any(s.startswith(self.pending[safe:]) for s in self.stops):
             safe += 1
         out, self.pending = self.pending[: max(safe, 0)], self.pending[max(safe, 0) :]
+        if self.scope is not None:
+            self.scope.feed(out)
         return out, False
+
+    def _first_stop(self) -> int | None:
+        """Where the first stop string in the pending text that ends the reply begins."""
+        starts = sorted({i for stop in self.stops for i in range(len(self.pending)) if self.pending.startswith(stop, i)})
+        return next((i for i in starts if self.scope is None or self.scope.applies(self.pending[:i])), None)
 
     def flush(self) -> str:
         out, self.pending = self.pending, ""
@@ -266,7 +290,11 @@ class Reply:
         self._shown = settings.shown_tokens
         self._eog = frozenset() if settings.ignore_eos else backend.info.eog_ids
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._stops = _StopMatcher(settings.stop)
+        # A grammar holds the whole reply (a forced tool call, JSON): a stop string matched in it would
+        # cut it into text the grammar does not allow (a call's arguments that do not parse), so none
+        # applies there. With tools and no grammar, the scope keeps them to the text outside calls.
+        stops = () if settings.constraint is not None else settings.stop
+        self._stops = _StopMatcher(stops, settings.stop_scope() if stops and settings.stop_scope is not None else None)
         self._limit = settings.max_tokens if settings.max_tokens is not None else backend.n_ctx
         self.sampler = settings.sampler
         self._stopped_by_string = False
@@ -276,6 +304,12 @@ class Reply:
         # One per token of `token_ids` when asked for; `unsent_logprobs` hands them on with the text.
         self.logprobs: list[TokenLogprob] = []
         self._logprobs_sent = 0
+        # Where each of those tokens' text begins in the reply's text, and how much of it was handed on:
+        # the tokens of a stop string (whose text never is) have no log-probabilities handed on.
+        self._token_starts: list[int] = []
+        self._decoded_chars = 0
+        self._released_chars = 0
+        self._tail_taken = False
         self.finish_reason: str | None = None  # set when the reply has ended
         self.cached_tokens = 0
         self.prefix_cache_tokens = 0
@@ -308,7 +342,11 @@ class Reply:
         self.token_ids.append(token)
         if logprob is not None:
             self.logprobs.append(logprob)
-        text, self._stopped_by_string = self._stops.feed(self._decoder.decode(self.piece(token)))
+            self._token_starts.append(self._decoded_chars)
+        decoded = self._decoder.decode(self.piece(token))
+        self._decoded_chars += len(decoded)
+        text, self._stopped_by_string = self._stops.feed(decoded)
+        self._released_chars += len(text)
         if self._stopped_by_string:
             self.finish_reason = "stop"
         elif len(self.token_ids) >= self._limit:
@@ -325,11 +363,15 @@ class Reply:
         return self._token_text(token).encode() if token in self._shown else self._token_bytes(token)
 
     def unsent_logprobs(self) -> tuple[TokenLogprob, ...]:
-        """The log-probabilities added since the last call: a text piece carries those of the
-        tokens added since the piece before (a token whose text is held back, a partial
-        character or a possible stop string's start, goes with the piece that releases it)."""
-        new = tuple(self.logprobs[self._logprobs_sent :])
-        self._logprobs_sent = len(self.logprobs)
+        """The log-probabilities not handed on yet of the tokens whose text the reply has released:
+        a text piece carries those of the tokens it begins (a token whose text is held back, a
+        partial character or a possible stop string's start, goes with the piece that releases
+        it). Those of a stop string's tokens never go: the logprobs cover the text returned."""
+        sent = self._logprobs_sent
+        while sent < len(self.logprobs) and (self._tail_taken or self._token_starts[sent] < self._released_chars):
+            sent += 1
+        new = tuple(self.logprobs[self._logprobs_sent : sent])
+        self._logprobs_sent = sent
         return new
 
     def end(self, finish_reason: str) -> None:
@@ -340,6 +382,7 @@ class Reply:
         """The text held back until the end: a possible stop string's start, a partial character."""
         if self._stopped_by_string:
             return ""
+        self._tail_taken = True  # with the tokens that print nothing at its end
         return self._stops.flush() + self._decoder.decode(b"", final=True)
 
     def stats(self) -> GenerationStats:

@@ -96,10 +96,12 @@ class ArgumentsReader:
             self.close()
         return step
 
-    def close(self) -> None:
-        """The value is complete (or the reply ended in it)."""
+    def close(self, *, cut_short: bool = False) -> None:
+        """The value is complete, or broke off (a call without arguments has none: {}), or the
+        reply was `cut_short` in it (the arguments as written, maybe none)."""
         if not self.raw:
-            self.calls.arguments("{}")
+            if not cut_short:
+                self.calls.arguments("{}")
         elif self.span is not None and self.span.first == '"':
             try:
                 self.calls.arguments(str(json.loads(self.raw)))
@@ -343,10 +345,11 @@ class CallsReader:
             return "done"
         return "more"
 
-    def close(self) -> None:
-        """The reply ended inside the calls: a call begun ends as written."""
+    def close(self, *, cut_short: bool = False) -> None:
+        """The calls broke off: a call begun ends, with no arguments ({}) if it had none yet; or
+        the reply was `cut_short` inside them: a call begun ends as written."""
         if self.open:
-            if not self.arguments_seen:
+            if not self.arguments_seen and not cut_short:
                 self.calls.arguments("{}")
             self.open = False
             self.calls.end()

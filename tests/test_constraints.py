@@ -67,6 +67,16 @@ def test_llamacpp_replies_follow_the_schema_and_stop(engine: Engine, sampler: Sa
     assert isinstance(person["age"], int) and 0 <= person["age"] <= 120 and len(person["name"]) <= 16
 
 
+def test_stop_strings_never_cut_a_constrained_reply(engine: Engine) -> None:
+    """A stop string matched inside the grammar's text would leave JSON that does not parse (`run
+    --json-schema --stop`, a server's response_format)."""
+    settings = GenerationSettings(max_tokens=60, sampler=ARGMAX, constraint=Constraint.json_schema(PERSON), stop=("}", ",", '"'))
+    generation = engine.new_chat().send("Describe a person.", settings)
+    text = generation.text()
+    assert generation.stats is not None and generation.stats.finish_reason == "stop"
+    assert list(json.loads(text)) == ["name", "age", "role"]
+
+
 def test_llamacpp_follows_a_regex(engine: Engine) -> None:
     text, finish = _constrained(engine, Constraint("regex", r"[0-9]{3}-[a-z]{2}"), SamplerSettings(seed=5))
     assert re.fullmatch(r"[0-9]{3}-[a-z]{2}", text) and finish == "stop"

@@ -38,6 +38,18 @@ def test_a_held_back_token_s_logprob_travels_with_the_text_that_releases_it() ->
     assert reply.unsent_logprobs() == ()
 
 
+def test_a_stop_string_s_tokens_have_no_logprobs_handed_on() -> None:
+    """The logprobs cover the text returned: a token the stop string begins in stays (part of its
+    text is returned), the ones after go with the stop string."""
+    reply = Reply(ScriptedBackend(PIECES, []), GenerationSettings(stop=("NDb",), logprobs=0), 2)  # type: ignore[arg-type]
+    pieces = []
+    for token in [1, 6, 7]:  # "a", " END" (" E" released, "ND" held: it may start the stop), "b" (the stop is whole)
+        text = reply.add(token, TokenLogprob(token, -0.5))
+        pieces.append((text, [entry.token for entry in reply.unsent_logprobs()]))
+    assert pieces == [("a", [1]), (" E", [6]), ("", [])] and reply.finish_reason == "stop"
+    assert reply.tail() == "" and reply.unsent_logprobs() == ()
+
+
 def test_logprobs_are_the_raw_model_s_and_the_greedy_pick_is_the_top_one(engine: Engine) -> None:
     session = engine.sessions[0]
     prompt = engine.backend.tokenize("The capital of France is", add_bos=True, special=False)

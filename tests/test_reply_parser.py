@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import pytest
 from chat_format_cases import ASK, fmt, prompt_of, template
 
+from localchat.chat_formats import call_opening
 from localchat.reply_parser import (
     ArgumentsDelta,
     CallEnd,
@@ -201,3 +202,24 @@ def test_any_reply_parses_the_same_however_it_is_split(name: str) -> None:
         assert _streamed(case, list(text))[0] == whole
 
     check()
+
+
+FORCED = ("get_weather", "get_time")
+
+
+@pytest.mark.parametrize(("name", "written", "expected"), [
+    ("qwen2_5", "get_wea", [ParsedCall("get_weather")]),  # the one function its name begun can be
+    ("qwen2_5", "get_", []),  # two functions it can be: no call yet
+    ("qwen2_5", 'get_time", "argum', [ParsedCall("get_time")]),  # no arguments written: none made up
+    ("qwen2_5", 'get_time", "arguments": {"ci', [ParsedCall("get_time", '{"ci')]),
+    ("gemma3", "get_ti", [ParsedCall("get_time")]),
+    ("mistral_small3_2", "get_wea", [ParsedCall("get_weather")]),
+    ("mistral_small3_2", "get_weather[AR", [ParsedCall("get_weather")]),
+    ("gpt_oss", "get_w", [ParsedCall("get_weather")]),
+    ("deepseek_r1_distill", "get_t", [ParsedCall("get_time")]),
+])
+def test_a_forced_call_cut_short_is_a_call_or_none_never_content(name: str, written: str, expected: list[ParsedCall]) -> None:
+    """tool_choice required, cut by max_tokens: the server wrote the call's opening, the model part of the rest."""
+    prompt = prompt_of(name)
+    text = call_opening(fmt(name), prompt) + written
+    assert parse_reply(fmt(name), text, prompt=prompt, forced=FORCED) == reply(calls=expected)

@@ -99,6 +99,10 @@ def _validation_message(error: RequestValidationError) -> tuple[str, str | None]
     if not details:
         return "invalid request", None
     first = details[0]
+    if first.get("type") == "json_invalid":  # its location is the character where the JSON broke, no field
+        position = first.get("loc", ("body", "?"))[-1]
+        reason = first.get("ctx", {}).get("error", first.get("msg", "JSON decode error"))
+        return f"the request body is not valid JSON: {reason} at character {position}", None
     location = [str(part) for part in first.get("loc", ()) if part != "body"]
     where = ".".join(location)
     return (f"{where}: {first.get('msg', 'invalid')}" if where else str(first.get("msg", "invalid request"))), where or None
@@ -348,7 +352,10 @@ def create_app(engine: Engine, settings: ServerSettings, loader: EngineLoader | 
     async def completions(body: CompletionRequest, request: Request) -> Response:
         service = await router.service_for(request, body, "completion")
         generation = service.generation_settings(body, body.reply_limit, logprobs=body.logprobs)
-        reply = service.submit(await service.text_prompt(body), generation)
+        try:
+            reply = service.submit(await service.text_prompt(body), generation)
+        except ContextOverflowError as error:
+            raise APIError(400, str(error), code="context_length_exceeded", param="prompt") from None
         reply_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         piece = token_piece(service.engine.backend, frozenset())
         text_offset = 0

@@ -40,6 +40,7 @@ from localchat.errors import InvalidSettingError
 from localchat.reply_parser import (
     ArgumentsDelta,
     CallEnd,
+    CallScope,
     CallStart,
     ContentDelta,
     ParsedReply,
@@ -106,6 +107,11 @@ class ChatPlan:
     read_calls: bool
     max_calls: int | None
     constraint: Constraint | None = None  # a forced call's grammar
+    forced_functions: tuple[str, ...] = ()  # the functions a forced call may be of
+
+    def stop_scope(self) -> CallScope:
+        """Where the reply's stop strings apply: outside the calls it writes."""
+        return CallScope(self.format, self.prompt)
 
 
 def _arguments(text: str, where: str) -> dict[str, Any]:
@@ -166,7 +172,8 @@ def plan_chat(body: ChatCompletionRequest, chat: ModelChat, *, default_thinking:
         forced_name = choice.function.name
         if forced_name not in names:
             raise APIError(400, f"tool_choice names the function '{forced_name}', which is not among the tools", param="tool_choice")
-    if choice != "none" and not tools:
+    # "auto" with no tools is no tools, as llama-server, vLLM and Ollama read it.
+    if choice not in ("none", "auto") and not tools:
         raise APIError(400, "tool_choice asks for a tool call but the request has no tools", param="tool_choice")
     shown = tools if choice != "none" else []
     messages = [_message(message, index) for index, message in enumerate(body.messages)]
@@ -184,7 +191,9 @@ def plan_chat(body: ChatCompletionRequest, chat: ModelChat, *, default_thinking:
     except InvalidSettingError as error:
         raise APIError(400, f"tools: {error}", param="tools") from None
     forced = call_opening(chat.format, prompt, forced_name)
-    return ChatPlan(prompt, forced, chat.format, read_calls=True, max_calls=max_calls, constraint=constraint)
+    functions = (forced_name,) if forced_name is not None else tuple(names)
+    return ChatPlan(prompt, forced, chat.format, read_calls=True, max_calls=max_calls, constraint=constraint,
+                    forced_functions=functions)
 
 
 def new_call_id() -> str:
@@ -199,7 +208,7 @@ class ChatReplyReader:
     """
 
     def __init__(self, plan: ChatPlan, new_id: Callable[[], str] = new_call_id) -> None:
-        self._parser = ReplyParser(plan.format, calls=plan.read_calls, prompt=plan.prompt)
+        self._parser = ReplyParser(plan.format, calls=plan.read_calls, prompt=plan.prompt, forced=plan.forced_functions)
         self._max_calls = plan.max_calls
         self._new_id = new_id
         self._reply = ParsedReply()

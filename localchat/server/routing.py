@@ -185,6 +185,8 @@ class CompletionService:
         if stop is not None:
             generation = replace(generation, stop=stop)
         plan, prompt = await self.chat_prompt(body, fit_context=fit_context, before=before)
+        if plan.read_calls:
+            generation = replace(generation, stop_scope=plan.stop_scope)
         constraint = plan.constraint or (body.response_format.constraint() if body.response_format is not None else None)
         if constraint is not None:
             generation = replace(generation, constraint=constraint)

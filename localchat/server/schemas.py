@@ -22,6 +22,7 @@ from pydantic import (
     model_serializer,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from localchat.constraints import JSON_OBJECT_SCHEMA, Constraint
 from localchat.errors import InvalidSettingError
@@ -165,6 +166,10 @@ class ToolCall(_Request):
     function: FunctionCall
 
 
+# OpenAI's content parts that are not text, and what each holds.
+OTHER_CONTENT_PARTS = {"image_url": "image", "input_image": "image", "input_audio": "audio", "file": "file"}
+
+
 class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
@@ -172,6 +177,17 @@ class ChatMessage(_Request):
     tool_calls: list[ToolCall] | None = Field(None, description="on an assistant message: the calls it made")
     tool_call_id: str | None = Field(None, description="on a tool message: the call whose result it is")
     reasoning_content: str | None = Field(None, description="on an assistant message: its reasoning")
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, content: Any) -> Any:
+        """An image (audio, file) part is refused saying so, not as a part that is no string."""
+        for part in content if isinstance(content, list) else ():
+            kind = OTHER_CONTENT_PARTS.get(part.get("type")) if isinstance(part, dict) else None
+            if kind is not None:
+                raise PydanticCustomError("unsupported_content", f"{kind} parts are not supported: this server reads "
+                                          "text only; send the message's content as text")
+        return content
 
     @property
     def text(self) -> str:

@@ -47,6 +47,29 @@ def test_chat_logprobs_whole_and_streamed_agree(server: LiveServer) -> None:
             assert "".join(e.token for e in c.choices[0].logprobs.content or []) == c.choices[0].delta.content
 
 
+def test_logprobs_cover_the_text_a_stop_string_leaves(server: LiveServer) -> None:
+    """A stop string's tokens (" the" for the stop " ") are not the reply's: content and logprobs agree."""
+    client = server.client()
+    ask = {"model": MODEL, "messages": QUESTION, "max_tokens": 16, "logprobs": True, "stop": [" ", "\n"], **GREEDY}
+    whole = client.chat.completions.create(**ask)  # type: ignore[call-overload]
+    choice = whole.choices[0]
+    assert choice.finish_reason == "stop" and choice.logprobs is not None and choice.logprobs.content is not None
+    assert "".join(entry.token for entry in choice.logprobs.content) == choice.message.content
+    chunks = list(client.chat.completions.create(**ask, stream=True))  # type: ignore[call-overload]
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    tokens = [e.token for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content or []]
+    assert chunks[-1].choices[0].finish_reason == "stop" and "".join(tokens) == content
+
+    legacy = {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 16, "logprobs": 1, "stop": ["\n", ". "], **GREEDY}
+    completion = client.completions.create(**legacy)  # type: ignore[call-overload]
+    text, logprobs = completion.choices[0].text, completion.choices[0].logprobs
+    assert completion.choices[0].finish_reason == "stop" and logprobs is not None and text
+    assert "".join(logprobs.tokens or []) == text and len(logprobs.token_logprobs or []) == len(logprobs.tokens or [])
+    pieces = list(client.completions.create(**legacy, stream=True))  # type: ignore[call-overload]
+    streamed = [t for c in pieces if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.tokens or []]
+    assert "".join(streamed) == "".join(c.choices[0].text for c in pieces if c.choices)
+
+
 def test_without_top_logprobs_each_token_has_no_alternatives(server: LiveServer) -> None:
     whole = server.client().chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=4, logprobs=True, **GREEDY)
     content = whole.choices[0].logprobs.content  # type: ignore[union-attr]

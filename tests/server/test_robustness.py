@@ -54,6 +54,18 @@ def test_malformed_json_and_bad_tokens(server: LiveServer) -> None:
         server.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x " * CONTEXT}])
 
 
+def test_errors_name_what_was_wrong_and_where(server: LiveServer) -> None:
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    parts = [{"role": "user", "content": [{"type": "text", "text": "What is this?"}, image]}]
+    refused = server.post("/v1/chat/completions", {"messages": parts}).json()["error"]
+    assert refused["param"] == "messages.0.content" and "image parts are not supported" in refused["message"], refused
+    headers = {**server.auth, "Content-Type": "application/json"}
+    bad_json = requests.post(f"{server.url}/v1/chat/completions", data=b'{"messages": [', headers=headers, timeout=10).json()["error"]
+    assert bad_json["param"] is None and "not valid JSON" in bad_json["message"] and "14" in bad_json["message"], bad_json
+    too_long = server.post("/v1/completions", {"prompt": "word " * CONTEXT, "max_tokens": 1}).json()["error"]
+    assert (too_long["code"], too_long["param"]) == ("context_length_exceeded", "prompt"), too_long
+
+
 def test_a_client_that_disconnects_mid_stream_cancels_its_reply(server: LiveServer) -> None:
     cancelled = server.metric('localchat_replies_total{finish_reason="cancelled"}')
     body = {"prompt": "Tell me a very long story.", "max_tokens": 2000, "ignore_eos": True, "stream": True}

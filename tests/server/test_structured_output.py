@@ -134,6 +134,25 @@ def test_json_object_gives_an_object(server: LiveServer) -> None:
         assert isinstance(json.loads(text), dict)
 
 
+@pytest.mark.parametrize("response_format", [
+    {"type": "json_schema", "json_schema": {"name": "city", "schema": SCHEMAS[11]}},
+    {"type": "json_object"},
+], ids=["json_schema", "json_object"])
+def test_stop_strings_never_cut_a_json_reply(server: LiveServer, response_format: dict[str, Any]) -> None:
+    """The reply is held to its grammar: a stop string such as "}" would cut the JSON short. (A free
+    object may run to max_tokens: it must then be the text so far, its stop strings in it.)"""
+    ask = {"model": MODEL, "messages": [{"role": "user", "content": "A JSON object about Paris."}], "max_tokens": 80,
+           "temperature": 0, "seed": 1, "response_format": response_format, "stop": ["}", ",", '"']}
+    client = server.client()
+    chunks = list(client.chat.completions.create(**ask, stream=True))  # type: ignore[call-overload]
+    whole = client.chat.completions.create(**ask).choices[0]  # type: ignore[call-overload]
+    streamed = ("".join(c.choices[0].delta.content or "" for c in chunks if c.choices), chunks[-1].choices[0].finish_reason)
+    for text, finish in [(whole.message.content or "", whole.finish_reason), streamed]:
+        assert text.startswith('{"') and ", " in text, text
+        if response_format["type"] == "json_schema" or finish == "stop":
+            assert finish == "stop" and not violations(json.loads(text), SCHEMAS[11] if response_format["type"] == "json_schema" else {})
+
+
 @pytest.mark.parametrize(
     ("response_format", "message"),
     [

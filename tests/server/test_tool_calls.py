@@ -132,6 +132,23 @@ def test_without_parallel_calls_the_reply_ends_after_its_first_call(tmp_path: Pa
     assert reply.usage is not None and reply.usage.completion_tokens < len(script) / 2  # stopped, not run to its end
 
 
+def test_stop_strings_end_the_text_outside_calls_only(qwen3: tuple[openai.OpenAI, ScriptedBackend]) -> None:
+    """tool_choice auto: a call's text is the function's and its arguments', no place for the reply
+    to end (a stop "}" would cut the arguments); the text around calls ends at a stop string as usual."""
+    client, backend = qwen3
+    backend.replies.extend([QWEN3_CALLS + "\nDone} and more."] * 2)
+    whole = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=TOOLS, stop=["}", "Zü"])
+    assert _calls(whole.choices[0].message) == [("get_weather", {"city": "Zürich"}), ("get_time", {"city": "Zürich"})]
+    assert whole.choices[0].finish_reason == "tool_calls" and whole.choices[0].message.content == "Done"
+    with client.chat.completions.stream(model="scripted", messages=TOOLS_QUESTION, tools=TOOLS, stop=["}", "Zü"]) as stream:
+        final = stream.get_final_completion()
+    assert _calls(final.choices[0].message) == _calls(whole.choices[0].message)
+
+    backend.replies.append('It is} <tool_call>\n{"name": "get_time", "arguments": {"city": "Bern"}}\n</tool_call>')
+    cut = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=TOOLS, stop="}")
+    assert (cut.choices[0].message.content, cut.choices[0].message.tool_calls, cut.choices[0].finish_reason) == ("It is", None, "stop")
+
+
 def test_tool_choice_none_shows_no_tools_and_reads_no_calls(qwen3: tuple[openai.OpenAI, ScriptedBackend]) -> None:
     client, backend = qwen3
     backend.replies.append('<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')

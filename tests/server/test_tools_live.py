@@ -49,6 +49,77 @@ def test_a_forced_call_is_valid_whole_and_streamed(server: LiveServer, choice: A
     assert [(c.function.name, c.function.arguments) for c in streamed] == [(name, calls[0].function.arguments)]  # type: ignore[union-attr]
 
 
+CHOICES = [{"type": "function", "function": {"name": "get_weather"}}, "required"]
+
+
+def _streamed_calls(chunks: list[Any]) -> tuple[str, list[tuple[str, str]], str | None]:
+    """A stream's content, its calls (name, arguments) put together, and its finish reason."""
+    content, calls = "", {}
+    for chunk in chunks:
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        for call in delta.tool_calls or ():
+            name, arguments = calls.get(call.index, ("", ""))
+            calls[call.index] = (name + (call.function.name or ""), arguments + (call.function.arguments or ""))
+    return content, list(calls.values()), chunks[-1].choices[0].finish_reason
+
+
+@pytest.mark.parametrize("choice", CHOICES)
+def test_a_stop_string_never_cuts_a_forced_call(server: LiveServer, choice: Any) -> None:
+    """A forced call is held to its grammar: a stop string such as "}" would cut its arguments."""
+    client = server.client()
+    asked = {"model": MODEL, "messages": ASK, "tools": [WEATHER_TOOL], "tool_choice": choice, "max_tokens": 60,
+             "stop": ["}", '"'], **GREEDY}
+    whole = client.chat.completions.create(**asked)
+    calls = whole.choices[0].message.tool_calls or []
+    assert whole.choices[0].finish_reason == "tool_calls" and len(calls) == 1, whole
+    assert list(json.loads(calls[0].function.arguments)) == ["city"]  # type: ignore[union-attr]
+    content, streamed, finish = _streamed_calls(list(client.chat.completions.create(**asked, stream=True)))
+    assert (content, streamed, finish) == ("", [("get_weather", calls[0].function.arguments)], "tool_calls")  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("choice", CHOICES)
+def test_a_forced_call_cut_by_max_tokens_ends_with_length_and_the_arguments_written(server: LiveServer, choice: Any) -> None:
+    """As OpenAI answers it: the call, with the arguments written so far (they may not parse), never
+    the call's markup as content nor arguments the model did not write."""
+    client = server.client()
+    asked = {"model": MODEL, "messages": ASK, "tools": [WEATHER_TOOL], "tool_choice": choice, **GREEDY}
+    uncut = client.chat.completions.create(**asked, max_tokens=60)
+    assert uncut.choices[0].finish_reason == "tool_calls" and uncut.usage is not None
+    full = (uncut.choices[0].message.tool_calls or [])[0].function.arguments  # type: ignore[union-attr]
+    written = uncut.usage.completion_tokens
+    for max_tokens in sorted({1, written // 2, written - 1}):
+        whole = client.chat.completions.create(**asked, max_tokens=max_tokens).choices[0]
+        calls = [(call.function.name, call.function.arguments) for call in whole.message.tool_calls or ()]  # type: ignore[union-attr]
+        assert whole.finish_reason == "length" and not whole.message.content, (max_tokens, whole)
+        assert len(calls) == 1 and calls[0][0] == "get_weather" and full.startswith(calls[0][1]), (max_tokens, calls)
+        streamed = _streamed_calls(list(client.chat.completions.create(**asked, max_tokens=max_tokens, stream=True)))
+        assert streamed == ("", calls, "length"), max_tokens
+
+
+def test_a_forced_call_of_a_function_without_parameters_has_none(server: LiveServer) -> None:
+    """OpenAI: a function defined without parameters takes an empty parameter list."""
+    now = {"type": "function", "function": {"name": "get_time", "description": "The time now."}}
+    for choice in ({"type": "function", "function": {"name": "get_time"}}, "required"):
+        reply = server.client().chat.completions.create(model=MODEL, messages=ASK, tools=[now], tool_choice=choice,  # type: ignore[arg-type]
+                                                        max_tokens=60, **GREEDY)
+        calls = reply.choices[0].message.tool_calls or []
+        assert [(call.function.name, call.function.arguments) for call in calls] == [("get_time", "{}")]  # type: ignore[union-attr]
+        assert reply.choices[0].finish_reason == "tool_calls"
+
+
+def test_no_tools_with_auto_choice_is_no_tools(server: LiveServer) -> None:
+    """As llama-server, vLLM and Ollama read it; a call asked for with no tools stays a 400."""
+    for tools in ([], None):
+        body = {"messages": ASK, "tool_choice": "auto", "max_tokens": 4, **GREEDY} | ({} if tools is None else {"tools": tools})
+        answered = server.post("/v1/chat/completions", body)
+        assert answered.status_code == 200 and answered.json()["choices"][0]["message"]["content"], answered.text
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        refused = server.post("/v1/chat/completions", {"messages": ASK, "tools": [], "tool_choice": choice})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "tool_choice", refused.text
+        assert "tools" in refused.json()["error"]["message"]
+
+
 def test_tools_with_auto_choice_answer_in_shape(server: LiveServer) -> None:
     reply = server.client().chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER_TOOL], max_tokens=40, **GREEDY)
     choice = reply.choices[0]
