@@ -98,6 +98,20 @@ def test_bytes_that_are_not_utf8_are_read_as_the_replacement_character(localchat
         assert json.loads(done.stderr.decode().splitlines()[-1])["completion_tokens"] >= 1
 
 
+def test_run_holds_prompt_and_reply_to_a_context_smaller_than_llama_cpp_makes(localchat_home: Path, default_model: Path) -> None:
+    """llama.cpp makes 256 cells for `--ctx 16` (llama-completion and llama-server then run in 256);
+    here the 16 asked for hold the prompt and the reply, which ends at them (its last token sampled,
+    not evaluated), and a chat prompt longer than them is one line."""
+    result = localchat("run", "--ctx", "16", "--raw", "--stats", "-n", "100", "--temperature", "0", "Count: 1, 2, 3,",
+                       home=localchat_home)
+    assert result.returncode == 0, result.stderr
+    stats = json.loads(result.stderr.strip().splitlines()[-1])
+    assert stats["n_ctx"] == 16 and stats["prompt_tokens"] + stats["completion_tokens"] <= 16 + 1
+    chat = localchat("run", "--ctx", "16", "hi", home=localchat_home)
+    assert chat.returncode == 1 and "but the context holds 16" in chat.stderr
+    assert len(chat.stderr.strip().splitlines()) == 1
+
+
 def test_info_explains_the_plan(localchat_home: Path) -> None:
     result = localchat("info", home=localchat_home)
     assert result.returncode == 0, result.stderr
