@@ -371,6 +371,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     app_settings, request = Settings(), _plan_request(args, n_seq=args.parallel)
     listening = _listening_socket(settings.host, settings.port)
+    port = listening.getsockname()[1]  # the one the system chose for --port 0
     with _start_loading(args, request) as loading:
         # The web stack's imports, beside the load.
         from localchat.server.app import serve
@@ -382,7 +383,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         loader = EngineLoader(app_settings, request, engine.model_plan.hardware, queue_size=settings.queue_size,
                               allow_pull=settings.allow_pull)
         print(
-            f"localchat: serving {engine.model_plan.model.name} on http://{settings.host}:{settings.port}/v1 "
+            f"localchat: serving {engine.model_plan.model.name} on http://{settings.host}:{port}/v1 "
             f"({args.parallel} slots, context {engine.backend.n_ctx}"
             f"{', API key required' if settings.api_key else ''}); a request naming another local model loads it"
             f"{f' (at most {settings.max_models} loaded)' if settings.max_models else ''}",

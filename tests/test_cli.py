@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+import requests
 from gguf import GGUFReader
 
 from localchat.models import DEFAULT_MODEL_NAME, inspect_gguf
@@ -110,6 +114,32 @@ def test_run_holds_prompt_and_reply_to_a_context_smaller_than_llama_cpp_makes(lo
     chat = localchat("run", "--ctx", "16", "hi", home=localchat_home)
     assert chat.returncode == 1 and "but the context holds 16" in chat.stderr
     assert len(chat.stderr.strip().splitlines()) == 1
+
+
+def test_serve_on_port_0_names_the_port_the_system_chose_and_the_context_asked(localchat_home: Path, tmp_path: Path) -> None:
+    log = tmp_path / "serve.log"
+    with log.open("wb") as stream:
+        server = subprocess.Popen([sys.executable, "-m", "localchat", "serve", "--port", "0", "--ctx", "16", "--parallel", "1"],
+                                  stdout=stream, stderr=stream, env={**os.environ, "LOCALCHAT_HOME": str(localchat_home)})
+    try:
+        deadline = time.monotonic() + 120
+        while "serving" not in log.read_text() and server.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        banner = next(line for line in log.read_text().splitlines() if "serving" in line)
+        found = re.search(r"on http://127\.0\.0\.1:(\d+)/v1 \(1 slots, context (\d+)", banner)
+        assert found is not None, banner
+        port, n_ctx = int(found[1]), int(found[2])
+        assert port != 0 and n_ctx == 16
+        while server.poll() is None and time.monotonic() < deadline:  # listening once uvicorn has started
+            with contextlib.suppress(requests.ConnectionError):
+                assert requests.get(f"http://127.0.0.1:{port}/health", timeout=10).json()["status"] == "ok"
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError(log.read_text())
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
 
 
 def test_info_explains_the_plan(localchat_home: Path) -> None:
