@@ -4,7 +4,12 @@ nothing is left behind."""
 from __future__ import annotations
 
 import json
+import os
+import select
 import shutil
+import signal
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -82,6 +87,28 @@ def test_interrupted_conversion_leaves_nothing(llama_copy: Path, tmp_path: Path)
     with pytest.raises(KeyboardInterrupt):
         convert_checkpoint(llama_copy, tmp_path / "out.gguf", "q8_0", threads=1, progress=interrupt)
     assert list(tmp_path.glob("out.gguf*")) == []
+
+
+def test_sigterm_while_writing_leaves_nothing(llama_copy: Path, tmp_path: Path) -> None:
+    """`localchat convert` ended by SIGTERM (a service stopped) removes its .incomplete file as after Ctrl-C.
+    The file is a pipe this test reads: the conversion has begun writing once the first bytes come, and
+    then waits on the full pipe until the signal."""
+    output = tmp_path / "out.gguf"
+    partial = tmp_path / "out.gguf.incomplete"
+    os.mkfifo(partial)
+    pipe = os.open(partial, os.O_RDWR)  # a reader that does not wait for the writer to open
+    converting = subprocess.Popen([sys.executable, "-m", "localchat", "convert", str(llama_copy), "--to", "gguf",
+                                   "--quant", "f16", "-o", str(output)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert select.select([pipe], [], [], 120)[0], "the conversion wrote nothing"
+        assert os.read(pipe, 4) == b"GGUF"
+        converting.send_signal(signal.SIGTERM)
+        _, stderr = converting.communicate(timeout=120)
+    finally:
+        os.close(pipe)
+        converting.kill()
+    assert converting.returncode == 130 and b"Traceback" not in stderr, stderr.decode()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["llama"]
 
 
 def test_unknown_pre_tokenizer_regex_is_explained() -> None:
