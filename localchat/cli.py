@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from localchat.backends.base import SamplerSettings
 from localchat.errors import InvalidSettingError, LocalchatError, ModelError
 from localchat.hardware import MIB, peak_rss_bytes
+from localchat.interrupts import interruptible
 from localchat.planner import OneReply, PlanRequest
 from localchat.settings import DEFAULT_LOOKUP_DRAFT, Settings
 from localchat.unicode_text import well_formed
@@ -640,6 +641,7 @@ def main(argv: Sequence[str] | None = None, *, process_ends: bool = False) -> in
     args = parser.parse_args(argv)
     args.process_ends = process_ends
     try:
+        interruptible()  # from here Ctrl-C cleans up what the command made (localchat.interrupts)
         if "model" in args:
             if not (args.model or "").startswith(("http://", "https://")):
                 _pull_on_first_use(args.model)

@@ -142,6 +142,38 @@ def test_serve_on_port_0_names_the_port_the_system_chose_and_the_context_asked(l
         server.wait(timeout=60)
 
 
+# A real Ctrl-C (SIGINT) sent as a module is imported: while the command's modules import, and while its
+# arguments' parser is built (localchat.models is imported for -m's help).
+CTRL_C_AT = """
+import os, runpy, signal, sys, tomllib
+
+class CtrlC:
+    def find_spec(self, name, path=None, target=None):
+        if name == {module!r}:
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, CtrlC())
+sys.argv = ["localchat", "list"]
+if {entry!r} == "python -m localchat":
+    runpy.run_module("localchat", run_name="__main__", alter_sys=True)
+else:  # as pip's script runs pyproject.toml's entry point
+    with open({pyproject!r}, "rb") as file:
+        module, function = tomllib.load(file)["project"]["scripts"]["localchat"].split(":")
+    sys.exit(getattr(__import__(module, fromlist=[function]), function)())
+"""
+
+
+@pytest.mark.parametrize("entry", ["python -m localchat", "pyproject's entry point"])
+@pytest.mark.parametrize("module", ["localchat.planner", "localchat.models"])
+def test_ctrl_c_while_the_command_starts_ends_it_quietly(localchat_home: Path, entry: str, module: str) -> None:
+    pyproject = str(Path(__file__).parents[1] / "pyproject.toml")
+    result = subprocess.run([sys.executable, "-c", CTRL_C_AT.format(module=module, entry=entry, pyproject=pyproject)],
+                            capture_output=True, text=True, timeout=300, env={**os.environ, "LOCALCHAT_HOME": str(localchat_home)})
+    assert (result.returncode, result.stdout, result.stderr) == (130, "", "\n")
+
+
 def test_info_explains_the_plan(localchat_home: Path) -> None:
     result = localchat("info", home=localchat_home)
     assert result.returncode == 0, result.stderr
