@@ -369,6 +369,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         allow_pull=args.allow_pull,
         allow_model_changes=args.allow_model_changes,
         lookup_draft=_lookup_draft(args),
+        max_reply_tokens=args.max_reply_tokens,
     )
     app_settings, request = Settings(), _plan_request(args, n_seq=args.parallel)
     listening = _listening_socket(settings.host, settings.port)
@@ -585,6 +586,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--parallel", type=int, default=4, help="replies decoded together (default: %(default)s)")
     serve.add_argument("--queue", type=int, default=16, help="requests that may wait for a slot; more get 503 (default: %(default)s)")
     serve.add_argument("--api-key", help="require `Authorization: Bearer KEY` (default: $LOCALCHAT_API_KEY, else none)")
+    serve.add_argument("--max-reply-tokens", type=int, metavar="N",
+                       help="the most tokens a reply may have: OpenAI's max_tokens over it is refused, Ollama's num_predict "
+                            "cut to it, and a request naming none gets it (default: none, a reply ends where the context does)")
     serve.add_argument("--cors-origin", action="append", help="let web pages from this origin call the API, beyond this machine's own and local apps' (repeatable)")
     _add_lookup_option(serve)
     _add_draft_model_option(serve)

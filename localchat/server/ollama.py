@@ -144,9 +144,9 @@ def _option(name: str, value: object, kind: type) -> object:
     raise APIError(400, f'option "{name}" must be of type {"integer" if kind is int else "float"}', param=f"options.{name}")
 
 
-def sampling_fields(options: dict[str, Any] | None, reply_limit: int) -> tuple[dict[str, Any], tuple[str, ...] | None]:
+def sampling_fields(options: dict[str, Any] | None, reply_limit: int | None) -> tuple[dict[str, Any], tuple[str, ...] | None]:
     """The sampler fields `options` set, and its stop strings (None: none given). A num_predict over
-    `reply_limit` (the server's) is cut to it, as Ollama bounds it, where OpenAI's max_tokens is refused."""
+    `reply_limit` (the server's, if it has one) is cut to it, as Ollama bounds it, where OpenAI's max_tokens is refused."""
     fields: dict[str, Any] = {}
     stop: tuple[str, ...] | None = None
     for name, value in (options or {}).items():
@@ -169,7 +169,7 @@ def sampling_fields(options: dict[str, Any] | None, reply_limit: int) -> tuple[d
         del fields["seed"]
     if fields.get("max_tokens", 1) <= 0:
         del fields["max_tokens"]
-    elif fields.get("max_tokens", 0) > reply_limit:
+    elif reply_limit is not None and fields.get("max_tokens", 0) > reply_limit:
         fields["max_tokens"] = reply_limit
     return fields, stop
 
