@@ -4,8 +4,6 @@ nothing is left behind."""
 from __future__ import annotations
 
 import json
-import os
-import select
 import shutil
 import signal
 import subprocess
@@ -89,23 +87,34 @@ def test_interrupted_conversion_leaves_nothing(llama_copy: Path, tmp_path: Path)
     assert list(tmp_path.glob("out.gguf*")) == []
 
 
+# `localchat convert` whose progress bar, at its first report (a tensor is written), says so on stdout and
+# then waits on stdin: the conversion is caught while it writes, whatever the machine's speed.
+PAUSED_WHILE_WRITING = """
+import runpy, sys
+from localchat.converters import cli
+
+class PausedWhileWriting(cli.ProgressBar):
+    def __call__(self, done, total, what):
+        print("writing", flush=True)
+        sys.stdin.read()
+
+cli.ProgressBar = PausedWhileWriting
+runpy.run_module("localchat", run_name="__main__", alter_sys=True)
+"""
+
+
 def test_sigterm_while_writing_leaves_nothing(llama_copy: Path, tmp_path: Path) -> None:
-    """`localchat convert` ended by SIGTERM (a service stopped) removes its .incomplete file as after Ctrl-C.
-    The file is a pipe this test reads: the conversion has begun writing once the first bytes come, and
-    then waits on the full pipe until the signal."""
+    """`localchat convert` ended by SIGTERM (a service stopped, `kill`) removes its .incomplete file, as after Ctrl-C."""
     output = tmp_path / "out.gguf"
-    partial = tmp_path / "out.gguf.incomplete"
-    os.mkfifo(partial)
-    pipe = os.open(partial, os.O_RDWR)  # a reader that does not wait for the writer to open
-    converting = subprocess.Popen([sys.executable, "-m", "localchat", "convert", str(llama_copy), "--to", "gguf",
-                                   "--quant", "f16", "-o", str(output)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    converting = subprocess.Popen([sys.executable, "-c", PAUSED_WHILE_WRITING, "convert", str(llama_copy), "--to", "gguf",
+                                   "--quant", "f16", "-o", str(output)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        assert select.select([pipe], [], [], 120)[0], "the conversion wrote nothing"
-        assert os.read(pipe, 4) == b"GGUF"
+        assert converting.stdout is not None and converting.stdout.readline() == b"writing\n"
+        assert (tmp_path / "out.gguf.incomplete").is_file()
         converting.send_signal(signal.SIGTERM)
         _, stderr = converting.communicate(timeout=120)
     finally:
-        os.close(pipe)
         converting.kill()
     assert converting.returncode == 130 and b"Traceback" not in stderr, stderr.decode()
     assert sorted(path.name for path in tmp_path.iterdir()) == ["llama"]
