@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from localchat.converters.gguf_choices import DEFAULT_QUANT, QUANT_TYPES, default_output_path
 from localchat.errors import InvalidSettingError
+from localchat.interrupts import sigterm_interrupts
 
 if TYPE_CHECKING:  # every `localchat` command builds this parser: the converters are imported to convert
     from localchat.converters.checkpoint import CheckpointSource
@@ -108,6 +109,12 @@ def _adapter_to_gguf(args: argparse.Namespace, source: CheckpointSource) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Ended by SIGTERM (a service stopped, `kill`), a conversion removes its .incomplete files as after Ctrl-C.
+    with sigterm_interrupts():
+        return _convert(args)
+
+
+def _convert(args: argparse.Namespace) -> int:
     from localchat.converters.checkpoint import locate_checkpoint
     from localchat.converters.lora import is_adapter
 

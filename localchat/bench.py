@@ -7,8 +7,9 @@ from dataclasses import asdict, dataclass, replace
 from importlib.resources import files
 
 from localchat.backends.base import ARGMAX
-from localchat.chat import Chat
+from localchat.chat import Chat, tokenize_chat
 from localchat.engine import Engine
+from localchat.errors import ContextOverflowError
 from localchat.hardware import MIB, peak_rss_bytes
 from localchat.session import GenerationSettings, GenerationStats
 from localchat.settings import DEFAULT_LOOKUP_DRAFT
@@ -17,6 +18,7 @@ from localchat.templates import Message
 PREFILL_TOKENS = 512
 DECODE_TOKENS = 128
 TURN_REPLY_TOKENS = 64
+TURN_SYSTEM_TOKENS = 400
 TURN_QUESTIONS = (
     "Who kept the ledger, and for how long?",
     "What changed in the ledger during the last winter?",
@@ -30,6 +32,11 @@ GREEDY = ARGMAX
 # prompt (fixing a text's spelling) and one that does not (a story).
 GROUNDED_PROMPT_TOKENS = 500
 OPEN_ENDED_PROMPT = "Write a long story about a dragon who learns to bake bread.\n\nOnce upon a time"
+# The prefix cache is measured on a chat with a long system prompt, displaced by another and asked again.
+PREFIX_SYSTEM_TOKENS = 1000
+PREFIX_FIRST_QUESTION = "Summarise the story in one sentence."
+PREFIX_HIT_QUESTION = "Who built the tower?"
+PREFIX_REPLY_TOKENS = 8
 
 
 def bench_text() -> str:
@@ -154,7 +161,7 @@ def measure_turns(engine: Engine) -> tuple[list[float], list[float]]:
     then recomputing the same prompts from scratch."""
     engine.prefix_cache.clear()
     engine.sessions[0].reset()
-    chat = engine.new_chat(_text_of_tokens(engine, 400))
+    chat = engine.new_chat(_text_of_tokens(engine, TURN_SYSTEM_TOKENS))
     reuse: list[float] = []
     for question in TURN_QUESTIONS:
         generation = chat.send(question, GenerationSettings(max_tokens=TURN_REPLY_TOKENS, sampler=GREEDY))
@@ -175,16 +182,17 @@ def measure_prefix_cache(engine: Engine) -> tuple[float, float, bool]:
     """TTFT of a new chat sharing a ~1k-token system prompt with an earlier, since displaced, chat
     (a prefix-cache hit, restored unless computing is measured faster), and of the same chat with
     nothing cached; and whether the hit was restored."""
-    system = _text_of_tokens(engine, 1000)
+    system = _text_of_tokens(engine, PREFIX_SYSTEM_TOKENS)
     session = engine.sessions[0]
     engine.prefix_cache.clear()
     session.reset()
+    reply = GenerationSettings(max_tokens=PREFIX_REPLY_TOKENS, sampler=GREEDY)
     first = engine.new_chat(system)
-    first.send("Summarise the story in one sentence.", GenerationSettings(max_tokens=8, sampler=GREEDY)).text()
+    first.send(PREFIX_FIRST_QUESTION, reply).text()
     # Another conversation takes the KV cache; the first one is saved to the prefix cache.
     other = engine.new_chat()
-    other.send("Write a haiku about autumn.", GenerationSettings(max_tokens=8, sampler=GREEDY)).text()
-    hit = Chat(session, engine.template, [Message("system", system), Message("user", "Who built the tower?")])
+    other.send("Write a haiku about autumn.", reply).text()
+    hit = Chat(session, engine.template, [Message("system", system), Message("user", PREFIX_HIT_QUESTION)])
     skipped = engine.prefix_cache.skipped
     hit_stats = _first_token(hit)
     restored = hit_stats.prefix_cache_tokens > 0
@@ -192,11 +200,33 @@ def measure_prefix_cache(engine: Engine) -> tuple[float, float, bool]:
         raise RuntimeError("the prefix cache missed a prompt it should hold")
     engine.prefix_cache.clear()
     session.reset()
-    cold = Chat(session, engine.template, [Message("system", system), Message("user", "Who built the tower?")])
+    cold = Chat(session, engine.template, [Message("system", system), Message("user", PREFIX_HIT_QUESTION)])
     return hit_stats.ttft_s, _first_token(cold).ttft_s, restored
 
 
+def context_needed(engine: Engine) -> int:
+    """The smallest context that holds each measurement's prompt with its reply (a turn's reply
+    stood for by as many tokens of the benchmark text)."""
+    backend, template = engine.backend, engine.template
+    grounded = backend.tokenize(grounded_prompt(engine), add_bos=True, special=False)
+    turns = [Message("system", _text_of_tokens(engine, TURN_SYSTEM_TOKENS))]
+    for question in TURN_QUESTIONS:
+        turns += [Message("user", question), Message("assistant", _text_of_tokens(engine, TURN_REPLY_TOKENS))]
+    prefix = [Message("system", _text_of_tokens(engine, PREFIX_SYSTEM_TOKENS)), Message("user", PREFIX_FIRST_QUESTION)]
+    return max(
+        PREFILL_TOKENS + DECODE_TOKENS,
+        len(grounded) + DECODE_TOKENS,
+        len(tokenize_chat(backend, template, turns[:-1])) + TURN_REPLY_TOKENS,
+        len(tokenize_chat(backend, template, prefix)) + PREFIX_REPLY_TOKENS,
+    )
+
+
 def run_bench(engine: Engine) -> BenchResult:
+    """Every measurement; a context too small for them is refused before the first."""
+    needed = context_needed(engine)
+    if engine.backend.n_ctx < needed:
+        raise ContextOverflowError(f"a context of {engine.backend.n_ctx} tokens is too small for the benchmark's prompts: "
+                                   f"give --ctx {needed} or more")
     speed = measure_speed(engine)
     speculation = measure_speculation(engine)
     reuse, cold = measure_turns(engine)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from localchat.backends.base import SamplerSettings
 from localchat.errors import InvalidSettingError, LocalchatError, ModelError
 from localchat.hardware import MIB, peak_rss_bytes
+from localchat.interrupts import interruptible
 from localchat.planner import OneReply, PlanRequest
 from localchat.settings import DEFAULT_LOOKUP_DRAFT, Settings
 from localchat.unicode_text import well_formed
@@ -368,9 +369,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         allow_pull=args.allow_pull,
         allow_model_changes=args.allow_model_changes,
         lookup_draft=_lookup_draft(args),
+        max_reply_tokens=args.max_reply_tokens,
     )
     app_settings, request = Settings(), _plan_request(args, n_seq=args.parallel)
     listening = _listening_socket(settings.host, settings.port)
+    port = listening.getsockname()[1]  # the one the system chose for --port 0
     with _start_loading(args, request) as loading:
         # The web stack's imports, beside the load.
         from localchat.server.app import serve
@@ -382,7 +385,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         loader = EngineLoader(app_settings, request, engine.model_plan.hardware, queue_size=settings.queue_size,
                               allow_pull=settings.allow_pull)
         print(
-            f"localchat: serving {engine.model_plan.model.name} on http://{settings.host}:{settings.port}/v1 "
+            f"localchat: serving {engine.model_plan.model.name} on http://{settings.host}:{port}/v1 "
             f"({args.parallel} slots, context {engine.backend.n_ctx}"
             f"{', API key required' if settings.api_key else ''}); a request naming another local model loads it"
             f"{f' (at most {settings.max_models} loaded)' if settings.max_models else ''}",
@@ -583,6 +586,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--parallel", type=int, default=4, help="replies decoded together (default: %(default)s)")
     serve.add_argument("--queue", type=int, default=16, help="requests that may wait for a slot; more get 503 (default: %(default)s)")
     serve.add_argument("--api-key", help="require `Authorization: Bearer KEY` (default: $LOCALCHAT_API_KEY, else none)")
+    serve.add_argument("--max-reply-tokens", type=int, metavar="N",
+                       help="the most tokens a reply may have: OpenAI's max_tokens over it is refused, Ollama's num_predict "
+                            "cut to it, and a request naming none gets it (default: none, a reply ends where the context does)")
     serve.add_argument("--cors-origin", action="append", help="let web pages from this origin call the API, beyond this machine's own and local apps' (repeatable)")
     _add_lookup_option(serve)
     _add_draft_model_option(serve)
@@ -639,6 +645,7 @@ def main(argv: Sequence[str] | None = None, *, process_ends: bool = False) -> in
     args = parser.parse_args(argv)
     args.process_ends = process_ends
     try:
+        interruptible()  # from here Ctrl-C cleans up what the command made (localchat.interrupts)
         if "model" in args:
             if not (args.model or "").startswith(("http://", "https://")):
                 _pull_on_first_use(args.model)

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+import requests
 from gguf import GGUFReader
 
 from localchat.models import DEFAULT_MODEL_NAME, inspect_gguf
@@ -96,6 +100,78 @@ def test_bytes_that_are_not_utf8_are_read_as_the_replacement_character(localchat
                               capture_output=True, env=env, timeout=300)
         assert done.returncode == 0 and b"Traceback" not in done.stderr, done.stderr.decode(errors="replace")
         assert json.loads(done.stderr.decode().splitlines()[-1])["completion_tokens"] >= 1
+
+
+def test_run_holds_prompt_and_reply_to_a_context_smaller_than_llama_cpp_makes(localchat_home: Path, default_model: Path) -> None:
+    """llama.cpp makes 256 cells for `--ctx 16` (llama-completion and llama-server then run in 256);
+    here the 16 asked for hold the prompt and the reply, which ends at them (its last token sampled,
+    not evaluated), and a chat prompt longer than them is one line."""
+    result = localchat("run", "--ctx", "16", "--raw", "--stats", "-n", "100", "--temperature", "0", "Count: 1, 2, 3,",
+                       home=localchat_home)
+    assert result.returncode == 0, result.stderr
+    stats = json.loads(result.stderr.strip().splitlines()[-1])
+    assert stats["n_ctx"] == 16 and stats["prompt_tokens"] + stats["completion_tokens"] <= 16 + 1
+    chat = localchat("run", "--ctx", "16", "hi", home=localchat_home)
+    assert chat.returncode == 1 and "but the context holds 16" in chat.stderr
+    assert len(chat.stderr.strip().splitlines()) == 1
+
+
+def test_serve_on_port_0_names_the_port_the_system_chose_and_the_context_asked(localchat_home: Path, tmp_path: Path) -> None:
+    log = tmp_path / "serve.log"
+    with log.open("wb") as stream:
+        server = subprocess.Popen([sys.executable, "-m", "localchat", "serve", "--port", "0", "--ctx", "16", "--parallel", "1"],
+                                  stdout=stream, stderr=stream, env={**os.environ, "LOCALCHAT_HOME": str(localchat_home)})
+    try:
+        deadline = time.monotonic() + 120
+        while "serving" not in log.read_text() and server.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        banner = next(line for line in log.read_text().splitlines() if "serving" in line)
+        found = re.search(r"on http://127\.0\.0\.1:(\d+)/v1 \(1 slots, context (\d+)", banner)
+        assert found is not None, banner
+        port, n_ctx = int(found[1]), int(found[2])
+        assert port != 0 and n_ctx == 16
+        while server.poll() is None and time.monotonic() < deadline:  # listening once uvicorn has started
+            with contextlib.suppress(requests.ConnectionError):
+                assert requests.get(f"http://127.0.0.1:{port}/health", timeout=10).json()["status"] == "ok"
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError(log.read_text())
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
+# A real Ctrl-C (SIGINT) sent as a module is imported: while the command's modules import, and while its
+# arguments' parser is built (localchat.models is imported for -m's help).
+CTRL_C_AT = """
+import os, runpy, signal, sys, tomllib
+
+class CtrlC:
+    def find_spec(self, name, path=None, target=None):
+        if name == {module!r}:
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, CtrlC())
+sys.argv = ["localchat", "list"]
+if {entry!r} == "python -m localchat":
+    runpy.run_module("localchat", run_name="__main__", alter_sys=True)
+else:  # as pip's script runs pyproject.toml's entry point
+    with open({pyproject!r}, "rb") as file:
+        module, function = tomllib.load(file)["project"]["scripts"]["localchat"].split(":")
+    sys.exit(getattr(__import__(module, fromlist=[function]), function)())
+"""
+
+
+@pytest.mark.parametrize("entry", ["python -m localchat", "pyproject's entry point"])
+@pytest.mark.parametrize("module", ["localchat.planner", "localchat.models"])
+def test_ctrl_c_while_the_command_starts_ends_it_quietly(localchat_home: Path, entry: str, module: str) -> None:
+    pyproject = str(Path(__file__).parents[1] / "pyproject.toml")
+    result = subprocess.run([sys.executable, "-c", CTRL_C_AT.format(module=module, entry=entry, pyproject=pyproject)],
+                            capture_output=True, text=True, timeout=300, env={**os.environ, "LOCALCHAT_HOME": str(localchat_home)})
+    assert (result.returncode, result.stdout, result.stderr) == (130, "", "\n")
 
 
 def test_info_explains_the_plan(localchat_home: Path) -> None:

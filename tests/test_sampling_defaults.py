@@ -7,7 +7,6 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-import llama_cpp
 
 from localchat.backends.base import SamplerSettings
 from localchat.backends.llamacpp_natives import dry_key, open_model
@@ -86,7 +85,7 @@ def test_the_default_sampler_s_dry_is_made_with_the_model_not_by_the_first_reply
     """llama.cpp's DRY reads the whole vocabulary when it is made (50 ms of Gemma 3 270M's first token):
     the load starts it for the model's defaults once the model is read, on a thread of its own beside
     the context, and a reply with them takes it."""
-    # A context llama.cpp pads (500 cells to 512): the DRY begun for it is the one the reply asks for.
+    # A context llama.cpp pads (500 cells to 512): the DRY begun for the 500 asked is the one the reply asks for.
     with Engine.load(str(default_model), Settings(cache_dir=tmp_path), PlanRequest(n_ctx=500)) as engine:
         defaults = engine.sampler_defaults.settings
         assert defaults.dry
@@ -98,13 +97,13 @@ def test_the_default_sampler_s_dry_is_made_with_the_model_not_by_the_first_reply
 
 
 def test_the_load_begins_the_first_sampler_s_dry_beside_the_context(default_model: Path, settings: Settings) -> None:
-    """For the context llama.cpp makes (500 cells asked, 512 made), and for no draft model (it drafts its argmax)."""
+    """For the context asked for (500 tokens, of the 512 cells llama.cpp makes), and for no draft model (it drafts its argmax)."""
     model_plan = plan_model(str(default_model), settings, PlanRequest(n_ctx=500))
     load = model_plan.plan.load_params
     opened = open_model(default_model, load, first_sampler=lambda metadata: sampler_defaults(metadata).settings)
     try:
         first = sampler_defaults(opened.metadata).settings
-        assert first.dry and list(opened.dry_samplers) == [dry_key(first, llama_cpp.llama_n_ctx(opened.context.pointer))]
+        assert first.dry and list(opened.dry_samplers) == [dry_key(first, 500)]
     finally:
         opened.close()
     opened = open_model(default_model, load)

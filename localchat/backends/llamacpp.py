@@ -167,7 +167,9 @@ class LlamaCppBackend:
         self._loras = opened.loras
         self._ctx = opened.context.pointer
         self._memory = llama_cpp.llama_get_memory(self._ctx)
-        self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
+        # llama.cpp makes a multiple of 256 cells (`--ctx 16` gets 256, 300 gets 512); prompts and replies are
+        # held to the context asked for, as onnxruntime's backend holds them.
+        self.n_ctx = min(llama_cpp.llama_n_ctx(self._ctx), opened.load.n_ctx)
         # llama.cpp caps the batch at the context size and aborts on a larger one.
         self._n_batch = llama_cpp.llama_n_batch(self._ctx)
         self.n_seq = opened.load.n_seq

@@ -279,16 +279,6 @@ def general_metadata(model: llama_cpp.llama_model_p) -> dict[str, str]:
     return found
 
 
-# llama.cpp makes a context of a multiple of this many cells (llama_context's constructor).
-CONTEXT_CELLS_PAD = 256
-
-
-def context_cells(n_ctx: int) -> int:
-    """The cells of the context llama.cpp makes when asked for `n_ctx` (a unified KV cache, as
-    LlamaContext asks): what a DRY sampler begun before the context is made must take as the context's size."""
-    return -(-n_ctx // CONTEXT_CELLS_PAD) * CONTEXT_CELLS_PAD
-
-
 def dry_key(settings: SamplerSettings, n_ctx: int) -> DryKey:
     # This build's DRY takes no context size to stand for -1: the window is given whole.
     window = n_ctx if settings.dry_penalty_last_n < 0 else settings.dry_penalty_last_n
@@ -354,7 +344,7 @@ def open_model(path: Path, load: LoadParams, on_progress: Callable[[float], None
         metadata = general_metadata(model.pointer)
         dry_samplers: dict[DryKey, Future[llama_cpp.llama_sampler_p]] = {}
         if first_sampler is not None and (first := first_sampler(metadata)).dry:
-            key = dry_key(first, context_cells(load.n_ctx))
+            key = dry_key(first, load.n_ctx)
             dry_samplers[key] = making = start_dry(model.vocab, key)
             natives.callback(free_when_made, making)
         # llama.cpp lists its end-of-generation tokens to no one: they are asked one by one (0.1 s on a 262k

@@ -12,13 +12,11 @@ model has its own engine and scheduler.
 from __future__ import annotations
 
 import logging
-import signal
 import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from types import FrameType
 from typing import Any
 
 import uvicorn
@@ -34,6 +32,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from localchat.backends.base import TokenLogprob
 from localchat.engine import Engine
 from localchat.errors import ContextOverflowError, InvalidSettingError, UnsupportedError
+from localchat.interrupts import sigterm_interrupts
 from localchat.model_pool import Lease, MemoryBudget, MemoryNeed, ModelBusyError, ModelPool, PoolEvent
 from localchat.scheduler import QueueFullError, TextDelta
 from localchat.server.embeddings import embedding_router
@@ -461,10 +460,6 @@ class _Server(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def _interrupt(_signal: int, _frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
-
-
 def serve(engine: Engine, settings: ServerSettings, loader: EngineLoader | None = None,
           listening: socket.socket | None = None) -> None:
     """Run the API until interrupted (Ctrl-C or SIGTERM: both raise KeyboardInterrupt after the
@@ -475,11 +470,10 @@ def serve(engine: Engine, settings: ServerSettings, loader: EngineLoader | None 
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", timeout_graceful_shutdown=5)
     # uvicorn handles SIGTERM while it runs, then raises it again, which by default kills the
     # process on the spot.
-    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        _Server(config, pool).run(sockets=[listening] if listening is not None else None)
+        with sigterm_interrupts():
+            _Server(config, pool).run(sockets=[listening] if listening is not None else None)
     finally:
-        signal.signal(signal.SIGTERM, previous)
         # A second Ctrl-C makes uvicorn skip its shutdown: the models it left loaded are freed here,
         # each scheduler's thread stopped before its engine is freed under it.
         for served in pool.loaded().values():

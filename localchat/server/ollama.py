@@ -179,10 +179,10 @@ def _option(name: str, value: object, kind: type) -> Any:
     return int(value) if kind is int else float(value)
 
 
-def sampling_fields(options: dict[str, Any] | None, reply_limit: int) -> tuple[dict[str, Any], tuple[str, ...] | None]:
+def sampling_fields(options: dict[str, Any] | None, reply_limit: int | None) -> tuple[dict[str, Any], tuple[str, ...] | None]:
     """The sampler fields `options` set, read as llama.cpp reads them (SAMPLING_OPTIONS), and its stop
-    strings (None: none given). A num_predict over `reply_limit` (the server's) is cut to it, as Ollama
-    bounds it, where OpenAI's max_tokens is refused."""
+    strings (None: none given). A num_predict over `reply_limit` (the server's, if it has one) is cut to
+    it, as Ollama bounds it, where OpenAI's max_tokens is refused."""
     fields: dict[str, Any] = {}
     stop: tuple[str, ...] | None = None
     for name, value in (options or {}).items():
@@ -207,7 +207,7 @@ def sampling_fields(options: dict[str, Any] | None, reply_limit: int) -> tuple[d
     if fields.get("top_p", 1.0) <= 0 or fields.get("min_p", 0.0) >= 1:
         # llama.cpp keeps the likeliest token alone: a greedy pick, its penalties still applied.
         fields = {field: value for field, value in fields.items() if field not in ("top_p", "min_p")} | {"temperature": 0.0}
-    if fields.get("max_tokens", 0) > reply_limit:
+    if reply_limit is not None and fields.get("max_tokens", 0) > reply_limit:
         fields["max_tokens"] = reply_limit
     return fields, stop
 

@@ -136,8 +136,9 @@ class CompletionService:
     def generation_settings(self, body: SamplingFields, reply_limit: int | None,
                             shown_tokens: frozenset[int] = frozenset(), logprobs: int | None = None) -> GenerationSettings:
         limit = self.settings.max_reply_tokens
-        if reply_limit is not None and reply_limit > limit:
-            raise APIError(400, f"max_tokens is {reply_limit} but this server allows at most {limit}", param="max_tokens")
+        if reply_limit is not None and limit is not None and reply_limit > limit:
+            field = body.reply_limit_field
+            raise APIError(400, f"{field} is {reply_limit} but this server allows at most {limit}", param=field)
         # The request's fields over the model's defaults (localchat.sampling_defaults).
         given = {field: value for field, value in (
             ("temperature", body.temperature), ("top_k", body.top_k), ("top_p", body.top_p), ("min_p", body.min_p),

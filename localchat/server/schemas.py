@@ -109,7 +109,8 @@ class SamplingFields(_TopRequest):
     """What both completion endpoints take besides the prompt."""
 
     model: str | None = Field(None, description="the served model's id (see /v1/models); omitted means that one")
-    max_tokens: int | None = Field(None, ge=1, description="most tokens to generate; omitted means the server's limit")
+    max_tokens: int | None = Field(None, ge=1, description="most tokens to generate; omitted means until the reply ends or "
+                                                          "fills the context, or the server's limit (serve --max-reply-tokens)")
     temperature: float | None = Field(None, ge=0, le=2, description="0 is greedy")
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=0, lt=2**31, description="llama.cpp's extension: sample from the k likeliest tokens (0: all)")
@@ -146,6 +147,15 @@ class SamplingFields(_TopRequest):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def reply_limit(self) -> int | None:
+        return self.max_tokens
+
+    @property
+    def reply_limit_field(self) -> str:
+        """The field `reply_limit` came from, for an error to name it."""
+        return "max_tokens"
 
 
 class TextPart(_Request):
@@ -268,6 +278,10 @@ class ChatCompletionRequest(SamplingFields):
         return self.max_completion_tokens or self.max_tokens
 
     @property
+    def reply_limit_field(self) -> str:
+        return "max_completion_tokens" if self.max_completion_tokens else "max_tokens"
+
+    @property
     def logprobs_wanted(self) -> int | None:
         """How many alternatives per token (None: no log-probabilities); raises APIError for
         top_logprobs without logprobs, as OpenAI does."""
@@ -296,10 +310,6 @@ class CompletionRequest(SamplingFields):
         return prompt
     logprobs: int | None = Field(None, ge=0, le=MAX_LEGACY_LOGPROBS,
                                  description="each token's log-probability and the this many most likely alternatives")
-
-    @property
-    def reply_limit(self) -> int | None:
-        return self.max_tokens
 
 
 class EmbeddingRequest(_TopRequest):

@@ -23,8 +23,9 @@ class ServerSettings:
     queue_size: int = 16
     # A batch of documents to embed is the largest body apps send (LangChain sends them all at once).
     max_body_bytes: int = 64 * MIB
-    # The most tokens one reply may ask for, and what a request that names no limit gets.
-    max_reply_tokens: int = 4096
+    # The most tokens one reply may ask for, and what a request that names no limit gets; None: a reply
+    # ends at the end of the context, as llama-server's n_predict -1 and Ollama's num_predict -1 (their defaults).
+    max_reply_tokens: int | None = None
     retry_after_s: int = 1
     # The template's enable_thinking when a request does not set it (None: the template's default).
     enable_thinking: bool | None = None
@@ -47,7 +48,8 @@ class ServerSettings:
             (self.api_key is None or len(self.api_key) > 0, "the API key must not be empty"),
             (self.queue_size >= 0, f"the queue size must be >= 0, got {self.queue_size}"),
             (self.max_body_bytes > 0, "the request size limit must be > 0"),
-            (self.max_reply_tokens >= 1, "the reply token limit must be >= 1"),
+            (self.max_reply_tokens is None or self.max_reply_tokens >= 1,
+             f"--max-reply-tokens must be >= 1, got {self.max_reply_tokens}"),
             (self.max_models is None or self.max_models >= 1, f"--max-models must be >= 1, got {self.max_models}"),
             (0 <= self.lookup_draft < ROW_LIMIT, f"--lookup-draft must be in [0, {ROW_LIMIT - 1}], got {self.lookup_draft}"),
             (self.model_wait_s >= 0, f"the wait for a model must be >= 0 s, got {self.model_wait_s}"),

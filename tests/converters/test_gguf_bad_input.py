@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -82,6 +85,39 @@ def test_interrupted_conversion_leaves_nothing(llama_copy: Path, tmp_path: Path)
     with pytest.raises(KeyboardInterrupt):
         convert_checkpoint(llama_copy, tmp_path / "out.gguf", "q8_0", threads=1, progress=interrupt)
     assert list(tmp_path.glob("out.gguf*")) == []
+
+
+# `localchat convert` whose progress bar, at its first report (a tensor is written), says so on stdout and
+# then waits on stdin: the conversion is caught while it writes, whatever the machine's speed.
+PAUSED_WHILE_WRITING = """
+import runpy, sys
+from localchat.converters import cli
+
+class PausedWhileWriting(cli.ProgressBar):
+    def __call__(self, done, total, what):
+        print("writing", flush=True)
+        sys.stdin.read()
+
+cli.ProgressBar = PausedWhileWriting
+runpy.run_module("localchat", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_sigterm_while_writing_leaves_nothing(llama_copy: Path, tmp_path: Path) -> None:
+    """`localchat convert` ended by SIGTERM (a service stopped, `kill`) removes its .incomplete file, as after Ctrl-C."""
+    output = tmp_path / "out.gguf"
+    converting = subprocess.Popen([sys.executable, "-c", PAUSED_WHILE_WRITING, "convert", str(llama_copy), "--to", "gguf",
+                                   "--quant", "f16", "-o", str(output)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert converting.stdout is not None and converting.stdout.readline() == b"writing\n"
+        assert (tmp_path / "out.gguf.incomplete").is_file()
+        converting.send_signal(signal.SIGTERM)
+        _, stderr = converting.communicate(timeout=120)
+    finally:
+        converting.kill()
+    assert converting.returncode == 130 and b"Traceback" not in stderr, stderr.decode()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["llama"]
 
 
 def test_unknown_pre_tokenizer_regex_is_explained() -> None:

@@ -25,7 +25,6 @@ API_KEY = "test-key"
 SLOTS = 4
 QUEUE = 4
 CONTEXT = 4096
-MAX_REPLY_TOKENS = 4096  # the server's default bound
 
 
 @dataclass(frozen=True)

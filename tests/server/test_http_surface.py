@@ -1,11 +1,12 @@
 """What any HTTP client meets before a model answers, through the real app over a scripted model
 (scripted_app.py), in process: bodies read as JSON whatever their Content-Type (as `curl -d` sends
 them), which web pages may call the server, Ollama's liveness checks, model names as apps write them,
-the body bound, and Ollama's way with a history too long for the context."""
+the body bound, the reply bound, and Ollama's way with a history too long for the context."""
 
 from __future__ import annotations
 
 import json
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -129,6 +130,33 @@ def test_a_body_over_the_bound_is_refused_and_the_bound_fits_a_batch_of_document
         huge = http.post("/v1/completions", content=b'{"prompt": "' + b"a" * (2 * MIB) + b'"}')
         assert huge.status_code == 413 and huge.json()["error"]["code"] == "request_too_large"
     assert ServerSettings().max_body_bytes >= 32 * MIB  # LangChain embeds a document set in one request
+
+
+def test_a_reply_ends_where_the_context_does_unless_the_server_sets_a_bound(tmp_path: Path) -> None:
+    """llama-server's n_predict and Ollama's num_predict are -1 unless set: a reply that names no limit goes
+    on to the end of the context (here its end of text comes first, after 5000 tokens)."""
+    backend = ScriptedBackend(QWEN3, n_ctx=6000)  # characters are tokens
+    with scripted_client(backend, tmp_path) as (_, http):
+        backend.replies.extend(["x" * 5000, "x" * 5000])
+        completion = http.post("/v1/completions", json={"model": "scripted", "prompt": "Go"}).json()
+        assert (completion["usage"]["completion_tokens"], completion["choices"][0]["finish_reason"]) == (5000, "stop")
+        chat = http.post("/api/chat", json={**OLLAMA_CHAT, "options": {"num_predict": -1}}).json()
+        assert (chat["eval_count"], chat["done_reason"]) == (5000, "stop")
+
+
+def test_the_server_s_reply_bound_refuses_openai_s_limits_over_it_by_their_names_and_cuts_ollama_s(tmp_path: Path) -> None:
+    backend = ScriptedBackend(QWEN3)
+    with scripted_client(backend, tmp_path, ServerSettings(max_reply_tokens=8)) as (_, http):
+        for field in ("max_tokens", "max_completion_tokens"):
+            refused = http.post("/v1/chat/completions", json={**OPENAI_CHAT, field: 9})
+            assert refused.status_code == 400 and refused.json()["error"]["param"] == field
+            assert refused.json()["error"]["message"] == f"{field} is 9 but this server allows at most 8"
+        backend.replies.extend(["x" * 20, "x" * 20])
+        unnamed = http.post("/v1/chat/completions", json=OPENAI_CHAT).json()
+        assert (unnamed["usage"]["completion_tokens"], unnamed["choices"][0]["finish_reason"]) == (8, "length")
+        cut = http.post("/api/chat", json={**OLLAMA_CHAT, "options": {"num_predict": 50}}).json()
+        assert (cut["eval_count"], cut["done_reason"]) == (8, "length")
+    assert backend.replies == deque()  # each refused request reached no model
 
 
 def test_a_history_too_long_for_the_context_loses_its_oldest_turns_on_ollamas_api(tmp_path: Path) -> None:

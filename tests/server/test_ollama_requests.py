@@ -40,8 +40,9 @@ def test_options_become_sampler_fields() -> None:
     assert stop == ("\n\n", "END")
     # Ollama's "random" seed and "no limit" leave localchat's defaults.
     assert sampling_fields({"seed": -1, "num_predict": -1}, REPLY_LIMIT) == ({}, None)
-    # More than the server allows is cut to it, as Ollama bounds num_predict.
+    # More than the server allows is cut to it, as Ollama bounds num_predict; a server without a bound keeps it.
     assert sampling_fields({"num_predict": 8192}, REPLY_LIMIT) == ({"max_tokens": REPLY_LIMIT}, None)
+    assert sampling_fields({"num_predict": 8192}, None) == ({"max_tokens": 8192}, None)
 
 
 @pytest.mark.parametrize(("options", "fields"), [
