@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
@@ -174,7 +175,8 @@ def _option(name: str, value: object, kind: type) -> Any:
     or a float; a wrong type is an error naming it."""
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise APIError(400, f'option "{name}" must be of type {"integer" if kind is int else "float"}', param=f"options.{name}")
-    if not math.isfinite(value):  # json.loads reads NaN and Infinity, which Go's decoder refuses
+    # json.loads reads NaN, Infinity and integers past any float, which Go's decoder refuses.
+    if not math.isfinite(value) if isinstance(value, float) else abs(value) > sys.float_info.max:
         raise APIError(400, f'option "{name}" must be a finite number', param=f"options.{name}")
     return int(value) if kind is int else float(value)
 

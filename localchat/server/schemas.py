@@ -193,7 +193,8 @@ class ChatMessage(_Request):
     def _text_parts_only(cls, content: Any) -> Any:
         """An image (audio, file) part is refused saying so, not as a part that is no string."""
         for part in content if isinstance(content, list) else ():
-            kind = OTHER_CONTENT_PARTS.get(part.get("type")) if isinstance(part, dict) else None
+            kind = part.get("type") if isinstance(part, dict) else None
+            kind = OTHER_CONTENT_PARTS.get(kind) if isinstance(kind, str) else None
             if kind is not None:
                 raise PydanticCustomError("unsupported_content", f"{kind} parts are not supported: this server reads "
                                           "text only; send the message's content as text")

@@ -68,6 +68,7 @@ def test_options_mean_what_llama_cpp_makes_of_them(options: dict[str, Any], fiel
     ({"top_k": "40"}, 'option "top_k" must be of type integer'),
     ({"temperature": True}, 'option "temperature" must be of type float'),
     ({"seed": float("inf")}, 'option "seed" must be a finite number'),
+    ({"seed": 10**400}, 'option "seed" must be a finite number'),  # past any float: was an OverflowError
     ({"stop": "END"}, 'option "stop" must be of an array of strings'),
     ({"repeat_penalty": 0}, r"options.repeat_penalty: 0 must be > 0 \(1 turns it off\)"),
     ({"repeat_last_n": -2}, r"options.repeat_last_n: -2 must be >= -1"),

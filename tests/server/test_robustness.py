@@ -76,6 +76,9 @@ def test_errors_name_what_was_wrong_and_where(server: LiveServer) -> None:
     parts = [{"role": "user", "content": [{"type": "text", "text": "What is this?"}, image]}]
     refused = server.post("/v1/chat/completions", {"messages": parts}).json()["error"]
     assert refused["param"] == "messages.0.content" and "image parts are not supported" in refused["message"], refused
+    for kind in (["image_url"], {"image_url": 1}):  # a type no part has: a 400, not a TypeError's 500
+        odd = server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": kind}]}]})
+        assert odd.status_code == 400, odd.text
     headers = {**server.auth, "Content-Type": "application/json"}
     bad_json = requests.post(f"{server.url}/v1/chat/completions", data=b'{"messages": [', headers=headers, timeout=10).json()["error"]
     assert bad_json["param"] is None and "not valid JSON" in bad_json["message"] and "14" in bad_json["message"], bad_json
