@@ -26,12 +26,15 @@ def tokenize_prompt(backend: Backend, template: ChatTemplate, text: str) -> list
     return backend.tokenize(text, add_bos=add_bos, special=True)
 
 
+def continuation_text(template: ChatTemplate, text: str) -> str:
+    """A prompt `template` rendered, as text that goes on after earlier tokens (an earlier exchange's
+    prompt and reply): without the BOS the template writes at a prompt's start."""
+    return text.removeprefix(template.bos_token) if template.bos_token else text
+
+
 def tokenize_continuation(backend: Backend, template: ChatTemplate, text: str) -> list[int]:
-    """A prompt `template` rendered, as tokens that go on after earlier ones (an earlier exchange's
-    prompt and reply): without the BOS that starts a prompt, added or written by the template."""
-    if template.bos_token:
-        text = text.removeprefix(template.bos_token)
-    return backend.tokenize(text, add_bos=False, special=True)
+    """continuation_text's tokens (no BOS added either)."""
+    return backend.tokenize(continuation_text(template, text), add_bos=False, special=True)
 
 
 @dataclass(frozen=True)

@@ -79,11 +79,12 @@ class ParsedReply:
             self.calls[part.index].arguments += part.text
 
 
-def parse_reply(fmt: ChatFormat, text: str, *, calls: bool = True, prompt: str = "", forced: Sequence[str] = ()) -> ParsedReply:
-    """A whole reply's parts."""
+def parse_reply(fmt: ChatFormat, text: str, *, calls: bool = True, prompt: str = "", forced: Sequence[str] = (),
+                cut_short: bool = False) -> ParsedReply:
+    """A whole reply's parts (`cut_short`: it ended at its token limit)."""
     parser = ReplyParser(fmt, calls=calls, prompt=prompt, forced=forced)
     reply = ParsedReply()
-    for part in [*parser.feed(text), *parser.finish()]:
+    for part in [*parser.feed(text), *parser.finish(cut_short=cut_short)]:
         reply.add(part)
     return reply
 
@@ -152,8 +153,9 @@ class ReplyParser:
         self._run(final=False)
         return self._take()
 
-    def finish(self) -> list[ReplyPart]:
-        """The reply has ended: the rest, as it stands (a call cut short ends as written)."""
+    def finish(self, *, cut_short: bool = False) -> list[ReplyPart]:
+        """The reply has ended: the rest, as it stands. A call it was `cut_short` in (by its token
+        limit) ends as written; one that ended otherwise before its arguments has none: {}."""
         self._run(final=True)
         if self._mode == "header" or (self._mode == "json" and not self._committed):
             if self._forced:
@@ -163,7 +165,7 @@ class ReplyParser:
                 self._run(final=True)
         elif self._mode == "json":
             assert self._reader is not None
-            self._reader.close(cut_short=True)
+            self._reader.close(cut_short=cut_short)
         self._mode = "content"
         return self._take()
 

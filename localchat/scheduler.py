@@ -337,8 +337,14 @@ class Scheduler:
                 self._fail(slot, str(error) or type(error).__name__)
 
     def _end_longest(self, active: list[_Slot]) -> None:
-        """The context is full: the reply holding the most cells ends, as a lone reply would."""
-        longest = max(active, key=lambda slot: len(slot.session.tokens))
+        """The context is full: the reply that has written the most ends ("length", as a lone reply
+        would), then the one holding the most cells: a reply running on without a bound ends, not
+        another client's with a long prompt."""
+        def written_then_held(slot: _Slot) -> tuple[int, int]:
+            assert slot.request is not None
+            return len(slot.request.reply.token_ids), len(slot.session.tokens)
+
+        longest = max(active, key=written_then_held)
         assert longest.request is not None
         longest.request.reply.end("length")
         self._finish(longest)

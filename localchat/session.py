@@ -100,6 +100,12 @@ class GenerationStats:
     accepted_tokens: int = 0
     sampler: SamplerSettings | None = None  # the settings the reply was sampled with
     queued_s: float = 0.0  # of prefill_s, waiting for a slot (a server's queue) before the prompt was evaluated
+    text_tokens: int | None = None  # of completion_ids, those whose text was returned (None: all; a stop string's are not)
+
+    @property
+    def text_ids(self) -> tuple[int, ...]:
+        """The completion's tokens whose text was returned: a matched stop string's left out."""
+        return self.completion_ids if self.text_tokens is None else self.completion_ids[: self.text_tokens]
 
     @property
     def prefill_tok_s(self) -> float:
@@ -142,8 +148,10 @@ class _StopMatcher:
 
     def _first_stop(self) -> int | None:
         """Where the first stop string in the pending text that ends the reply begins."""
+        if self.scope is None:
+            return min((i for i in (self.pending.find(s) for s in self.stops) if i >= 0), default=None)
         starts = sorted({i for stop in self.stops for i in range(len(self.pending)) if self.pending.startswith(stop, i)})
-        return next((i for i in starts if self.scope is None or self.scope.applies(self.pending[:i])), None)
+        return next((i for i in starts if self.scope.applies(self.pending[:i])), None)
 
     def flush(self) -> str:
         out, self.pending = self.pending, ""
@@ -304,8 +312,9 @@ class Reply:
         # One per token of `token_ids` when asked for; `unsent_logprobs` hands them on with the text.
         self.logprobs: list[TokenLogprob] = []
         self._logprobs_sent = 0
-        # Where each of those tokens' text begins in the reply's text, and how much of it was handed on:
-        # the tokens of a stop string (whose text never is) have no log-probabilities handed on.
+        # Where each token's text begins in the reply's text (kept with log-probabilities or stop strings),
+        # and how much of it was handed on: the tokens of a stop string (whose text never is) have no
+        # log-probabilities handed on, and are not among the tokens of the text returned.
         self._token_starts: list[int] = []
         self._decoded_chars = 0
         self._released_chars = 0
@@ -342,6 +351,7 @@ class Reply:
         self.token_ids.append(token)
         if logprob is not None:
             self.logprobs.append(logprob)
+        if logprob is not None or self._stops.stops:
             self._token_starts.append(self._decoded_chars)
         decoded = self._decoder.decode(self.piece(token))
         self._decoded_chars += len(decoded)
@@ -401,6 +411,7 @@ class Reply:
             accepted_tokens=self.accepted_tokens,
             sampler=self.sampler,
             queued_s=self.admitted_at - self.started_at,
+            text_tokens=sum(start < self._released_chars for start in self._token_starts) if self._stopped_by_string else None,
         )
 
 

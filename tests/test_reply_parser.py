@@ -222,4 +222,13 @@ def test_a_forced_call_cut_short_is_a_call_or_none_never_content(name: str, writ
     """tool_choice required, cut by max_tokens: the server wrote the call's opening, the model part of the rest."""
     prompt = prompt_of(name)
     text = call_opening(fmt(name), prompt) + written
-    assert parse_reply(fmt(name), text, prompt=prompt, forced=FORCED) == reply(calls=expected)
+    assert parse_reply(fmt(name), text, prompt=prompt, forced=FORCED, cut_short=True) == reply(calls=expected)
+
+
+@pytest.mark.parametrize(("name", "written"), [
+    ("qwen2_5", '<tool_call>\n{"name": "get_time", "arguments": '),
+    ("mistral_small3_2", "[TOOL_CALLS]get_time[ARGS]"),
+])
+def test_a_call_that_ends_before_its_arguments_has_none(name: str, written: str) -> None:
+    """Ended by the model (end of generation), not by max_tokens: the arguments are {}, which parse."""
+    assert parse_reply(fmt(name), written, prompt=prompt_of(name)) == reply(calls=[ParsedCall("get_time", "{}")])

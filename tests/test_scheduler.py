@@ -234,3 +234,26 @@ def test_a_reply_decoding_alone_drafts_and_two_together_do_not(two_slots: Engine
         scheduler.close()
     # The shorter reply never decoded alone; the longer drafted once it did.
     assert shorter.drafted_tokens == 0 and longer.drafted_tokens > 0 and set(busy_when_drafting) == {1}
+
+
+def test_a_full_context_ends_the_reply_that_wrote_the_most(two_slots: Engine) -> None:
+    """Two replies without a bound share the context; when it fills, the one that has written the most ends,
+    not the later one whose long prompt holds more cells (a client's runaway reply ends, not another's)."""
+    unbounded = GenerationSettings(max_tokens=None, sampler=ARGMAX, ignore_eos=True)
+    scheduler = Scheduler(two_slots, max_waiting=0)
+    scheduler.start()
+    try:
+        runaway: queue.SimpleQueue[ReplyEvent] = queue.SimpleQueue()
+        scheduler.submit(prompt(two_slots, "Count to a thousand."), unbounded, runaway.put)
+        pieces = 0
+        while pieces < 100:  # it writes before the other comes
+            assert isinstance(runaway.get(timeout=60), TextDelta)
+            pieces += 1
+        long_prompt: queue.SimpleQueue[ReplyEvent] = queue.SimpleQueue()
+        scheduler.submit(prompt(two_slots, f"Summarize: {COPY_PASSAGE * 8}"[:1500]), unbounded, long_prompt.put)
+        (_, first), (_, second) = collect(runaway), collect(long_prompt)
+    finally:
+        scheduler.close()
+    assert first.finish_reason == second.finish_reason == "length"
+    # The runaway ended when the context first filled; the other went on alone until it filled again.
+    assert second.prompt_tokens > first.prompt_tokens + 200 and second.completion_tokens > first.completion_tokens

@@ -317,7 +317,7 @@ def create_app(engine: Engine, settings: ServerSettings, loader: EngineLoader | 
 
         if body.stream:
             def last(stats: GenerationStats) -> list[str]:
-                events = [_sse(chunk(delta)) for delta in reader.finish()]
+                events = [_sse(chunk(delta)) for delta in reader.finish(cut_short=stats.finish_reason == "length")]
                 events.append(_sse(chunk(ChatDelta(), reader.finish_reason(stats))))
                 if body.include_usage:
                     events.append(_sse(ChatCompletionChunk(id=reply_id, created=created, model=service.model_id,
@@ -338,8 +338,8 @@ def create_app(engine: Engine, settings: ServerSettings, loader: EngineLoader | 
 
         reader.start()
         await service.read_whole(reply, request, read_delta)
-        reader.finish()
         assert reply.stats is not None
+        reader.finish(cut_short=reply.stats.finish_reason == "length")
         logprobs = chat_logprobs(unsent, piece) if generation.logprobs is not None else None
         completion = ChatCompletion(
             id=reply_id, created=created, model=service.model_id, usage=_usage(reply.stats),

@@ -223,8 +223,9 @@ class ChatReplyReader:
     def feed(self, text: str) -> list[ChatDelta]:
         return self._deltas(self._parser.feed(text))
 
-    def finish(self) -> list[ChatDelta]:
-        return self._deltas(self._parser.finish())
+    def finish(self, *, cut_short: bool = False) -> list[ChatDelta]:
+        """What the reply's end releases; `cut_short`: it ended at its token limit."""
+        return self._deltas(self._parser.finish(cut_short=cut_short))
 
     def _deltas(self, parts: list[ReplyPart]) -> list[ChatDelta]:
         deltas = []

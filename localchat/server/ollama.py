@@ -34,6 +34,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
+from localchat.chat import continuation_text
 from localchat.constraints import tokenizer_for
 from localchat.scheduler import TextDelta
 from localchat.server.errors import APIError
@@ -421,7 +422,8 @@ class OllamaRoutes:
 
     async def _render(self, service: CompletionService, body: ChatCompletionRequest, model: str, before: Sequence[int]) -> Response:
         plan, _ = await service.chat_prompt(body)
-        rendered = _text_of(service.engine.backend, before) + plan.prompt + plan.forced
+        prompt = plan.prompt + plan.forced
+        rendered = _text_of(service.engine.backend, before) + continuation_text(service.engine.template, prompt) if before else prompt
         debug = DebugResponse(model=model, created_at=created_at(), debug_info=DebugRender(rendered_template=rendered))
         return JSONResponse(debug.model_dump(by_alias=True))
 
@@ -539,7 +541,7 @@ class _ReplyWriter:
             counters = self.timer.metrics(stats).model_dump()
             done_reason = "length" if stats is not None and stats.finish_reason == "length" else "stop"
             if self.run is not None and stats is not None:  # a raw prompt has none, as Ollama gives none
-                context = [*self.run.prompt, *stats.completion_ids]
+                context = [*self.run.prompt, *stats.text_ids]  # as Ollama's: the prompt and the text returned
         if self.chat:
             message = ReplyMessage(content=content, thinking=thinking, tool_calls=calls)
             return ChatResponse(model=self.model, created_at=stamp or created_at(), message=message, done=done,

@@ -186,7 +186,7 @@ class CompletionService:
         if stop is not None:
             generation = replace(generation, stop=stop)
         plan, prompt = await self.chat_prompt(body, fit_context=fit_context, before=before)
-        if plan.read_calls:
+        if plan.read_calls and plan.constraint is None:  # a grammar-held reply matches no stop string
             generation = replace(generation, stop_scope=plan.stop_scope)
         constraint = plan.constraint or (body.response_format.constraint() if body.response_format is not None else None)
         if constraint is not None:

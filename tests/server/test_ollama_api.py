@@ -97,7 +97,21 @@ def test_generate_goes_on_from_an_earlier_replys_context(gemma_server: LiveServe
     with_context = rendered({"prompt": "What is my name?", "context": first.context})
     assert turn.startswith("<bos><start_of_turn>user\nWhat is my name?")
     assert with_context.startswith(rendered({"prompt": "My name is Ada."}) + first.response)
-    assert with_context.endswith(turn.removeprefix("<bos>"))
+    assert with_context == rendered({"prompt": "My name is Ada."}) + first.response + turn.removeprefix("<bos>")
+
+
+def test_a_context_holds_the_text_returned_not_the_stop_string(gemma_server: LiveServer, client: ollama.Client) -> None:
+    """As Ollama's (the prompt and the text returned, tokenized): a matched stop string's tokens are not in it."""
+    stopped = client.generate(MODEL, prompt="Write three short sentences about the sea.", options={**GREEDY, "num_predict": 48, "stop": ["."]})
+    assert stopped.context and stopped.done_reason == "stop" and "." not in stopped.response
+
+    def rendered(body: dict[str, Any]) -> str:
+        answer = gemma_server.post("/api/generate", {"model": MODEL, "prompt": "Go on.", **body, "_debug_render_only": True})
+        return str(answer.json()["_debug_info"]["rendered_template"])
+
+    first_turn = rendered({"prompt": "Write three short sentences about the sea."})
+    with_context = rendered({"context": stopped.context})
+    assert with_context == first_turn + stopped.response + rendered({}).removeprefix("<bos>")
 
 
 def test_options_past_openais_bounds_are_read_as_llama_cpp_reads_them(client: ollama.Client) -> None:

@@ -148,7 +148,7 @@ def test_stop_strings_never_cut_a_json_reply(server: LiveServer, response_format
     whole = client.chat.completions.create(**ask).choices[0]  # type: ignore[call-overload]
     streamed = ("".join(c.choices[0].delta.content or "" for c in chunks if c.choices), chunks[-1].choices[0].finish_reason)
     for text, finish in [(whole.message.content or "", whole.finish_reason), streamed]:
-        assert text.startswith('{"') and ", " in text, text
+        assert text.startswith('{"'), text  # the stop string '"' did not cut it at its second character
         if response_format["type"] == "json_schema" or finish == "stop":
             assert finish == "stop" and not violations(json.loads(text), SCHEMAS[11] if response_format["type"] == "json_schema" else {})
 
