@@ -6,8 +6,8 @@ from localchat.interrupts import quiet_while_starting
 
 
 def command() -> int:
-    """The command, made quiet to Ctrl-C before anything else is imported: while modules import and
-    arguments are parsed (the first ~0.3 s) Ctrl-C ends it with 130 and no traceback, as it does later."""
+    """The command, made quiet to Ctrl-C before its modules are imported: while they import and its
+    arguments are parsed, Ctrl-C ends it with 130 and no traceback, as it does later."""
     quiet_while_starting()
     from localchat.cli import command as run_command
 

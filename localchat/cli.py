@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from localchat.backends.base import SamplerSettings
 from localchat.errors import InvalidSettingError, LocalchatError, ModelError
 from localchat.hardware import MIB, peak_rss_bytes
-from localchat.interrupts import interruptible
+from localchat.interrupts import INTERRUPTED_EXIT, Terminated, interruptible
 from localchat.planner import OneReply, PlanRequest
 from localchat.settings import DEFAULT_LOOKUP_DRAFT, Settings
 from localchat.unicode_text import well_formed
@@ -656,9 +656,11 @@ def main(argv: Sequence[str] | None = None, *, process_ends: bool = False) -> in
     except LocalchatError as error:
         print(f"localchat: error: {error}", file=sys.stderr)
         return 1
+    except Terminated as terminated:
+        return terminated.exit_status
     except KeyboardInterrupt:
-        print(file=sys.stderr)
-        return 130
+        print(file=sys.stderr)  # the line Ctrl-C's ^C began
+        return INTERRUPTED_EXIT
     except BrokenPipeError:
         # The reader left early (`| head`): the rest of the output goes nowhere, and the exit is SIGPIPE's.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -1,6 +1,8 @@
-"""How the `localchat` command ends on Ctrl-C and SIGTERM: at once and quietly while it starts, through
-KeyboardInterrupt (so that what it made is cleaned up) once it runs; both with 130, as a shell
-reports a command ended by Ctrl-C."""
+"""How the `localchat` command ends on Ctrl-C and SIGTERM. Ctrl-C: at once and quietly while its
+modules import and its arguments are parsed (from the entry point on: not while the `localchat`
+package itself loads llama.cpp's libraries, the first tens of milliseconds), through KeyboardInterrupt
+once it runs, so that what it made is cleaned up. SIGTERM, where a command asks for it: through
+KeyboardInterrupt too. Each exits with 128 + the signal's number, as a shell reports a killed command."""
 
 from __future__ import annotations
 
@@ -33,13 +35,19 @@ def interruptible() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised as Ctrl-C is so that the same cleanup runs."""
+
+    exit_status = 128 + signal.SIGTERM
+
+
 def _interrupt(_signal: int, _frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
+    raise Terminated
 
 
 @contextmanager
 def sigterm_interrupts() -> Iterator[None]:
-    """Inside, SIGTERM raises KeyboardInterrupt as Ctrl-C does, so that what cleans up after Ctrl-C runs
+    """Inside, SIGTERM raises Terminated, a KeyboardInterrupt as Ctrl-C's, so that what cleans up after Ctrl-C runs
     for it too (by default SIGTERM ends the process on the spot). Main thread only."""
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:

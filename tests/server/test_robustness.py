@@ -171,7 +171,7 @@ def test_a_stopped_server_ends_the_replies_in_flight_and_keeps_its_prefix_cache(
         time.sleep(1)
         stopping.process.send_signal(signal.SIGTERM)  # what `kill` or a service manager sends
         events = [future.result(timeout=30) for future in streams]
-    stopping.process.wait(timeout=30)
+    assert stopping.process.wait(timeout=30) == 143  # 128 + SIGTERM, as a shell reports a killed command
     for lines in events:
         # A clean end well before 2000 tokens: the last chunk, then [DONE].
         assert lines[-1] == "data: [DONE]" and '"finish_reason":"stop"' in lines[-2]
