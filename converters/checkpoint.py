@@ -166,6 +166,13 @@ class ModelConfig:
             raise ModelError(f"{source} has no 'architectures' entry; is it a transformers model config?")
         if not isinstance(architectures, list) or not isinstance(architectures[0], str):
             raise ModelError(f"{source}: 'architectures' is {architectures!r}, expected a list of class names; the config.json is corrupt")
+        # Gemma 3 4B and up, Mistral 3, Llama 4: the language model's sizes are nested beside a vision or audio part's.
+        if config.get("hidden_size") is None and isinstance(config.get("text_config"), dict):
+            raise ModelError(
+                f"{source} describes {architectures[0]}, a model that also reads images or audio (its language model in "
+                "'text_config'); localchat converts text-only *ForCausalLM checkpoints: convert this one with llama.cpp's "
+                "convert_hf_to_gguf.py"
+            )
         read = ConfigReader(config, source)
         hidden = read.int("hidden_size")
         n_heads = read.int("num_attention_heads")

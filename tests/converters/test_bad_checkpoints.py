@@ -120,6 +120,27 @@ def test_broken_checkpoint_is_one_error_line_and_leaves_nothing(
     assert [p for p in tmp_path.joinpath("out").rglob("*") if p.is_file()] == []
 
 
+
+def _nest_as_multimodal(config: dict[str, Any]) -> None:
+    """config.json as Gemma 3 4B's: the language model's sizes under text_config, beside a vision part's."""
+    text = {key: config.pop(key) for key in list(config) if key != "architectures"}
+    config.update(architectures=["Gemma3ForConditionalGeneration"], text_config=text, vision_config={"hidden_size": 1152})
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_multimodal_checkpoint_is_named_as_such(
+    target: str, tiny_checkpoint: Callable[[str], Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not "config.json lacks 'hidden_size'; ... incomplete", which sent users to download it again."""
+    folder = tmp_path / "checkpoint"
+    shutil.copytree(tiny_checkpoint("llama"), folder)
+    _edit_config(folder, _nest_as_multimodal)
+    capsys.readouterr()
+    assert main(["convert", str(folder), "--to", target, "-o", str(tmp_path / "out" / TARGETS[target])]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "Gemma3ForConditionalGeneration, a model that also reads images" in lines[0], lines
+    assert "convert_hf_to_gguf.py" in lines[0] and "incomplete" not in lines[0]
+
 # -- fuzzing ------------------------------------------------------------------------
 
 FUZZ_CASES = 400
