@@ -11,6 +11,7 @@ from pathlib import Path
 from localchat.backends.base import SamplerSettings
 from localchat.backends.llamacpp_natives import dry_key, open_model
 from localchat.converters.gguf import convert_checkpoint
+from localchat.converters.onnx import convert_to_onnx
 from localchat.engine import Engine
 from localchat.gguf_file import read_gguf_header
 from localchat.model_loading import open_backend, plan_model
@@ -75,6 +76,27 @@ def test_a_converted_checkpoint_carries_its_generation_config_into_the_model_s_d
         generation.text()
         assert generation.stats is not None and generation.stats.sampler == settings
 
+
+
+def test_an_onnx_conversion_starts_from_the_same_defaults_as_the_gguf_one(
+    tiny_checkpoint: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """The converter copies generation_config.json into the ONNX folder; its sampling values were
+    unread there, and an ONNX model sampled with llama.cpp's defaults."""
+    folder = shutil.copytree(tiny_checkpoint("qwen3"), tmp_path / "with-generation-config")
+    (folder / "generation_config.json").write_text(json.dumps({"temperature": 0.6, "top_p": 0.9, "top_k": 20,
+                                                               "repetition_penalty": 1.05}))
+    output = convert_to_onnx(folder, tmp_path / "tiny-onnx", "fp32").output
+    with Engine.load(str(output), Settings(prefix_cache_disk_bytes=0), PlanRequest(n_ctx=256)) as engine:
+        assert engine.backend.name == "onnxruntime"
+        defaults = engine.sampler_defaults
+        assert defaults.source == "model"
+        settings = defaults.settings
+        assert (settings.top_k, round(settings.temperature, 4), round(settings.top_p, 4)) == (20, 0.6, 0.9)
+        assert round(settings.repeat_penalty, 4) == 1.05
+    (output / "generation_config.json").write_text("{")  # damaged: the defaults without the maker's
+    with Engine.load(str(output), Settings(prefix_cache_disk_bytes=0), PlanRequest(n_ctx=256)) as engine:
+        assert engine.sampler_defaults.source == "llama.cpp"
 
 def test_the_default_chat_model_gets_its_family_s_defaults(engine: Engine) -> None:
     assert engine.sampler_defaults.source == "family: SmolLM2"

@@ -43,6 +43,7 @@ from localchat.onnx_format import (
     rotary_input_names,
     rotary_tables,
 )
+from localchat.sampling_defaults import generation_config_sampling
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -106,6 +107,16 @@ def _check_graph(session: ort.InferenceSession, meta: OnnxMetadata, path: Path) 
             raise ModelError(
                 f"{path}: the graph's {name} has shape {shape}, which does not match {ONNX_MARKER}; convert the model again"
             )
+
+
+def _sampling_metadata(folder: Path) -> dict[str, str]:
+    """The maker's sampling defaults from the generation_config.json the converter copies, as the
+    `general.sampling.*` keys a converted GGUF carries: both formats of a model start from one sampler."""
+    try:
+        config = json.loads((folder / "generation_config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return {}  # none, or unreadable: the defaults go on without the maker's
+    return {key: str(value) for key, value in generation_config_sampling(config if isinstance(config, dict) else {}).items()}
 
 
 def onnx_facts(folder: Path) -> ModelFacts:
@@ -236,6 +247,7 @@ class OnnxBackend:
             chat_template=meta.chat_template,
             size_bytes=meta.weight_bytes,
             extra={"quant": meta.quant, "device": self.device},
+            metadata=_sampling_metadata(path),
         )
 
     # -- bindings ------------------------------------------------------------------
