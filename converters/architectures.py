@@ -241,12 +241,15 @@ def _longrope_factors(config: ModelConfig) -> list[PlannedTensor]:
 LLAMA = Architecture(MODEL_ARCH.LLAMA, permute_qk=True)
 # llama.cpp's MoE graphs route every layer (no dense layers between routed ones).
 EVERY_LAYER_ROUTED = (FixedSetting("decoder_sparse_step", 1, 1), FixedSetting("mlp_only_layers", [], []))
+# Qwen's switch for sliding-window attention in its upper layers (off in Qwen's releases).
+NO_SLIDING_WINDOW = FixedSetting("use_sliding_window", False, False)
 ARCHITECTURES: dict[str, Architecture] = {
     "LlamaForCausalLM": LLAMA,
     # Mistral is LLaMA to llama.cpp; its sliding window is wider than any context it is run with.
     "MistralForCausalLM": LLAMA,
-    "Qwen2ForCausalLM": Architecture(MODEL_ARCH.QWEN2),
-    "Qwen3ForCausalLM": Architecture(MODEL_ARCH.QWEN3),
+    # llama.cpp's qwen2 and qwen3 graphs attend over the whole context in every layer.
+    "Qwen2ForCausalLM": Architecture(MODEL_ARCH.QWEN2, fixed=(NO_SLIDING_WINDOW,)),
+    "Qwen3ForCausalLM": Architecture(MODEL_ARCH.QWEN3, fixed=(NO_SLIDING_WINDOW,)),
     "Gemma3ForCausalLM": Architecture(
         MODEL_ARCH.GEMMA3, norm_offset=1.0, check=_check_gemma3, metadata=_gemma3_metadata
     ),
