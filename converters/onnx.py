@@ -74,6 +74,8 @@ def architecture_for(config: ModelConfig) -> OnnxArchitecture:
         raise UnsupportedModelError(f"cannot convert architecture {config.architecture} to ONNX; supported: {supported}") from None
     if config.raw.get("use_bidirectional_attention"):
         raise UnsupportedModelError("this checkpoint uses bidirectional attention (an embedding model); convert a causal LM")
+    if config.raw.get("mlp_bias"):
+        raise UnsupportedModelError("this checkpoint's MLP has biases (mlp_bias), which the ONNX graph lacks; convert it --to gguf")
     activation = config.raw.get("hidden_activation") or config.raw.get("hidden_act") or "silu"
     if activation not in ACTIVATIONS:
         raise UnsupportedModelError(f"activation '{activation}' is not supported; supported: {', '.join(ACTIVATIONS)}")

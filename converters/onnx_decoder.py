@@ -387,7 +387,10 @@ def _attention(build: DecoderBuild, x: str, i: int, rotary: dict[str, tuple[str,
     kv_shape: list[int | str] = ["batch", kv_heads, "max_length", head_dim]
     g.add_output(present_k, f"present.{i}.key", build.compute_type, kv_shape)
     g.add_output(present_v, f"present.{i}.value", build.compute_type, kv_shape)
-    return build.to_residual(build.linear(out, build.tensor(f"{prefix}.o_proj.weight"), f"{name}.o_proj", "o_proj", layer=i, smooth=o_smooth)), smooth
+    # LLaMA's attention_bias gives o_proj a bias too (Qwen2's q, k and v alone have one).
+    o_bias = build.tensor(f"{prefix}.o_proj.bias") if build.has(f"{prefix}.o_proj.bias") else None
+    output = build.linear(out, build.tensor(f"{prefix}.o_proj.weight"), f"{name}.o_proj", "o_proj", o_bias, i, o_smooth)
+    return build.to_residual(output), smooth
 
 
 def _mlp(build: DecoderBuild, x: str, i: int) -> tuple[str, np.ndarray | None]:

@@ -91,6 +91,8 @@ def _tiny_configs(vocab_size: int) -> dict[str, Callable[[], object]]:
             rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
                              "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
         ),
+        # LLaMA with biases on q, k, v and o (a "llamafied" Qwen, InternLM).
+        "llama-attention-bias": lambda: transformers.LlamaConfig(**common, attention_bias=True),
         "mistral": lambda: transformers.MistralConfig(**common, sliding_window=4096),
         "qwen2": lambda: transformers.Qwen2Config(**common, tie_word_embeddings=True),
         "qwen3": lambda: transformers.Qwen3Config(**common, head_dim=32),
@@ -133,9 +135,9 @@ TINY_MOE = ("mixtral", "qwen2moe", "qwen3moe", "olmoe")
 # verify text's first line has no two top logits within 0.2 for its first 16 tokens, and (experts)
 # routes that text over all four with no router choice within 0.002 of flipping: a comparison with
 # llama.cpp then covers enough tokens (tests/converters/test_more_families.py).
-TINY_SEEDS = {"llama": 0, "phi3": 1, "phi4-mini": 0, "gemma2": 0, "granite": 17, "smollm3": 3, "olmo2": 0,
+TINY_SEEDS = {"llama": 0, "llama-attention-bias": 0, "phi3": 1, "phi4-mini": 0, "gemma2": 0, "granite": 17, "smollm3": 3, "olmo2": 0,
               "mixtral": 24, "qwen2moe": 29, "qwen3moe": 17, "olmoe": 21}
-TINY_TOKENIZER_REGEX = {"llama": LLAMA3_REGEX, "llama3-rope": LLAMA3_REGEX, "mistral": None, "qwen2": QWEN2_REGEX, "qwen3": QWEN2_REGEX,
+TINY_TOKENIZER_REGEX = {"llama": LLAMA3_REGEX, "llama-attention-bias": LLAMA3_REGEX, "llama3-rope": LLAMA3_REGEX, "mistral": None, "qwen2": QWEN2_REGEX, "qwen3": QWEN2_REGEX,
                         "phi3": None, "phi4-mini": LLAMA3_REGEX, "gemma2": None, "granite": None, "smollm3": LLAMA3_REGEX,
                         "olmo2": None, "mixtral": None, "qwen2moe": QWEN2_REGEX, "qwen3moe": QWEN2_REGEX, "olmoe": None}
 

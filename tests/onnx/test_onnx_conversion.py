@@ -65,7 +65,8 @@ def first_logits(folder: Path, settings: Settings) -> np.ndarray:
         return backend.evaluate_all(0, tokens, 0).copy()
 
 
-@pytest.mark.parametrize("name", TINY_ARCHITECTURES)
+# LLaMA with attention biases: o_proj's was left out of the graph.
+@pytest.mark.parametrize("name", [*TINY_ARCHITECTURES, "llama-attention-bias"])
 def test_tiny_fp32_greedy_equals_transformers(name: str, onnx_model: Callable[[str, str], Path],
                                              tiny_checkpoint: Callable[[str], Path], settings: Settings) -> None:
     checkpoint = tiny_checkpoint(name)
@@ -257,6 +258,19 @@ def test_unsupported_architecture_is_one_clear_error(tiny_checkpoint: Callable[[
     config = json.loads((tiny_checkpoint("llama") / "config.json").read_text())
     (source / "config.json").write_text(json.dumps({**config, "architectures": ["FalconForCausalLM"]}))
     with pytest.raises(UnsupportedModelError, match="supported: .*LlamaForCausalLM"):
+        convert_to_onnx(source, tmp_path / "out", "fp32")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.incomplete").exists()
+
+
+def test_mlp_biases_are_refused_not_left_out(tiny_checkpoint: Callable[[str], Path], tmp_path: Path) -> None:
+    source = tmp_path / "mlp-bias"
+    source.mkdir()
+    for item in tiny_checkpoint("llama").iterdir():
+        (source / item.name).symlink_to(item)
+    (source / "config.json").unlink()
+    config = json.loads((tiny_checkpoint("llama") / "config.json").read_text())
+    (source / "config.json").write_text(json.dumps({**config, "mlp_bias": True}))
+    with pytest.raises(UnsupportedModelError, match="mlp_bias.*--to gguf"):
         convert_to_onnx(source, tmp_path / "out", "fp32")
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.incomplete").exists()
 
