@@ -41,6 +41,8 @@ MAX_HEADER_BYTES = 100 * 1024 * 1024
 OPTIONAL_NUMBERS = ("final_logit_softcapping", "attn_logit_softcapping", "query_pre_attn_scalar")
 # RoPE settings the converters read as numbers.
 ROPE_NUMBERS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+# transformers' max_window_layers when a Qwen config.json gives none.
+QWEN_MAX_WINDOW_LAYERS = 28
 # Names of Phi-3's LongRoPE scaling ("su" in older configs).
 LONGROPE_TYPES = ("longrope", "su")
 # config.json keys giving the number of routed experts and of those used per token (mixtures of experts).
@@ -94,6 +96,16 @@ def _rope_layouts(config: dict[str, Any]) -> tuple[RopeSettings, RopeSettings | 
     full = RopeSettings.from_dict({"rope_theta": default_theta, **(config.get("rope_scaling") or {})}, default_theta)
     local = config.get("rope_local_base_freq")
     return full, RopeSettings.from_dict({"rope_theta": local}, default_theta) if local is not None else None
+
+
+def _default_layer_types(config: dict[str, Any], n_layers: int) -> list[str]:
+    """Layer types of a config.json that lists none, as transformers derives them: Qwen's
+    `use_sliding_window` makes the layers from `max_window_layers` on sliding-window ones."""
+    if not (config.get("use_sliding_window") and config.get("sliding_window")):
+        return ["full_attention"] * n_layers
+    first = config.get("max_window_layers")
+    first = first if isinstance(first, int) and not isinstance(first, bool) else QWEN_MAX_WINDOW_LAYERS
+    return ["sliding_attention" if i >= first else "full_attention" for i in range(n_layers)]
 
 
 class ConfigReader:
@@ -193,7 +205,7 @@ class ModelConfig:
         n_experts_used = next((read.int(key) for key in EXPERTS_USED_KEYS if config.get(key) is not None), 0) if n_experts else 0
         if n_experts_used > n_experts:
             raise ModelError(f"{source}: {n_experts_used} experts used per token of {n_experts}; the config.json is corrupt")
-        layer_types = config.get("layer_types") or ["full_attention"] * n_layers
+        layer_types = config.get("layer_types") or _default_layer_types(config, n_layers)
         if not isinstance(layer_types, list) or len(layer_types) != n_layers or not all(isinstance(t, str) for t in layer_types):
             raise ModelError(f"{source}: 'layer_types' does not name one type for each of the {n_layers} layers; the config.json is corrupt")
         return cls(
