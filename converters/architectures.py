@@ -118,7 +118,7 @@ class Architecture:
 def _check_layer_pattern(config: ModelConfig, every: int, family: str) -> None:
     """Every `every`th layer global, the others sliding-window: the pattern llama.cpp fixes."""
     expected = tuple("full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(config.n_layers))
-    if config.raw.get("layer_types") is not None and config.layer_types != expected:
+    if config.layer_types != expected:
         raise UnsupportedModelError(
             f"this {family} checkpoint's layer_types differ from llama.cpp's fixed pattern (one global layer in every {every}); "
             "llama.cpp cannot run it"

@@ -41,6 +41,8 @@ MAX_HEADER_BYTES = 100 * 1024 * 1024
 OPTIONAL_NUMBERS = ("final_logit_softcapping", "attn_logit_softcapping", "query_pre_attn_scalar")
 # RoPE settings the converters read as numbers.
 ROPE_NUMBERS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+# One global layer in every this many, the others sliding-window, where a config.json lists no layer_types.
+GLOBAL_LAYER_EVERY = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 6}
 # transformers' max_window_layers when a Qwen config.json gives none.
 QWEN_MAX_WINDOW_LAYERS = 28
 # Names of Phi-3's LongRoPE scaling ("su" in older configs).
@@ -98,9 +100,14 @@ def _rope_layouts(config: dict[str, Any]) -> tuple[RopeSettings, RopeSettings | 
     return full, RopeSettings.from_dict({"rope_theta": local}, default_theta) if local is not None else None
 
 
-def _default_layer_types(config: dict[str, Any], n_layers: int) -> list[str]:
-    """Layer types of a config.json that lists none, as transformers derives them: Qwen's
-    `use_sliding_window` makes the layers from `max_window_layers` on sliding-window ones."""
+def _default_layer_types(read: ConfigReader, architecture: str, n_layers: int) -> list[str]:
+    """Layer types of a config.json that lists none (transformers 4's), as transformers derives them:
+    Gemma's fixed pattern (Gemma 3's hub configs give it as `sliding_window_pattern`), Qwen's
+    `use_sliding_window` from `max_window_layers` on."""
+    config = read.config
+    if (every := GLOBAL_LAYER_EVERY.get(architecture)) is not None:
+        every = read.int("sliding_window_pattern", every)
+        return ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(n_layers)]
     if not (config.get("use_sliding_window") and config.get("sliding_window")):
         return ["full_attention"] * n_layers
     first = config.get("max_window_layers")
@@ -205,7 +212,7 @@ class ModelConfig:
         n_experts_used = next((read.int(key) for key in EXPERTS_USED_KEYS if config.get(key) is not None), 0) if n_experts else 0
         if n_experts_used > n_experts:
             raise ModelError(f"{source}: {n_experts_used} experts used per token of {n_experts}; the config.json is corrupt")
-        layer_types = config.get("layer_types") or _default_layer_types(config, n_layers)
+        layer_types = config.get("layer_types") or _default_layer_types(read, architectures[0], n_layers)
         if not isinstance(layer_types, list) or len(layer_types) != n_layers or not all(isinstance(t, str) for t in layer_types):
             raise ModelError(f"{source}: 'layer_types' does not name one type for each of the {n_layers} layers; the config.json is corrupt")
         return cls(

@@ -142,6 +142,8 @@ REFUSED: dict[str, tuple[str, Callable[[dict], None], str]] = {
     "mixtral without experts": ("mixtral", lambda c: c.pop("num_local_experts"), "config.json has no experts"),
     "qwen2 with sliding-window layers": ("qwen2", lambda c: c.update(use_sliding_window=True, sliding_window=8, max_window_layers=1),
                                          "use_sliding_window=True; llama.cpp's qwen2 graph implements only use_sliding_window=False"),
+    "gemma3 with another pattern in transformers 4's key": ("gemma3", lambda c: (c.pop("layer_types"), c.update(sliding_window_pattern=3)),
+                                                             "one global layer in every 6"),
     "gemma2 with an output matrix of its own": ("gemma2", lambda c: c.update(tie_word_embeddings=False), "tie_word_embeddings=False"),
 }
 
