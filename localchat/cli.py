@@ -322,8 +322,12 @@ def cmd_info(args: argparse.Namespace) -> int:
           f"{facts.n_layers} layers, trained context {facts.n_ctx_train})")
     if model_plan.model.format == "gguf":
         metadata = {k: str(v) for k, v in inspect_gguf(model_plan.model.path)[0].metadata.items() if k.startswith("general.")}
-        defaults = sampler_defaults(metadata)
-        print(f"sampler    {defaults.settings.describe()} (defaults: {defaults.source}; flags and requests go over them)")
+    else:
+        from localchat.backends.onnx import sampling_metadata
+
+        metadata = sampling_metadata(model_plan.model.path)
+    defaults = sampler_defaults(metadata)
+    print(f"sampler    {defaults.settings.describe()} (defaults: {defaults.source}; flags and requests go over them)")
     for line in facts.details:
         print(f"           {line}")
     print(f"cpu        {hw.cpu_name}: {hw.physical_cores} cores, {hw.logical_cores} threads"

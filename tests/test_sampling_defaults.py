@@ -7,9 +7,11 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 
 from localchat.backends.base import SamplerSettings
 from localchat.backends.llamacpp_natives import dry_key, open_model
+from localchat.cli import main
 from localchat.converters.gguf import convert_checkpoint
 from localchat.converters.onnx import convert_to_onnx
 from localchat.engine import Engine
@@ -79,7 +81,7 @@ def test_a_converted_checkpoint_carries_its_generation_config_into_the_model_s_d
 
 
 def test_an_onnx_conversion_starts_from_the_same_defaults_as_the_gguf_one(
-    tiny_checkpoint: Callable[[str], Path], tmp_path: Path
+    tiny_checkpoint: Callable[[str], Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The converter copies generation_config.json into the ONNX folder; its sampling values were
     unread there, and an ONNX model sampled with llama.cpp's defaults."""
@@ -94,6 +96,11 @@ def test_an_onnx_conversion_starts_from_the_same_defaults_as_the_gguf_one(
         settings = defaults.settings
         assert (settings.top_k, round(settings.temperature, 4), round(settings.top_p, 4)) == (20, 0.6, 0.9)
         assert round(settings.repeat_penalty, 4) == 1.05
+    # `info` shows them, as for a GGUF file.
+    capsys.readouterr()
+    assert main(["info", "-m", str(output)]) == 0
+    sampler = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("sampler "))
+    assert "top_k=20" in sampler and "temp=0.6" in sampler and "(defaults: model;" in sampler
     (output / "generation_config.json").write_text("{")  # damaged: the defaults without the maker's
     with Engine.load(str(output), Settings(prefix_cache_disk_bytes=0), PlanRequest(n_ctx=256)) as engine:
         assert engine.sampler_defaults.source == "llama.cpp"

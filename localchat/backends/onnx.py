@@ -109,7 +109,7 @@ def _check_graph(session: ort.InferenceSession, meta: OnnxMetadata, path: Path) 
             )
 
 
-def _sampling_metadata(folder: Path) -> dict[str, str]:
+def sampling_metadata(folder: Path) -> dict[str, str]:
     """The maker's sampling defaults from the generation_config.json the converter copies, as the
     `general.sampling.*` keys a converted GGUF carries: both formats of a model start from one sampler."""
     try:
@@ -247,7 +247,7 @@ class OnnxBackend:
             chat_template=meta.chat_template,
             size_bytes=meta.weight_bytes,
             extra={"quant": meta.quant, "device": self.device},
-            metadata=_sampling_metadata(path),
+            metadata=sampling_metadata(path),
         )
 
     # -- bindings ------------------------------------------------------------------
