@@ -70,9 +70,13 @@ def first_logits(folder: Path, settings: Settings) -> np.ndarray:
 @pytest.mark.parametrize("name", [*TINY_ARCHITECTURES, "llama-attention-bias"])
 def test_tiny_fp32_greedy_equals_transformers(name: str, onnx_model: Callable[[str, str], Path],
                                              tiny_checkpoint: Callable[[str], Path], settings: Settings) -> None:
-    checkpoint = tiny_checkpoint(name)
+    assert_fp32_equals_transformers(onnx_model(name, "fp32"), tiny_checkpoint(name), settings)
+
+
+def assert_fp32_equals_transformers(folder: Path, checkpoint: Path, settings: Settings) -> None:
+    """The fp32 ONNX model in `folder` continues greedily as transformers does on `checkpoint`, and scores alike."""
     reference = ReferenceModel(checkpoint)
-    with Engine.load(str(onnx_model(name, "fp32")), settings, PlanRequest(n_ctx=1024)) as engine:
+    with Engine.load(str(folder), settings, PlanRequest(n_ctx=1024)) as engine:
         backend = engine.backend
         prompt, tokens = prompt_and_text(checkpoint, backend.info.bos_id if backend.info.add_bos else None)
         ours = greedy_continuation(backend, prompt, GREEDY_TOKENS)
@@ -101,18 +105,8 @@ def test_sliding_window_layers_of_a_config_that_lists_no_layer_types(name: str, 
     del config["layer_types"]
     keys, layer_types = LEGACY_SLIDING_KEYS[name]
     (folder / "config.json").write_text(json.dumps({**config, **keys}))
-    reference = ReferenceModel(folder)
-    assert reference.model.config.layer_types == layer_types
-    output = convert_to_onnx(folder, tmp_path / "out", "fp32").output
-    with Engine.load(str(output), settings, PlanRequest(n_ctx=1024)) as engine:
-        backend = engine.backend
-        prompt, tokens = prompt_and_text(folder, backend.info.bos_id if backend.info.add_bos else None)
-        ours = greedy_continuation(backend, prompt, GREEDY_TOKENS)
-        scores = backend.score(0, tokens)
-    assert ours == reference.greedy(prompt, GREEDY_TOKENS)
-    ref_logprobs, ref_top1 = reference.logprobs_and_top1(tokens)
-    assert np.mean(scores.top1 == ref_top1) >= 0.99
-    np.testing.assert_allclose(scores.logprobs, ref_logprobs, atol=5e-3)
+    assert ReferenceModel(folder).model.config.layer_types == layer_types
+    assert_fp32_equals_transformers(convert_to_onnx(folder, tmp_path / "out", "fp32").output, folder, settings)
 
 
 def test_gemma_fp32_greedy_equals_transformers(onnx_model: Callable[[str, str], Path], gemma_checkpoint: Path,
