@@ -31,7 +31,7 @@ from localchat.converters.checkpoint import Checkpoint, TensorRef
 from localchat.converters.gguf_choices import DEFAULT_QUANT, QUANT_TYPES, QuantType, default_output_path
 from localchat.converters.tokenizer import add_tokenizer
 from localchat.errors import InvalidSettingError, LocalchatError, ModelError
-from localchat.sampling_defaults import generation_config_sampling
+from localchat.gguf_file import generation_config_sampling
 
 INCOMPLETE_SUFFIX = ".incomplete"
 # Room left on the disk beyond the estimated output, for the filesystem and other programs.

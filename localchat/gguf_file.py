@@ -16,6 +16,7 @@ import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from gguf.constants import GGML_QUANT_SIZES, GGUFValueType
@@ -389,3 +390,36 @@ def _read_header(path: Path) -> GgufHeader:
                 return _parse(data, path)
     except OSError as error:
         raise ModelError(f"{path} cannot be read: {error.strerror or error}") from None
+
+
+# GGUF key -> (SamplerSettings field, its type), as llama.cpp's common_init reads them; the keys a
+# localchat sampler has no use for (mirostat, XTC, the sampler sequence) are left out.
+GGUF_SAMPLING_KEYS: dict[str, tuple[str, Callable[[str], float | int]]] = {
+    "general.sampling.temp": ("temperature", float),
+    "general.sampling.top_k": ("top_k", int),
+    "general.sampling.top_p": ("top_p", float),
+    "general.sampling.min_p": ("min_p", float),
+    "general.sampling.penalty_last_n": ("penalty_last_n", int),
+    "general.sampling.penalty_repeat": ("repeat_penalty", float),
+}
+# generation_config.json key -> GGUF key, as llama.cpp's converter (gguf-py's Metadata.load) maps them.
+GENERATION_CONFIG_KEYS: dict[str, str] = {
+    "temperature": "general.sampling.temp",
+    "top_k": "general.sampling.top_k",
+    "top_p": "general.sampling.top_p",
+    "min_p": "general.sampling.min_p",
+    "penalty_last_n": "general.sampling.penalty_last_n",
+    "repetition_penalty": "general.sampling.penalty_repeat",
+}
+
+
+def generation_config_sampling(config: Mapping[str, object]) -> dict[str, float | int]:
+    """`general.sampling.*` GGUF keys and values from a checkpoint's generation_config.json, as
+    llama.cpp's converter writes them (ints for top_k and penalty_last_n, floats otherwise)."""
+    written: dict[str, float | int] = {}
+    for name, key in GENERATION_CONFIG_KEYS.items():
+        value = config.get(name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        written[key] = int(value) if GGUF_SAMPLING_KEYS[key][1] is int else float(value)
+    return written

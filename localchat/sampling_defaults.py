@@ -10,31 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from localchat.backends.base import SamplerSettings
-
-# GGUF key -> (SamplerSettings field, its type), as llama.cpp's common_init reads them; the keys a
-# localchat sampler has no use for (mirostat, XTC, the sampler sequence) are left out.
-GGUF_SAMPLING_KEYS: dict[str, tuple[str, Callable[[str], float | int]]] = {
-    "general.sampling.temp": ("temperature", float),
-    "general.sampling.top_k": ("top_k", int),
-    "general.sampling.top_p": ("top_p", float),
-    "general.sampling.min_p": ("min_p", float),
-    "general.sampling.penalty_last_n": ("penalty_last_n", int),
-    "general.sampling.penalty_repeat": ("repeat_penalty", float),
-}
-# generation_config.json key -> GGUF key, as llama.cpp's converter (gguf-py's Metadata.load) maps them.
-GENERATION_CONFIG_KEYS: dict[str, str] = {
-    "temperature": "general.sampling.temp",
-    "top_k": "general.sampling.top_k",
-    "top_p": "general.sampling.top_p",
-    "min_p": "general.sampling.min_p",
-    "penalty_last_n": "general.sampling.penalty_last_n",
-    "repetition_penalty": "general.sampling.penalty_repeat",
-}
-
+from localchat.gguf_file import GGUF_SAMPLING_KEYS
 
 @dataclass(frozen=True)
 class FamilyDefaults:
@@ -108,15 +88,3 @@ def _settings(fields: Mapping[str, float | int]) -> SamplerSettings:
         return dataclasses.replace(SamplerSettings(), **fields)
     except ValueError:  # values out of range in a file: llama.cpp's defaults instead
         return SamplerSettings()
-
-
-def generation_config_sampling(config: Mapping[str, object]) -> dict[str, float | int]:
-    """`general.sampling.*` GGUF keys and values from a checkpoint's generation_config.json, as
-    llama.cpp's converter writes them (ints for top_k and penalty_last_n, floats otherwise)."""
-    written: dict[str, float | int] = {}
-    for name, key in GENERATION_CONFIG_KEYS.items():
-        value = config.get(name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            continue
-        written[key] = int(value) if GGUF_SAMPLING_KEYS[key][1] is int else float(value)
-    return written

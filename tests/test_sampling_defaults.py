@@ -15,10 +15,10 @@ from localchat.cli import main
 from localchat.converters.gguf import convert_checkpoint
 from localchat.converters.onnx import convert_to_onnx
 from localchat.engine import Engine
-from localchat.gguf_file import read_gguf_header
+from localchat.gguf_file import generation_config_sampling, read_gguf_header
 from localchat.model_loading import open_backend, plan_model
 from localchat.planner import PlanRequest
-from localchat.sampling_defaults import FAMILY_DEFAULTS, generation_config_sampling, sampler_defaults
+from localchat.sampling_defaults import FAMILY_DEFAULTS, sampler_defaults
 from localchat.session import GenerationSettings
 from localchat.settings import Settings
 

@@ -43,7 +43,7 @@ from localchat.onnx_format import (
     rotary_input_names,
     rotary_tables,
 )
-from localchat.sampling_defaults import generation_config_sampling
+from localchat.gguf_file import generation_config_sampling
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
