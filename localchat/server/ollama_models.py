@@ -31,7 +31,7 @@ from localchat import hub
 from localchat.chat_formats import detect_format
 from localchat.errors import LocalchatError, ModelError
 from localchat.gguf_file import read_gguf_header
-from localchat.models import InstalledModel, describe_model, packaged_model, pending_stamp, remove_model
+from localchat.models import InstalledModel, describe_model, model_file_stamp, packaged_model, pending_model, remove_model
 from localchat.sampling_defaults import sampler_defaults
 from localchat.server.errors import APIError
 from localchat.server.json_bodies import WellFormedRoute
@@ -93,9 +93,7 @@ def _digest(path: Path) -> str:
 
 def _modified(path: Path) -> str:
     """When the model's file changed (a packaged model not made yet: the time its file will have)."""
-    if path.exists():
-        return _time(path.stat().st_mtime)
-    stamp = pending_stamp(path)
+    stamp = model_file_stamp(path)
     return _time(stamp.mtime if stamp is not None else 0)
 
 
@@ -165,9 +163,7 @@ class OllamaModels:
 
     def rows(self) -> list[InstalledModel]:
         """Every model described from its file; a packaged model not made yet (it is on first use) as such."""
-        return [describe_model(model_id, path) if path.exists() else
-                InstalledModel(model_id, "gguf", path, stamp.size if (stamp := pending_stamp(path)) else 0,
-                               pending="made from its PyPI package on first use")
+        return [describe_model(model_id, path) if path.exists() else pending_model(model_id, path)
                 for model_id, path in self._paths().items()]
 
     def _checked(self, allowed: bool, what: str, flag: str) -> None:

@@ -11,7 +11,7 @@ from localchat.engine import Engine
 from localchat.hardware import Hardware
 from localchat.model_loading import ModelPlan, plan_model
 from localchat.model_pool import MemoryBudget, MemoryNeed, memory_need
-from localchat.models import installed_model_names, pending_stamp
+from localchat.models import installed_model_names, model_file_stamp
 from localchat.planner import PlanRequest
 from localchat.scheduler import Scheduler
 from localchat.server.chat import ModelChat
@@ -29,11 +29,8 @@ class CatalogModel:
     def created(self) -> int:
         """When its file was made; for a packaged model not made yet (Gemma is made on first use), the
         time its file will have (0 if that is unknown)."""
-        try:
-            return int(self.path.stat().st_mtime)
-        except OSError:
-            stamp = pending_stamp(self.path)
-            return int(stamp.mtime) if stamp is not None else 0
+        stamp = model_file_stamp(self.path)
+        return int(stamp.mtime) if stamp is not None else 0
 
 
 @dataclass(eq=False)
