@@ -276,27 +276,26 @@ def test_int4_blocks_follow_each_matrix(onnx_model: Callable[[str, str], Path]) 
     }
 
 
-def test_unsupported_architecture_is_one_clear_error(tiny_checkpoint: Callable[[str], Path], tmp_path: Path) -> None:
-    source = tmp_path / "odd"
+def linked_with_config(checkpoint: Path, source: Path, **changes: object) -> Path:
+    """`checkpoint`'s files linked into `source`, its config.json with `changes`."""
     source.mkdir()
-    for item in tiny_checkpoint("llama").iterdir():
-        (source / item.name).symlink_to(item)
-    (source / "config.json").unlink()
-    config = json.loads((tiny_checkpoint("llama") / "config.json").read_text())
-    (source / "config.json").write_text(json.dumps({**config, "architectures": ["FalconForCausalLM"]}))
+    for item in checkpoint.iterdir():
+        if item.name != "config.json":
+            (source / item.name).symlink_to(item)
+    config = json.loads((checkpoint / "config.json").read_text())
+    (source / "config.json").write_text(json.dumps({**config, **changes}))
+    return source
+
+
+def test_unsupported_architecture_is_one_clear_error(tiny_checkpoint: Callable[[str], Path], tmp_path: Path) -> None:
+    source = linked_with_config(tiny_checkpoint("llama"), tmp_path / "odd", architectures=["FalconForCausalLM"])
     with pytest.raises(UnsupportedModelError, match="supported: .*LlamaForCausalLM"):
         convert_to_onnx(source, tmp_path / "out", "fp32")
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.incomplete").exists()
 
 
 def test_mlp_biases_are_refused_not_left_out(tiny_checkpoint: Callable[[str], Path], tmp_path: Path) -> None:
-    source = tmp_path / "mlp-bias"
-    source.mkdir()
-    for item in tiny_checkpoint("llama").iterdir():
-        (source / item.name).symlink_to(item)
-    (source / "config.json").unlink()
-    config = json.loads((tiny_checkpoint("llama") / "config.json").read_text())
-    (source / "config.json").write_text(json.dumps({**config, "mlp_bias": True}))
+    source = linked_with_config(tiny_checkpoint("llama"), tmp_path / "mlp-bias", mlp_bias=True)
     with pytest.raises(UnsupportedModelError, match="mlp_bias.*--to gguf"):
         convert_to_onnx(source, tmp_path / "out", "fp32")
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.incomplete").exists()
