@@ -191,6 +191,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         _decode_here(engine)
         settings = dataclasses.replace(settings, sampler=_sampler_settings(args, engine.sampler_defaults.settings))
+        if engine.preset is not None and not args.stop:
+            settings = dataclasses.replace(settings, stop=engine.preset.stop)
         left_out = 0
         if args.raw:
             tokens = engine.backend.tokenize(prompt, add_bos=engine.backend.info.add_bos, special=True)
@@ -317,7 +319,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     model_plan = plan_model(args.model, Settings(), _plan_request(args))
     hw, facts, plan = model_plan.hardware, model_plan.facts, model_plan.plan
     packaged = PACKAGED_MODELS.get(model_plan.model.name)
-    print(f"model      {model_plan.model.name}" + (f": {packaged.note}" if packaged is not None else ""))
+    preset = model_plan.model.preset
+    note = f": {packaged.note}" if packaged is not None else f": a preset of {preset.model}" if preset is not None else ""
+    print(f"model      {model_plan.model.name}{note}")
     print(f"           {model_plan.model.path} ({model_plan.model.format}, {facts.weight_bytes / MIB:.0f} MiB of weights, "
           f"{facts.n_layers} layers, trained context {facts.n_ctx_train})")
     if model_plan.model.format == "gguf":
@@ -327,6 +331,10 @@ def cmd_info(args: argparse.Namespace) -> int:
 
         metadata = sampling_metadata(model_plan.model.path)
     defaults = sampler_defaults(metadata)
+    if preset is not None:
+        defaults = preset.sampler(defaults)
+        if preset.system:
+            print(f"system     {preset.system}")
     print(f"sampler    {defaults.settings.describe()} (defaults: {defaults.source}; flags and requests go over them)")
     for line in facts.details:
         print(f"           {line}")
@@ -516,7 +524,7 @@ def _list_row(model: InstalledModel, now: float) -> tuple[str, ...]:
     return (
         model.name, model.quantization or "-", _size(model.size) if model.size else "-", _count(model.parameters),
         str(model.context_length or "-"), model.architecture or "-", _since(model.last_used, now),
-        f"({model.pending})" if model.pending else str(model.path),
+        f"({model.pending})" if model.pending else f"(a preset of {model.preset_of})" if model.preset_of else str(model.path),
     )
 
 

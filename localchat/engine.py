@@ -52,8 +52,11 @@ class Engine:
         eos = backend.token_text(info.eos_id) if info.eos_id is not None else ""
         self.template = ChatTemplate.for_model(info.chat_template, info.architecture, bos_token=bos, eos_token=eos)
         self.prefix_cache = prefix_cache
-        # The sampler replies get unless asked otherwise: the model's own defaults, its family's, or llama.cpp's.
-        self.sampler_defaults = sampler_defaults(info.metadata)
+        # The sampler replies get unless asked otherwise: the model's own defaults, its family's, or llama.cpp's,
+        # under a preset's settings when the model is run as one.
+        self.preset = model_plan.model.preset
+        defaults = sampler_defaults(info.metadata)
+        self.sampler_defaults = self.preset.sampler(defaults) if self.preset is not None else defaults
         # One session per KV sequence: a session must know every token its sequence holds.
         self.sessions = tuple(Session(backend, seq=seq, prefix_cache=self.prefix_cache,
                                       sampler_defaults=self.sampler_defaults.settings) for seq in range(backend.n_seq))
@@ -148,7 +151,11 @@ class Engine:
     def new_chat(self, system_prompt: str | None = None, *, seq: int = 0) -> Chat:
         """A conversation on sequence `seq`; chats on one sequence take turns with its KV cache."""
         messages = [Message("system", system_prompt)] if system_prompt else []
-        return Chat(self.sessions[seq], self.template, messages)
+        return Chat(self.sessions[seq], self.template, self.opening(messages))
+
+    def opening(self, messages: list[Message]) -> list[Message]:
+        """`messages`, a chat's own, with what a preset starts every chat with (its system prompt, its messages)."""
+        return self.preset.opening(messages) if self.preset is not None else messages
 
     # The chat interface (localchat.chat_engine.ChatEngine) that front ends use.
 
@@ -178,7 +185,7 @@ class Engine:
         """A conversation from `messages` on the first sequence (the prefix cache makes returning
         to an earlier one cheap)."""
         switch: dict[str, object] = {} if thinking else {THINKING_SWITCH: False}
-        return LocalChat(self.sessions[0], self.template, messages, template_kwargs=switch)
+        return LocalChat(self.sessions[0], self.template, self.opening(messages), template_kwargs=switch)
 
     def token_count(self, text: str) -> int:
         return len(self.backend.tokenize(text, add_bos=False, special=False))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from localchat.backends.base import Backend, SamplerSettings
@@ -133,6 +133,13 @@ def plan_model(model: str | None, settings: Settings, request: PlanRequest = Pla
     server plans every model on the machine as it was before the first loaded), else as it is now."""
     ref = resolve_model(model, settings)
     facts = _model_facts(ref)
+    preset = ref.preset
+    if preset is not None and preset.context is not None and request.n_ctx is None:
+        request = replace(request, n_ctx=preset.context)  # a preset's context, where --ctx gives none
+    if preset is not None and request.one_reply is not None:
+        # Its text, and a template's own text around each of its messages, in the one reply's context.
+        more = preset.text_bytes + len(preset.messages) * facts.chat_template_bytes
+        request = replace(request, one_reply=replace(request.one_reply, text_bytes=request.one_reply.text_bytes + more))
     hardware = hardware or detect_hardware()
     build = _build_features(ref.format)
     return ModelPlan(ref, facts, hardware, build, plan_offload(facts, hardware, build, request))

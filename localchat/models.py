@@ -23,6 +23,7 @@ from localchat.errors import ModelError
 from localchat.gguf_file import ROUTED_EXPERT_TENSOR, GgufHeader, read_gguf_header
 from localchat.onnx_format import ONNX_MARKER, read_metadata
 from localchat.planner import ModelFacts
+from localchat.presets import PRESET_NAME, PRESET_SUFFIX, ModelPreset, is_preset_file, preset_path, read_preset
 from localchat.settings import Settings
 
 GEMMA_MODEL_FILE = "gemma-3-270m-q4_k_m.gguf"
@@ -43,6 +44,7 @@ class ModelRef:
     format: str  # "gguf" or "onnx"
     name: str
     from_hub: bool = False  # in the Hugging Face cache; `name` is its hub name, user/repo:QUANT
+    preset: ModelPreset | None = None  # run as this preset (localchat.presets); `name` is the preset's
 
 
 def _gemma_parts() -> list[Path]:
@@ -199,6 +201,30 @@ def _local_model(name: str, settings: Settings) -> ModelRef | None:
     return next((ref for ref in local_models(settings) if ref.name == name), None)
 
 
+def local_presets(settings: Settings) -> list[Path]:
+    """The preset files in the models folder (localchat.presets), by name."""
+    if not settings.models_dir.is_dir():
+        return []
+    return sorted(path for path in settings.models_dir.iterdir() if is_preset_file(path))
+
+
+def _preset_file(name: str, settings: Settings) -> Path | None:
+    path = preset_path(settings.models_dir, name) if PRESET_NAME.match(name) else None
+    return path if path is not None and path.is_file() else None
+
+
+def preset_model(preset: ModelPreset, settings: Settings, *, fetch: bool = True) -> ModelRef:
+    """The model `preset` runs, under the preset's name; ModelError when it is not there any more.
+    `fetch`: a hub model not in the cache is fetched again (else it is not there)."""
+    try:
+        base = _find_model(preset.model, settings, fetch=fetch)
+    except ModelError as error:
+        raise ModelError(f"preset {preset.name} runs {preset.model}, which cannot be found ({error})") from None
+    if base.preset is not None:
+        raise ModelError(f"preset {preset.name} runs another preset, {preset.model}; name a model in it")
+    return replace(base, name=preset.name, preset=preset)
+
+
 def hub_model_name(model: str | None, settings: Settings) -> hub.HubModelName | None:
     """The Hugging Face name `model` is, when it is not a known or local model's name nor a path
     that exists (`user/repo`, `user/repo:QUANT`, `hf.co/user/repo:QUANT`)."""
@@ -207,7 +233,7 @@ def hub_model_name(model: str | None, settings: Settings) -> hub.HubModelName | 
     return hub.HubModelName.parse(model)
 
 
-def _find_model(model: str | None, settings: Settings) -> ModelRef:
+def _find_model(model: str | None, settings: Settings, *, fetch: bool = True) -> ModelRef:
     if model is None or model in PACKAGED_MODELS:
         name = model or DEFAULT_MODEL_NAME
         return ModelRef(PACKAGED_MODELS[name].locate(settings), "gguf", name)
@@ -224,13 +250,20 @@ def _find_model(model: str | None, settings: Settings) -> ModelRef:
     local = _local_model(model, settings)
     if local is not None:
         return local
+    preset = _preset_file(model, settings)
+    if preset is not None:
+        return preset_model(read_preset(preset), settings)
     name = hub.HubModelName.parse(model)
     if name is not None:
-        cached = hub.find_cached(name, settings) or hub.pull(name, settings).model
+        cached = hub.find_cached(name, settings)
+        if cached is None and not fetch:
+            raise ModelError(f"{name} is not in the Hugging Face cache")
+        cached = cached or hub.pull(name, settings).model
         return ModelRef(cached.path, "gguf", cached.name, from_hub=True)
     if path.suffix or os.sep in model or model.count("/") > 1:
         raise ModelError(f"model file {path} does not exist; check the path")
-    known = ", ".join([*PACKAGED_MODELS, *(m.name for m in local_models(settings) if packaged_model(m.path) is None)])
+    known = ", ".join([*PACKAGED_MODELS, *(m.name for m in local_models(settings) if packaged_model(m.path) is None),
+                       *(path.name.removesuffix(PRESET_SUFFIX) for path in local_presets(settings))])
     raise ModelError(
         f"unknown model '{model}': give a path to a .gguf file or an ONNX folder, a GGUF repo of the "
         f"Hugging Face hub as user/repo or user/repo:QUANT, or a local model: {known}"
@@ -246,7 +279,10 @@ def resolve_model(model: str | None, settings: Settings) -> ModelRef:
 
 
 def usage_key(ref: ModelRef) -> str:
-    """What `localchat list` knows a model by: its hub name (stable across new commits), else its file."""
+    """What `localchat list` knows a model by: its hub name (stable across new commits) or its preset's name,
+    else its file."""
+    if ref.preset is not None:
+        return f"preset:{ref.name}"
     return ref.name if ref.from_hub else str(ref.path.resolve())
 
 
@@ -296,6 +332,7 @@ class InstalledModel:
     last_used: float | None = None
     problem: str | None = None  # why the facts could not be read
     pending: str | None = None  # a packaged model not made yet: when it will be
+    preset_of: str | None = None  # a preset (its file is `path`): the model it runs, whose facts these are
 
 
 def split_parts(path: Path, header: GgufHeader) -> list[Path]:
@@ -363,10 +400,23 @@ def _describe_onnx(name: str, folder: Path, last_used: float | None) -> Installe
     )
 
 
-def describe_model(name: str, path: Path, last_used: float | None = None) -> InstalledModel:
-    """A row of `localchat list` for the model at `path`, a GGUF file or an ONNX folder."""
+def describe_model(name: str, path: Path, settings: Settings, last_used: float | None = None) -> InstalledModel:
+    """A row of `localchat list` for the model at `path`, a GGUF file, an ONNX folder or a preset's file."""
+    if is_preset_file(path):
+        return _describe_preset(name, path, settings, last_used)
     describe = _describe_onnx if path.is_dir() else _describe_gguf
     return describe(name, path, last_used)
+
+
+def _describe_preset(name: str, path: Path, settings: Settings, last_used: float | None) -> InstalledModel:
+    """A preset's row: its model's facts (a packaged model not made yet as such), with the preset's file."""
+    try:
+        preset = read_preset(path)
+        ref = preset_model(preset, settings, fetch=False)
+    except ModelError as error:
+        return InstalledModel(name, "preset", path, path.stat().st_size, last_used=last_used, problem=str(error))
+    row = describe_model(name, ref.path, settings, last_used) if ref.path.exists() else pending_model(name, ref.path)
+    return replace(row, path=path, preset_of=preset.model)
 
 
 def _other_local_models(settings: Settings) -> list[ModelRef]:
@@ -380,7 +430,7 @@ def installed_model_names(settings: Settings) -> list[tuple[str, Path]]:
     packaged = [(m.name, path) for m in PACKAGED_MODELS.values() if (path := m.expected_path(settings)) is not None]
     return packaged + [(ref.name, ref.path) for ref in _other_local_models(settings)] + [
         (cached.name, cached.path) for cached in hub.cached_models(settings)
-    ]
+    ] + [(path.name.removesuffix(PRESET_SUFFIX), path) for path in local_presets(settings)]
 
 
 def pending_model(name: str, path: Path) -> InstalledModel:
@@ -407,6 +457,9 @@ def installed_models(settings: Settings) -> list[InstalledModel]:
         rows.append(describe(ref.name, ref.path, usage.get(usage_key(ref))))
     for cached in hub.cached_models(settings):
         rows.append(_describe_gguf(cached.name, cached.path, usage.get(cached.name)))
+    for path in local_presets(settings):
+        name = path.name.removesuffix(PRESET_SUFFIX)
+        rows.append(_describe_preset(name, path, settings, usage.get(f"preset:{name}")))
     return rows
 
 
@@ -418,6 +471,11 @@ class RemovedModel:
 
 def remove_model(model: str, settings: Settings) -> RemovedModel:
     """Delete a model from the models folder or the Hugging Face cache, by the name `localchat list` shows."""
+    preset = _preset_file(model, settings)
+    if preset is not None:
+        freed = preset.stat().st_size
+        preset.unlink()
+        return RemovedModel((model,), freed)
     packaged = PACKAGED_MODELS.get(model)
     if packaged is not None and not packaged.removable:
         raise ModelError(f"{model} ships inside a Python package that localchat depends on; it cannot be removed")

@@ -48,6 +48,37 @@ def test_run_streams_an_answer_and_reports_stats(localchat_home: Path, default_m
     assert stats["n_ctx"] == 1792
 
 
+def test_run_list_info_and_rm_take_a_preset_by_its_name(tmp_path: Path, default_model: Path) -> None:
+    """A preset (as /api/create makes one) runs its model with its system prompt, messages, sampler, stop
+    strings and context; `list` and `info` say what it is a preset of; `rm` removes it and not its model."""
+    from localchat.presets import ModelPreset, PresetMessage, write_preset
+
+    opening = (PresetMessage("user", "Who are you?"), PresetMessage("assistant", "Captain Hook, matey."))
+    write_preset(ModelPreset("pirate", DEFAULT_MODEL_NAME, system="You are a pirate.", messages=opening,
+                             sampling=(("temperature", 0.0),), stop=("\n",), context=1024), tmp_path / "cache" / "models")
+    question = "What is the capital of Japan?"
+    preset = localchat("run", "-m", "pirate", "--stats", "-n", "24", question, home=tmp_path)
+    assert preset.returncode == 0, preset.stderr
+    by_hand = localchat("run", "--stats", "-n", "24", "--temperature", "0", "--stop", "\n", "--system", "You are a pirate.",
+                        question, home=tmp_path)
+    stats, hand = (json.loads(run.stderr.strip().splitlines()[-1]) for run in (preset, by_hand))
+    assert stats["n_ctx"] == 1024 and stats["sampler"]["temperature"] == 0
+    assert stats["sampler_defaults"] == "preset pirate over family: SmolLM2"
+    assert "\n" not in preset.stdout.strip() and stats["model_path"] == str(default_model)
+    # Its two opening messages are in the prompt: more tokens than the same run by hand without them.
+    assert stats["prompt_tokens"] > hand["prompt_tokens"] + 10
+
+    listed = localchat("list", home=tmp_path)
+    assert re.search(r"^pirate .*\(a preset of smollm2-135m-instruct\)$", listed.stdout, re.MULTILINE), listed.stdout
+    info = localchat("info", "-m", "pirate", home=tmp_path)
+    assert "model      pirate: a preset of smollm2-135m-instruct" in info.stdout and "system     You are a pirate." in info.stdout
+    assert "greedy (defaults: preset pirate over family: SmolLM2" in info.stdout
+    removed = localchat("rm", "pirate", home=tmp_path)
+    assert removed.returncode == 0 and default_model.exists()
+    gone = localchat("run", "-m", "pirate", "hi", home=tmp_path)
+    assert gone.returncode == 1 and "unknown model 'pirate'" in gone.stderr
+
+
 def test_run_fits_a_prompt_of_the_longest_tokens_its_context_allows(localchat_home: Path, default_model: Path) -> None:
     """The context `run` sizes from a prompt's bytes (planner.OneReply) holds a prompt of a token a byte,
     digits here, longer than the whole context would be without its text."""

@@ -159,9 +159,11 @@ def _template_kwargs(body: ChatCompletionRequest, default_thinking: bool | None)
     return {**kwargs, **extra}
 
 
-def plan_chat(body: ChatCompletionRequest, chat: ModelChat, *, default_thinking: bool | None = None) -> ChatPlan:
+def plan_chat(body: ChatCompletionRequest, chat: ModelChat, *, default_thinking: bool | None = None,
+              opening: Callable[[list[Message]], list[Message]] = list) -> ChatPlan:
     """The prompt for `body` and how to read its reply; raises APIError for a request that
-    contradicts itself (tool_choice without tools, a named function not among them)."""
+    contradicts itself (tool_choice without tools, a named function not among them). `opening`: the
+    request's messages with what the model starts every chat with (a preset's: Engine.opening)."""
     tools = [tool.model_dump(exclude_none=True) for tool in body.tools or ()]
     names = [tool["function"]["name"] for tool in tools]
     if len(set(names)) < len(names):
@@ -176,7 +178,7 @@ def plan_chat(body: ChatCompletionRequest, chat: ModelChat, *, default_thinking:
     if choice not in ("none", "auto") and not tools:
         raise APIError(400, "tool_choice asks for a tool call but the request has no tools", param="tool_choice")
     shown = tools if choice != "none" else []
-    messages = [_message(message, index) for index, message in enumerate(body.messages)]
+    messages = opening([_message(message, index) for index, message in enumerate(body.messages)])
     prompt = render_chat(chat.template, chat.format, chat.support, messages, tools=shown,
                          template_kwargs=_template_kwargs(body, default_thinking))
     max_calls = None if body.parallel_tool_calls else 1

@@ -171,21 +171,23 @@ def _go_duration(text: str) -> float:
     return sign * sum(float(number) * _DURATION_UNITS[unit] for number, unit in parts)
 
 
-def _option(name: str, value: object, kind: type) -> Any:
+def _option(name: str, value: object, kind: type, where: str = "options") -> Any:
     """An option's value as Ollama's Go decoder takes it: any JSON number for an integer (cut)
     or a float; a wrong type is an error naming it."""
     if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise APIError(400, f'option "{name}" must be of type {"integer" if kind is int else "float"}', param=f"options.{name}")
+        raise APIError(400, f'option "{name}" must be of type {"integer" if kind is int else "float"}', param=f"{where}.{name}")
     # json.loads reads NaN, Infinity and integers past any float, which Go's decoder refuses.
     if not math.isfinite(value) if isinstance(value, float) else abs(value) > sys.float_info.max:
-        raise APIError(400, f'option "{name}" must be a finite number', param=f"options.{name}")
+        raise APIError(400, f'option "{name}" must be a finite number', param=f"{where}.{name}")
     return int(value) if kind is int else float(value)
 
 
-def sampling_fields(options: dict[str, Any] | None, reply_limit: int | None) -> tuple[dict[str, Any], tuple[str, ...] | None]:
+def sampling_fields(options: dict[str, Any] | None, reply_limit: int | None,
+                    where: str = "options") -> tuple[dict[str, Any], tuple[str, ...] | None]:
     """The sampler fields `options` set, read as llama.cpp reads them (SAMPLING_OPTIONS), and its stop
     strings (None: none given). A num_predict over `reply_limit` (the server's, if it has one) is cut to
-    it, as Ollama bounds it, where OpenAI's max_tokens is refused."""
+    it, as Ollama bounds it, where OpenAI's max_tokens is refused. `where`: the request's name for
+    `options`, in error messages (/api/create's is `parameters`)."""
     fields: dict[str, Any] = {}
     stop: tuple[str, ...] | None = None
     for name, value in (options or {}).items():
@@ -194,18 +196,18 @@ def sampling_fields(options: dict[str, Any] | None, reply_limit: int | None) -> 
         if name in UNSUPPORTED_OPTIONS:
             neutral, what = UNSUPPORTED_OPTIONS[name]
             if value != neutral or isinstance(value, bool) != isinstance(neutral, bool):
-                raise APIError(400, f"options.{name}: {what} is not supported by localchat; leave it out",
-                               code="unsupported_parameter", param=f"options.{name}")
+                raise APIError(400, f"{where}.{name}: {what} is not supported by localchat; leave it out",
+                               code="unsupported_parameter", param=f"{where}.{name}")
         elif name == "stop":
             if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-                raise APIError(400, 'option "stop" must be of an array of strings', param="options.stop")
+                raise APIError(400, 'option "stop" must be of an array of strings', param=f"{where}.stop")
             stop = tuple(item for item in value if item)
         elif name in SAMPLING_OPTIONS:
             option = SAMPLING_OPTIONS[name]
             try:
-                fields[option.field] = option.read(_option(name, value, option.kind))
+                fields[option.field] = option.read(_option(name, value, option.kind, where))
             except ValueError as error:
-                raise APIError(400, f"options.{name}: {value} {error}", param=f"options.{name}") from None
+                raise APIError(400, f"{where}.{name}: {value} {error}", param=f"{where}.{name}") from None
     fields = {field: value for field, value in fields.items() if value is not None}
     if fields.get("top_p", 1.0) <= 0 or fields.get("min_p", 0.0) >= 1:
         # llama.cpp keeps the likeliest token alone: a greedy pick, its penalties still applied.

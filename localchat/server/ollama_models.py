@@ -1,24 +1,28 @@
 """Ollama's model routes over localchat's models: /api/tags, /api/show, /api/ps, /api/pull,
-/api/delete, /api/copy and /api/version.
+/api/create, /api/delete, /api/copy and /api/version.
 
 The models are those `localchat list` shows (the models folder and the Hugging Face cache) and any
 the server was started with by path. /api/pull fetches GGUF models from the Hugging Face hub
 through localchat.hub, its progress streamed as Ollama streams a pull's; it is on with
 `localchat serve --allow-pull`. /api/delete and /api/copy change the models folder and the cache:
-they are on with `--allow-model-changes`. /api/copy gives a single-file GGUF model a second name in
-the models folder (a hard link where the file system allows).
+they are on with `--allow-model-changes`, as is /api/create, which makes a preset (localchat.presets): a
+model under a new name with its own system prompt, messages and sampling defaults. /api/copy gives a
+single-file GGUF model a second name in the models folder (a hard link where the file system allows), and
+a preset a second name.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import re
 import shutil
 import threading
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,15 +33,38 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from localchat import hub
 from localchat.chat_formats import detect_format
-from localchat.errors import LocalchatError, ModelError
+from localchat.errors import InvalidSettingError, LocalchatError, ModelError
 from localchat.gguf_file import read_gguf_header
-from localchat.models import InstalledModel, describe_model, model_file_stamp, packaged_model, pending_model, remove_model
+from localchat.models import (
+    InstalledModel,
+    describe_model,
+    model_file_stamp,
+    packaged_model,
+    pending_model,
+    preset_model,
+    remove_model,
+)
+from localchat.presets import (
+    PRESET_NAME,
+    PRESET_ROLES,
+    ModelPreset,
+    PresetMessage,
+    is_preset_file,
+    read_preset,
+    write_preset,
+)
 from localchat.sampling_defaults import sampler_defaults
 from localchat.server.errors import APIError
 from localchat.server.json_bodies import WellFormedRoute
-from localchat.server.ollama import NDJSON_STREAM, ndjson, ollama_error_responses
+from localchat.server.ollama import (
+    NDJSON_STREAM,
+    ndjson,
+    ollama_error_responses,
+    sampling_fields,
+)
 from localchat.server.ollama_schemas import (
     CopyRequest,
+    CreateRequest,
     ListedModel,
     ModelDetails,
     ModelList,
@@ -50,6 +77,7 @@ from localchat.server.ollama_schemas import (
     Version,
 )
 from localchat.server.routing import LATEST, ModelRouter, names_wanted
+from localchat.settings import Settings
 from localchat.templates import fallback_template
 
 if TYPE_CHECKING:
@@ -60,8 +88,21 @@ if TYPE_CHECKING:
 OLLAMA_API_VERSION = "0.32.15"
 # What Ollama answers at / (clients match the text, not only the status).
 OLLAMA_RUNNING = "Ollama is running"
-# A name /api/copy may give: a file name in the models folder, without a path.
-COPY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# A name /api/copy and /api/create may give: a file name in the models folder, without a path.
+COPY_NAME = PRESET_NAME
+# The OpenAI names of the sampler fields sampling_fields reads from Ollama's options, as a preset's settings.
+PRESET_SAMPLING = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
+                   "repeat_penalty": "repeat_penalty", "repeat_last_n": "penalty_last_n", "presence_penalty": "presence_penalty",
+                   "frequency_penalty": "frequency_penalty", "seed": "seed", "dry_multiplier": "dry_multiplier"}
+# /api/create's fields that make a model from files or change how it is made, with what to do instead.
+CREATE_REFUSED = {
+    "files": "making a model from uploaded files is not supported: put the .gguf file in localchat's models folder, where "
+             "its file name is its name, and give that name as `from`",
+    "adapters": "LoRA adapters cannot be part of a model here: `localchat serve --lora FILE` applies one",
+    "quantize": "quantizing is not supported here: `localchat convert SRC --to gguf --quant Q` quantizes a checkpoint",
+    "modelfile": "a Modelfile's text is not read: send its lines as fields (from, system, messages, parameters), as "
+                 "Ollama's clients do",
+}
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 # What /api/ps says for a model kept as long as room allows (Ollama's "for ever" is far ahead too).
 NEVER = datetime(9999, 1, 1, tzinfo=UTC)
@@ -108,15 +149,38 @@ def _listed(row: InstalledModel) -> ListedModel:
                        digest=_digest(row.path), details=_details(row))
 
 
-def _parameters(info: dict[str, Any]) -> str:
+def _parameters(info: dict[str, Any], preset: ModelPreset | None) -> list[tuple[str, object]]:
     """The sampling defaults a request starts from (the model's: localchat.sampling_defaults, from its
-    metadata `info`), as Ollama's Modelfile parameters, and localchat's dry_multiplier where DRY is on."""
-    defaults = sampler_defaults({key: str(value) for key, value in info.items() if key.startswith("general.")}).settings
-    rows = [("temperature", defaults.temperature), ("top_k", defaults.top_k), ("top_p", defaults.top_p),
-            ("min_p", defaults.min_p), ("repeat_penalty", defaults.repeat_penalty), ("repeat_last_n", defaults.penalty_last_n)]
-    if defaults.dry_multiplier:
-        rows.append(("dry_multiplier", defaults.dry_multiplier))
-    return "\n".join(f"{name:<31}{value}" for name, value in rows)
+    metadata `info`, under a preset's), as Ollama's Modelfile parameters, and localchat's dry_multiplier
+    where DRY is on; a preset's stop strings, reply limit and context too."""
+    defaults = sampler_defaults({key: str(value) for key, value in info.items() if key.startswith("general.")})
+    settings = (preset.sampler(defaults) if preset is not None else defaults).settings
+    rows: list[tuple[str, object]] = [
+        ("temperature", settings.temperature), ("top_k", settings.top_k), ("top_p", settings.top_p), ("min_p", settings.min_p),
+        ("repeat_penalty", settings.repeat_penalty), ("repeat_last_n", settings.penalty_last_n)]
+    if settings.dry_multiplier:
+        rows.append(("dry_multiplier", settings.dry_multiplier))
+    if preset is not None:
+        rows += [("stop", json.dumps(stop)) for stop in preset.stop]
+        rows += [(name, value) for name, value in (("num_predict", preset.max_tokens), ("num_ctx", preset.context))
+                 if value is not None]
+    return rows
+
+
+def _modelfile(source: str, template: str, parameters: list[tuple[str, object]], preset: ModelPreset | None) -> str:
+    """What `ollama show --modelfile` prints: the model as a Modelfile's lines (its template is Jinja, not Go)."""
+    def quoted(text: str) -> str:
+        return f'"""{text}"""'
+
+    lines = ["# Modelfile generated by localchat", f"FROM {source}", f"TEMPLATE {quoted(template)}"]
+    if preset is not None and preset.system:
+        lines.append(f"SYSTEM {quoted(preset.system)}")
+    lines += [f"PARAMETER {name} {value}" for name, value in parameters]
+    if preset is not None:
+        lines += [f"MESSAGE {message.role} {quoted(message.content)}" for message in preset.messages]
+        if preset.license:
+            lines.append(f"LICENSE {quoted(preset.license)}")
+    return "\n".join(lines) + "\n"
 
 
 def _model_info(path: Path, verbose: bool) -> tuple[dict[str, Any], str, bool]:
@@ -161,9 +225,14 @@ class OllamaModels:
                 return model_id, path
         raise APIError(404, f"model '{requested}' not found", code="model_not_found", param="model")
 
+    @property
+    def _settings(self) -> Settings:
+        """Where the models are: the loader's settings (a server of one model, started by path, has no catalog)."""
+        return self.loader.settings if self.loader is not None else Settings()
+
     def rows(self) -> list[InstalledModel]:
         """Every model described from its file; a packaged model not made yet (it is on first use) as such."""
-        return [describe_model(model_id, path) if path.exists() else pending_model(model_id, path)
+        return [describe_model(model_id, path, self._settings) if path.exists() else pending_model(model_id, path)
                 for model_id, path in self._paths().items()]
 
     def _checked(self, allowed: bool, what: str, flag: str) -> None:
@@ -180,10 +249,18 @@ class OllamaModels:
         if not body.wanted:
             raise APIError(400, "model is required", param="model")
         model_id, path = self.find(body.wanted)
+        modified = _modified(path)
+        preset = None
+        if is_preset_file(path):  # the model it runs, under its name
+            try:
+                preset = await run_in_threadpool(read_preset, path)
+                path = (await run_in_threadpool(lambda: preset_model(preset, self._settings, fetch=False))).path
+            except ModelError as error:
+                raise APIError(400, str(error), param="model") from None
         packaged = packaged_model(path)
         if not path.exists() and packaged is not None and self.loader is not None:
             path = await run_in_threadpool(packaged.locate, self.loader.settings)  # made from its package now
-        row = await run_in_threadpool(describe_model, model_id, path)
+        row = await run_in_threadpool(describe_model, model_id, path, self._settings)
         if row.problem is not None:
             raise APIError(400, row.problem, param="model")
         if row.format == "gguf":
@@ -196,8 +273,13 @@ class OllamaModels:
             capabilities = ["embedding"]
         else:
             capabilities = ["completion", "tools"] + (["thinking"] if detect_format(template).reasons else [])
-        return ShowResponse(parameters=_parameters(info), template=template, details=_details(row), model_info=info,
-                            capabilities=capabilities, modified_at=_modified(path))
+        parameters = _parameters(info, preset)
+        return ShowResponse(parameters="\n".join(f"{name:<31}{value}" for name, value in parameters), template=template,
+                            modelfile=_modelfile(preset.model if preset is not None else str(path), template, parameters, preset),
+                            details=_details(row), model_info=info, capabilities=capabilities, modified_at=modified,
+                            system=preset.system if preset is not None else None,
+                            license=preset.license if preset is not None else None,
+                            messages=[{"role": m.role, "content": m.content} for m in preset.messages] if preset else None)
 
     def _template(self, model_id: str) -> str:
         served = self.models.pool.loaded().get(model_id)
@@ -209,7 +291,7 @@ class OllamaModels:
         now_wall, now = time.time(), time.monotonic()
         for model_id, served in pool.loaded().items():
             path = served.engine.model_plan.model.path
-            row = await run_in_threadpool(describe_model, model_id, path)
+            row = await run_in_threadpool(describe_model, model_id, path, self._settings)
             need = pool.need(model_id)
             vram = sum(need.gpu_bytes.values()) if need is not None else 0
             expiry = pool.expiry(model_id)
@@ -305,8 +387,84 @@ class OllamaModels:
         if not COPY_NAME.match(destination):
             raise APIError(400, f'destination "{body.destination}" is invalid: give a name of letters, digits, ".", "_" '
                                 "and \"-\"", param="destination")
-        await run_in_threadpool(_copy_model, source, self.loader.settings.models_dir / f"{destination}.gguf")
+        models_dir = self.loader.settings.models_dir
+        if any(model.id.casefold() == destination.casefold() for model in await run_in_threadpool(self.loader.catalog)):
+            raise APIError(400, f"destination {destination} exists: delete it first or give another name", param="destination")
+        if is_preset_file(source):
+            preset = await run_in_threadpool(read_preset, source)
+            await run_in_threadpool(write_preset, replace(preset, name=destination), models_dir)
+        else:
+            await run_in_threadpool(_copy_model, source, models_dir / f"{destination}.gguf")
         return Response(status_code=200)
+
+    async def create(self, body: CreateRequest) -> Response:
+        self._checked(self.settings.allow_model_changes, "creating models", "--allow-model-changes")
+        if self.loader is None:
+            raise APIError(400, "this server serves one model and creates none", param="model")
+        name = body.wanted.removesuffix(LATEST)
+        if not name:
+            raise APIError(400, "model is required", param="model")
+        if not COPY_NAME.match(name):
+            raise APIError(400, f'model "{body.wanted}" is invalid: give a name of letters, digits, ".", "_" and "-"', param="model")
+        for field, advice in CREATE_REFUSED.items():
+            if getattr(body, field):
+                raise APIError(400, f"{field}: {advice}", code="unsupported_parameter", param=field)
+        if not body.from_:
+            raise APIError(400, "neither 'from' or 'files' was specified: give the model to make it from as `from`", param="from")
+        catalog = await run_in_threadpool(self.loader.catalog)
+        taken = next((model for model in catalog if model.id.casefold() == name.casefold()), None)
+        if taken is not None and not is_preset_file(taken.path):
+            raise APIError(400, f"a model named {taken.id} exists and is not a preset: give another name", param="model")
+        source_id, source = self.find(body.from_)
+        # A model the server was started with by path, outside the models folder, is named by its path.
+        model = source_id if any(model.id == source_id for model in catalog) else str(source.resolve())
+        preset = await run_in_threadpool(self._preset, name, body, model, source)
+        await run_in_threadpool(write_preset, preset, self.loader.settings.models_dir)
+        await self.models.pool.unload(name, "made again by /api/create")  # its next request loads the new one
+        lines = [Progress(status=f"using existing model {preset.model}"), Progress(status="writing preset"),
+                 Progress(status="success")]
+        if not body.stream:
+            return JSONResponse(lines[-1].model_dump())
+
+        async def stream() -> AsyncIterator[Progress]:
+            for line in lines:
+                yield line
+
+        return ndjson(stream())
+
+    def _preset(self, name: str, body: CreateRequest, model: str, source: Path) -> ModelPreset:
+        """The preset /api/create makes of `model` (whose file or preset is `source`): `body`'s fields over those
+        of its source when that is a preset."""
+        base = read_preset(source) if is_preset_file(source) else ModelPreset(name, model)
+        if body.template is not None and body.template.strip() != self._own_template(base).strip():
+            raise APIError(400, "template: localchat renders the model's own chat template (Jinja, from its GGUF file); "
+                                "a preset cannot replace it", code="unsupported_parameter", param="template")
+        fields, stop = sampling_fields(body.parameters, None, "parameters")
+        context = (body.parameters or {}).get("num_ctx")
+        if context is not None and (not isinstance(context, int) or isinstance(context, bool)):
+            raise APIError(400, 'option "num_ctx" must be of type integer', param="parameters.num_ctx")
+        for index, message in enumerate(body.messages or ()):
+            if message.role not in PRESET_ROLES:
+                raise APIError(400, f"messages[{index}].role: '{message.role}' is not one of {', '.join(PRESET_ROLES)}",
+                               param=f"messages[{index}].role")
+        license_ = "\n\n".join(body.license) if isinstance(body.license, list) else body.license
+        sampling = dict(base.sampling) | {PRESET_SAMPLING[field]: value for field, value in fields.items() if field in PRESET_SAMPLING}
+        try:
+            return ModelPreset(
+                name, base.model, body.system if body.system is not None else base.system,
+                tuple(PresetMessage(m.role, m.content) for m in body.messages) if body.messages is not None else base.messages,
+                tuple(sampling.items()), stop if stop is not None else base.stop, fields.get("max_tokens", base.max_tokens),
+                context if context is not None else base.context, license_ if license_ is not None else base.license)
+        except InvalidSettingError as error:
+            raise APIError(400, str(error), param="parameters") from None
+
+    def _own_template(self, preset: ModelPreset) -> str:
+        """The chat template requests to the model `preset` runs render: its file's, else localchat's fallback."""
+        ref = preset_model(preset, self._settings, fetch=False)
+        if not ref.path.exists() or ref.path.is_dir():
+            return ""
+        header = read_gguf_header(ref.path)
+        return str(header.get("tokenizer.chat_template") or "") or fallback_template(header.architecture or "")
 
     async def version(self) -> Version:
         return Version(version=OLLAMA_API_VERSION)
@@ -347,6 +505,9 @@ def ollama_models_router(models: ModelRouter, loader: EngineLoader | None, setti
     router.add_api_route("/api/pull", routes.pull, methods=["POST"], response_model=Progress,
                          responses={**ollama_error_responses(400, 401, 403, 404, 413), **NDJSON_STREAM},
                          summary="fetch a GGUF model from the Hugging Face hub")
+    router.add_api_route("/api/create", routes.create, methods=["POST"], response_model=Progress,
+                         responses={**ollama_error_responses(400, 401, 403, 404, 413), **NDJSON_STREAM},
+                         summary="a model made from another, with its own system prompt, messages and parameters")
     router.add_api_route("/api/delete", routes.delete, methods=["DELETE"], response_class=Response,
                          responses={200: {"description": "Deleted"}, **ollama_error_responses(400, 401, 403, 404, 413, 503)},
                          summary="delete a model")

@@ -148,6 +148,29 @@ class CopyRequest(OllamaRequest):
     destination: str
 
 
+class CreateMessage(OllamaRequest):
+    role: str
+    content: str = ""
+
+
+class CreateRequest(NamedModelRequest):
+    """/api/create: a model made from another (`from`) with its own system prompt, messages and parameters
+    (a Modelfile's SYSTEM, MESSAGE and PARAMETER lines, as Ollama's clients send them): a preset
+    (localchat.presets). The fields that make a model from files, or change how it is made, are refused by name."""
+
+    from_: str = Field("", alias="from", description="the model it runs: a name this server has")
+    system: str | None = Field(None, description="its system prompt, for chats that bring none")
+    messages: list[CreateMessage] | None = Field(None, description="messages every chat starts with")
+    parameters: dict[str, Any] | None = Field(None, description="sampling defaults, as Ollama's options; num_ctx: its context")
+    license: str | list[str] | None = None
+    template: str | None = Field(None, description="only the model's own chat template (the Jinja /api/show gives)")
+    quantize: str = ""
+    files: dict[str, str] | None = None
+    adapters: dict[str, str] | None = None
+    modelfile: str = Field("", description="Ollama's old form, a Modelfile's text: not read (send its lines as fields)")
+    stream: bool = True
+
+
 # -- responses ---------------------------------------------------------------------------
 
 
@@ -259,6 +282,10 @@ class ModelList(BaseModel):
 class ShowResponse(WithoutNone):
     parameters: str = Field(description="the sampling defaults a request starts from, one per line")
     template: str = Field(description="the model's chat template (Jinja)")
+    modelfile: str = Field(description="the model as a Modelfile's lines (FROM, TEMPLATE, SYSTEM, PARAMETER, MESSAGE)")
+    system: str | None = Field(None, description="a preset's system prompt")
+    license: str | None = None
+    messages: list[dict[str, str]] | None = Field(None, description="the messages a preset starts every chat with")
     details: ModelDetails
     model_info: dict[str, Any] = Field(description="the GGUF metadata; arrays as [] unless verbose")
     capabilities: list[str]

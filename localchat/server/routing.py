@@ -148,7 +148,11 @@ class CompletionService:
         sampler = dataclasses.replace(self.engine.sampler_defaults.settings, presence_penalty=body.presence_penalty,
                                       frequency_penalty=body.frequency_penalty, **given)
         loras = None if body.lora is None else requested_scales(self.engine.loras, ((a.id, a.scale) for a in body.lora))
-        return GenerationSettings(max_tokens=reply_limit or limit, stop=body.stop_strings, sampler=sampler,
+        preset = self.engine.preset  # its reply limit and stop strings where the request gives none
+        if preset is not None and reply_limit is None and preset.max_tokens is not None:
+            reply_limit = min(preset.max_tokens, limit) if limit is not None else preset.max_tokens
+        stop = body.stop_strings or (preset.stop if preset is not None else ())
+        return GenerationSettings(max_tokens=reply_limit or limit, stop=stop, sampler=sampler,
                                   ignore_eos=body.ignore_eos, shown_tokens=shown_tokens, logprobs=logprobs,
                                   lookup_draft=self.settings.lookup_draft, loras=loras)
 
@@ -165,7 +169,7 @@ class CompletionService:
         def prepare() -> tuple[ChatPlan, list[int]]:
             kept = body
             while True:
-                plan = plan_chat(kept, self.chat, default_thinking=self.settings.enable_thinking)
+                plan = plan_chat(kept, self.chat, default_thinking=self.settings.enable_thinking, opening=self.engine.opening)
                 text = plan.prompt + plan.forced
                 tokens = ([*before, *tokenize_continuation(self.engine.backend, self.engine.template, text)] if before
                           else tokenize_prompt(self.engine.backend, self.engine.template, text))

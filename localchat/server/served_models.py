@@ -52,8 +52,11 @@ class ServedModel:
 
     @property
     def aliases(self) -> frozenset[str]:
-        """Names a request may give for it besides its id: its file's name and stem."""
+        """Names a request may give for it besides its id: its file's name and stem (not for a preset, whose file
+        is its model's)."""
         ref = self.engine.model_plan.model
+        if ref.preset is not None:
+            return frozenset({self.id, ref.name})
         return frozenset({self.id, ref.name, ref.path.name, ref.path.stem})
 
     def start(self) -> ServedModel:

@@ -85,7 +85,8 @@ def test_changing_models_is_refused_unless_the_server_allows_it(server: LiveServ
     client = ollama.Client(host=server.url, headers=server.auth, timeout=60)
     for change, flag in [(lambda: client.pull(PULLED), "--allow-pull"), (lambda: client.delete("gemma-3-270m"),
                                                                           "--allow-model-changes"),
-                         (lambda: client.copy("gemma-3-270m", "other"), "--allow-model-changes")]:
+                         (lambda: client.copy("gemma-3-270m", "other"), "--allow-model-changes"),
+                         (lambda: client.create("other", from_="gemma-3-270m"), "--allow-model-changes")]:
         with pytest.raises(ollama.ResponseError) as refused:
             change()
         assert refused.value.status_code == 403 and flag in refused.value.error

@@ -1,0 +1,141 @@
+"""Ollama's /api/create on a real `localchat serve` through the `ollama` client: a model made from another with
+its own system prompt, messages and parameters (a preset, localchat.presets) is listed, shown, answers as
+that model with them over both APIs, is copied, made from, and deleted; what it cannot be made from is one
+line each."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import ollama
+import pytest
+from live_server import LiveServer, start_server
+
+from localchat.models import DEFAULT_MODEL_NAME
+
+SYSTEM = "You are a pirate. Answer in one short sentence."
+OPENING = [{"role": "user", "content": "Who are you?"}, {"role": "assistant", "content": "Captain Hook, matey."}]
+QUESTION = {"role": "user", "content": "What is the capital of France?"}
+PARAMETERS = {"temperature": 0, "num_predict": 20, "stop": ["\n"], "top_k": 20}
+
+
+@pytest.fixture(scope="module")
+def creating(tmp_path_factory: pytest.TempPathFactory, default_model: Path) -> Iterator[tuple[LiveServer, ollama.Client]]:
+    """A server that may make models, in a home of its own."""
+    server = start_server(tmp_path_factory.mktemp("create-home"), "-m", str(default_model), "--allow-model-changes")
+    try:
+        yield server, ollama.Client(host=server.url, headers=server.auth, timeout=120)
+    finally:
+        server.stop()
+
+
+def _shown(server: LiveServer, name: str) -> dict[str, object]:
+    """/api/show's whole answer (the ollama client's ShowResponse has no `system` nor `messages`)."""
+    answer = server.post("/api/show", {"model": name})
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def test_a_created_model_answers_with_its_system_prompt_messages_and_parameters(creating: tuple[LiveServer, ollama.Client]) -> None:
+    server, client = creating
+    statuses = [line.status for line in client.create("pirate", from_=DEFAULT_MODEL_NAME, system=SYSTEM, messages=OPENING,
+                                                      parameters=PARAMETERS, license=["MIT"], stream=True)]
+    assert statuses == [f"using existing model {DEFAULT_MODEL_NAME}", "writing preset", "success"]
+    assert "pirate" in {model.model for model in client.list().models}
+
+    shown = _shown(server, "pirate")
+    assert shown["system"] == SYSTEM and shown["messages"] == OPENING and shown["license"] == "MIT"
+    parameters = dict(line.split(None, 1) for line in str(shown["parameters"]).splitlines())
+    assert (parameters["temperature"], parameters["top_k"], parameters["stop"], parameters["num_predict"]) == ("0.0", "20", '"\\n"', "20")
+    assert parameters["top_p"] == "0.9"  # the model's own default (SmolLM2's family row), under the preset's
+    assert f"FROM {DEFAULT_MODEL_NAME}" in str(shown["modelfile"]) and f'SYSTEM """{SYSTEM}"""' in str(shown["modelfile"])
+    assert shown["template"] == _shown(server, DEFAULT_MODEL_NAME)["template"]
+
+    # The preset's model, asked as the preset asks it: the same prompt, the same greedy reply.
+    made = client.chat("pirate", messages=[QUESTION])
+    by_hand = client.chat(DEFAULT_MODEL_NAME, messages=[{"role": "system", "content": SYSTEM}, *OPENING, QUESTION],
+                          options={"temperature": 0, "num_predict": 20, "stop": ["\n"], "top_k": 20})
+    assert made.message.content and made.message.content == by_hand.message.content
+    assert made.prompt_eval_count == by_hand.prompt_eval_count and made.eval_count == by_hand.eval_count
+    # A request's own system prompt takes the preset's place; its options go over the preset's.
+    own = client.chat("pirate", messages=[{"role": "system", "content": "Be brief."}, QUESTION], options={"num_predict": 3})
+    assert own.prompt_eval_count is not None and made.prompt_eval_count is not None
+    assert own.prompt_eval_count < made.prompt_eval_count and own.eval_count == 3
+
+    openai_client = server.client()
+    assert "pirate" in {model.id for model in openai_client.models.list().data}
+    reply = openai_client.chat.completions.create(model="pirate", messages=[QUESTION])  # type: ignore[list-item]
+    assert reply.choices[0].message.content == made.message.content
+    assert reply.usage is not None and reply.usage.prompt_tokens == made.prompt_eval_count
+
+
+def test_a_model_made_from_a_preset_copied_and_deleted(creating: tuple[LiveServer, ollama.Client]) -> None:
+    server, client = creating
+    client.create("captain", from_=DEFAULT_MODEL_NAME, system=SYSTEM, parameters={"temperature": 0, "num_ctx": 1024})
+    assert client.create("captain-warm", from_="captain:latest", parameters={"temperature": 0.5}).status == "success"
+    warm = _shown(server, "captain-warm")
+    assert warm["system"] == SYSTEM and "temperature                    0.5" in str(warm["parameters"])
+    assert "num_ctx                        1024" in str(warm["parameters"])
+    assert 'FROM smollm2-135m-instruct' in str(warm["modelfile"])  # its model, not the preset it was made from
+
+    assert client.copy("captain", "captain-copy").status == "success"
+    assert _shown(server, "captain-copy")["system"] == SYSTEM
+    with pytest.raises(ollama.ResponseError) as exists:
+        client.copy("captain", "captain-warm")
+    assert exists.value.status_code == 400 and "exists" in exists.value.error
+    # Made again: the next request loads the new one.
+    client.chat("captain", messages=[QUESTION], options={"num_predict": 1})
+    client.create("captain", from_=DEFAULT_MODEL_NAME, system="You are a parrot.")
+    assert _shown(server, "captain")["system"] == "You are a parrot."
+
+    for name in ("captain", "captain-warm", "captain-copy"):
+        assert client.delete(name).status == "success"
+    names = {model.model for model in client.list().models}
+    assert not {"captain", "captain-warm", "captain-copy"} & names and DEFAULT_MODEL_NAME in names
+
+
+@pytest.mark.parametrize(("request_", "status", "words"), [
+    ({"model": "x", "files": {"model.gguf": "sha256:" + "0" * 64}}, 400, "files: making a model from uploaded files"),
+    ({"model": "x", "from": DEFAULT_MODEL_NAME, "adapters": {"a.gguf": "sha256:" + "0" * 64}}, 400, "--lora"),
+    ({"model": "x", "from": DEFAULT_MODEL_NAME, "quantize": "q4_K_M"}, 400, "localchat convert"),
+    ({"model": "x", "modelfile": "FROM smollm2-135m-instruct"}, 400, "send its lines as fields"),
+    ({"model": "x"}, 400, "neither 'from' or 'files' was specified"),
+    ({"model": "x", "from": "no-such-model"}, 404, "not found"),
+    ({"model": "a/b", "from": DEFAULT_MODEL_NAME}, 400, "is invalid"),
+    ({"model": "gemma-3-270m", "from": DEFAULT_MODEL_NAME}, 400, "exists and is not a preset"),
+    ({"model": "x", "from": DEFAULT_MODEL_NAME, "template": "{{ .System }} {{ .Prompt }}"}, 400, "own chat template"),
+    ({"model": "x", "from": DEFAULT_MODEL_NAME, "parameters": {"temperature": "hot"}}, 400, 'option "temperature"'),
+    ({"model": "x", "from": DEFAULT_MODEL_NAME, "parameters": {"repeat_penalty": 0}}, 400, "parameters.repeat_penalty"),
+    ({"model": "x", "from": DEFAULT_MODEL_NAME, "parameters": {"num_ctx": 8}}, 400, "too small"),
+    ({"model": "x", "from": DEFAULT_MODEL_NAME, "messages": [{"role": "tool", "content": "x"}]}, 400, "messages[0].role"),
+])
+def test_what_a_model_cannot_be_made_from_is_one_line(creating: tuple[LiveServer, ollama.Client], request_: dict[str, object],
+                                                       status: int, words: str) -> None:
+    server, client = creating
+    answer = server.post("/api/create", {**request_, "stream": False})
+    assert answer.status_code == status and words in answer.json()["error"], answer.text
+    assert "x" not in {model.model for model in client.list().models}
+
+
+def test_the_model_a_request_gives_its_template_back_is_taken(creating: tuple[LiveServer, ollama.Client]) -> None:
+    """`ollama show --modelfile` then `ollama create` sends the template /api/show gave: the model's own."""
+    server, client = creating
+    template = str(_shown(server, DEFAULT_MODEL_NAME)["template"])
+    assert client.create("same-template", from_=DEFAULT_MODEL_NAME, template=template).status == "success"
+    assert client.delete("same-template").status == "success"
+
+
+def test_a_model_the_server_was_started_with_by_path_is_named_by_its_path(tmp_path: Path, default_model: Path) -> None:
+    """A model outside the models folder has no name a later process finds: its preset names its file."""
+    outside = tmp_path / "elsewhere" / "my-model.gguf"
+    outside.parent.mkdir()
+    outside.hardlink_to(default_model)
+    server = start_server(tmp_path, "-m", str(outside), "--allow-model-changes")
+    try:
+        client = ollama.Client(host=server.url, headers=server.auth, timeout=120)
+        assert client.create("mine", from_="my-model", system=SYSTEM).status == "success"
+        assert f"FROM {outside}" in str(_shown(server, "mine")["modelfile"])
+        assert client.chat("mine", messages=[QUESTION], options={"num_predict": 2}).eval_count == 2
+    finally:
+        server.stop()
