@@ -213,6 +213,27 @@ def _preset_file(name: str, settings: Settings) -> Path | None:
     return path if path is not None and path.is_file() else None
 
 
+def uploaded_files_dir(settings: Settings) -> Path:
+    """Where model files uploaded to the server (Ollama's /api/blobs) are kept, by their sha256: presets name them."""
+    return settings.models_dir / "blobs"
+
+
+def _prune_upload(model: str, settings: Settings) -> int:
+    """Delete the uploaded file `model` names if no preset names it any more; the bytes freed."""
+    path = Path(model)
+    if path.parent != uploaded_files_dir(settings) or not path.is_file():
+        return 0
+    for other in local_presets(settings):
+        try:
+            if read_preset(other).model == model:
+                return 0
+        except ModelError:
+            continue
+    size = path.stat().st_size
+    path.unlink()
+    return size
+
+
 def preset_model(preset: ModelPreset, settings: Settings, *, fetch: bool = True) -> ModelRef:
     """The model `preset` runs, under the preset's name; ModelError when it is not there any more.
     `fetch`: a hub model not in the cache is fetched again (else it is not there)."""
@@ -474,8 +495,12 @@ def remove_model(model: str, settings: Settings) -> RemovedModel:
     preset = _preset_file(model, settings)
     if preset is not None:
         freed = preset.stat().st_size
+        try:
+            runs: str | None = read_preset(preset).model
+        except ModelError:
+            runs = None
         preset.unlink()
-        return RemovedModel((model,), freed)
+        return RemovedModel((model,), freed + (_prune_upload(runs, settings) if runs is not None else 0))
     packaged = PACKAGED_MODELS.get(model)
     if packaged is not None and not packaged.removable:
         raise ModelError(f"{model} ships inside a Python package that localchat depends on; it cannot be removed")

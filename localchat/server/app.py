@@ -436,7 +436,8 @@ def create_app(engine: Engine, settings: ServerSettings, loader: EngineLoader | 
     # send preflight requests without it; then the origin, the key, the body bound, and bodies as JSON.
     origins = allowed_origins(settings.cors_origins)
     app.add_middleware(BodiesAsJson)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes,
+                       unbounded="/api/blobs/" if settings.allow_model_changes else None)
     if settings.api_key is not None:
         app.add_middleware(ApiKeyGuard, api_key=settings.api_key)
     app.add_middleware(OriginGuard, origins=origins)

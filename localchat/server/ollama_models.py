@@ -1,12 +1,13 @@
 """Ollama's model routes over localchat's models: /api/tags, /api/show, /api/ps, /api/pull,
-/api/create, /api/delete, /api/copy and /api/version.
+/api/create, /api/blobs, /api/delete, /api/copy and /api/version.
 
 The models are those `localchat list` shows (the models folder and the Hugging Face cache) and any
 the server was started with by path. /api/pull fetches GGUF models from the Hugging Face hub
 through localchat.hub, its progress streamed as Ollama streams a pull's; it is on with
 `localchat serve --allow-pull`. /api/delete and /api/copy change the models folder and the cache:
 they are on with `--allow-model-changes`, as is /api/create, which makes a preset (localchat.presets): a
-model under a new name with its own system prompt, messages and sampling defaults. /api/copy gives a
+model under a new name with its own system prompt, messages and sampling defaults, of a model the server has
+or of a GGUF file uploaded to /api/blobs (kept until no preset names it). /api/copy gives a
 single-file GGUF model a second name in the models folder (a hard link where the file system allows), and
 a preset a second name.
 """
@@ -35,6 +36,7 @@ from localchat import hub
 from localchat.chat_formats import detect_format
 from localchat.errors import InvalidSettingError, LocalchatError, ModelError
 from localchat.gguf_file import read_gguf_header
+from localchat.hardware import MIB
 from localchat.models import (
     InstalledModel,
     describe_model,
@@ -43,6 +45,7 @@ from localchat.models import (
     pending_model,
     preset_model,
     remove_model,
+    uploaded_files_dir,
 )
 from localchat.presets import (
     PRESET_NAME,
@@ -94,16 +97,18 @@ COPY_NAME = PRESET_NAME
 PRESET_SAMPLING = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
                    "repeat_penalty": "repeat_penalty", "repeat_last_n": "penalty_last_n", "presence_penalty": "presence_penalty",
                    "frequency_penalty": "frequency_penalty", "seed": "seed", "dry_multiplier": "dry_multiplier"}
-# /api/create's fields that make a model from files or change how it is made, with what to do instead.
+# /api/create's fields that change how a model is made, with what to do instead.
 CREATE_REFUSED = {
-    "files": "making a model from uploaded files is not supported: put the .gguf file in localchat's models folder, where "
-             "its file name is its name, and give that name as `from`",
     "adapters": "LoRA adapters cannot be part of a model here: `localchat serve --lora FILE` applies one",
     "quantize": "quantizing is not supported here: `localchat convert SRC --to gguf --quant Q` quantizes a checkpoint",
     "modelfile": "a Modelfile's text is not read: send its lines as fields (from, system, messages, parameters), as "
                  "Ollama's clients do",
 }
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# An uploaded file's name in Ollama's /api/blobs/DIGEST (its CLI sends "sha256:", its store writes "sha256-").
+BLOB_DIGEST = re.compile(r"^sha256[:-]([0-9a-f]{64})$")
+# An upload is hashed and written this much at a time, off the event loop.
+BLOB_WRITE_BYTES = 4 * MIB
 # What /api/ps says for a model kept as long as room allows (Ollama's "for ever" is far ahead too).
 NEVER = datetime(9999, 1, 1, tzinfo=UTC)
 
@@ -409,15 +414,19 @@ class OllamaModels:
         for field, advice in CREATE_REFUSED.items():
             if getattr(body, field):
                 raise APIError(400, f"{field}: {advice}", code="unsupported_parameter", param=field)
-        if not body.from_:
+        if not body.from_ and not body.files:
             raise APIError(400, "neither 'from' or 'files' was specified: give the model to make it from as `from`", param="from")
         catalog = await run_in_threadpool(self.loader.catalog)
         taken = next((model for model in catalog if model.id.casefold() == name.casefold()), None)
         if taken is not None and not is_preset_file(taken.path):
             raise APIError(400, f"a model named {taken.id} exists and is not a preset: give another name", param="model")
-        source_id, source = self.find(body.from_)
-        # A model the server was started with by path, outside the models folder, is named by its path.
-        model = source_id if any(model.id == source_id for model in catalog) else str(source.resolve())
+        if body.from_:
+            source_id, source = self.find(body.from_)
+            # A model the server was started with by path, outside the models folder, is named by its path.
+            model = source_id if any(model.id == source_id for model in catalog) else str(source.resolve())
+        else:  # a GGUF file uploaded to /api/blobs: the preset names it
+            source = await run_in_threadpool(self._uploaded_model, body.files or {})
+            model = str(source)
         preset = await run_in_threadpool(self._preset, name, body, model, source)
         await run_in_threadpool(write_preset, preset, self.loader.settings.models_dir)
         await self.models.pool.unload(name, "made again by /api/create")  # its next request loads the new one
@@ -457,6 +466,64 @@ class OllamaModels:
                 context if context is not None else base.context, license_ if license_ is not None else base.license)
         except InvalidSettingError as error:
             raise APIError(400, str(error), param="parameters") from None
+
+    def _blob(self, digest: str) -> Path:
+        match = BLOB_DIGEST.match(digest)
+        if match is None:
+            raise APIError(400, f'invalid digest "{digest}": give sha256:<64 hex digits>', param="digest")
+        return uploaded_files_dir(self._settings) / f"sha256-{match[1]}"
+
+    def _uploaded_model(self, files: dict[str, str]) -> Path:
+        """The one GGUF file of /api/create's `files`, uploaded to /api/blobs first."""
+        if len(files) != 1 or not next(iter(files)).endswith(".gguf"):
+            raise APIError(400, f"files: give one .gguf file, not {', '.join(files) or 'none'} (a checkpoint's files: "
+                                "`localchat convert` makes a GGUF of it)", param="files")
+        digest = next(iter(files.values()))
+        path = self._blob(digest)
+        if not path.is_file():
+            raise APIError(400, f"files: {digest} was not uploaded: POST the file to /api/blobs/{digest} first", param="files")
+        try:
+            header = read_gguf_header(path)
+        except ModelError as error:
+            raise APIError(400, f"files: supplied file was not in GGUF format ({error})", param="files") from None
+        if header.get("split.count", 1) != 1:
+            raise APIError(400, "files: a GGUF model split into parts is not taken: merge it with llama.cpp's gguf-split",
+                           param="files")
+        return path
+
+    async def blob_exists(self, digest: str) -> Response:
+        """Ollama's HEAD /api/blobs/DIGEST: 200 when that file was uploaded, else 404."""
+        return Response(status_code=200 if self._blob(digest).is_file() else 404)
+
+    async def upload_blob(self, digest: str, request: Request) -> Response:
+        """Ollama's POST /api/blobs/DIGEST: the body, checked against its sha256, kept for /api/create's `files`
+        (201; 200 when it was there). A body cut short or of another digest leaves nothing."""
+        self._checked(self.settings.allow_model_changes, "uploading model files", "--allow-model-changes")
+        path = self._blob(digest)
+        if path.is_file():
+            return Response(status_code=200)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.name}.{os.getpid()}-{id(request)}.incomplete")
+        hasher = hashlib.sha256()
+        try:
+            with partial.open("wb") as out:
+                def write(data: bytes) -> None:
+                    hasher.update(data)
+                    out.write(data)
+
+                buffer = bytearray()
+                async for chunk in request.stream():
+                    buffer += chunk
+                    if len(buffer) >= BLOB_WRITE_BYTES:
+                        await run_in_threadpool(write, bytes(buffer))
+                        buffer.clear()
+                await run_in_threadpool(write, bytes(buffer))
+            if hasher.hexdigest() != path.name.removeprefix("sha256-"):
+                raise APIError(400, f"digest mismatch: the body's is sha256:{hasher.hexdigest()}", param="digest")
+            os.replace(partial, path)
+        finally:
+            partial.unlink(missing_ok=True)
+        return Response(status_code=201)
 
     def _own_template(self, preset: ModelPreset) -> str:
         """The chat template requests to the model `preset` runs render: its file's, else localchat's fallback."""
@@ -508,6 +575,12 @@ def ollama_models_router(models: ModelRouter, loader: EngineLoader | None, setti
     router.add_api_route("/api/create", routes.create, methods=["POST"], response_model=Progress,
                          responses={**ollama_error_responses(400, 401, 403, 404, 413), **NDJSON_STREAM},
                          summary="a model made from another, with its own system prompt, messages and parameters")
+    router.add_api_route("/api/blobs/{digest}", routes.blob_exists, methods=["HEAD"], response_class=Response,
+                         responses={200: {"description": "Uploaded"}, 404: {"description": "Not uploaded"}},
+                         summary="whether a model file was uploaded")
+    router.add_api_route("/api/blobs/{digest}", routes.upload_blob, methods=["POST"], response_class=Response,
+                         responses={201: {"description": "Uploaded"}, **ollama_error_responses(400, 401, 403)},
+                         summary="upload a GGUF file for /api/create's `files` (its sha256 as DIGEST)")
     router.add_api_route("/api/delete", routes.delete, methods=["DELETE"], response_class=Response,
                          responses={200: {"description": "Deleted"}, **ollama_error_responses(400, 401, 403, 404, 413, 503)},
                          summary="delete a model")

@@ -68,14 +68,16 @@ class ApiKeyGuard:
 
 
 class BodySizeLimit:
-    """Refuse request bodies over `max_bytes` with 413, by Content-Length or as they stream in."""
+    """Refuse request bodies over `max_bytes` with 413, by Content-Length or as they stream in; but those sent
+    to a path under `unbounded` (model files uploaded, which the route writes to disk as they come)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, unbounded: str | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.unbounded = unbounded
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or (self.unbounded is not None and scope["path"].startswith(self.unbounded)):
             await self.app(scope, receive, send)
             return
         declared = dict(scope["headers"]).get(b"content-length")

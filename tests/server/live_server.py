@@ -43,6 +43,10 @@ class LiveServer:
     def post(self, path: str, body: object, **kwargs: object) -> requests.Response:
         return requests.post(f"{self.url}{path}", json=body, headers=self.auth, timeout=120, **kwargs)  # type: ignore[arg-type]
 
+    def request(self, method: str, path: str, **kwargs: object) -> requests.Response:
+        """A request with any method and body (`data`), as the server's key allows."""
+        return requests.request(method, f"{self.url}{path}", headers=self.auth, timeout=120, **kwargs)  # type: ignore[arg-type]
+
     def metric(self, name: str) -> float:
         """The sum of every sample of `name` in /metrics."""
         text = requests.get(f"{self.url}/metrics", headers=self.auth, timeout=10).text

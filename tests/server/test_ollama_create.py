@@ -96,7 +96,9 @@ def test_a_model_made_from_a_preset_copied_and_deleted(creating: tuple[LiveServe
 
 
 @pytest.mark.parametrize(("request_", "status", "words"), [
-    ({"model": "x", "files": {"model.gguf": "sha256:" + "0" * 64}}, 400, "files: making a model from uploaded files"),
+    ({"model": "x", "files": {"model.gguf": "sha256:" + "0" * 64}}, 400, "POST the file to /api/blobs/sha256:000"),
+    ({"model": "x", "files": {"model.safetensors": "sha256:" + "0" * 64}}, 400, "give one .gguf file"),
+    ({"model": "x", "files": {"model.gguf": "md5:00"}}, 400, "invalid digest"),
     ({"model": "x", "from": DEFAULT_MODEL_NAME, "adapters": {"a.gguf": "sha256:" + "0" * 64}}, 400, "--lora"),
     ({"model": "x", "from": DEFAULT_MODEL_NAME, "quantize": "q4_K_M"}, 400, "localchat convert"),
     ({"model": "x", "modelfile": "FROM smollm2-135m-instruct"}, 400, "send its lines as fields"),
@@ -116,6 +118,34 @@ def test_what_a_model_cannot_be_made_from_is_one_line(creating: tuple[LiveServer
     answer = server.post("/api/create", {**request_, "stream": False})
     assert answer.status_code == status and words in answer.json()["error"], answer.text
     assert "x" not in {model.model for model in client.list().models}
+
+
+def test_a_model_made_from_an_uploaded_gguf_file(creating: tuple[LiveServer, ollama.Client], default_model: Path,
+                                               tmp_path: Path) -> None:
+    """`ollama create NAME -f Modelfile` with `FROM ./model.gguf`: the client uploads the file to /api/blobs (the
+    default model's 98 MB, over the server's 64 MiB bound on other bodies), then names it in `files`. Deleting
+    the model deletes the upload once no other names it."""
+    server, client = creating
+    digest = client.create_blob(default_model)
+    assert server.request("HEAD", f"/api/blobs/{digest}").status_code == 200
+    assert client.create("uploaded", files={"model.gguf": digest}, system=SYSTEM).status == "success"
+    assert client.copy("uploaded", "uploaded-too").status == "success"
+    assert client.chat("uploaded", messages=[QUESTION], options={"num_predict": 2}).eval_count == 2
+    assert str(_shown(server, "uploaded")["system"]) == SYSTEM
+    assert client.delete("uploaded").status == "success"
+    assert server.request("HEAD", f"/api/blobs/{digest}").status_code == 200  # uploaded-too still names it
+    assert client.delete("uploaded-too").status == "success"
+    assert server.request("HEAD", f"/api/blobs/{digest}").status_code == 404
+
+    text = tmp_path / "notes.gguf"
+    text.write_text("not a model")
+    wrong = server.request("POST", f"/api/blobs/sha256:{'0' * 64}", data=text.read_bytes())
+    assert wrong.status_code == 400 and "digest mismatch" in wrong.json()["error"]
+    assert server.request("HEAD", f"/api/blobs/sha256:{'0' * 64}").status_code == 404
+    not_gguf = client.create_blob(text)
+    with pytest.raises(ollama.ResponseError) as refused:
+        client.create("notes", files={"notes.gguf": not_gguf})
+    assert refused.value.status_code == 400 and "not in GGUF format" in refused.value.error
 
 
 def test_the_model_a_request_gives_its_template_back_is_taken(creating: tuple[LiveServer, ollama.Client]) -> None:

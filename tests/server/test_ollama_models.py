@@ -86,7 +86,8 @@ def test_changing_models_is_refused_unless_the_server_allows_it(server: LiveServ
     for change, flag in [(lambda: client.pull(PULLED), "--allow-pull"), (lambda: client.delete("gemma-3-270m"),
                                                                           "--allow-model-changes"),
                          (lambda: client.copy("gemma-3-270m", "other"), "--allow-model-changes"),
-                         (lambda: client.create("other", from_="gemma-3-270m"), "--allow-model-changes")]:
+                         (lambda: client.create("other", from_="gemma-3-270m"), "--allow-model-changes"),
+                         (lambda: client.create_blob(Path(__file__)), "--allow-model-changes")]:
         with pytest.raises(ollama.ResponseError) as refused:
             change()
         assert refused.value.status_code == 403 and flag in refused.value.error
