@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import gguf
 import numpy as np
+import yaml
 
 from localchat.errors import ModelError
 
@@ -532,6 +534,34 @@ class Checkpoint(TensorFiles):
         """A JSON object file of the checkpoint, None if absent; a corrupt one is a ModelError."""
         path = self.folder / name
         return read_json(path) if path.is_file() else None
+
+
+def hub_repo_id(folder: Path) -> str | None:
+    """The repo id of a snapshot folder in the Hugging Face cache (models--ORG--NAME/snapshots/REVISION), else None."""
+    repo = folder.parent.parent.name
+    if folder.parent.name != "snapshots" or not repo.startswith("models--"):
+        return None
+    return repo.removeprefix("models--").replace("--", "/")
+
+
+def model_metadata(checkpoint: Checkpoint, total_params: int) -> gguf.Metadata:
+    """The model's name and authorship as llama.cpp's converter finds them (gguf's metadata heuristics over
+    config.json's `_name_or_path`, the folder's name and its model card), with a size label from its parameter
+    count: name "SmolLM2 135M Instruct", finetune "Instruct", where it was given as
+    "HuggingFaceTB/SmolLM2-135M-Instruct" (localchat.sampling_defaults matches families by these). A hub
+    snapshot is named by its repo id, not its revision's folder."""
+    folder = checkpoint.folder
+    repo = hub_repo_id(folder)
+    named = {**checkpoint.config.raw, "_name_or_path": repo} if repo is not None else checkpoint.config.raw
+    try:
+        card = gguf.Metadata.load_model_card(folder)
+    except (OSError, ValueError, yaml.YAMLError):  # a model card that cannot be read names nothing
+        card = {}
+    metadata = gguf.Metadata.apply_metadata_heuristic(gguf.Metadata(), card, named, None if repo else folder, total_params)
+    metadata.name = metadata.name or repo or folder.name
+    if metadata.size_label is None and total_params > 0:
+        metadata.size_label = gguf.size_label(total_params, 0, 0, 0)
+    return metadata
 
 
 # What a conversion needs from a hub repository: no other weights formats, no extras.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import math
 import os
 import re
 import shutil
@@ -27,7 +28,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, LlamaFileTy
 from gguf.quants import quantize as gguf_quantize
 
 from localchat.converters.architectures import PlannedTensor, add_hparams, architecture_for, plan_tensors, transform
-from localchat.converters.checkpoint import Checkpoint, TensorRef
+from localchat.converters.checkpoint import Checkpoint, TensorRef, model_metadata
 from localchat.converters.gguf_choices import DEFAULT_QUANT, QUANT_TYPES, QuantType, default_output_path
 from localchat.converters.tokenizer import add_tokenizer
 from localchat.errors import InvalidSettingError, LocalchatError, ModelError
@@ -186,7 +187,9 @@ def _write_float_gguf(
     writer.add_file_type(int(file_type))
     add_sampling_defaults(writer, checkpoint)
     vocabulary = add_tokenizer(writer, checkpoint, n_vocab)
-    writer.add_name(model_name(str(config.raw.get("_name_or_path") or checkpoint.folder.name), vocabulary.tokens))
+    metadata = model_metadata(checkpoint, sum(math.prod(planned.shape) for planned in tensors if planned.data is None))
+    metadata.name = model_name(metadata.name or "", vocabulary.tokens)
+    metadata.set_gguf_meta_model(writer)
     tensor_writer = TensorWriter(checkpoint, float_type)
     total = sum(tensor_writer.add_info(writer, planned) for planned in tensors)
     done = 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.resources
+import math
 import os
 import shutil
 import time
@@ -18,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from onnx import TensorProto
 
-from localchat.converters.checkpoint import Checkpoint, ModelConfig
+from localchat.converters.checkpoint import Checkpoint, ModelConfig, model_metadata
 from localchat.converters.onnx_decoder import (
     ACTIVATIONS,
     ARCHITECTURES,
@@ -286,9 +287,11 @@ def convert_to_onnx(source: Path, output: Path, quant: str = "fp32", *, progress
         operators = graph.operator_counts()
         kv_dtype = np.dtype(plan.compute)
         kv_bytes_per_token = config.n_layers * 2 * config.n_kv_heads * config.head_dim * kv_dtype.itemsize
+        metadata = model_metadata(checkpoint, sum(math.prod(tensor.shape) for tensor in checkpoint.tensors.values()))
         meta = OnnxMetadata(
             graph=GRAPH_FILE,
-            name=config.raw.get("_name_or_path") or source.name,
+            name=metadata.name,
+            finetune=metadata.finetune,
             architecture=arch.name,
             source_architecture=config.architecture,
             quant=quant,

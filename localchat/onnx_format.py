@@ -47,7 +47,8 @@ class OnnxMetadata:
     """What the marker says, in the order it is written."""
 
     graph: str
-    name: str | None = None
+    name: str | None = None  # as general.name in a GGUF file (converters.checkpoint.model_metadata)
+    finetune: str | None = None  # as general.finetune
     architecture: str  # the llama.cpp-style name (chat template fallbacks key on it)
     source_architecture: str  # the Hugging Face class, such as Gemma3ForCausalLM
     quant: str
@@ -131,6 +132,7 @@ MARKER_FIELDS: dict[str, tuple[Callable[[object], bool], str, bool]] = {
     "weight_bytes": (_count, "an integer >= 0", True),
     "operators": (lambda v: isinstance(v, dict) and all(_count(n) for n in v.values()), "operator counts", True),
     "name": (lambda v: v is None or isinstance(v, str), "a string", False),
+    "finetune": (lambda v: v is None or isinstance(v, str), "a string", False),
     "bos_id": (lambda v: v is None or _count(v), "a token id or null", False),
     "eos_id": (lambda v: v is None or _count(v), "a token id or null", False),
     "add_bos": (lambda v: isinstance(v, bool), "true or false", False),

@@ -110,13 +110,18 @@ def _check_graph(session: ort.InferenceSession, meta: OnnxMetadata, path: Path) 
 
 
 def sampling_metadata(folder: Path) -> dict[str, str]:
-    """The maker's sampling defaults from the generation_config.json the converter copies, as the
-    `general.sampling.*` keys a converted GGUF carries: both formats of a model start from one sampler."""
+    """What localchat.sampling_defaults reads, as a converted GGUF carries it: the maker's sampling defaults
+    from the generation_config.json the converter copies (`general.sampling.*`), and the model's name and
+    finetune from the marker (its family's defaults match on them). Both formats of a model start from one
+    sampler."""
+    meta = read_metadata(folder)
+    named = {"general.name": meta.name or "", "general.finetune": meta.finetune or ""}
     try:
         config = json.loads((folder / "generation_config.json").read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return {}  # none, or unreadable: the defaults go on without the maker's
-    return {key: str(value) for key, value in generation_config_sampling(config if isinstance(config, dict) else {}).items()}
+        return named  # none, or unreadable: the defaults go on without the maker's
+    sampling = generation_config_sampling(config if isinstance(config, dict) else {})
+    return named | {key: str(value) for key, value in sampling.items()}
 
 
 def onnx_facts(folder: Path) -> ModelFacts:
