@@ -281,8 +281,12 @@ class Session:
         return Generation(self, list(prompt), self.with_sampler(settings))
 
     def with_sampler(self, settings: GenerationSettings) -> GenerationSettings:
-        """`settings` with the model's default sampler where they name none."""
-        return settings if settings.sampler is not None else replace(settings, sampler=self.sampler_defaults)
+        """`settings` with the model's default sampler where they name none; raises InvalidSettingError where
+        the sampler's logit_bias names a token the model does not have."""
+        if settings.sampler is None:
+            return replace(settings, sampler=self.sampler_defaults)
+        settings.sampler.check_vocabulary(self.backend.info.n_vocab)
+        return settings
 
 
 class Reply:

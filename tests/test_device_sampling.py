@@ -92,6 +92,9 @@ def test_a_reply_needing_the_raw_logits_or_a_history_is_sampled_on_the_host(devi
     prompt = backend.tokenize("The capital of France is", add_bos=True, special=False)
     ids, generation = reply(device.sessions[1], prompt, GenerationSettings(max_tokens=6, sampler=ARGMAX, logprobs=2))
     assert [entry.token for entry in generation.logprobs] == ids  # type: ignore[attr-defined]
+    banned = dataclasses.replace(ARGMAX, logit_bias=((ids[0], -100.0),))  # added to the row on the host
+    assert isinstance(backend.make_sampler(banned, seq=0), LlamaSampler)
+    assert ids[0] not in reply(device.sessions[0], prompt, GenerationSettings(max_tokens=6, sampler=banned))[0]
 
 
 def test_a_finished_reply_s_chain_comes_off_its_sequence_where_the_context_has_several(device: Engine) -> None:

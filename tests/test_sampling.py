@@ -1,10 +1,11 @@
-"""Sampler settings, the penalties both backends apply (llama.cpp's chain and the ONNX backend's
-numpy sampler) and the default settings against a small model's loops."""
+"""Sampler settings, the penalties and the logit bias both backends apply (llama.cpp's chain and the ONNX
+backend's numpy sampler) and the default settings against a small model's loops."""
 
 from __future__ import annotations
 
 import dataclasses
 import ctypes
+from typing import Any
 
 import llama_cpp
 import numpy as np
@@ -13,7 +14,7 @@ import pytest
 from localchat.backends.base import ARGMAX, DRY_SEQUENCE_BREAKERS, FAR_SPAN, SamplerSettings
 from localchat.backends.llamacpp_natives import dry_key
 from localchat.backends._logits_scan import draw, near_best
-from localchat.backends.llamacpp_sampler import ACCEPT, APPLY, TOKEN_DATA, LlamaSampler, TouchableTokens
+from localchat.backends.llamacpp_sampler import ACCEPT, APPLY, TOKEN_DATA, LlamaSampler, TouchableTokens, device_sampleable
 from localchat.backends.onnx import NumpySampler
 from localchat.engine import Engine
 from localchat.errors import InvalidSettingError
@@ -409,3 +410,124 @@ def test_the_draw_refuses_no_candidates_or_more_than_its_buffer_holds() -> None:
                 draw(sampler._candidates, count, sampler._chain_address, APPLY, ACCEPT)
     finally:
         sampler.close()
+
+
+def test_a_bad_logit_bias_is_refused() -> None:
+    for biases in (((-1, 5.0),), ((5, float("nan")),), ((5, float("inf")),), ((5, 1.0), (5, 2.0))):
+        with pytest.raises(InvalidSettingError, match="logit_bias"):
+            SamplerSettings(logit_bias=biases)
+    biased = SamplerSettings(logit_bias=((5, -100.0), (299, 3.0)))
+    biased.check_vocabulary(300)
+    with pytest.raises(InvalidSettingError, match=r"logit_bias: token 299 is not in the model's vocabulary \(ids 0 to 298\)"):
+        biased.check_vocabulary(299)
+
+
+class AllowOnly:
+    """A grammar's guide that allows the same few tokens at every step (the TokenGuide protocol)."""
+
+    def __init__(self, allowed: list[int]) -> None:
+        self.allowed = allowed
+        self.consumed: list[int] = []
+
+    def mask(self, logits: np.ndarray) -> None:
+        held = logits[self.allowed].copy()
+        logits[:] = -np.inf
+        logits[self.allowed] = held
+
+    def consume(self, token: int) -> None:
+        self.consumed.append(token)
+
+
+# Either backend's sampler over a vocabulary of 300 tokens: llama.cpp's chain on candidates, the numpy one.
+SAMPLERS = {
+    "llama.cpp": lambda settings, guide=None: LlamaSampler(settings, 300, 4096, None, guide),
+    "numpy": lambda settings, guide=None: NumpySampler(settings, None, guide),
+}
+
+
+@pytest.mark.parametrize("make", SAMPLERS.values(), ids=SAMPLERS.keys())
+def test_a_raised_token_far_under_the_top_k_is_picked_and_a_banned_best_one_never(make: Any) -> None:
+    """Token 250 lies 50 under the best, past top-k's 40 best and past the far span the candidates are
+    searched in: +100 makes it the pick, greedy or drawn with the default chain. -100 on the best token keeps
+    it out of every draw at temperature 1.5 over the whole vocabulary, where it is otherwise drawn most often."""
+    row = np.random.default_rng(1).normal(0, 2, 300).astype(np.float32)
+    row[7], row[250] = row.max() + 3, row.max() - 50
+    for seed in range(20):
+        for settings in (SamplerSettings(seed=seed, logit_bias=((250, 100.0),)), dataclasses.replace(ARGMAX, logit_bias=((250, 100.0),))):
+            assert make(settings).pick(row.copy()) == 250
+    wide = SamplerSettings(temperature=1.5, top_k=0, top_p=1.0, min_p=0.0)
+    drawn = [make(dataclasses.replace(wide, seed=seed)).pick(row.copy()) for seed in range(100)]
+    banned = [make(dataclasses.replace(wide, seed=seed, logit_bias=((7, -100.0),))).pick(row.copy()) for seed in range(100)]
+    assert drawn.count(7) > 25 and 7 not in banned and len(set(banned)) > 10
+    assert make(dataclasses.replace(ARGMAX, logit_bias=((7, -100.0),))).pick(row.copy()) == int(np.argsort(row)[-2])
+
+
+@pytest.mark.parametrize("make", SAMPLERS.values(), ids=SAMPLERS.keys())
+def test_a_logit_bias_moves_tokens_within_what_the_grammar_allows_and_none_past_it(make: Any) -> None:
+    row = np.zeros(300, dtype=np.float32)
+    row[3], row[4], row[9] = 5.0, 4.0, 8.0
+    for biases, expected in ((((3, -100.0),), 4), (((9, 100.0), (4, 2.0)), 4), ((), 3)):
+        guide = AllowOnly([3, 4])
+        assert make(dataclasses.replace(ARGMAX, logit_bias=biases), guide).pick(row.copy()) == expected
+        assert guide.consumed == [expected]
+
+
+def test_the_candidates_sampler_with_a_logit_bias_picks_what_the_chain_picks_on_the_biased_row() -> None:
+    """Random settings (penalties, truncations, temperatures) and random biases, among them tokens far under
+    the best raised past it and the best ones lowered: the candidates path draws what the chain on the whole
+    row with the biases added to it draws, pick for pick."""
+    n_vocab, rng = 300, np.random.default_rng(2)
+    for _ in range(60):
+        unbiased = SamplerSettings(
+            temperature=float(rng.choice([0.0, 0.5, 0.8, 1.0, 3.0])), top_k=int(rng.choice([0, 1, 3, 40])),
+            top_p=float(rng.choice([1.0, 0.9])), min_p=float(rng.choice([0.0, 0.05, 0.2])), seed=int(rng.integers(1000)),
+            repeat_penalty=float(rng.choice([1.0, 1.3, 0.8])), presence_penalty=float(rng.choice([0.0, 1.0])),
+            dry_multiplier=float(rng.choice([0.0, 3.0])))
+        tokens = rng.choice(n_vocab, int(rng.integers(1, 12)), replace=False)
+        biases = tuple((int(token), float(rng.choice([-100.0, -5.0, 0.5, 30.0, 100.0]))) for token in tokens)
+        ours = small_vocabulary_sampler(dataclasses.replace(unbiased, logit_bias=biases), n_vocab)
+        whole = small_vocabulary_sampler(unbiased, n_vocab)
+        whole._whole_row = True
+        added = np.zeros(n_vocab, dtype=np.float32)
+        added[[token for token, _ in biases]] = [bias for _, bias in biases]
+        history = rng.integers(0, 12, 30).tolist()
+        try:
+            for sampler in (ours, whole):
+                sampler.accept(history)
+            for _ in range(20):
+                row = (rng.normal(0, 1, n_vocab) * rng.choice([0.3, 2.0, 8.0])).astype(np.float32)
+                row[:12] += rng.choice([0.0, 4.0, 25.0])
+                assert ours.pick(row.copy()) == whole.pick(row + added), (unbiased, biases)
+        finally:
+            ours.close()
+            whole.close()
+
+
+def test_a_reply_with_a_logit_bias_is_sampled_on_the_host() -> None:
+    """llama.cpp's device chain has no bias: the host's sampler adds it (LogitBias)."""
+    assert device_sampleable(ARGMAX, None, False, 1)
+    assert not device_sampleable(dataclasses.replace(ARGMAX, logit_bias=((5, 1.0),)), None, False, 1)
+
+
+def test_a_reply_with_its_first_token_banned_starts_otherwise_and_a_forced_token_fills_it(engine: Engine) -> None:
+    """Greedy and drawn with the model's defaults: " Paris" (78% by the raw logits after the prompt) never comes once banned;
+    +100 on " banana" makes it every token of the reply."""
+    backend, session = engine.backend, engine.sessions[0]
+    prompt = backend.tokenize("The capital of France is", add_bos=True, special=False)
+
+    def reply(sampler: SamplerSettings, biases: tuple[tuple[int, float], ...], tokens: int = 8) -> tuple[int, ...]:
+        session.reset()
+        generation = session.generate(prompt, GenerationSettings(max_tokens=tokens, ignore_eos=True,
+                                                                 sampler=dataclasses.replace(sampler, logit_bias=biases)))
+        generation.text()
+        assert generation.stats is not None
+        return generation.stats.completion_ids
+
+    paris = reply(ARGMAX, ())[0]
+    assert backend.token_text(paris) == " Paris"
+    assert paris not in reply(ARGMAX, ((paris, -100.0),))
+    assert all(reply(SamplerSettings(seed=seed), ((paris, -100.0),), 1) != (paris,) for seed in range(5))
+    (banana,) = backend.tokenize(" banana", add_bos=False, special=False)
+    assert reply(ARGMAX, ((banana, 100.0),)) == (banana,) * 8
+    assert reply(SamplerSettings(seed=3), ((banana, 100.0),)) == (banana,) * 8
+    session.reset()

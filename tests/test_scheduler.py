@@ -98,6 +98,38 @@ def test_replies_decoded_together_equal_replies_decoded_alone(slots: str, reques
     assert all(stats.finish_reason in ("stop", "length") for _, stats in together)
 
 
+def test_replies_decoded_together_each_keep_their_own_logit_bias(two_slots: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One batch, two samplers: the same question asked twice, its greedy first token banned in one reply and
+    " banana" forced in the other; each row is biased by its own reply's bias alone."""
+    engine = two_slots
+    question = prompt(engine, "What is the capital of Japan?")
+    engine.sessions[0].reset()
+    first = engine.sessions[0].generate(question, GREEDY)
+    first.text()
+    engine.sessions[0].reset()
+    banned, (banana,) = first.completion_ids[0], engine.backend.tokenize(" banana", add_bos=False, special=False)
+    batches: list[int] = []
+    evaluate_batch = engine.backend.evaluate_batch
+
+    def recorded(batch: list[tuple[int, int, int]], *, spare_cell: bool = False) -> None:
+        batches.append(len(batch))
+        evaluate_batch(batch, spare_cell=spare_cell)
+
+    monkeypatch.setattr(engine.backend, "evaluate_batch", recorded)
+    scheduler = Scheduler(engine, max_waiting=0)
+    scheduler.start()
+    try:
+        sinks: list[queue.SimpleQueue[ReplyEvent]] = [queue.SimpleQueue(), queue.SimpleQueue()]
+        for biases, sink in zip((((banned, -100.0),), ((banana, 100.0),)), sinks, strict=True):
+            settings = dataclasses.replace(GREEDY, sampler=dataclasses.replace(ARGMAX, logit_bias=biases), ignore_eos=True)
+            scheduler.submit(question, settings, sink.put)
+        (_, without), (_, forced) = (collect(sink) for sink in sinks)
+    finally:
+        scheduler.close()
+    assert 2 in batches  # the replies shared decode steps
+    assert banned not in without.completion_ids and forced.completion_ids == (banana,) * GREEDY.max_tokens  # type: ignore[operator]
+
+
 def test_a_cancelled_reply_frees_its_slot_for_the_next(two_slots: Engine) -> None:
     scheduler = Scheduler(two_slots, max_waiting=1)
     scheduler.start()

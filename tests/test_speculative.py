@@ -5,6 +5,7 @@ token for token with and without drafting."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import random
@@ -190,10 +191,13 @@ def chi_square_p_value(statistic: float, degrees: int) -> float:
     return 0.5 * math.erfc(z / math.sqrt(2))
 
 
-def test_sampled_replies_keep_the_target_distribution_exactly() -> None:
+@pytest.mark.parametrize("biases", [(), ((1, -100.0), (3, 1.5))], ids=["unbiased", "logit-bias"])
+def test_sampled_replies_keep_the_target_distribution_exactly(biases: tuple[tuple[int, float], ...]) -> None:
     """3-token replies sampled at temperature 1 with drafting on, against the exact probabilities
     of every reply: Pearson's chi-square must not reject them (p > 1e-3), while the same counts do
-    reject the distribution at temperature 1.15, so the test sees a shift that small."""
+    reject the distribution at temperature 1.15, so the test sees a shift that small. With a logit bias
+    the target is the biased distribution: the prompt's lookup drafts the banned token 1 again and again,
+    and no reply holds it."""
     backend = MarkovBackend()
     prompt = [0, 1, 2, 3, 0, 1, 2, 3, 0, 1]  # lookup finds drafts all along
     replies: Counter[tuple[int, ...]] = Counter()
@@ -201,19 +205,23 @@ def test_sampled_replies_keep_the_target_distribution_exactly() -> None:
     samples = 6000
     for seed in range(samples):
         sampler = SamplerSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0, dry_multiplier=0.0,
-                                  seed=seed)
+                                  seed=seed, logit_bias=biases)
         reply = decode(backend, prompt, GenerationSettings(max_tokens=3, sampler=sampler, lookup_draft=3))
         replies[tuple(reply.token_ids)] += 1
         drafted, accepted = drafted + reply.drafted_tokens, accepted + reply.accepted_tokens
     # Every reply had a token decided by a draft, many kept and many not.
     assert drafted >= samples and min(accepted, drafted - accepted) > samples // 10
+    assert not biases or all(1 not in reply for reply in replies)
+    added = np.zeros(VOCAB)
+    for token, bias in biases:
+        added[token] = bias
 
     def exact(temperature: float) -> dict[tuple[int, ...], float]:
         probabilities = {}
         for reply in itertools.product(range(VOCAB), repeat=3):
             context, p = list(prompt), 1.0
             for token in reply:
-                logits = backend._row(context)[:VOCAB].astype(np.float64) / temperature
+                logits = (backend._row(context)[:VOCAB].astype(np.float64) + added) / temperature
                 weights = np.exp(logits - logits.max())
                 p *= weights[token] / weights.sum()
                 context.append(token)
@@ -565,6 +573,25 @@ def test_greedy_replies_are_the_same_with_drafting(engine: Engine) -> None:
     session.reset()
     # Enough drafted steps compared to catch a wrong row (the counting prompt has no near tie in 32 tokens).
     assert compared >= 32, compared
+
+
+def test_a_banned_token_stays_out_of_a_reply_that_lookup_drafts(engine: Engine) -> None:
+    """The reply copies the prompt's passage, whose tokens lookup drafts; one of them banned (" narrow", which the
+    copy reaches within 16 tokens) is drafted and refused at every step that verifies it, and never comes."""
+    session = engine.sessions[0]
+    prompt = engine.backend.tokenize(PROMPTS[0], add_bos=True, special=False)
+    (narrow,) = engine.backend.tokenize(" narrow", add_bos=False, special=False)
+    replies = []
+    for sampler, lookup_draft in ((ARGMAX, 0), (dataclasses.replace(ARGMAX, logit_bias=((narrow, -100.0),)), 8)):
+        session.reset()
+        generation = session.generate(prompt, GenerationSettings(max_tokens=16, sampler=sampler, lookup_draft=lookup_draft))
+        generation.text()
+        assert generation.stats is not None
+        replies.append(generation.stats)
+    session.reset()
+    plain, drafted = replies
+    assert narrow in plain.completion_ids
+    assert narrow not in drafted.completion_ids and drafted.drafted_tokens > drafted.accepted_tokens > 0
 
 
 def test_a_draft_model_drafts_and_the_reply_stays_the_same(settings: Settings, default_model: Path) -> None:

@@ -157,6 +157,9 @@ class SamplerSettings:
     dry_allowed_length: int = 2
     dry_penalty_last_n: int = -1
     seed: int | None = None
+    # OpenAI's logit_bias: (token, bias) pairs, each token once, the bias added to the token's logit before
+    # anything else sees the row (a grammar's mask, the penalties, the truncations: llama.cpp's order).
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         checks = [
@@ -173,6 +176,9 @@ class SamplerSettings:
             (self.dry_allowed_length >= 1, "dry_allowed_length must be >= 1"),
             (self.dry_penalty_last_n >= -1, "dry_penalty_last_n must be >= -1 (-1 means the whole context)"),
             (self.seed is None or 0 <= self.seed < 2**32, "seed must be in [0, 2**32)"),
+            (all(token >= 0 and math.isfinite(bias) for token, bias in self.logit_bias),
+             "logit_bias must pair token ids (>= 0) with finite biases"),
+            (len({token for token, _ in self.logit_bias}) == len(self.logit_bias), "logit_bias must name each token once"),
         ]
         for ok, message in checks:
             if not ok:
@@ -212,6 +218,12 @@ class SamplerSettings:
         """Whether a penalty is on: the sampler must then remember the tokens it has seen."""
         return self.repeat_penalized or self.dry
 
+    def check_vocabulary(self, n_vocab: int) -> None:
+        """Raises InvalidSettingError where logit_bias names a token past a vocabulary of `n_vocab`."""
+        outside = next((token for token, _ in self.logit_bias if token >= n_vocab), None)
+        if outside is not None:
+            raise InvalidSettingError(f"logit_bias: token {outside} is not in the model's vocabulary (ids 0 to {n_vocab - 1})")
+
     @property
     def history_window(self) -> int:
         """How many of the latest tokens the penalties look at (-1: all of them)."""
@@ -237,8 +249,8 @@ class TokenScores:
 
 @dataclass(frozen=True)
 class TokenLogprob:
-    """A sampled token's log-probability under the model's raw logits (before penalties and
-    temperature, as vLLM reports them by default), and the `top` most likely tokens' (best first)."""
+    """A sampled token's log-probability under the model's raw logits (before the logit bias, penalties and
+    temperature, as vLLM and llama-server report them by default), and the `top` most likely tokens' (best first)."""
 
     token: int
     logprob: float

@@ -33,6 +33,7 @@ import numpy as np
 
 from localchat.backends._logits_scan import draw, near_best
 from localchat.backends.base import SamplerSettings, TokenGuide
+from localchat.backends.logit_bias import LogitBias
 from localchat.errors import ModelError
 
 # llama_token_data as numpy lays it out: {int32 id; float logit; float p}.
@@ -48,9 +49,10 @@ ACCEPT = ctypes.cast(llama_cpp.llama_sampler_accept, ctypes.c_void_p).value
 class LlamaSampler:
     """A reply's sampler: llama.cpp's samplers in llama.cpp's order, in one chain owned and freed here.
 
-    Stages: the repeat/frequency/presence penalties (which see the prompt and the reply), DRY (the reply
-    alone: see SamplerSettings), then the truncations, temperature and the draw, or greedy. One chain, so
-    that a pick is one call into llama.cpp and one to tell it the token (each call is slow after a decode)."""
+    Stages: the logit bias (added to the row before the chain: LogitBias), the repeat/frequency/presence
+    penalties (which see the prompt and the reply), DRY (the reply alone: see SamplerSettings), then the
+    truncations, temperature and the draw, or greedy. One chain, so that a pick is one call into llama.cpp
+    and one to tell it the token (each call is slow after a decode)."""
 
     def __init__(self, settings: SamplerSettings, n_vocab: int, n_ctx: int, dry: llama_cpp.llama_sampler_p | None = None,
                  guide: TokenGuide | None = None) -> None:
@@ -60,6 +62,7 @@ class LlamaSampler:
             raise ValueError("DRY is on but no DRY sampler was given")
         self.settings = settings
         self.guide = guide
+        self._bias = LogitBias.of(settings)
         self._natives = ExitStack()
         self.chain = _new_chain()
         self._natives.callback(llama_cpp.llama_sampler_free, self.chain)
@@ -117,7 +120,10 @@ class LlamaSampler:
             self._touchable.append(token, reply=reply)
 
     def pick(self, row: np.ndarray) -> int:
-        """The next token from a logits row (which the grammar's mask may rewrite in place)."""
+        """The next token from a logits row (which the logit bias and the grammar's mask rewrite in place)."""
+        bias = self._bias
+        if bias is not None:
+            bias.add_to(row)
         guide = self.guide
         if guide is not None:
             guide.mask(row)
@@ -320,11 +326,13 @@ def _add_truncations_and_draw(settings: SamplerSettings, add: Callable[[llama_cp
 
 def device_sampleable(settings: SamplerSettings, guide: TokenGuide | None, raw_logits: bool, n_seq: int) -> bool:
     """Whether llama.cpp samples a reply inside its graph: no penalties (llama.cpp samples every row of a
-    draft from one history, so a drafted row would miss the drafted tokens before it), no grammar, no raw
-    logits read back (logprobs), and, in a context of several sequences (`serve`'s slots), greedy alone:
-    there the default chain was drawn faster on the host (H200, `serve` as shipped with 4 slots: 0.96-0.97x
-    `llama-server` with 4 streams against 0.78-0.82x; benchmarks/gpu/README.md, fourth day)."""
-    return guide is None and not raw_logits and not settings.penalized and (n_seq == 1 or settings.greedy)
+    draft from one history, so a drafted row would miss the drafted tokens before it), no grammar, no logit
+    bias (added to the row on the host: LogitBias), no raw logits read back (logprobs), and, in a context of
+    several sequences (`serve`'s slots), greedy alone: there the default chain was drawn faster on the host
+    (H200, `serve` as shipped with 4 slots: 0.96-0.97x `llama-server` with 4 streams against 0.78-0.82x;
+    benchmarks/gpu/README.md, fourth day)."""
+    return (guide is None and not raw_logits and not settings.penalized and not settings.logit_bias
+            and (n_seq == 1 or settings.greedy))
 
 
 class DeviceSampler:

@@ -1,5 +1,5 @@
 """Sampling on a numpy logits row, for a backend without a sampler of its own (onnxruntime):
-penalties, DRY, temperature, top-k, top-p and min-p as llama.cpp's chain does them."""
+logit bias, penalties, DRY, temperature, top-k, top-p and min-p as llama.cpp's chain does them."""
 
 from __future__ import annotations
 
@@ -10,13 +10,14 @@ from itertools import islice
 import numpy as np
 
 from localchat.backends.base import SamplerSettings, TokenGuide
+from localchat.backends.logit_bias import LogitBias
 
 # About ln(FLT_MAX): DRY's exponent is capped so that base^exponent stays a finite float32.
 FLOAT_MAX_LOG = 88.7228391
 
 
 class NumpySampler:
-    """Penalties, DRY, temperature, top-k, top-p and min-p over one logits row, as llama.cpp's
+    """Logit bias, penalties, DRY, temperature, top-k, top-p and min-p over one logits row, as llama.cpp's
     chain does them, on a few candidates.
 
     Only tokens within the settings' far span (SamplerSettings.far_span) of the best logit are looked at, so
@@ -27,6 +28,7 @@ class NumpySampler:
         `guide`: the grammar the reply must follow."""
         self.settings = settings
         self.guide = guide
+        self.bias = LogitBias.of(settings)
         self.rng = np.random.default_rng(settings.seed)
         window = settings.history_window
         self.history: deque[int] = deque(maxlen=None if window < 0 else window)
@@ -117,6 +119,8 @@ class NumpySampler:
 
     def pick(self, logits: np.ndarray) -> int:
         s = self.settings
+        if self.bias is not None:
+            self.bias.add_to(logits)
         if self.guide is not None:
             self.guide.mask(logits)
         if s.penalized:

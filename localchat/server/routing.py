@@ -20,7 +20,7 @@ from fastapi.concurrency import run_in_threadpool
 from localchat.adapters import requested_scales
 from localchat.chat import tokenize_continuation, tokenize_prompt
 from localchat.constraints import tokenizer_for
-from localchat.errors import LocalchatError
+from localchat.errors import InvalidSettingError, LocalchatError
 from localchat.model_pool import ModelBusyError, ModelPool
 from localchat.scheduler import TextDelta
 from localchat.server.chat import ChatPlan, ChatReplyReader, plan_chat
@@ -146,7 +146,11 @@ class CompletionService:
             ("dry_multiplier", body.dry_multiplier), ("seed", body.seed),
         ) if value is not None}
         sampler = dataclasses.replace(self.engine.sampler_defaults.settings, presence_penalty=body.presence_penalty,
-                                      frequency_penalty=body.frequency_penalty, **given)
+                                      frequency_penalty=body.frequency_penalty, logit_bias=body.token_biases, **given)
+        try:
+            sampler.check_vocabulary(self.engine.backend.info.n_vocab)
+        except InvalidSettingError as error:
+            raise APIError(400, str(error), param="logit_bias") from None
         loras = None if body.lora is None else requested_scales(self.engine.loras, ((a.id, a.scale) for a in body.lora))
         preset = self.engine.preset  # its reply limit and stop strings where the request gives none
         if preset is not None and reply_limit is None and preset.max_tokens is not None:

@@ -1,8 +1,8 @@
 """Request and response bodies of the OpenAI-compatible API; they also make its OpenAPI schema.
 
 Fields a request may send: the ones declared here are honoured. OpenAI's fields that localchat
-does not implement and that change what the answer means (`UNSUPPORTED_FIELDS`: logit_bias,
-the legacy functions, audio...) get a 400 naming the
+does not implement and that change what the answer means (`UNSUPPORTED_FIELDS`: the legacy
+functions, audio, echo...) get a 400 naming the
 field when set, rather than an answer that ignored them. Any other field is accepted and ignored:
 OpenAI's harmless ones (user, metadata, store, service_tier, prediction...) and other servers'
 extensions, so that clients written for them work (`extra="allow"` keeps them for that check).
@@ -10,6 +10,8 @@ extensions, so that clients written for them work (`extra="allow"` keeps them fo
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -37,6 +39,10 @@ StopString = Annotated[str, Field(min_length=1)]
 FinishReason = Literal["stop", "length", "tool_calls"]
 # OpenAI's rule for function names: letters, digits, underscores and dashes, at most 64.
 FunctionName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+# logit_bias: a token id as OpenAI's keys write it, and the bounds of a bias.
+TOKEN_ID_KEY = re.compile(r"^(0|[1-9][0-9]*)$")
+MAX_LOGIT_BIAS = 100
+TokenIdKey = Annotated[str, Field(pattern=TOKEN_ID_KEY.pattern)]
 
 
 @dataclass(frozen=True)
@@ -50,7 +56,6 @@ class Unsupported:
 
 UNSUPPORTED_FIELDS: dict[str, dict[str, Unsupported]] = {
     "chat": {
-        "logit_bias": Unsupported((None, {})),
         "functions": Unsupported((None, []), "use tools"),
         "function_call": Unsupported((None,), "use tool_choice"),
         "audio": Unsupported((None,), "text only"),
@@ -58,7 +63,6 @@ UNSUPPORTED_FIELDS: dict[str, dict[str, Unsupported]] = {
         "web_search_options": Unsupported((None,)),
     },
     "completion": {
-        "logit_bias": Unsupported((None, {})),
         "echo": Unsupported((None, False)),
         "best_of": Unsupported((None, 1)),
         "suffix": Unsupported((None, "")),
@@ -131,12 +135,36 @@ class SamplingFields(_TopRequest):
     lora: list[LoraScale] | None = Field(
         None, description="llama.cpp's extension: the loaded LoRA adapters to apply to this reply, with their scales; "
                           "adapters not listed are off; omitted means the server's --lora scales")
+    logit_bias: dict[TokenIdKey, Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]] | None = Field(
+        None, description="the model's token ids (as keys, e.g. \"50256\") to a bias from -100 to 100 added to the "
+                          "token's logit before sampling: -100 keeps the token out, 100 all but forces it (a grammar's "
+                          "constraint still holds); logprobs stay those of the raw logits")
+
+    @field_validator("logit_bias", mode="before")
+    @classmethod
+    def _token_ids_as_keys(cls, biases: Any) -> Any:
+        """OpenAI's form alone; llama-server's extensions are refused in one line: a list of [id, bias] pairs,
+        false for a ban, and text keys, whose every token it biases (a key "123" would be an id or a text, and
+        banning a word would ban the pieces it shares with others)."""
+        if not isinstance(biases, dict):
+            raise PydanticCustomError("logit_bias_form", "must be an object from token ids to biases, e.g. {example}",
+                                      {"example": '{"50256": -100}'})
+        for key in biases:
+            if not isinstance(key, str) or not TOKEN_ID_KEY.fullmatch(key):
+                raise PydanticCustomError("logit_bias_key", 'keys must be token ids, e.g. "50256", not {key}',
+                                          {"key": json.dumps(key)})
+        return biases
 
     @field_validator("seed")
     @classmethod
     def _seed_of_llama_cpp(cls, seed: int | None) -> int | None:
         """OpenAI's 64-bit seed as llama.cpp's 32-bit one (the same seed, the same reply); -1: none."""
         return None if seed is None or seed == -1 else seed % 2**32
+
+    @property
+    def token_biases(self) -> tuple[tuple[int, float], ...]:
+        """logit_bias as SamplerSettings takes it."""
+        return tuple(sorted((int(token), bias) for token, bias in (self.logit_bias or {}).items()))
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
@@ -270,7 +298,8 @@ class ChatCompletionRequest(SamplingFields):
     chat_template_kwargs: dict[str, Any] | None = Field(
         None, description="variables for the chat template (llama.cpp's and vLLM's extension), e.g. {\"enable_thinking\": false}")
 
-    logprobs: bool = Field(False, description="each reply token's log-probability (raw logits, before penalties and temperature)")
+    logprobs: bool = Field(False, description="each reply token's log-probability (raw logits, before logit_bias, penalties and "
+                                              "temperature)")
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS,
                                      description="with logprobs: also the this many most likely tokens at each position")
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from chat_format_cases import QWEN3
 from fastapi.testclient import TestClient
-from scripted_app import ScriptedBackend, scripted_client
+from scripted_app import N_VOCAB, ScriptedBackend, scripted_client
 
 from localchat.hardware import MIB
 from localchat.server.settings import ServerSettings
@@ -122,6 +122,34 @@ def test_openais_nulls_and_seeds_are_read_as_openai_and_llama_server_read_them(
         assert answered.status_code == 200, (body, answered.text)
     huge = http.post("/v1/chat/completions", json={**OPENAI_CHAT, "top_k": 2**63})
     assert huge.status_code == 400 and huge.json()["error"]["param"] == "top_k"
+
+
+def test_logit_bias_reaches_the_sampler_by_token_id_and_a_bad_one_is_a_400_naming_it(
+        scripted: tuple[ScriptedBackend, TestClient]) -> None:
+    """OpenAI's form alone: token ids as keys, biases in [-100, 100]; llama-server's list form, text keys and
+    false (a ban) are refused, as are ids the model does not have. Ollama's API has no logit_bias."""
+    backend, http = scripted
+    backend.replies.extend(["One.", "Two.", "Three."])
+    asked = {"logit_bias": {"105": -100, "0": 2.5, "200": 100}}
+    for path, body in (("/v1/chat/completions", OPENAI_CHAT), ("/v1/completions", {"model": "scripted", "prompt": "Go"})):
+        assert http.post(path, json={**body, **asked}).status_code == 200
+        assert backend.samplers[-1].logit_bias == ((0, 2.5), (105, -100.0), (200, 100.0))
+    assert http.post("/v1/chat/completions", json={**OPENAI_CHAT, "logit_bias": {}}).status_code == 200
+    assert backend.samplers[-1].logit_bias == ()
+    for bias, param, message in (
+        ({"105": 101}, "logit_bias.105", "Input should be less than or equal to 100"),
+        ({"105": -100.5}, "logit_bias.105", "Input should be greater than or equal to -100"),
+        ({"105": False}, "logit_bias.105", "Input should be a valid number"),
+        ({"Hello": -100}, "logit_bias", 'keys must be token ids, e.g. "50256", not "Hello"'),
+        ({"-1": 5}, "logit_bias", 'keys must be token ids, e.g. "50256", not "-1"'),
+        ([[105, -100]], "logit_bias", 'must be an object from token ids to biases, e.g. {"50256": -100}'),
+        ({str(N_VOCAB): 5}, "logit_bias", f"token {N_VOCAB} is not in the model's vocabulary (ids 0 to {N_VOCAB - 1})"),
+    ):
+        for path, body in (("/v1/chat/completions", OPENAI_CHAT), ("/v1/completions", {"model": "scripted", "prompt": "Go"})):
+            refused = http.post(path, json={**body, "logit_bias": bias})
+            assert refused.status_code == 400 and refused.json()["error"]["param"] == param, refused.text
+            assert refused.json()["error"]["message"] == f"{param}: {message}"
+    assert len(backend.replies) == 0
 
 
 def test_a_body_over_the_bound_is_refused_and_the_bound_fits_a_batch_of_documents(tmp_path: Path) -> None:

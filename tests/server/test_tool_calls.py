@@ -230,7 +230,7 @@ def test_reasoning_is_split_out_without_tools(qwen3: tuple[openai.OpenAI, Script
     ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"d": {"type": "string",
        "format": "no-such-format"}}}}}], "tool_choice": "required"}, "tools"),
-    ({"logit_bias": {"42": 5}}, "logit_bias"),
+    ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
     ({"top_logprobs": 2}, "top_logprobs"),
     ({"functions": [{"name": "f"}]}, "functions"),
     ({"modalities": ["text", "audio"]}, "modalities"),
