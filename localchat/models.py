@@ -234,6 +234,14 @@ def _prune_upload(model: str, settings: Settings) -> int:
     return size
 
 
+def find_preset(names: set[str], settings: Settings) -> ModelPreset | None:
+    """The preset named by any of `names` (casefolded), if there is one."""
+    for path in local_presets(settings):
+        if path.name.removesuffix(PRESET_SUFFIX).casefold() in names:
+            return read_preset(path)
+    return None
+
+
 def preset_model(preset: ModelPreset, settings: Settings, *, fetch: bool = True) -> ModelRef:
     """The model `preset` runs, under the preset's name; ModelError when it is not there any more.
     `fetch`: a hub model not in the cache is fetched again (else it is not there)."""

@@ -389,7 +389,7 @@ class OllamaRoutes:
         if not body.messages:
             return JSONResponse(ChatResponse(model=body.model, created_at=created_at(), message=ReplyMessage(),
                                              done=True, done_reason="load", **timer.metrics(None).model_dump()).model_dump())
-        service = self.models.service(served)
+        service = self.models.service(served, await self.models.preset(body.model))
         openai_body, stop = self._chat_body(body.model, openai_messages, body, served,
                                             [tool.model_dump(exclude_none=True) for tool in body.tools or ()])
         return await self._answer(body, service, openai_body, stop, timer, request, chat=True)
@@ -443,7 +443,7 @@ class OllamaRoutes:
         if not body.prompt:
             return JSONResponse(GenerateResponse(model=body.model, created_at=created_at(), response="", done=True,
                                                  done_reason="load", **timer.metrics(None).model_dump()).model_dump())
-        service = self.models.service(served)
+        service = self.models.service(served, await self.models.preset(body.model))
         if body.raw:
             return await self._generate_raw(body, service, timer, request)
         n_vocab = service.engine.backend.info.n_vocab

@@ -13,6 +13,7 @@ import asyncio
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from fastapi import Request
 from fastapi.concurrency import run_in_threadpool
@@ -20,8 +21,10 @@ from fastapi.concurrency import run_in_threadpool
 from localchat.adapters import requested_scales
 from localchat.chat import tokenize_continuation, tokenize_prompt
 from localchat.constraints import tokenizer_for
-from localchat.errors import InvalidSettingError, LocalchatError
+from localchat.errors import InvalidSettingError, LocalchatError, ModelError
 from localchat.model_pool import ModelBusyError, ModelPool
+from localchat.models import find_preset
+from localchat.presets import ModelPreset
 from localchat.scheduler import TextDelta
 from localchat.server.chat import ChatPlan, ChatReplyReader, plan_chat
 from localchat.server.errors import APIError
@@ -68,10 +71,23 @@ class ModelRouter:
         refused = unsupported_field(endpoint, body.model_extra)
         if refused is not None:
             raise APIError(400, refused[1], code="unsupported_parameter", param=refused[0])
-        return self.service(await self.lease(request, body.model))
+        return self.service(await self.lease(request, body.model), await self.preset(body.model))
 
-    def service(self, served: ServedModel) -> CompletionService:
-        return CompletionService(served, self.settings, self.metrics)
+    def service(self, served: ServedModel, preset: ModelPreset | None = None) -> CompletionService:
+        """`served` answering as `preset` (a preset of its model, named by the request), or as itself."""
+        return CompletionService(served, self.settings, self.metrics, preset)
+
+    async def preset(self, requested: str | None) -> ModelPreset | None:
+        """The preset `requested` names whose model is a local model by name: requests for it are answered by
+        that model's engine, shared with the model itself and its other presets (a preset of a file by its path
+        is loaded as a model of its own, whose engine applies it)."""
+        if not requested or self.loader is None:
+            return None
+        try:
+            preset = await run_in_threadpool(find_preset, names_wanted(requested), self.loader.settings)
+        except ModelError as error:
+            raise APIError(400, str(error), param="model") from None
+        return preset if preset is not None and not Path(preset.model).is_absolute() else None
 
     async def lease(self, request: Request, requested: str | None) -> ServedModel:
         """The model `requested` names (None: the first), loaded if need be and held until the
@@ -92,6 +108,9 @@ class ModelRouter:
         too); APIError 404 when there is none."""
         if not requested:
             return self.first.id
+        preset = await self.preset(requested)
+        if preset is not None:
+            requested = preset.model
         wanted = names_wanted(requested)
         for served in [self.first, *self.pool.loaded().values()]:
             if any(alias.casefold() in wanted for alias in served.aliases):
@@ -125,13 +144,18 @@ class ModelRouter:
 class CompletionService:
     """What the completion endpoints share for one loaded model: queueing a request, relaying the reply."""
 
-    def __init__(self, served: ServedModel, settings: ServerSettings, metrics: ServerMetrics) -> None:
+    def __init__(self, served: ServedModel, settings: ServerSettings, metrics: ServerMetrics,
+                 preset: ModelPreset | None = None) -> None:
+        """`preset`: one the request named, of the served model (the engine's own preset, if it was loaded as
+        one, is in its defaults already)."""
         self.engine = served.engine
         self.scheduler = served.scheduler
         self.settings = settings
         self.metrics = metrics
-        self.model_id = served.id
+        self.model_id = preset.name if preset is not None else served.id
         self.chat = served.chat
+        self.preset = preset or served.engine.preset
+        self.sampler_defaults = preset.sampler(self.engine.sampler_defaults) if preset is not None else self.engine.sampler_defaults
 
     def generation_settings(self, body: SamplingFields, reply_limit: int | None,
                             shown_tokens: frozenset[int] = frozenset(), logprobs: int | None = None) -> GenerationSettings:
@@ -145,14 +169,14 @@ class CompletionService:
             ("penalty_last_n", body.repeat_last_n), ("repeat_penalty", body.repeat_penalty),
             ("dry_multiplier", body.dry_multiplier), ("seed", body.seed),
         ) if value is not None}
-        sampler = dataclasses.replace(self.engine.sampler_defaults.settings, presence_penalty=body.presence_penalty,
+        sampler = dataclasses.replace(self.sampler_defaults.settings, presence_penalty=body.presence_penalty,
                                       frequency_penalty=body.frequency_penalty, logit_bias=body.token_biases, **given)
         try:
             sampler.check_vocabulary(self.engine.backend.info.n_vocab)
         except InvalidSettingError as error:
             raise APIError(400, str(error), param="logit_bias") from None
         loras = None if body.lora is None else requested_scales(self.engine.loras, ((a.id, a.scale) for a in body.lora))
-        preset = self.engine.preset  # its reply limit and stop strings where the request gives none
+        preset = self.preset  # its reply limit and stop strings where the request gives none
         if preset is not None and reply_limit is None and preset.max_tokens is not None:
             reply_limit = min(preset.max_tokens, limit) if limit is not None else preset.max_tokens
         stop = body.stop_strings or (preset.stop if preset is not None else ())
@@ -173,7 +197,7 @@ class CompletionService:
         def prepare() -> tuple[ChatPlan, list[int]]:
             kept = body
             while True:
-                plan = plan_chat(kept, self.chat, default_thinking=self.settings.enable_thinking, opening=self.engine.opening)
+                plan = plan_chat(kept, self.chat, default_thinking=self.settings.enable_thinking, opening=self.preset.opening if self.preset is not None else list)
                 text = plan.prompt + plan.forced
                 tokens = ([*before, *tokenize_continuation(self.engine.backend, self.engine.template, text)] if before
                           else tokenize_prompt(self.engine.backend, self.engine.template, text))

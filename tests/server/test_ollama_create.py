@@ -66,7 +66,9 @@ def test_a_created_model_answers_with_its_system_prompt_messages_and_parameters(
     openai_client = server.client()
     assert "pirate" in {model.id for model in openai_client.models.list().data}
     reply = openai_client.chat.completions.create(model="pirate", messages=[QUESTION])  # type: ignore[list-item]
-    assert reply.choices[0].message.content == made.message.content
+    assert reply.choices[0].message.content == made.message.content and reply.model == "pirate"
+    # The preset is answered by its model's engine: one model loaded, not a second copy of its weights.
+    assert [model.model for model in client.ps().models] == [DEFAULT_MODEL_NAME]
     assert reply.usage is not None and reply.usage.prompt_tokens == made.prompt_eval_count
 
 
