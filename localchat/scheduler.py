@@ -5,11 +5,14 @@ The scheduler's thread waits for requests, then runs its steps where the backend
 step admits waiting requests into free slots (a slot is one KV sequence and its Session) and
 prefills them, then decodes one token for every active slot in a single `evaluate_batch`. A
 finished or cancelled reply frees its slot for a waiting request at the next step. Requests beyond
-the slots wait in a bounded queue; past it `submit` refuses them.
+the slots wait in a bounded queue; past it `submit` refuses them. A request's several replies (an API
+request's choices) are queued whole while there is room for one: the bound is on requests, and the
+server bounds the replies one asks for.
 
 Slots share the context's cells (llama.cpp's unified KV cache). An idle slot keeps the KV of its
 last reply, so a client resending its history is best served by the slot that holds it; any other
-slot restores it from the prefix cache, where a slot's KV is saved before it is overwritten.
+slot restores it from the prefix cache, where a slot's KV is saved before it is overwritten, and as soon
+as it is prefilled when a waiting request starts the same way (a request's other choices).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from localchat.backends.base import Backend, LoraScales, TokenLogprob
 from localchat.engine import Engine
 from localchat.errors import ContextOverflowError, InvalidSettingError, LocalchatError
 from localchat.prefix_cache import common_prefix_length
-from localchat.session import Decoder, GenerationSettings, GenerationStats, Reply, Session
+from localchat.session import MIN_SAVE_TOKENS, Decoder, GenerationSettings, GenerationStats, Reply, Session
 
 logger = logging.getLogger(__name__)
 # Tokens by which a continued conversation may part from its last prompt before its end without a
@@ -138,23 +141,30 @@ class Scheduler:
     def submit(self, prompt: Sequence[int], settings: GenerationSettings, sink: EventSink) -> ScheduledReply:
         """Queue a reply to `prompt`; raises QueueFullError when the queue is full, and
         ContextOverflowError for a prompt the context cannot hold."""
+        return self.submit_all([(prompt, settings, sink)])[0]
+
+    def submit_all(self, replies: Sequence[tuple[Sequence[int], GenerationSettings, EventSink]]) -> list[ScheduledReply]:
+        """Queue several replies, each `(prompt, settings, sink)`, all or none: taken whole while the
+        queue has room for one, else QueueFullError; ContextOverflowError if the context cannot hold a prompt."""
         n_ctx = self._backend.n_ctx
-        if not prompt:
-            raise InvalidSettingError("the prompt is empty")
-        if len(prompt) >= n_ctx:
-            raise ContextOverflowError(
-                f"the prompt is {len(prompt)} tokens but the context holds {n_ctx}; shorten it or raise the context size (--ctx)"
-            )
-        settings = self._slots[0].session.with_sampler(settings)
-        request = ScheduledReply(list(prompt), settings, Reply(self._backend, settings, len(prompt)), sink)
+        requests = []
+        for prompt, settings, sink in replies:
+            if not prompt:
+                raise InvalidSettingError("the prompt is empty")
+            if len(prompt) >= n_ctx:
+                raise ContextOverflowError(
+                    f"the prompt is {len(prompt)} tokens but the context holds {n_ctx}; shorten it or raise the context size (--ctx)"
+                )
+            settings = self._slots[0].session.with_sampler(settings)
+            requests.append(ScheduledReply(list(prompt), settings, Reply(self._backend, settings, len(prompt)), sink))
         with self._wake:
             if self._stopping:
                 raise QueueFullError("the scheduler is shutting down")
             if self.busy_slots + len(self._waiting) >= self.n_slots + self._max_waiting:
                 raise QueueFullError(f"all {self.n_slots} slots are busy and {len(self._waiting)} requests are waiting")
-            self._waiting.append(request)
+            self._waiting.extend(requests)
             self._wake.notify()
-        return request
+        return requests
 
     def close(self) -> None:
         """Stop after the current step; replies still running or waiting end as cancelled."""
@@ -213,10 +223,24 @@ class Scheduler:
             if request.cancelled:
                 request.sink(ReplyDone(request.reply.stats()))
                 continue
-            if not self._start(self._slot_for(free, request), request):
+            slot = self._slot_for(free, request)
+            if not self._start(slot, request):
                 with self._wake:
                     self._waiting.appendleft(request)  # it waits for active replies to free cells
                 return
+            self._share_with_waiting(slot)
+
+    def _share_with_waiting(self, slot: _Slot) -> None:
+        """Share the prompt `slot` has just prefilled through the prefix cache when a waiting request starts
+        with half of it or more (a request's other choices, prompts sharing long instructions): each restores
+        it, not computes it. Saving copies the whole prompt's KV, which costs far less than computing half
+        of it (SmolLM2 on 2 CPU threads: 7 ms a token computed, 6 us restored: prefix_cache.MIN_MATCH_TOKENS)."""
+        with self._wake:
+            waiting = list(self._waiting)
+        tokens = slot.session.tokens
+        shared = max((common_prefix_length(tokens, other.prompt) for other in waiting), default=0)
+        if shared >= max(MIN_SAVE_TOKENS, len(tokens) / 2):
+            slot.session.share(shared)
 
     def _slot_for(self, free: list[_Slot], request: ScheduledReply) -> _Slot:
         """The free slot already holding the longest start of the prompt computed with the request's

@@ -196,6 +196,12 @@ class Session:
             self.backend.truncate(self.seq, len(self.tokens))
             cache.put(self.tokens, self.backend.save_state(self.seq), variant)
 
+    def share(self, length: int) -> None:
+        """Save what the sequence holds to the prefix cache for other sequences to restore its first
+        `length` tokens from, unless an entry holds those already."""
+        if self.prefix_cache is not None and not self.prefix_cache.covers(self.tokens[:length], self._variant):
+            self.save_live_state()
+
     def use_loras(self, loras: LoraScales | None) -> None:
         """Compute with `loras` (None: the defaults) from now on. The KV computed with other
         adapters is theirs: it goes to the prefix cache under their key and the sequence starts afresh."""

@@ -34,7 +34,7 @@ from localchat.engine import Engine
 from localchat.errors import ContextOverflowError, InvalidSettingError, UnsupportedError
 from localchat.interrupts import sigterm_interrupts
 from localchat.model_pool import Lease, MemoryBudget, MemoryNeed, ModelBusyError, ModelPool, PoolEvent
-from localchat.scheduler import QueueFullError, TextDelta
+from localchat.scheduler import QueueFullError, ReplyDone, TextDelta
 from localchat.server.embeddings import embedding_router
 from localchat.server.errors import APIError, error_response
 from localchat.server.json_bodies import BodiesAsJson, WellFormedRoute
@@ -42,8 +42,8 @@ from localchat.server.logprobs import chat_logprobs, completion_logprobs, token_
 from localchat.server.metrics import CONTENT_TYPE, RequestCounter, ServerMetrics
 from localchat.server.ollama import ollama_router
 from localchat.server.ollama_models import ollama_models_router
-from localchat.server.replies import PendingReply, ReplyFailedError
-from localchat.server.routing import LEASES, ModelRouter, names_wanted
+from localchat.server.replies import PendingReplies, ReplyFailedError
+from localchat.server.routing import LEASES, ModelRouter, choice_settings, names_wanted
 from localchat.server.schemas import (
     ChatChoice,
     ChatChunkChoice,
@@ -117,12 +117,19 @@ def _content_alone(delta: ChatDelta) -> str | None:
     return delta.content if delta.role is None and delta.reasoning_content is None and delta.tool_calls is None else None
 
 
-def _usage(stats: GenerationStats) -> Usage:
+def _usage(stats: Sequence[GenerationStats], n: int) -> Usage:
+    """The usage of a request's replies, `n` choices for each prompt in turn: as OpenAI and vLLM count it, each
+    prompt once and every choice's completion. A prompt's cached tokens are those none of its choices
+    evaluated (its other choices reuse what the first computed)."""
+    prompts = [stats[first : first + n] for first in range(0, len(stats), n)]
+    prompt_tokens = sum(choices[0].prompt_tokens for choices in prompts)
+    completion_tokens = sum(choice.completion_tokens for choice in stats)
     return Usage(
-        prompt_tokens=stats.prompt_tokens,
-        completion_tokens=stats.completion_tokens,
-        total_tokens=stats.prompt_tokens + stats.completion_tokens,
-        prompt_tokens_details=PromptTokensDetails(cached_tokens=stats.cached_tokens),
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(
+            cached_tokens=sum(min(choice.cached_tokens for choice in choices) for choices in prompts)),
     )
 
 
@@ -131,21 +138,22 @@ def _finish_reason(stats: GenerationStats) -> FinishReason:
     return "length" if stats.finish_reason == "length" else "stop"
 
 
-async def _event_stream(reply: PendingReply, first: Sequence[str], piece: Callable[[TextDelta], Sequence[str]],
-                        last: Callable[[GenerationStats], Sequence[str]]) -> AsyncIterator[str]:
-    """Server-sent events: `first`, the `piece` events of each text piece, `last` events, then [DONE]."""
+async def _event_stream(replies: PendingReplies, first: Sequence[str],
+                        step: Callable[[int, TextDelta | ReplyDone], Sequence[str]],
+                        last: Callable[[list[GenerationStats]], Sequence[str]]) -> AsyncIterator[str]:
+    """Server-sent events: `first`, the `step` events of each reply's text pieces and of its end (with
+    its index), `last` events once every reply has ended, then [DONE]."""
     for event in first:
         yield event
     try:
-        async for delta in reply.deltas():
-            for event in piece(delta):
+        async for index, item in replies.events():
+            for event in step(index, item):
                 yield event
     except ReplyFailedError as error:
         yield _sse(ErrorResponse.model_validate({"error": {"message": str(error), "type": "server_error"}}))
         yield _sse("[DONE]")
         return
-    assert reply.stats is not None
-    for event in last(reply.stats):
+    for event in last(replies.stats):
         yield event
     yield _sse("[DONE]")
 
@@ -299,94 +307,110 @@ def create_app(engine: Engine, settings: ServerSettings, loader: EngineLoader | 
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         service = await router.service_for(request, body, "chat")
         run = await service.start_chat(body)
-        reader, reply, generation = run.reader, run.reply, run.generation
+        readers, replies = run.readers, run.replies
         reply_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         piece = token_piece(service.engine.backend, service.chat.shown_tokens)
-        # Log-probabilities of tokens whose text no chunk has carried yet: they go with the next one.
-        unsent: list[TokenLogprob] = []
+        # Each choice's log-probabilities of tokens whose text no chunk has carried yet: they go with its next one.
+        unsent: list[list[TokenLogprob]] = [[] for _ in readers]
 
-        def chunk(delta: ChatDelta, finish: FinishReason | None = None) -> ChatCompletionChunk:
-            logprobs = chat_logprobs(unsent, piece) if unsent else None
-            unsent.clear()
-            return ChatCompletionChunk(id=reply_id, created=created, model=service.model_id,
-                                       choices=[ChatChunkChoice(delta=delta, finish_reason=finish, logprobs=logprobs)])
+        def chunk(index: int, delta: ChatDelta, finish: FinishReason | None = None) -> ChatCompletionChunk:
+            logprobs = chat_logprobs(unsent[index], piece) if unsent[index] else None
+            unsent[index].clear()
+            return ChatCompletionChunk(id=reply_id, created=created, model=service.model_id, choices=[
+                ChatChunkChoice(index=index, delta=delta, finish_reason=finish, logprobs=logprobs)])
 
-        def read_delta(delta: TextDelta) -> list[ChatDelta]:
-            unsent.extend(delta.logprobs)
-            return run.read(delta.text)
+        def read_delta(index: int, delta: TextDelta) -> list[ChatDelta]:
+            unsent[index].extend(delta.logprobs)
+            return run.read(index, delta.text)
 
         if body.stream:
-            def last(stats: GenerationStats) -> list[str]:
-                events = [_sse(chunk(delta)) for delta in reader.finish(cut_short=stats.finish_reason == "length")]
-                events.append(_sse(chunk(ChatDelta(), reader.finish_reason(stats))))
-                if body.include_usage:
-                    events.append(_sse(ChatCompletionChunk(id=reply_id, created=created, model=service.model_id,
-                                                           choices=[], usage=_usage(stats))))
-                return events
+            content_chunks = [SplicedJson(chunk(index, ChatDelta(content=CONTENT_MARK)), [CONTENT_MARK])
+                              for index in range(len(readers))]
 
-            content_chunk = SplicedJson(chunk(ChatDelta(content=CONTENT_MARK)), [CONTENT_MARK])
+            def events(index: int, item: TextDelta | ReplyDone) -> list[str]:
+                if isinstance(item, ReplyDone):
+                    reader, stats = readers[index], item.stats
+                    ending = [_sse(chunk(index, d)) for d in reader.finish(cut_short=stats.finish_reason == "length")]
+                    return [*ending, _sse(chunk(index, ChatDelta(), reader.finish_reason(stats)))]
+                deltas = read_delta(index, item)
+                if unsent[index]:  # log-probabilities to send: the chunk's model writes them
+                    return [_sse(chunk(index, d)) for d in deltas]
+                return [_sse(chunk(index, d)) if (text := _content_alone(d)) is None else _sse(content_chunks[index](text))
+                        for d in deltas]
 
-            def events(delta: TextDelta) -> list[str]:
-                deltas = read_delta(delta)
-                if unsent:  # log-probabilities to send: the chunk's model writes them
-                    return [_sse(chunk(d)) for d in deltas]
-                return [_sse(chunk(d)) if (text := _content_alone(d)) is None else _sse(content_chunk(text)) for d in deltas]
+            def last(stats: list[GenerationStats]) -> list[str]:
+                if not body.include_usage:
+                    return []
+                return [_sse(ChatCompletionChunk(id=reply_id, created=created, model=service.model_id, choices=[],
+                                                 usage=_usage(stats, body.n)))]
 
-            first = [_sse(chunk(ChatDelta(role="assistant", content="")))] + [_sse(chunk(d)) for d in reader.start()]
-            stream = _event_stream(reply, first, events, last)
+            first = [_sse(chunk(index, delta)) for index, reader in enumerate(readers)
+                     for delta in [ChatDelta(role="assistant", content=""), *reader.start()]]
+            stream = _event_stream(replies, first, events, last)
             return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
-        reader.start()
-        await service.read_whole(reply, request, read_delta)
-        assert reply.stats is not None
-        reader.finish(cut_short=reply.stats.finish_reason == "length")
-        logprobs = chat_logprobs(unsent, piece) if generation.logprobs is not None else None
-        completion = ChatCompletion(
-            id=reply_id, created=created, model=service.model_id, usage=_usage(reply.stats),
-            choices=[ChatChoice(message=reader.message(), finish_reason=reader.finish_reason(reply.stats), logprobs=logprobs)],
-        )
+        for reader in readers:
+            reader.start()
+        await service.read_whole(replies, request, read_delta)
+        choices = []
+        for index, (reader, stats) in enumerate(zip(readers, replies.stats, strict=True)):
+            reader.finish(cut_short=stats.finish_reason == "length")
+            logprobs = chat_logprobs(unsent[index], piece) if run.generation.logprobs is not None else None
+            choices.append(ChatChoice(index=index, message=reader.message(), finish_reason=reader.finish_reason(stats),
+                                      logprobs=logprobs))
+        completion = ChatCompletion(id=reply_id, created=created, model=service.model_id, choices=choices,
+                                    usage=_usage(replies.stats, body.n))
         return JSONResponse(completion.model_dump())
 
     @app.post("/v1/completions", response_model=Completion, responses={**ERROR_RESPONSES, **EVENT_STREAM})
     async def completions(body: CompletionRequest, request: Request) -> Response:
         service = await router.service_for(request, body, "completion")
+        prompts = body.prompts
         generation = service.generation_settings(body, body.reply_limit, logprobs=body.logprobs)
+        choices = choice_settings(generation, body.n)
+        tokens = await service.text_prompts(prompts)
         try:
-            reply = service.submit(await service.text_prompt(body), generation)
+            replies = service.submit([(prompt, settings) for prompt in tokens for settings in choices])
         except ContextOverflowError as error:
             raise APIError(400, str(error), code="context_length_exceeded", param="prompt") from None
         reply_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         piece = token_piece(service.engine.backend, frozenset())
-        text_offset = 0
+        # Where each choice's next text starts in its completion.
+        text_offsets = [0] * (len(prompts) * body.n)
 
-        def legacy(entries: Sequence[TokenLogprob]) -> CompletionLogprobs | None:
-            nonlocal text_offset
+        def legacy(index: int, entries: Sequence[TokenLogprob]) -> CompletionLogprobs | None:
             if generation.logprobs is None:
                 return None
-            logprobs, text_offset = completion_logprobs(entries, piece, text_offset)
+            logprobs, text_offsets[index] = completion_logprobs(entries, piece, text_offsets[index])
             return logprobs
 
-        def event(text: str, finish: FinishReason | None = None, logprobs: CompletionLogprobs | None = None) -> Completion:
+        def event(index: int, text: str, finish: FinishReason | None = None,
+                  logprobs: CompletionLogprobs | None = None) -> Completion:
             return Completion(id=reply_id, created=created, model=service.model_id,
-                              choices=[CompletionChoice(text=text, finish_reason=finish, logprobs=logprobs)])
+                              choices=[CompletionChoice(index=index, text=text, finish_reason=finish, logprobs=logprobs)])
 
         if body.stream:
-            def last(stats: GenerationStats) -> list[str]:
-                events = [_sse(event("", _finish_reason(stats)))]
-                if body.include_usage:
-                    events.append(_sse(Completion(id=reply_id, created=created, model=service.model_id, choices=[],
-                                                  usage=_usage(stats))))
-                return events
+            def events(index: int, item: TextDelta | ReplyDone) -> list[str]:
+                if isinstance(item, ReplyDone):
+                    return [_sse(event(index, "", _finish_reason(item.stats)))]
+                return [_sse(event(index, item.text, logprobs=legacy(index, item.logprobs)))]
 
-            stream = _event_stream(reply, [], lambda delta: [_sse(event(delta.text, logprobs=legacy(delta.logprobs)))], last)
+            def last(stats: list[GenerationStats]) -> list[str]:
+                if not body.include_usage:
+                    return []
+                return [_sse(Completion(id=reply_id, created=created, model=service.model_id, choices=[],
+                                        usage=_usage(stats, body.n)))]
+
+            stream = _event_stream(replies, [], events, last)
             return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
-        pieces: list[TextDelta] = []
-        await service.read_whole(reply, request, pieces.append)
-        assert reply.stats is not None
-        completion = event("".join(p.text for p in pieces), _finish_reason(reply.stats),
-                           legacy([entry for p in pieces for entry in p.logprobs]))
-        completion.usage = _usage(reply.stats)
+        pieces: list[list[TextDelta]] = [[] for _ in text_offsets]
+        await service.read_whole(replies, request, lambda index, delta: pieces[index].append(delta))
+        whole = [CompletionChoice(index=index, text="".join(p.text for p in said), finish_reason=_finish_reason(stats),
+                                  logprobs=legacy(index, [entry for p in said for entry in p.logprobs]))
+                 for index, (said, stats) in enumerate(zip(pieces, replies.stats, strict=True))]
+        completion = Completion(id=reply_id, created=created, model=service.model_id, choices=whole,
+                                usage=_usage(replies.stats, body.n))
         return JSONResponse(completion.model_dump())
 
     @app.get("/v1/models", response_model=ModelList, responses=ERROR_RESPONSES)

@@ -55,7 +55,7 @@ from localchat.server.ollama_schemas import (
     ReplyMessage,
     ToolCallOut,
 )
-from localchat.server.replies import PendingReply, ReplyFailedError
+from localchat.server.replies import PendingReplies, ReplyFailedError
 from localchat.server.schemas import ChatCompletionRequest, CompletionRequest, ResponseFormat
 from localchat.server.schemas import TokenLogprob as TokenLogprobEntry
 from localchat.server.spliced_json import CONTENT_MARK, STAMP_MARK, SplicedJson
@@ -470,8 +470,8 @@ class OllamaRoutes:
             constraint = _validated(ResponseFormat, response_format).constraint()
             generation = replace(generation, constraint=constraint)
             await run_in_threadpool(tokenizer_for, service.engine.backend)
-        reply = service.submit(await service.text_prompt(completion), generation)
-        writer = _ReplyWriter(None, service, body.model, timer, chat=False, raw_reply=reply)
+        [prompt] = await service.text_prompts(completion.prompts)
+        writer = _ReplyWriter(None, service, body.model, timer, chat=False, raw_reply=service.submit([(prompt, generation)]))
         if body.stream:
             return ndjson(writer.stream())
         return JSONResponse(await writer.whole(request))
@@ -503,9 +503,9 @@ class _ReplyWriter:
     """A reply as Ollama's chat (`chat`) or generate responses: streamed lines, or one body."""
 
     def __init__(self, run: ChatRun | None, service: CompletionService, model: str, timer: _Timer, *, chat: bool,
-                 raw_reply: PendingReply | None = None) -> None:
+                 raw_reply: PendingReplies | None = None) -> None:
         self.run = run
-        self.reply: PendingReply = run.reply if run is not None else raw_reply  # type: ignore[assignment]
+        self.reply: PendingReplies = run.replies if run is not None else raw_reply  # type: ignore[assignment]
         self.service = service
         self.model = model
         self.timer = timer
@@ -520,7 +520,7 @@ class _ReplyWriter:
         if self.run is None:
             said.content.append(delta.text)
             return said
-        self._add(said, self.run.read(delta.text))
+        self._add(said, self.run.read(0, delta.text))
         return said
 
     @staticmethod
@@ -556,9 +556,10 @@ class _ReplyWriter:
         short is no call: its text joins the content)."""
         if self.run is None:
             return None
-        self._add(said, self.run.reader.finish())
+        reader = self.run.readers[0]
+        self._add(said, reader.finish())
         calls = []
-        for number, call in enumerate(self.run.reader.message().tool_calls or ()):
+        for number, call in enumerate(reader.message().tool_calls or ()):
             try:
                 arguments = json.loads(call.function.arguments or "{}")
             except json.JSONDecodeError:
@@ -575,11 +576,11 @@ class _ReplyWriter:
         content_line = SplicedJson(self._line(_Reply([CONTENT_MARK], [], []), stamp=STAMP_MARK), [STAMP_MARK, CONTENT_MARK])
         if self.run is not None:
             said = _Reply.empty()
-            self._add(said, self.run.reader.start())
+            self._add(said, self.run.readers[0].start())
             if said.content or said.thinking:
                 yield self._line(said)
         try:
-            async for delta in self.reply.deltas():
+            async for _, delta in self.reply.deltas():
                 said = self._parts(delta)
                 if said.content and not said.thinking and not said.logprobs:
                     yield content_line(created_at(), "".join(said.content))
@@ -590,14 +591,14 @@ class _ReplyWriter:
             return
         said = _Reply.empty()
         calls = self._finish(said)
-        yield self._line(said, done=True, stats=self.reply.stats, calls=calls)
+        yield self._line(said, done=True, stats=self.reply.stats[0], calls=calls)
 
     async def whole(self, request: Request) -> dict[str, Any]:
         said = _Reply.empty()
         if self.run is not None:
-            self._add(said, self.run.reader.start())
+            self._add(said, self.run.readers[0].start())
 
-        def read(delta: TextDelta) -> None:
+        def read(_: int, delta: TextDelta) -> None:
             part = self._parts(delta)
             said.content.extend(part.content)
             said.thinking.extend(part.thinking)
@@ -605,7 +606,7 @@ class _ReplyWriter:
 
         await self.service.read_whole(self.reply, request, read)
         calls = self._finish(said)
-        return self._line(said, done=True, stats=self.reply.stats, calls=calls).model_dump()
+        return self._line(said, done=True, stats=self.reply.stats[0], calls=calls).model_dump()
 
 
 def ollama_router(models: ModelRouter) -> APIRouter:

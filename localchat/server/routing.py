@@ -4,7 +4,7 @@ APIs share (app.py's OpenAI routes, ollama.py's, embeddings.py's).
 A request names a model (or none: the server's first); the router finds it, has the model pool load
 it if need be, and holds a lease on it until the response has been sent (app.py's LeaseRelease). A
 CompletionService turns a request's fields into generation settings over the model's defaults and
-queues the reply on the model's scheduler.
+queues its replies (OpenAI's n choices for each prompt) on the model's scheduler.
 """
 
 from __future__ import annotations
@@ -29,12 +29,11 @@ from localchat.scheduler import TextDelta
 from localchat.server.chat import ChatPlan, ChatReplyReader, plan_chat
 from localchat.server.errors import APIError
 from localchat.server.metrics import ServerMetrics
-from localchat.server.replies import PendingReply
+from localchat.server.replies import PendingReplies
 from localchat.server.schemas import (
     ChatCompletionRequest,
     ChatDelta,
     ChatMessage,
-    CompletionRequest,
     ModelCard,
     SamplingFields,
     unsupported_field,
@@ -194,10 +193,12 @@ class CompletionService:
         n_ctx = self.engine.backend.n_ctx
         reply_room = min(body.reply_limit or n_ctx // 4, n_ctx // 2)
 
+        opening = self.preset.opening if self.preset is not None else list
+
         def prepare() -> tuple[ChatPlan, list[int]]:
             kept = body
             while True:
-                plan = plan_chat(kept, self.chat, default_thinking=self.settings.enable_thinking, opening=self.preset.opening if self.preset is not None else list)
+                plan = plan_chat(kept, self.chat, default_thinking=self.settings.enable_thinking, opening=opening)
                 text = plan.prompt + plan.forced
                 tokens = ([*before, *tokenize_continuation(self.engine.backend, self.engine.template, text)] if before
                           else tokenize_prompt(self.engine.backend, self.engine.template, text))
@@ -212,7 +213,7 @@ class CompletionService:
 
     async def start_chat(self, body: ChatCompletionRequest, stop: tuple[str, ...] | None = None, *,
                          fit_context: bool = False, before: Sequence[int] = ()) -> ChatRun:
-        """Plans, tokenizes and queues the reply to `body` (`stop`: stop strings beyond OpenAI's
+        """Plans, tokenizes and queues the `n` replies to `body` (`stop`: stop strings beyond OpenAI's
         four, from another API's request; else the body's; `fit_context`, `before`: see chat_prompt)."""
         generation = self.generation_settings(body, body.reply_limit, self.chat.shown_tokens, body.logprobs_wanted)
         if stop is not None:
@@ -225,54 +226,72 @@ class CompletionService:
             generation = replace(generation, constraint=constraint)
             # The vocabulary is read into llguidance once (seconds for a large one): off the event loop.
             await run_in_threadpool(tokenizer_for, self.engine.backend)
-        reply = self.submit(prompt, generation)
-        return ChatRun(plan, ChatReplyReader(plan), reply, generation, prompt)
+        replies = self.submit([(prompt, settings) for settings in choice_settings(generation, body.n)])
+        return ChatRun(plan, [ChatReplyReader(plan) for _ in range(body.n)], replies, generation, prompt)
 
-    async def text_prompt(self, body: CompletionRequest) -> list[int]:
-        if isinstance(body.prompt, list):
-            n_vocab = self.engine.backend.info.n_vocab
-            if max(body.prompt) >= n_vocab:
-                raise APIError(400, f"token ids must be below the vocabulary size {n_vocab}", param="prompt")
-            return list(body.prompt)
+    async def text_prompts(self, prompts: Sequence[str | list[int]]) -> list[list[int]]:
+        """The tokens of each prompt, given as text or as token ids."""
         backend = self.engine.backend
-        return await run_in_threadpool(lambda: backend.tokenize(body.prompt, add_bos=backend.info.add_bos, special=True))
+        n_vocab = backend.info.n_vocab
+        if any(max(prompt) >= n_vocab for prompt in prompts if isinstance(prompt, list)):
+            raise APIError(400, f"token ids must be below the vocabulary size {n_vocab}", param="prompt")
 
-    def submit(self, prompt: Sequence[int], settings: GenerationSettings) -> PendingReply:
-        return PendingReply(self.scheduler, prompt, settings, self.metrics.observe_reply)
+        def tokenize() -> list[list[int]]:
+            add_bos = backend.info.add_bos
+            return [list(prompt) if isinstance(prompt, list) else backend.tokenize(prompt, add_bos=add_bos, special=True)
+                    for prompt in prompts]
 
-    async def read_whole(self, reply: PendingReply, request: Request, read: Callable[[TextDelta], None]) -> None:
-        """Passes the reply's pieces to `read` until it ends; a client that disconnects meanwhile cancels it."""
-        watcher = asyncio.create_task(_cancel_on_disconnect(request, reply))
+        return await run_in_threadpool(tokenize)
+
+    def submit(self, replies: Sequence[tuple[Sequence[int], GenerationSettings]]) -> PendingReplies:
+        """Queues `replies` (each one's prompt and settings), all or none."""
+        return PendingReplies(self.scheduler, replies, self.metrics.observe_reply)
+
+    async def read_whole(self, replies: PendingReplies, request: Request, read: Callable[[int, TextDelta], None]) -> None:
+        """Passes the replies' pieces to `read` with their index until every one ends; a client that
+        disconnects meanwhile cancels them."""
+        watcher = asyncio.create_task(_cancel_on_disconnect(request, replies))
         try:
-            async for piece in reply.deltas():
-                read(piece)
+            async for index, piece in replies.deltas():
+                read(index, piece)
         finally:
             watcher.cancel()
 
 
+def choice_settings(settings: GenerationSettings, n: int) -> list[GenerationSettings]:
+    """The settings of a prompt's `n` choices. With a seed, choice j samples with seed + j, as vLLM seeds them:
+    n samples, not n copies of one, and choice 0 is the reply the prompt gets alone with that seed."""
+    sampler = settings.sampler
+    if sampler is None or sampler.seed is None:
+        return [settings] * n
+    return [replace(settings, sampler=replace(sampler, seed=(sampler.seed + j) % 2**32)) for j in range(n)]
+
+
 @dataclass(frozen=True)
 class ChatRun:
-    """A chat reply under way: how it was planned, its reader, the scheduled reply, its settings, its prompt's tokens."""
+    """A chat request's replies under way (its n choices, of one prompt): how they were planned, a reader
+    for each, the scheduled replies, their settings (choice 0's seed), the prompt's tokens."""
 
     plan: ChatPlan
-    reader: ChatReplyReader
-    reply: PendingReply
+    readers: list[ChatReplyReader]
+    replies: PendingReplies
     generation: GenerationSettings
     prompt: list[int]
 
-    def read(self, text: str) -> list[ChatDelta]:
-        """The reply's next text as deltas; once the calls wanted are made the rest is not needed."""
-        deltas = self.reader.feed(text)
-        if self.reader.complete:
-            self.reply.cancel()
+    def read(self, index: int, text: str) -> list[ChatDelta]:
+        """Reply `index`'s next text as deltas; once the calls wanted are made the rest is not needed."""
+        reader = self.readers[index]
+        deltas = reader.feed(text)
+        if reader.complete:
+            self.replies.cancel(index)
         return deltas
 
 
-async def _cancel_on_disconnect(request: Request, reply: PendingReply) -> None:
+async def _cancel_on_disconnect(request: Request, replies: PendingReplies) -> None:
     # The body has been read, so the next message is the client's disconnect.
     while (await request.receive())["type"] != "http.disconnect":
         continue
-    reply.cancel()
+    replies.cancel()
 
 
 def _without_oldest_turn(messages: Sequence[ChatMessage]) -> list[ChatMessage] | None:

@@ -20,6 +20,8 @@ from pydantic import (
     ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
     field_validator,
     model_serializer,
     model_validator,
@@ -35,6 +37,9 @@ MAX_STOP_STRINGS = 4
 # OpenAI's bounds on the alternatives listed per token: chat's top_logprobs, the legacy logprobs.
 MAX_TOP_LOGPROBS = 20
 MAX_LEGACY_LOGPROBS = 5
+# OpenAI's bound on n; here on the choices one request asks for in all (prompts times n), each a reply
+# the scheduler decodes (LangChain's OpenAI LLM sends 20 prompts at a time).
+MAX_CHOICES = 128
 StopString = Annotated[str, Field(min_length=1)]
 FinishReason = Literal["stop", "length", "tool_calls"]
 # OpenAI's rule for function names: letters, digits, underscores and dashes, at most 64.
@@ -129,7 +134,9 @@ class SamplingFields(_TopRequest):
     dry_multiplier: float | None = Field(None, ge=0, description="llama.cpp's extension: 0 turns DRY off")
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
     ignore_eos: bool = Field(False, description="llama.cpp's extension: go on past end-of-generation tokens")
-    n: int = Field(1, ge=1, le=1, description="only one choice per request")
+    n: int = Field(1, ge=1, le=MAX_CHOICES, description=(
+        "choices to generate (for each prompt), decoded together; with a seed, choice j samples with seed + j "
+        f"(as vLLM does); prompts times n at most {MAX_CHOICES}"))
     stream: bool = False
     stream_options: StreamOptions | None = None
     lora: list[LoraScale] | None = Field(
@@ -322,24 +329,42 @@ class ChatCompletionRequest(SamplingFields):
         return self.top_logprobs or 0
 
 
-class CompletionRequest(SamplingFields):
-    prompt: str | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] = Field(
-        description="text, or token ids; a list of one of them too (LangChain's OpenAI LLM sends its prompt so)"
-    )
+TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+# OpenAI's forms of a completion's prompt: one text, one prompt's token ids, or a list of either.
+Prompts = str | TokenIds | Annotated[list[str], Field(min_length=1)] | Annotated[list[TokenIds], Field(min_length=1)]
 
-    @field_validator("prompt", mode="before")
-    @classmethod
-    def _one_prompt(cls, prompt: Any) -> Any:
-        """OpenAI's list of prompts, of one prompt: that prompt. Several get one choice each there; here
-        they are refused in one line (each may be sent alone, and the server decodes requests together)."""
-        if isinstance(prompt, list) and prompt and all(isinstance(item, (str, list)) for item in prompt):
-            if len(prompt) > 1:
-                raise ValueError(f"{len(prompt)} prompts in one request: localchat answers one prompt per request; "
-                                 "send each in a request of its own (they are decoded together)")
-            return prompt[0]
-        return prompt
+
+class CompletionRequest(SamplingFields):
+    prompt: Prompts = Field(
+        description="text, token ids, or a list of either: n choices for each prompt, choice i * n + j the j-th of prompt i "
+                    "(LangChain's OpenAI LLM sends its prompts so)"
+    )
     logprobs: int | None = Field(None, ge=0, le=MAX_LEGACY_LOGPROBS,
                                  description="each token's log-probability and the this many most likely alternatives")
+
+    @field_validator("prompt", mode="wrap")
+    @classmethod
+    def _prompt_in_one_line(cls, prompt: Any, validate: ValidatorFunctionWrapHandler) -> Any:
+        """One message for a prompt of no form, not one per form it is not (the first of which names a form)."""
+        try:
+            return validate(prompt)
+        except ValidationError:
+            raise PydanticCustomError("prompt", "should be a text, token ids (integers >= 0), or a non-empty list of "
+                                      "texts or of non-empty token-id lists") from None
+
+    @property
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts to answer, in order; raises APIError when they ask for more than MAX_CHOICES choices."""
+        prompts: list[str | list[int]]
+        if isinstance(self.prompt, str) or isinstance(self.prompt[0], int):
+            prompts = [self.prompt]  # type: ignore[list-item]
+        else:
+            prompts = list(self.prompt)  # type: ignore[arg-type]
+        if len(prompts) * self.n > MAX_CHOICES:
+            field = "n" if self.n > 1 else "prompt"
+            raise APIError(400, f"{field}: {len(prompts)} prompts times n={self.n} ask for {len(prompts) * self.n} choices; "
+                                f"a request may ask for at most {MAX_CHOICES}", param=field)
+        return prompts
 
 
 class EmbeddingRequest(_TopRequest):
@@ -418,7 +443,7 @@ class CompletionLogprobs(BaseModel):
 
 
 class ChatChoice(BaseModel):
-    index: int = 0
+    index: int = Field(description="which of the n choices")
     message: AssistantMessage
     finish_reason: FinishReason
     logprobs: ChoiceLogprobs | None = None
@@ -455,7 +480,7 @@ class ChatDelta(BaseModel):
 
 
 class ChatChunkChoice(BaseModel):
-    index: int = 0
+    index: int = Field(description="the choice the chunk goes on")
     delta: ChatDelta
     finish_reason: FinishReason | None = None
     logprobs: ChoiceLogprobs | None = None
@@ -473,7 +498,7 @@ class ChatCompletionChunk(BaseModel):
 
 
 class CompletionChoice(BaseModel):
-    index: int = 0
+    index: int = Field(description="i * n + j for the j-th choice of prompt i")
     text: str
     finish_reason: FinishReason | None
     logprobs: CompletionLogprobs | None = None

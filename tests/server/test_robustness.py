@@ -26,7 +26,7 @@ USER = [{"role": "user", "content": "Hello"}]
         ({"messages": [{"role": "pirate", "content": "arr"}]}, 400, None),
         ({"messages": USER, "temperature": "hot"}, 400, None),
         ({"messages": USER, "max_tokens": 0}, 400, None),
-        ({"messages": USER, "n": 2}, 400, None),
+        ({"messages": USER, "n": 129}, 400, None),
         ({"messages": USER, "stop": [""]}, 400, None),
         ({"messages": USER, "model": "gpt-4o"}, 404, "model_not_found"),
         ({"messages": [{"role": "user", "content": "word " * CONTEXT}]}, 400, "context_length_exceeded"),
@@ -127,9 +127,11 @@ def test_many_clients_are_each_answered_or_refused_with_503(server: LiveServer) 
 
 def test_a_request_beyond_the_slots_and_the_queue_gets_503_with_retry_after(server: LiveServer) -> None:
     with server.busy(SLOTS, waiting=QUEUE):
-        with pytest.raises(openai.APIStatusError) as refused:
-            server.client().completions.create(model=MODEL, prompt="One more", max_tokens=3)
-    assert refused.value.status_code == 503 and refused.value.response.headers["retry-after"].isdigit()
+        for prompt in ("One more", ["One more", "And another"]):  # a request's choices are queued whole or not at all
+            with pytest.raises(openai.APIStatusError) as refused:
+                server.client().completions.create(model=MODEL, prompt=prompt, max_tokens=3)
+            assert refused.value.status_code == 503 and refused.value.response.headers["retry-after"].isdigit()
+        assert server.health()["requests_waiting"] == QUEUE
     answer = server.client().completions.create(model=MODEL, prompt="Hi", max_tokens=3)  # room again
     assert answer.choices[0].finish_reason in ("stop", "length")
 

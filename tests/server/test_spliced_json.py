@@ -12,7 +12,8 @@ TEXTS = ["Tokyo", " wörld\n", 'say "hi"\\', "\x00\x1f", "😀", "\u2028", ""]
 
 
 def chunk(content: str) -> ChatCompletionChunk:
-    return ChatCompletionChunk(id="chatcmpl-1", created=1, model='a "model"', choices=[ChatChunkChoice(delta=ChatDelta(content=content))])
+    return ChatCompletionChunk(id="chatcmpl-1", created=1, model='a "model"',
+                               choices=[ChatChunkChoice(index=0, delta=ChatDelta(content=content))])
 
 
 @pytest.mark.parametrize("content", TEXTS)
