@@ -576,10 +576,11 @@ def ollama_models_router(models: ModelRouter, loader: EngineLoader | None, setti
                          responses={**ollama_error_responses(400, 401, 403, 404, 413), **NDJSON_STREAM},
                          summary="a model made from another, with its own system prompt, messages and parameters")
     router.add_api_route("/api/blobs/{digest}", routes.blob_exists, methods=["HEAD"], response_class=Response,
-                         responses={200: {"description": "Uploaded"}, 404: {"description": "Not uploaded"}},
+                         responses={200: {"description": "Uploaded"}, 404: {"description": "Not uploaded"},
+                                    **ollama_error_responses(400, 401)},
                          summary="whether a model file was uploaded")
     router.add_api_route("/api/blobs/{digest}", routes.upload_blob, methods=["POST"], response_class=Response,
-                         responses={201: {"description": "Uploaded"}, **ollama_error_responses(400, 401, 403)},
+                         responses={201: {"description": "Uploaded"}, **ollama_error_responses(400, 401, 403, 413)},
                          summary="upload a GGUF file for /api/create's `files` (its sha256 as DIGEST)")
     router.add_api_route("/api/delete", routes.delete, methods=["DELETE"], response_class=Response,
                          responses={200: {"description": "Deleted"}, **ollama_error_responses(400, 401, 403, 404, 413, 503)},
