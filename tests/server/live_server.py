@@ -55,6 +55,13 @@ class LiveServer:
     def health(self) -> dict[str, object]:
         return dict(requests.get(f"{self.url}/health", timeout=10).json())
 
+    def idle_within(self, seconds: float) -> bool:
+        """Whether every slot is idle within `seconds` (a reply cancelled ends at its next step)."""
+        deadline = time.monotonic() + seconds
+        while self.health()["slots_processing"] != 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return self.health()["slots_processing"] == 0
+
     def stop(self) -> None:
         self.process.terminate()
         self.process.wait(timeout=30)
