@@ -13,15 +13,17 @@ import dataclasses
 import json
 import os
 import re
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from localchat.backends.base import SamplerSettings
 from localchat.errors import InvalidSettingError, ModelError
+from localchat.sampling_defaults import SamplerDefaults
 
 if TYPE_CHECKING:
-    from localchat.sampling_defaults import SamplerDefaults
     from localchat.templates import Message
 
 PRESET_SUFFIX = ".preset.json"
@@ -56,10 +58,7 @@ class ModelPreset:
     license: str | None = None
 
     def __post_init__(self) -> None:
-        """Every value checked, so that a preset that exists loads: a bad one says what is wrong with it. (The
-        sampler's module is imported here, not above: planning a model imports no numpy, see model_loading.)"""
-        from localchat.backends.base import SamplerSettings
-
+        """Every value checked, so that a preset that exists loads: a bad one says what is wrong with it."""
         if not PRESET_NAME.match(self.name):
             raise InvalidSettingError(f"preset name '{self.name}' is invalid: give letters, digits, '.', '_' and '-'")
         unknown = [field for field, _ in self.sampling if field not in SAMPLING_FIELDS]
@@ -76,8 +75,6 @@ class ModelPreset:
 
     def sampler(self, defaults: SamplerDefaults) -> SamplerDefaults:
         """The model's default sampler with this preset's settings over it."""
-        from localchat.sampling_defaults import SamplerDefaults
-
         if not self.sampling:
             return defaults
         return SamplerDefaults(dataclasses.replace(defaults.settings, **dict(self.sampling)),
@@ -85,7 +82,8 @@ class ModelPreset:
 
     def opening(self, messages: Sequence[Message]) -> list[Message]:
         """What a chat whose own messages are `messages` shows the model: a system prompt first (the chat's own,
-        else the preset's), then the preset's messages, then the chat's."""
+        else the preset's), then the preset's messages, then the chat's. (Templates are imported here: they import
+        numpy and jinja2, which planning a model leaves to the load, test_model_loading.)"""
         from localchat.templates import Message
 
         own_system = list(messages[:1]) if messages and messages[0].role == "system" else []
@@ -157,7 +155,7 @@ def read_preset(path: Path) -> ModelPreset:
 def write_preset(preset: ModelPreset, folder: Path) -> Path:
     """`preset` written to the models folder `folder`, whole or not at all (a crash leaves the old one)."""
     target = preset_path(folder, preset.name)
-    partial = target.with_name(target.name + ".incomplete")
+    partial = target.with_name(f"{target.name}.{os.getpid()}-{threading.get_ident()}.incomplete")  # writers apart
     folder.mkdir(parents=True, exist_ok=True)
     try:
         partial.write_text(json.dumps(preset.as_json(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

@@ -396,7 +396,10 @@ class OllamaModels:
         if any(model.id.casefold() == destination.casefold() for model in await run_in_threadpool(self.loader.catalog)):
             raise APIError(400, f"destination {destination} exists: delete it first or give another name", param="destination")
         if is_preset_file(source):
-            preset = await run_in_threadpool(read_preset, source)
+            try:
+                preset = await run_in_threadpool(read_preset, source)
+            except ModelError as error:
+                raise APIError(400, str(error), param="source") from None
             await run_in_threadpool(write_preset, replace(preset, name=destination), models_dir)
         else:
             await run_in_threadpool(_copy_model, source, models_dir / f"{destination}.gguf")
@@ -427,7 +430,10 @@ class OllamaModels:
         else:  # a GGUF file uploaded to /api/blobs: the preset names it
             source = await run_in_threadpool(self._uploaded_model, body.files or {})
             model = str(source)
-        preset = await run_in_threadpool(self._preset, name, body, model, source)
+        try:
+            preset = await run_in_threadpool(self._preset, name, body, model, source)
+        except ModelError as error:  # its source a damaged preset, or a preset whose model is gone
+            raise APIError(400, str(error), param="from") from None
         await run_in_threadpool(write_preset, preset, self.loader.settings.models_dir)
         await self.models.pool.unload(name, "made again by /api/create")  # its next request loads the new one
         lines = [Progress(status=f"using existing model {preset.model}"), Progress(status="writing preset"),

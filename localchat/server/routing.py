@@ -193,7 +193,8 @@ class CompletionService:
         n_ctx = self.engine.backend.n_ctx
         reply_room = min(body.reply_limit or n_ctx // 4, n_ctx // 2)
 
-        opening = self.preset.opening if self.preset is not None else list
+        # A preset's opening goes before the first exchange only: Ollama's context holds it already.
+        opening = self.preset.opening if self.preset is not None and not before else list
 
         def prepare() -> tuple[ChatPlan, list[int]]:
             kept = body

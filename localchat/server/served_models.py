@@ -92,9 +92,12 @@ class EngineLoader:
         """The id of the model the server started with (its catalog name when it is there) and its
         need; it is warmed up as the models loaded later are."""
         _warm_up(engine)
-        path = engine.model_plan.model.path.resolve()
-        model_id = next((m.id for m in self.catalog() if m.path.resolve() == path), engine.model_plan.model.name)
-        self._sources[model_id] = str(path)
+        model = engine.model_plan.model
+        path = model.path.resolve()
+        # A preset (`serve -m PRESET`) is its own name: its model's name asks for the model without it.
+        model_id = model.name if model.preset is not None else next(
+            (m.id for m in self.catalog() if m.path.resolve() == path), model.name)
+        self._sources[model_id] = model.name if model.preset is not None else str(path)
         return model_id, memory_need(engine.model_plan.facts, engine.plan)
 
     def catalog(self) -> list[CatalogModel]:

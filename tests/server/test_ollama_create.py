@@ -13,6 +13,7 @@ import pytest
 from live_server import LiveServer, start_server
 
 from localchat.models import DEFAULT_MODEL_NAME
+from localchat.presets import ModelPreset, write_preset
 
 SYSTEM = "You are a pirate. Answer in one short sentence."
 OPENING = [{"role": "user", "content": "Who are you?"}, {"role": "assistant", "content": "Captain Hook, matey."}]
@@ -169,5 +170,27 @@ def test_a_model_the_server_was_started_with_by_path_is_named_by_its_path(tmp_pa
         assert client.create("mine", from_="my-model", system=SYSTEM).status == "success"
         assert f"FROM {outside}" in str(_shown(server, "mine")["modelfile"])
         assert client.chat("mine", messages=[QUESTION], options={"num_predict": 2}).eval_count == 2
+    finally:
+        server.stop()
+
+
+def test_a_server_started_with_a_preset_answers_its_model_without_it(tmp_path: Path) -> None:
+    """`serve -m PRESET`: requests naming no model get the preset; its model's own name gets the model alone (it was
+    the preset's engine, registered under the model's name). A damaged preset is a 400 to copy or make from."""
+    models = tmp_path / "cache" / "models"
+    write_preset(ModelPreset("pirate", DEFAULT_MODEL_NAME, system=SYSTEM), models)
+    (models / "broken.preset.json").write_text("{not json")
+    server = start_server(tmp_path, "-m", "pirate", "--allow-model-changes")
+    try:
+        client = ollama.Client(host=server.url, headers=server.auth, timeout=120)
+        asked = [QUESTION]
+        as_preset = server.client().chat.completions.create(model="", messages=asked, max_tokens=1)  # type: ignore[arg-type]
+        plain = client.chat(DEFAULT_MODEL_NAME, messages=asked, options={"num_predict": 1})
+        by_hand = client.chat(DEFAULT_MODEL_NAME, messages=[{"role": "system", "content": SYSTEM}, *asked], options={"num_predict": 1})
+        assert as_preset.usage is not None and as_preset.usage.prompt_tokens == by_hand.prompt_eval_count
+        assert plain.prompt_eval_count != by_hand.prompt_eval_count  # SmolLM2's own default system prompt, not the preset's
+        for path, body in (("/api/copy", {"source": "broken", "destination": "x"}), ("/api/create", {"model": "x", "from": "broken"})):
+            answer = server.request("POST", path, json=body)
+            assert answer.status_code == 400 and "preset broken" in answer.json()["error"], answer.text
     finally:
         server.stop()
