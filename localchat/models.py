@@ -23,7 +23,7 @@ from localchat.errors import ModelError
 from localchat.gguf_file import ROUTED_EXPERT_TENSOR, GgufHeader, read_gguf_header
 from localchat.onnx_format import ONNX_MARKER, read_metadata
 from localchat.planner import ModelFacts
-from localchat.presets import PRESET_NAME, PRESET_SUFFIX, ModelPreset, is_preset_file, preset_path, read_preset
+from localchat.presets import PRESET_NAME, ModelPreset, is_preset_file, preset_name, preset_path, read_preset
 from localchat.settings import Settings
 
 GEMMA_MODEL_FILE = "gemma-3-270m-q4_k_m.gguf"
@@ -237,7 +237,7 @@ def _prune_upload(model: str, settings: Settings) -> int:
 def find_preset(names: set[str], settings: Settings) -> ModelPreset | None:
     """The preset named by any of `names` (casefolded), if there is one."""
     for path in local_presets(settings):
-        if path.name.removesuffix(PRESET_SUFFIX).casefold() in names:
+        if preset_name(path).casefold() in names:
             return read_preset(path)
     return None
 
@@ -292,7 +292,7 @@ def _find_model(model: str | None, settings: Settings, *, fetch: bool = True) ->
     if path.suffix or os.sep in model or model.count("/") > 1:
         raise ModelError(f"model file {path} does not exist; check the path")
     known = ", ".join([*PACKAGED_MODELS, *(m.name for m in local_models(settings) if packaged_model(m.path) is None),
-                       *(path.name.removesuffix(PRESET_SUFFIX) for path in local_presets(settings))])
+                       *(preset_name(path) for path in local_presets(settings))])
     raise ModelError(
         f"unknown model '{model}': give a path to a .gguf file or an ONNX folder, a GGUF repo of the "
         f"Hugging Face hub as user/repo or user/repo:QUANT, or a local model: {known}"
@@ -459,7 +459,7 @@ def installed_model_names(settings: Settings) -> list[tuple[str, Path]]:
     packaged = [(m.name, path) for m in PACKAGED_MODELS.values() if (path := m.expected_path(settings)) is not None]
     return packaged + [(ref.name, ref.path) for ref in _other_local_models(settings)] + [
         (cached.name, cached.path) for cached in hub.cached_models(settings)
-    ] + [(path.name.removesuffix(PRESET_SUFFIX), path) for path in local_presets(settings)]
+    ] + [(preset_name(path), path) for path in local_presets(settings)]
 
 
 def pending_model(name: str, path: Path) -> InstalledModel:
@@ -487,7 +487,7 @@ def installed_models(settings: Settings) -> list[InstalledModel]:
     for cached in hub.cached_models(settings):
         rows.append(_describe_gguf(cached.name, cached.path, usage.get(cached.name)))
     for path in local_presets(settings):
-        name = path.name.removesuffix(PRESET_SUFFIX)
+        name = preset_name(path)
         rows.append(_describe_preset(name, path, settings, usage.get(f"preset:{name}")))
     return rows
 

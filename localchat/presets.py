@@ -136,13 +136,18 @@ def preset_path(folder: Path, name: str) -> Path:
     return folder / f"{name}{PRESET_SUFFIX}"
 
 
+def preset_name(path: Path) -> str:
+    """The name of the preset whose file is `path`."""
+    return path.name.removesuffix(PRESET_SUFFIX)
+
+
 def is_preset_file(path: Path) -> bool:
     return path.name.endswith(PRESET_SUFFIX) and path.is_file()
 
 
 def read_preset(path: Path) -> ModelPreset:
     """The preset in `path`; ModelError in one line when it cannot be read."""
-    name = path.name.removesuffix(PRESET_SUFFIX)
+    name = preset_name(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(data, dict):
