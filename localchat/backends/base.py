@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from localchat.errors import InvalidSettingError
+from localchat.infill import FillInMiddleTokens
 
 if TYPE_CHECKING:  # planning a model imports this module, and no numpy (localchat.cli)
     import numpy as np
@@ -110,6 +111,8 @@ class ModelInfo:
     extra: dict[str, str] = field(default_factory=dict)
     # The model file's general.* metadata (name, basename, size label, finetune, sampling defaults).
     metadata: dict[str, str] = field(default_factory=dict)
+    # The vocabulary's fill-in-the-middle tokens, if it has them (code models).
+    fim: FillInMiddleTokens | None = None
 
 
 # LoRA adapters a backend computes with: (adapter id, scale) pairs, by id, no zero scale (a zero

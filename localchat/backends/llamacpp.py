@@ -42,6 +42,7 @@ from localchat.backends.llamacpp_natives import (
 from localchat.backends.llamacpp_sampler import DeviceSampler, LlamaSampler, device_chain, device_sampleable
 from localchat.backends.logprobs import score_rows
 from localchat.errors import ContextOverflowError, InferenceError
+from localchat.infill import FillInMiddleTokens
 
 # Rows of logits read back per decode when scoring (each row is n_vocab floats).
 SCORE_CHUNK = 64
@@ -223,7 +224,13 @@ class LlamaCppBackend:
             chat_template=template.decode("utf-8", errors="replace") if template else None,
             size_bytes=llama_cpp.llama_model_size(self._model.pointer),
             metadata=metadata,
+            fim=self._fill_in_middle_tokens(),
         )
+
+    def _fill_in_middle_tokens(self) -> FillInMiddleTokens | None:
+        ids = (llama_cpp.llama_vocab_fim_pre(self._vocab), llama_cpp.llama_vocab_fim_suf(self._vocab),
+               llama_cpp.llama_vocab_fim_mid(self._vocab))
+        return FillInMiddleTokens(*ids) if min(ids) >= 0 else None
 
     # -- text ----------------------------------------------------------------------
 

@@ -368,7 +368,7 @@ def create_app(engine: Engine, settings: ServerSettings, loader: EngineLoader | 
         prompts = body.prompts
         generation = service.generation_settings(body, body.reply_limit, logprobs=body.logprobs)
         choices = choice_settings(generation, body.n)
-        tokens = await service.text_prompts(prompts)
+        tokens = await (service.text_prompts(prompts) if not body.suffix else service.infill_prompts(prompts, body.suffix))
         try:
             replies = service.submit([(prompt, settings) for prompt in tokens for settings in choices])
         except ContextOverflowError as error:

@@ -6,11 +6,11 @@ response_format, `think` as the template's switch, `options` as sampler fields) 
 reply is written as Ollama writes it: newline-delimited JSON objects (or one object), content and
 thinking apart, tool calls with their arguments as objects, and the counters Ollama clients show,
 measured. /api/generate is a chat of one user message (its `system` before it), or with `raw` the
-prompt as is. Its deprecated `context` (the token ids of an earlier exchange, which its reply's last
+prompt as is, or with a `suffix` the fill-in-the-middle prompt of the text before and after a gap. Its deprecated `context` (the token ids of an earlier exchange, which its reply's last
 line gives) goes before that chat's prompt, as Ollama prepends it, so that the prompt goes on from it.
 
 Ollama's fields that localchat does not implement and that would change the answer (images,
-suffix, template; typical_p in `options`) are refused by name. Sampling options are read
+template; typical_p in `options`) are refused by name. Sampling options are read
 as Ollama's llama.cpp reads them, not by OpenAI's bounds (a top_k of -1 cuts nothing). Options
 that set how Ollama loads and runs a model (num_ctx, num_gpu, num_thread...) change no answer's
 meaning: localchat's plan sets those, and the options are accepted and not applied, as Ollama
@@ -444,8 +444,8 @@ class OllamaRoutes:
             return JSONResponse(GenerateResponse(model=body.model, created_at=created_at(), response="", done=True,
                                                  done_reason="load", **timer.metrics(None).model_dump()).model_dump())
         service = self.models.service(served, await self.models.preset(body.model))
-        if body.raw:
-            return await self._generate_raw(body, service, timer, request)
+        if body.raw or body.suffix:
+            return await self._generate_untemplated(body, service, timer, request)
         n_vocab = service.engine.backend.info.n_vocab
         if not all(0 <= token < n_vocab for token in body.context or ()):
             raise APIError(400, f"context: token ids must be in [0, {n_vocab}): send the context an earlier reply of "
@@ -454,13 +454,20 @@ class OllamaRoutes:
         openai_body, stop = self._chat_body(body.model, messages, body, served, [])
         return await self._answer(body, service, openai_body, stop, timer, request, chat=False, before=body.context or ())
 
-    async def _generate_raw(self, body: GenerateRequest, service: CompletionService, timer: _Timer, request: Request) -> Response:
+    async def _generate_untemplated(self, body: GenerateRequest, service: CompletionService, timer: _Timer,
+                                    request: Request) -> Response:
+        """A reply to a prompt the chat template does not render: the raw prompt, or a fill-in-the-middle one."""
         fields, stop = sampling_fields(body.options, service.settings.max_reply_tokens)
         completion = _validated(CompletionRequest, {"model": service.model_id, "prompt": body.prompt,
                                                     "logprobs": body.top_logprobs if body.logprobs else None})
         completion = completion.model_copy(update=fields)  # as in _chat_body
+        if body.suffix:
+            [prompt] = await service.infill_prompts([body.prompt], body.suffix)
+        else:
+            [prompt] = await service.text_prompts(completion.prompts)
         if body.debug_render_only:
-            debug = DebugResponse(model=body.model, created_at=created_at(), debug_info=DebugRender(rendered_template=body.prompt))
+            rendered = _text_of(service.engine.backend, prompt) if body.suffix else body.prompt
+            debug = DebugResponse(model=body.model, created_at=created_at(), debug_info=DebugRender(rendered_template=rendered))
             return JSONResponse(debug.model_dump(by_alias=True))
         generation = service.generation_settings(completion, completion.reply_limit, logprobs=completion.logprobs)
         if stop is not None:
@@ -470,7 +477,6 @@ class OllamaRoutes:
             constraint = _validated(ResponseFormat, response_format).constraint()
             generation = replace(generation, constraint=constraint)
             await run_in_threadpool(tokenizer_for, service.engine.backend)
-        [prompt] = await service.text_prompts(completion.prompts)
         writer = _ReplyWriter(None, service, body.model, timer, chat=False, raw_reply=service.submit([(prompt, generation)]))
         if body.stream:
             return ndjson(writer.stream())
@@ -481,7 +487,6 @@ def _refuse_generate_fields(body: GenerateRequest) -> None:
     """Ollama's generate fields that localchat does not implement, refused by name when set."""
     refused = [
         ("images", bool(body.images), "localchat serves text models, which cannot read images"),
-        ("suffix", bool(body.suffix), "localchat has no fill-in-the-middle; send the text before it as the prompt"),
         ("template", bool(body.template), "localchat renders the model's own chat template; use raw to send a prompt as is"),
         ("width", body.width is not None, "localchat generates no images"),
         ("height", body.height is not None, "localchat generates no images"),
@@ -492,6 +497,9 @@ def _refuse_generate_fields(body: GenerateRequest) -> None:
             raise APIError(400, f"{name}: {why}", code="unsupported_parameter", param=name)
     if body.raw and (body.system or body.context):
         raise APIError(400, "raw mode does not support template, system, or context", param="raw")
+    if body.suffix and (body.system or body.context):
+        raise APIError(400, "suffix: fill-in-the-middle takes the code before and after the gap alone, without "
+                            "system or context", param="suffix")
 
 
 def _text_of(backend: Backend, tokens: Sequence[int]) -> str:

@@ -277,7 +277,8 @@ class OllamaModels:
         if embeds:
             capabilities = ["embedding"]
         else:
-            capabilities = ["completion", "tools"] + (["thinking"] if detect_format(template).reasons else [])
+            capabilities = (["completion", "tools"] + (["insert"] if self._fills_in_middle(model_id, info) else [])
+                            + (["thinking"] if detect_format(template).reasons else []))
         parameters = _parameters(info, preset)
         return ShowResponse(parameters="\n".join(f"{name:<31}{value}" for name, value in parameters), template=template,
                             modelfile=_modelfile(preset.model if preset is not None else str(path), template, parameters, preset),
@@ -285,6 +286,14 @@ class OllamaModels:
                             system=preset.system if preset is not None else None,
                             license=preset.license if preset is not None else None,
                             messages=[{"role": m.role, "content": m.content} for m in preset.messages] if preset else None)
+
+    def _fills_in_middle(self, model_id: str, info: dict[str, Any]) -> bool:
+        """Whether the model takes a `suffix` (Ollama's "insert"): llama.cpp's word once it is loaded (it also
+        knows FIM tokens by their text), else whether its file names its FIM tokens."""
+        served = self.models.pool.loaded().get(model_id)
+        if served is not None:
+            return served.engine.backend.info.fim is not None
+        return all(f"tokenizer.ggml.fim_{part}_token_id" in info for part in ("pre", "suf", "mid"))
 
     def _template(self, model_id: str) -> str:
         served = self.models.pool.loaded().get(model_id)

@@ -98,7 +98,8 @@ class GenerateRequest(_Inference):
     prompt: str = Field("", description="empty: only load the model")
     system: str = ""
     raw: bool = Field(False, description="the prompt as is, without the chat template")
-    suffix: str = Field("", description="refused: localchat has no fill-in-the-middle")
+    suffix: str = Field("", description="the text after the gap: the reply fills the gap between the prompt and it "
+                                        "(fill-in-the-middle, for models with FIM tokens)")
     template: str = Field("", description="refused: localchat renders the model's own chat template")
     context: list[int] | None = Field(None, description="an earlier reply's context (deprecated in Ollama): the prompt "
                                                         "goes on from that exchange; /api/chat takes the history instead")

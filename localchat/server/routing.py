@@ -22,6 +22,7 @@ from localchat.adapters import requested_scales
 from localchat.chat import tokenize_continuation, tokenize_prompt
 from localchat.constraints import tokenizer_for
 from localchat.errors import InvalidSettingError, LocalchatError, ModelError
+from localchat.infill import infill_prompt
 from localchat.model_pool import ModelBusyError, ModelPool
 from localchat.models import find_preset
 from localchat.presets import ModelPreset
@@ -243,6 +244,24 @@ class CompletionService:
                     for prompt in prompts]
 
         return await run_in_threadpool(tokenize)
+
+    async def infill_prompts(self, prefixes: Sequence[str | list[int]], suffix: str) -> list[list[int]]:
+        """The fill-in-the-middle prompt of each prefix before `suffix` (localchat.infill); 400 for a model without
+        FIM tokens or a prefix of token ids."""
+        info = self.engine.backend.info
+        if info.fim is None:
+            raise APIError(400, f"suffix: {self.model_id} has no fill-in-the-middle tokens (a code model such as "
+                                f"Qwen2.5-Coder or CodeLlama has them); send the text before the gap alone as the prompt",
+                           code="unsupported_parameter", param="suffix")
+        texts = [prefix for prefix in prefixes if isinstance(prefix, str)]
+        if len(texts) < len(prefixes):
+            raise APIError(400, "suffix: fill-in-the-middle takes the prompt as text, not token ids", param="suffix")
+        fim, bos, backend = info.fim, info.bos_id if info.add_bos else None, self.engine.backend
+
+        def tokenize(text: str) -> list[int]:
+            return backend.tokenize(text, add_bos=False, special=False)
+
+        return await run_in_threadpool(lambda: [infill_prompt(tokenize, fim, text, suffix, bos) for text in texts])
 
     def submit(self, replies: Sequence[tuple[Sequence[int], GenerationSettings]]) -> PendingReplies:
         """Queues `replies` (each one's prompt and settings), all or none."""

@@ -70,7 +70,6 @@ UNSUPPORTED_FIELDS: dict[str, dict[str, Unsupported]] = {
     "completion": {
         "echo": Unsupported((None, False)),
         "best_of": Unsupported((None, 1)),
-        "suffix": Unsupported((None, "")),
     },
 }
 
@@ -341,6 +340,8 @@ class CompletionRequest(SamplingFields):
     )
     logprobs: int | None = Field(None, ge=0, le=MAX_LEGACY_LOGPROBS,
                                  description="each token's log-probability and the this many most likely alternatives")
+    suffix: str | None = Field(None, description="the text after the gap: the reply fills the gap between the prompt "
+                                                 "and it (fill-in-the-middle, for models with FIM tokens); empty or null: none")
 
     @field_validator("prompt", mode="wrap")
     @classmethod

@@ -135,7 +135,8 @@ def test_generate_goes_on_from_an_earlier_replys_context(qwen3: tuple[ollama.Cli
      'keep_alive: invalid duration "soon": give seconds or a duration such as "5m" or "1h30m"'),
     ("/api/chat", {"model": "scripted", "messages": TOOLS_QUESTION, "stream": "yes"}, 400, "stream: Input should be a valid boolean"),
     ("/api/generate", {"model": "scripted", "prompt": "x", "suffix": "y"}, 400,
-     "suffix: localchat has no fill-in-the-middle; send the text before it as the prompt"),
+     "suffix: scripted has no fill-in-the-middle tokens (a code model such as Qwen2.5-Coder or CodeLlama has them); "
+     "send the text before the gap alone as the prompt"),
     ("/api/generate", {"model": "scripted", "prompt": "x", "raw": True, "system": "s"}, 400,
      "raw mode does not support template, system, or context"),
     ("/api/generate", {"model": "scripted", "prompt": "x", "raw": True, "context": [1, 2]}, 400,
