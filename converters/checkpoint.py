@@ -578,6 +578,8 @@ HUB_PATTERNS = [
     "chat_template.jinja",
     # A PEFT adapter's (its base model's config.json is fetched on its own).
     "adapter_config.json",
+    # The model card: its license, base models and languages go into the file's general.* metadata.
+    "README.md",
 ]
 
 

@@ -48,7 +48,10 @@ def stand_in_hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandInHu
     config.write_text('{"architectures": ["LlamaForCausalLM"]}\n')
     weights = data / "model.safetensors"
     weights.write_bytes(os.urandom(3 * 2**20))
-    hub.add_repo(CHECKPOINT, [HubFile.from_disk("config.json", config, lfs=False), HubFile.from_disk("model.safetensors", weights)])
+    card = data / "checkpoint-README.md"
+    card.write_text("---\nlicense: apache-2.0\n---\n# checkpoint-only\n")
+    hub.add_repo(CHECKPOINT, [HubFile.from_disk("config.json", config, lfs=False), HubFile.from_disk("model.safetensors", weights),
+                              HubFile.from_disk("README.md", card, lfs=False)])
     yield hub
     stop()
 

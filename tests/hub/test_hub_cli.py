@@ -111,6 +111,8 @@ def test_convert_fetches_a_checkpoint_through_the_same_downloads(hub: StandInHub
     assert hub.served == {"model.safetensors": files["model.safetensors"].size}  # config.json comes from the hub itself
     snapshot = tmp_path / "hf" / "hub" / "models--stand-in--checkpoint-only" / "snapshots" / hub.repos[CHECKPOINT].commit
     assert (snapshot / "config.json").read_bytes() == files["config.json"].source.read_bytes()
+    # The model card too, whose license and base models llama.cpp's converter (and localchat's) write into the file.
+    assert (snapshot / "README.md").read_bytes() == files["README.md"].source.read_bytes()
     offline = localchat("convert", CHECKPOINT, "--to", "gguf", "-o", str(tmp_path / "out.gguf"), env=cli_env | OFFLINE)
     line = _one_error_line(online.stderr)
     assert online.returncode == offline.returncode == 1 and _one_error_line(offline.stderr) == line
