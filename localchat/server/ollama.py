@@ -5,9 +5,10 @@ response_format, `think` as the template's switch, `options` as sampler fields) 
 /v1/chat/completions takes: the same prompt, sampler and scheduler, so the same greedy reply. The
 reply is written as Ollama writes it: newline-delimited JSON objects (or one object), content and
 thinking apart, tool calls with their arguments as objects, and the counters Ollama clients show,
-measured. /api/generate is a chat of one user message (its `system` before it), or with `raw` the
-prompt as is, or with a `suffix` the fill-in-the-middle prompt of the text before and after a gap. Its deprecated `context` (the token ids of an earlier exchange, which its reply's last
-line gives) goes before that chat's prompt, as Ollama prepends it, so that the prompt goes on from it.
+measured. /api/generate is a chat of one user message (its `system` before it), with `raw` the prompt
+as is, or with a `suffix` the fill-in-the-middle prompt of the text before and after a gap. Its
+deprecated `context` (the token ids of an earlier exchange, which its reply's last line gives) goes
+before that chat's prompt, as Ollama prepends it, so that the prompt goes on from it.
 
 Ollama's fields that localchat does not implement and that would change the answer (images,
 template; typical_p in `options`) are refused by name. Sampling options are read
