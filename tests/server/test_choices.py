@@ -31,6 +31,9 @@ GREEDY = {"temperature": 0, "seed": 1}
 HELLO = [{"role": "user", "content": "Hello"}]
 # Prompts the chat model continues without a near tie in their first tokens.
 LISTS = ["The capital of France is", "1, 2, 3, 4, 5,", "A, B, C, D,", "10, 20, 30, 40,"]
+# Each begins with a letter of its own: a prompt shares the instructions alone with another.
+COUNTRIES = ("France", "Italy", "Japan", "Brazil", "Canada", "Egypt", "Greece", "Kenya", "Mexico", "Norway", "Peru",
+             "Denmark")
 
 
 @pytest.fixture
@@ -133,16 +136,18 @@ def test_a_request_s_choices_share_their_prompt_through_the_prefix_cache(
     assert reply.usage.prompt_tokens_details.cached_tokens == 0
 
 
+@pytest.mark.parametrize("countries", [("France", "Italy", "Swiss"), COUNTRIES])
 def test_prompts_sharing_their_instructions_compute_them_once(
-        scripted: tuple[openai.OpenAI, TestClient, ScriptedBackend]) -> None:
-    """The first prompt's KV is saved once, and the others start from it. (Short prompts: the scripted model
-    computes for free, so a prompt of 64 tokens or more would teach the prefix cache that restoring does not pay.)"""
+        scripted: tuple[openai.OpenAI, TestClient, ScriptedBackend], countries: tuple[str, ...]) -> None:
+    """The first prompt's KV is saved once, and the others start from it, more of them waiting than the
+    scheduler compares (prefix_cache.MAX_COMPARED) too. (Short prompts: the scripted model computes for free,
+    so a prompt of 64 tokens or more would teach the prefix cache that restoring does not pay.)"""
     client, http, backend = scripted
     instructions = "Answer with the capital city of the country: "
-    backend.replies.extend(["Paris.", "Rome.", "Bern."])
+    backend.replies.extend(["A."] * len(countries))
     cached, saved = _metric(http, "localchat_prompt_tokens_cached_total"), _metric(http, "localchat_prefix_cache_entries")
-    client.completions.create(model="scripted", prompt=[instructions + country for country in ("France", "Italy", "Swiss")])
-    assert _metric(http, "localchat_prompt_tokens_cached_total") - cached == 2 * len(instructions)
+    client.completions.create(model="scripted", prompt=[instructions + country for country in countries])
+    assert _metric(http, "localchat_prompt_tokens_cached_total") - cached == (len(countries) - 1) * len(instructions)
     assert _metric(http, "localchat_prefix_cache_entries") - saved == 1
 
 
