@@ -18,10 +18,11 @@ import struct
 import threading
 import zlib
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import numpy as np
 
@@ -30,7 +31,7 @@ import numpy as np
 # chat reused it; 16 is vLLM's block size. On AMD EPYC (2 threads) SmolLM2 computes 16 tokens in 114 ms and
 # restores a 31-token state (0.7 MB) in 0.18 ms: `localchat run -n 1` with a new question 0.92 -> 0.80 s.
 MIN_MATCH_TOKENS = 16
-# Entries are indexed by their prefixes of whole blocks of this many tokens (see `_prefix_hashes`).
+# Entries are indexed by their prefixes of whole blocks of this many tokens (see `prefix_hashes`).
 INDEX_BLOCK = MIN_MATCH_TOKENS
 # A lookup compares the prompt with at most this many of the entries sharing its most blocks (`_compared`).
 MAX_COMPARED = 8
@@ -53,7 +54,7 @@ def common_prefix_length(a: Sequence[int] | np.ndarray, b: Sequence[int] | np.nd
     return int(differs[0]) if differs.size else n
 
 
-def _prefix_hashes(tokens: np.ndarray, variant: str) -> list[int]:
+def prefix_hashes(tokens: np.ndarray, variant: str) -> list[int]:
     """Chained hashes of `tokens`' prefixes of whole INDEX_BLOCKs under `variant`: the k-th stands for the
     variant and the first k blocks (the 0th for the variant alone). Two sequences share the first k blocks
     when their k-th hashes are equal (barring a 64-bit collision: what a lookup finds is compared exactly,
@@ -65,6 +66,46 @@ def _prefix_hashes(tokens: np.ndarray, variant: str) -> list[int]:
         running = hash((running, data[start : start + INDEX_BLOCK].tobytes()))
         hashes.append(running)
     return hashes
+
+
+Key = TypeVar("Key", bound=Hashable)
+
+
+class BlockIndex(Generic[Key]):
+    """Token sequences' keys by the hashes of their prefixes of whole blocks (`prefix_hashes`), as vLLM finds
+    cached blocks: those sharing the most blocks with a prompt are found in a lookup a block, however many."""
+
+    def __init__(self) -> None:
+        self._keys: dict[int, set[Key]] = {}  # a prefix hash: the keys of the sequences holding that prefix
+
+    def add(self, key: Key, hashes: Sequence[int]) -> None:
+        """Index `key`, a sequence whose prefix hashes are `hashes`."""
+        for prefix_hash in hashes:
+            self._keys.setdefault(prefix_hash, set()).add(key)
+
+    def remove(self, key: Key, hashes: Sequence[int]) -> None:
+        """Forget `key`, added with `hashes`."""
+        for prefix_hash in hashes:
+            keys = self._keys[prefix_hash]
+            keys.discard(key)
+            if not keys:
+                del self._keys[prefix_hash]
+
+    def holding(self, prefix_hash: int) -> set[Key]:
+        """The keys of the sequences holding the prefix of `prefix_hash` (not to be changed)."""
+        return self._keys.get(prefix_hash, set())
+
+    def sharing_most_blocks(self, hashes: Sequence[int]) -> tuple[int, set[Key]]:
+        """The keys sharing the most whole blocks, at least one, with the sequence whose prefix hashes are
+        `hashes` (not to be changed), and how many blocks they share; (0, none) where none shares one. The
+        longest match is among them when it is a block or longer."""
+        blocks, found = 0, set()
+        for prefix_hash in hashes[1:]:
+            keys = self._keys.get(prefix_hash)
+            if not keys:
+                break
+            blocks, found = blocks + 1, keys
+        return blocks, found
 
 
 @dataclass
@@ -140,7 +181,7 @@ class PrefixCache:
         self.disk_dir = disk_dir if disk_budget_bytes > 0 else None
         self.disk_budget_bytes = disk_budget_bytes
         self._entries: OrderedDict[str, _Entry] = OrderedDict()  # least recently used first
-        self._by_prefix: dict[int, set[str]] = {}  # a prefix hash: the keys of the entries holding that prefix
+        self._index: BlockIndex[str] = BlockIndex()
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
@@ -159,7 +200,7 @@ class PrefixCache:
         prompt = np.asarray(tokens, dtype=np.int32)
         with self._lock:
             best: PrefixMatch | None = None
-            for key in self._compared(self._sharing_most_blocks(prompt, variant)):
+            for key in self._compared(self._index.sharing_most_blocks(prefix_hashes(prompt, variant))[1]):
                 entry = self._entries[key]
                 length = common_prefix_length(entry.tokens, prompt)
                 if entry.variant == variant and length >= MIN_MATCH_TOKENS and (best is None or length > best.length):
@@ -178,17 +219,6 @@ class PrefixCache:
         if len(keys) <= MAX_COMPARED:
             return keys
         return islice((key for key in reversed(self._entries) if key in keys), MAX_COMPARED)
-
-    def _sharing_most_blocks(self, prompt: np.ndarray, variant: str) -> set[str]:
-        """The entries of `variant` sharing the most whole blocks with `prompt`, at least one (the
-        longest match is among them: MIN_MATCH_TOKENS is one block)."""
-        found: set[str] = set()
-        for prefix_hash in _prefix_hashes(prompt, variant)[1:]:
-            keys = self._by_prefix.get(prefix_hash)
-            if not keys:
-                break
-            found = keys
-        return found
 
     def load(self, key: str) -> bytes | None:
         """The saved state of a match, read back into RAM from disk if need be; None if it is gone."""
@@ -214,12 +244,12 @@ class PrefixCache:
         """Whether some entry of `variant` already holds all of `tokens` (saving them again is pointless)."""
         array = np.asarray(tokens, dtype=np.int32)
         # Such an entry shares all of `tokens`' whole blocks.
-        prefix_hash = _prefix_hashes(array, variant)[-1]
+        prefix_hash = prefix_hashes(array, variant)[-1]
         with self._lock:
             return any(
                 entry.variant == variant and len(entry.tokens) >= len(array)
                 and common_prefix_length(entry.tokens, array) == len(array)
-                for entry in (self._entries[key] for key in self._by_prefix.get(prefix_hash, ()))
+                for entry in (self._entries[key] for key in self._index.holding(prefix_hash))
             )
 
     # -- insertion -----------------------------------------------------------------
@@ -229,7 +259,7 @@ class PrefixCache:
         that variant it extends are dropped."""
         array = np.asarray(tokens, dtype=np.int32)
         key = hashlib.sha1(self.model_key.encode() + variant.encode() + array.tobytes()).hexdigest()
-        hashes = _prefix_hashes(array, variant)
+        hashes = prefix_hashes(array, variant)
         with self._lock:
             extended = self._prefixes_of(array, variant, hashes)
             for other_key in extended:
@@ -286,7 +316,7 @@ class PrefixCache:
         with k whole blocks shares them all with `array`, so it is found under `array`'s k-th prefix hash."""
         found = []
         for blocks, prefix_hash in enumerate(hashes):
-            for key in self._by_prefix.get(prefix_hash, ()):
+            for key in self._index.holding(prefix_hash):
                 entry = self._entries[key]
                 tokens = entry.tokens
                 if (entry.variant == variant and len(tokens) // INDEX_BLOCK == blocks and len(tokens) <= len(array)
@@ -296,16 +326,11 @@ class PrefixCache:
 
     def _add(self, key: str, entry: _Entry) -> None:
         self._entries[key] = entry
-        for prefix_hash in entry.prefix_hashes:
-            self._by_prefix.setdefault(prefix_hash, set()).add(key)
+        self._index.add(key, entry.prefix_hashes)
 
     def _remove(self, key: str) -> None:
         entry = self._entries.pop(key)
-        for prefix_hash in entry.prefix_hashes:
-            keys = self._by_prefix[prefix_hash]
-            keys.discard(key)
-            if not keys:
-                del self._by_prefix[prefix_hash]
+        self._index.remove(key, entry.prefix_hashes)
         if entry.disk_path is not None:
             entry.disk_path.unlink(missing_ok=True)
             self._index_stale = True
@@ -404,7 +429,7 @@ class PrefixCache:
             except (OSError, ValueError):
                 path.unlink(missing_ok=True)  # a damaged entry is only a lost speed-up
         for key, tokens, state_size in found:
-            self._add(key, _Entry(tokens, None, self._entry_path(key), state_size, prefix_hashes=_prefix_hashes(tokens, "")))
+            self._add(key, _Entry(tokens, None, self._entry_path(key), state_size, prefix_hashes=prefix_hashes(tokens, "")))
         self._enforce_budgets()
 
 

@@ -4,10 +4,15 @@ The scheduler's thread waits for requests, then runs its steps where the backend
 (`Backend.hold_compute`: llama.cpp's compute thread), so that no decode hops between threads. Each
 step admits waiting requests into free slots (a slot is one KV sequence and its Session) and
 prefills them, then decodes one token for every active slot in a single `evaluate_batch`. A
-finished or cancelled reply frees its slot for a waiting request at the next step. Requests beyond
-the slots wait in a bounded queue; past it `submit` refuses them. A request's several replies (an API
-request's choices) are queued whole while there is room for one: the bound is on requests, and the
-server bounds the replies one asks for.
+finished or cancelled reply frees its slot for a waiting request at the next step.
+
+A request's several replies (an API request's choices, up to the server's bound) are queued whole, and
+a request counts once against the bound on requests, however many replies it asks for: past the slots
+and the queue's size, `submit_all` refuses it (Ollama's OLLAMA_MAX_QUEUE counts requests too). A
+freed slot goes to the waiting request with the fewest replies in slots, the earliest of those: a
+client asking for 128 choices shares the slots with the others and takes what they leave, while taken
+first-come-first-served by reply (as llama-server's task queue and vLLM's waiting queue take a
+request's children) its choices would hold every slot until all 128 had started.
 
 Slots share the context's cells (llama.cpp's unified KV cache). An idle slot keeps the KV of its
 last reply, so a client resending its history is best served by the slot that holds it; any other
@@ -21,12 +26,15 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import islice
+
+import numpy as np
 
 from localchat.backends.base import Backend, LoraScales, TokenLogprob
 from localchat.engine import Engine
 from localchat.errors import ContextOverflowError, InvalidSettingError, LocalchatError
-from localchat.prefix_cache import common_prefix_length
+from localchat.prefix_cache import INDEX_BLOCK, MAX_COMPARED, BlockIndex, common_prefix_length, prefix_hashes
 from localchat.session import MIN_SAVE_TOKENS, Decoder, GenerationSettings, GenerationStats, Reply, Session
 
 logger = logging.getLogger(__name__)
@@ -67,13 +75,16 @@ class QueueFullError(LocalchatError):
 
 
 class ScheduledReply:
-    """A request handed to the scheduler: its events go to `sink`; `cancel()` from any thread."""
+    """A reply handed to the scheduler: its events go to `sink`; `cancel()` from any thread."""
 
-    def __init__(self, prompt: list[int], settings: GenerationSettings, reply: Reply, sink: EventSink) -> None:
+    def __init__(self, prompt: list[int], settings: GenerationSettings, reply: Reply, sink: EventSink,
+                 prompt_hashes: list[int]) -> None:
+        """`prompt_hashes`: the prompt's `prefix_hashes`, by which the waiting replies are indexed."""
         self.prompt = prompt
         self.settings = settings
         self.reply = reply
         self.sink = sink
+        self.prompt_hashes = prompt_hashes
         self._cancelled = threading.Event()
 
     def cancel(self) -> None:
@@ -84,10 +95,19 @@ class ScheduledReply:
         return self._cancelled.is_set()
 
 
+@dataclass(eq=False)
+class _Submission:
+    """The replies one `submit_all` queued (an API request's choices): those waiting, and how many hold a slot."""
+
+    waiting: deque[ScheduledReply] = field(default_factory=deque)
+    running: int = 0
+
+
 @dataclass
 class _Slot:
     session: Session
     request: ScheduledReply | None = None
+    submission: _Submission | None = None  # the request its reply belongs to
     decoder: Decoder | None = None
     last_used: int = 0  # the step it last finished a reply, to pick the least recently used
     prompt_length: int = 0  # its last request's prompt: a continuation that parts from it inside was rewritten
@@ -98,7 +118,7 @@ class _Slot:
 
 
 class Scheduler:
-    """N slots decoded together on the engine's backend, fed from a queue of at most `max_waiting`.
+    """N slots decoded together on the engine's backend, fed from a queue of at most `max_waiting` requests.
 
     While it runs, the scheduler's steps are the only ones to touch the engine's sessions and
     backend (tokenizing aside, which reads only the vocabulary).
@@ -110,7 +130,9 @@ class Scheduler:
         self._backend: Backend = engine.backend
         self._slots = [_Slot(session) for session in engine.sessions]
         self._max_waiting = max_waiting
-        self._waiting: deque[ScheduledReply] = deque()
+        # Requests with a reply waiting or in a slot, in the order they came.
+        self._submissions: list[_Submission] = []
+        self._waiting_prompts: BlockIndex[ScheduledReply] = BlockIndex()
         self._wake = threading.Condition()
         self._stopping = False
         self._step = 0
@@ -129,7 +151,9 @@ class Scheduler:
 
     @property
     def waiting(self) -> int:
-        return len(self._waiting)
+        """Replies waiting for a slot."""
+        with self._wake:
+            return sum(len(submission.waiting) for submission in self._submissions)
 
     @property
     def running(self) -> bool:
@@ -144,10 +168,11 @@ class Scheduler:
         return self.submit_all([(prompt, settings, sink)])[0]
 
     def submit_all(self, replies: Sequence[tuple[Sequence[int], GenerationSettings, EventSink]]) -> list[ScheduledReply]:
-        """Queue several replies, each `(prompt, settings, sink)`, all or none: taken whole while the
-        queue has room for one, else QueueFullError; ContextOverflowError if the context cannot hold a prompt."""
+        """Queue one request's replies, each `(prompt, settings, sink)`, all or none: QueueFullError when the
+        slots and the queue hold as many requests as they may; ContextOverflowError if the context cannot hold a prompt."""
         n_ctx = self._backend.n_ctx
         requests = []
+        hashed: dict[int, list[int]] = {}  # by prompt object: a request's choices share their prompt's
         for prompt, settings, sink in replies:
             if not prompt:
                 raise InvalidSettingError("the prompt is empty")
@@ -156,13 +181,18 @@ class Scheduler:
                     f"the prompt is {len(prompt)} tokens but the context holds {n_ctx}; shorten it or raise the context size (--ctx)"
                 )
             settings = self._slots[0].session.with_sampler(settings)
-            requests.append(ScheduledReply(list(prompt), settings, Reply(self._backend, settings, len(prompt)), sink))
+            if id(prompt) not in hashed:
+                hashed[id(prompt)] = prefix_hashes(np.asarray(prompt, dtype=np.int32), "")
+            requests.append(ScheduledReply(list(prompt), settings, Reply(self._backend, settings, len(prompt)), sink,
+                                           hashed[id(prompt)]))
         with self._wake:
             if self._stopping:
                 raise QueueFullError("the scheduler is shutting down")
-            if self.busy_slots + len(self._waiting) >= self.n_slots + self._max_waiting:
-                raise QueueFullError(f"all {self.n_slots} slots are busy and {len(self._waiting)} requests are waiting")
-            self._waiting.extend(requests)
+            if len(self._submissions) >= self.n_slots + self._max_waiting:
+                raise QueueFullError(f"{len(self._submissions)} requests hold its {self.n_slots} slots or wait for one")
+            self._submissions.append(_Submission(deque(requests)))
+            for request in requests:
+                self._waiting_prompts.add(request, request.prompt_hashes)
             self._wake.notify()
         return requests
 
@@ -191,7 +221,11 @@ class Scheduler:
             # After a bug too, no request is left waiting for an answer that will not come.
             with self._wake:
                 self._stopping = True
-                waiting, self._waiting = list(self._waiting), deque()
+                waiting = [request for submission in self._submissions for request in submission.waiting]
+                for submission in self._submissions:
+                    submission.waiting.clear()
+                self._submissions = [submission for submission in self._submissions if submission.running]
+                self._waiting_prompts = BlockIndex()
             for slot in self._slots:
                 if slot.request is not None and crashed:
                     self._fail(slot, "the scheduler failed")
@@ -202,7 +236,7 @@ class Scheduler:
 
     def _idle(self) -> bool:
         """No reply runs or waits (read under `_wake`)."""
-        return not self._waiting and self.busy_slots == 0
+        return not self._submissions
 
     def _take_step(self) -> bool:
         """One step (admit, then decode every active slot); whether there is another to take."""
@@ -213,32 +247,59 @@ class Scheduler:
             return not self._stopping and not self._idle()
 
     def _admit(self) -> None:
-        """Move waiting requests into free slots, prefill each and sample its first token."""
+        """Move waiting replies into free slots, the next from the request with the fewest in slots (the
+        earliest of those); prefill each and sample its first token."""
         while True:
             with self._wake:
                 free = [slot for slot in self._slots if slot.request is None]
-                if not free or not self._waiting:
+                waiting = [submission for submission in self._submissions if submission.waiting]
+                if not free or not waiting:
                     return
-                request = self._waiting.popleft()
+                submission = min(waiting, key=lambda submission: submission.running)
+                request = submission.waiting.popleft()
+                self._waiting_prompts.remove(request, request.prompt_hashes)
+                submission.running += 1
             if request.cancelled:
+                self._ended(submission)
                 request.sink(ReplyDone(request.reply.stats()))
                 continue
             slot = self._slot_for(free, request)
+            slot.submission = submission
             if not self._start(slot, request):
-                with self._wake:
-                    self._waiting.appendleft(request)  # it waits for active replies to free cells
+                with self._wake:  # it waits for active replies to free cells
+                    slot.submission = None
+                    submission.running -= 1
+                    submission.waiting.appendleft(request)
+                    self._waiting_prompts.add(request, request.prompt_hashes)
                 return
             self._share_with_waiting(slot)
 
+    def _ended(self, submission: _Submission) -> None:
+        """One of `submission`'s replies has ended: a request with none left waiting or running is gone."""
+        with self._wake:
+            submission.running -= 1
+            if not submission.running and not submission.waiting:
+                self._submissions.remove(submission)
+
     def _share_with_waiting(self, slot: _Slot) -> None:
-        """Share the prompt `slot` has just prefilled through the prefix cache when a waiting request starts
+        """Share the prompt `slot` has just prefilled through the prefix cache when a waiting reply starts
         with half of it or more (a request's other choices, prompts sharing long instructions): each restores
         it, not computes it. Saving copies the whole prompt's KV, which costs far less than computing half
-        of it (SmolLM2 on 2 CPU threads: 7 ms a token computed, 6 us restored: prefix_cache.MIN_MATCH_TOKENS)."""
-        with self._wake:
-            waiting = list(self._waiting)
+        of it (SmolLM2 on 2 CPU threads: 7 ms a token computed, 6 us restored: prefix_cache.MIN_MATCH_TOKENS).
+
+        The waiting prompts sharing the most whole blocks are found by their blocks' hashes, and the next block of
+        at most MAX_COMPARED of them compared, whatever the prompts' length and number: comparing every one's
+        tokens took 19 ms a slot with 128 choices of 4,000 tokens. A hash collision costs no more than a save
+        nobody restores: the prefix cache compares the tokens of what it restores."""
         tokens = slot.session.tokens
-        shared = max((common_prefix_length(tokens, other.prompt) for other in waiting), default=0)
+        hashes = prefix_hashes(np.asarray(tokens, dtype=np.int32), "")
+        with self._wake:
+            blocks, sharing = self._waiting_prompts.sharing_most_blocks(hashes)
+            start, end = blocks * INDEX_BLOCK, (blocks + 1) * INDEX_BLOCK
+            compared = [other.prompt[start:end] for other in islice(sharing, MAX_COMPARED)]
+        if not compared:
+            return
+        shared = start + max(common_prefix_length(tokens[start:end], other) for other in compared)
         if shared >= max(MIN_SAVE_TOKENS, len(tokens) / 2):
             slot.session.share(shared)
 
@@ -432,4 +493,6 @@ class Scheduler:
     def _free(self, slot: _Slot) -> None:
         if slot.decoder is not None:
             slot.decoder.close()
-        slot.request, slot.decoder, slot.last_used = None, None, self._step
+        if slot.submission is not None:
+            self._ended(slot.submission)
+        slot.request, slot.submission, slot.decoder, slot.last_used = None, None, None, self._step

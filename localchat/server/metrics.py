@@ -40,7 +40,8 @@ class _EngineCollector(Collector):
         families = [
             (GaugeMetricFamily, "localchat_slots", "Parallel sequences (slots) in the batch", lambda s, _: s.n_slots),
             (GaugeMetricFamily, "localchat_slots_busy", "Slots producing a reply", lambda s, _: s.busy_slots),
-            (GaugeMetricFamily, "localchat_requests_waiting", "Requests queued for a slot", lambda s, _: s.waiting),
+            (GaugeMetricFamily, "localchat_requests_waiting", "Replies queued for a slot (a request's choices, one each)",
+             lambda s, _: s.waiting),
             (CounterMetricFamily, "localchat_prefix_cache_hits", "Prompts that found a saved KV prefix", lambda _, c: c.hits),
             (CounterMetricFamily, "localchat_prefix_cache_misses", "Prompts that found no saved KV prefix",
              lambda _, c: c.misses),

@@ -171,14 +171,19 @@ class ScriptedBackend:
     def close(self, *, process_ends: bool = False) -> None: ...
 
 
-def scripted_app(backend: ScriptedBackend, home: Path, settings: ServerSettings | None = None,
-                 loras: Sequence[LoraSpec] = ()) -> FastAPI:
-    """The app over `backend`, with `loras` loaded on it."""
+def scripted_engine(backend: ScriptedBackend, home: Path) -> Engine:
+    """An engine over `backend`, its model file and prefix cache in `home`."""
     model_file = home / "scripted.gguf"
     model_file.write_bytes(b"scripted")
     plan = ModelPlan(ModelRef(model_file, "gguf", "scripted"), None, None, None, None)  # type: ignore[arg-type]
     settings_here = Settings(data_dir=home, cache_dir=home, prefix_cache_disk_bytes=0)
-    engine = Engine(plan, backend, settings_here, new_prefix_cache(plan, settings_here))  # type: ignore[arg-type]
+    return Engine(plan, backend, settings_here, new_prefix_cache(plan, settings_here))  # type: ignore[arg-type]
+
+
+def scripted_app(backend: ScriptedBackend, home: Path, settings: ServerSettings | None = None,
+                 loras: Sequence[LoraSpec] = ()) -> FastAPI:
+    """The app over `backend`, with `loras` loaded on it."""
+    engine = scripted_engine(backend, home)
     engine.add_loras(loras)
     return create_app(engine, settings or ServerSettings())
 

@@ -1,10 +1,12 @@
 """Several prompts and n choices in one request, as OpenAI defines them: choice i * n + j is prompt i's j-th,
-each with its own seed, stop strings, tools and limits, streamed with its index and counted in one usage.
-Through the real app over the scripted model (scripted_app.py) in milliseconds, then the real model."""
+each with its own seed, stop strings, tools and limits, streamed with its index and counted in one usage; a
+request's choices share the slots with other requests. Through the real app and scheduler over the scripted model
+(scripted_app.py) in milliseconds, then the real model."""
 
 from __future__ import annotations
 
 import json
+import queue
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,17 +18,22 @@ from fastapi.testclient import TestClient
 from greedy_paths import assert_same_completion_until_near_tie, assert_same_pieces_until_near_tie, first_near_tie
 from langchain_openai import OpenAI as LangChainOpenAI
 from live_server import API_KEY, QUEUE, SLOTS, LiveServer
-from scripted_app import ScriptedBackend, scripted_client
+from scripted_app import ScriptedBackend, scripted_client, scripted_engine
 
 from localchat.engine import Engine
 from localchat.models import DEFAULT_MODEL_NAME
+from localchat.scheduler import QueueFullError, ReplyDone, ReplyEvent, Scheduler
 from localchat.server.schemas import MAX_CHOICES
+from localchat.session import GenerationSettings
 
 MODEL = DEFAULT_MODEL_NAME
 GREEDY = {"temperature": 0, "seed": 1}
 HELLO = [{"role": "user", "content": "Hello"}]
 # Prompts the chat model continues without a near tie in their first tokens.
 LISTS = ["The capital of France is", "1, 2, 3, 4, 5,", "A, B, C, D,", "10, 20, 30, 40,"]
+# Each begins with a letter of its own: a prompt shares the instructions alone with another.
+COUNTRIES = ("France", "Italy", "Japan", "Brazil", "Canada", "Egypt", "Greece", "Kenya", "Mexico", "Norway", "Peru",
+             "Denmark")
 
 
 @pytest.fixture
@@ -129,17 +136,52 @@ def test_a_request_s_choices_share_their_prompt_through_the_prefix_cache(
     assert reply.usage.prompt_tokens_details.cached_tokens == 0
 
 
+@pytest.mark.parametrize("countries", [("France", "Italy", "Swiss"), COUNTRIES])
 def test_prompts_sharing_their_instructions_compute_them_once(
-        scripted: tuple[openai.OpenAI, TestClient, ScriptedBackend]) -> None:
-    """The first prompt's KV is saved once, and the others start from it. (Short prompts: the scripted model
-    computes for free, so a prompt of 64 tokens or more would teach the prefix cache that restoring does not pay.)"""
+        scripted: tuple[openai.OpenAI, TestClient, ScriptedBackend], countries: tuple[str, ...]) -> None:
+    """The first prompt's KV is saved once, and the others start from it, more of them waiting than the
+    scheduler compares (prefix_cache.MAX_COMPARED) too. (Short prompts: the scripted model computes for free,
+    so a prompt of 64 tokens or more would teach the prefix cache that restoring does not pay.)"""
     client, http, backend = scripted
     instructions = "Answer with the capital city of the country: "
-    backend.replies.extend(["Paris.", "Rome.", "Bern."])
+    backend.replies.extend(["A."] * len(countries))
     cached, saved = _metric(http, "localchat_prompt_tokens_cached_total"), _metric(http, "localchat_prefix_cache_entries")
-    client.completions.create(model="scripted", prompt=[instructions + country for country in ("France", "Italy", "Swiss")])
-    assert _metric(http, "localchat_prompt_tokens_cached_total") - cached == 2 * len(instructions)
+    client.completions.create(model="scripted", prompt=[instructions + country for country in countries])
+    assert _metric(http, "localchat_prompt_tokens_cached_total") - cached == (len(countries) - 1) * len(instructions)
     assert _metric(http, "localchat_prefix_cache_entries") - saved == 1
+
+
+def test_a_request_s_many_choices_count_once_and_share_the_slots_with_later_requests(tmp_path: Path) -> None:
+    """Two slots and room for one request more: a request of six choices counts once, so two more fit beside it
+    and a fourth does not. A freed slot goes to the request with the fewest replies in a slot, the earliest of
+    those: the later requests start as slots free, not after all six choices (first come, first served by reply:
+    Alpha six times, then Beta, Gamma, Gamma)."""
+    backend = ScriptedBackend(QWEN3)
+    backend.replies.extend(["ok"] * 9)  # every reply as long: the two slots free together
+    scheduler = Scheduler(scripted_engine(backend, tmp_path), max_waiting=1)
+    events: queue.SimpleQueue[ReplyEvent] = queue.SimpleQueue()
+
+    def submit(text: str, n: int) -> None:
+        prompt = backend.tokenize(text, add_bos=False, special=False)
+        scheduler.submit_all([(prompt, GenerationSettings(max_tokens=8), events.put)] * n)
+
+    submit("Alpha", 6)
+    submit("Beta", 1)
+    submit("Gamma", 2)
+    with pytest.raises(QueueFullError):
+        submit("Delta", 1)
+    assert scheduler.waiting == 9
+    scheduler.start()  # after the requests: the order they start in does not hang on the threads' timing
+    try:
+        ended = 0
+        while ended < 9:
+            ended += isinstance(events.get(timeout=10), ReplyDone)
+        submit("Delta", 1)  # the requests gone, the queue takes another
+        while not isinstance(events.get(timeout=10), ReplyDone):
+            pass
+    finally:
+        scheduler.close()
+    assert backend.prompts == ["Alpha", "Beta", "Alpha", "Gamma", "Alpha", "Gamma", "Alpha", "Alpha", "Alpha", "Delta"]
 
 
 @pytest.mark.parametrize(("body", "param", "message"), [
@@ -231,6 +273,25 @@ def test_a_client_that_goes_away_cancels_every_choice(server: LiveServer) -> Non
             next(lines)
     assert server.idle_within(20)  # 4 x 2000 tokens would have taken minutes
     assert server.metric('localchat_replies_total{finish_reason="cancelled"}') == cancelled + 4
+
+
+def test_a_request_for_the_most_choices_leaves_another_client_the_next_free_slot(server: LiveServer) -> None:
+    """A request for MAX_CHOICES choices, more than the slots and the queue hold, counts as one request: another
+    client's lone request is not refused, and starts in the first slot freed, answered while most of the choices
+    still wait (first come, first served by reply, it would wait until the last of them had started)."""
+    assert MAX_CHOICES > SLOTS + QUEUE
+    choices = server.client().completions.create(model=MODEL, prompt="Tell me a story.", n=MAX_CHOICES, max_tokens=8,
+                                                 stream=True, extra_body={"ignore_eos": True})
+    try:
+        lone = server.client().completions.create(model=MODEL, prompt="The capital of France is", max_tokens=2)
+        waiting = server.health()["requests_waiting"]
+    finally:
+        choices.close()  # the server cancels the choices
+    assert lone.choices[0].finish_reason == "length" and lone.choices[0].text
+    # The lone reply starts beside the first round of choices or the next (8 steps each): some 120 of them wait
+    # when it has ended (124 measured), where none would be left first come, first served by reply.
+    assert isinstance(waiting, int) and waiting > MAX_CHOICES // 2
+    assert server.idle_within(30)
 
 
 def test_langchain_s_batch_is_one_request_answered_in_order(server: LiveServer) -> None:
