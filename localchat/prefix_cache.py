@@ -78,6 +78,9 @@ class BlockIndex(Generic[Key]):
     def __init__(self) -> None:
         self._keys: dict[int, set[Key]] = {}  # a prefix hash: the keys of the sequences holding that prefix
 
+    def __bool__(self) -> bool:
+        return bool(self._keys)
+
     def add(self, key: Key, hashes: Sequence[int]) -> None:
         """Index `key`, a sequence whose prefix hashes are `hashes`."""
         for prefix_hash in hashes:

@@ -291,6 +291,9 @@ class Scheduler:
         at most MAX_COMPARED of them compared, whatever the prompts' length and number: comparing every one's
         tokens took 19 ms a slot with 128 choices of 4,000 tokens. A hash collision costs no more than a save
         nobody restores: the prefix cache compares the tokens of what it restores."""
+        with self._wake:
+            if not self._waiting_prompts:  # nothing waits: no prompt to hash (a chat's every admission)
+                return
         tokens = slot.session.tokens
         hashes = prefix_hashes(np.asarray(tokens, dtype=np.int32), "")
         with self._wake:
