@@ -222,13 +222,21 @@ class OllamaModels:
         return paths
 
     def find(self, requested: str) -> tuple[str, Path]:
-        """The id and path of the model `requested` names, in any case (NAME:latest for NAME too); 404 when none.
-        Never loads nor pulls."""
+        """The id and path of the model `requested` names (`named`); 404 when none. Never loads nor pulls."""
+        found = self.named(requested)
+        if found is None:
+            raise APIError(404, f"model '{requested}' not found", code="model_not_found", param="model")
+        return found
+
+    def named(self, requested: str) -> tuple[str, Path] | None:
+        """The id and path of the model `requested` names, in any case (NAME:latest for NAME too): by its id, or a
+        model's by its file's name or stem (a preset's file is its alone)."""
         wanted = names_wanted(requested)
         for model_id, path in self._paths().items():
-            if wanted & {model_id.casefold(), path.name.casefold(), path.stem.casefold()}:
+            names = {model_id} if is_preset_file(path) else {model_id, path.name, path.stem}
+            if wanted & {name.casefold() for name in names}:
                 return model_id, path
-        raise APIError(404, f"model '{requested}' not found", code="model_not_found", param="model")
+        return None
 
     @property
     def _settings(self) -> Settings:
@@ -393,7 +401,7 @@ class OllamaModels:
             raise APIError(400, f'destination "{body.destination}" is invalid: give a name of letters, digits, ".", "_" '
                                 "and \"-\"", param="destination")
         models_dir = self.loader.settings.models_dir
-        if any(model.id.casefold() == destination.casefold() for model in await run_in_threadpool(self.loader.catalog)):
+        if self.named(destination) is not None:  # a second model of that name would answer in its place
             raise APIError(400, f"destination {destination} exists: delete it first or give another name", param="destination")
         if is_preset_file(source):
             try:
@@ -419,10 +427,12 @@ class OllamaModels:
                 raise APIError(400, f"{field}: {advice}", code="unsupported_parameter", param=field)
         if not body.from_ and not body.files:
             raise APIError(400, "neither 'from' or 'files' was specified: give the model to make it from as `from`", param="from")
+        taken = self.named(name)
+        if taken is not None:
+            if not is_preset_file(taken[1]):  # it would answer in the model's place
+                raise APIError(400, f"a model named {taken[0]} exists and is not a preset: give another name", param="model")
+            name = taken[0]  # made again under its name as it is (Ollama's getExistingName): a name is one in any case
         catalog = await run_in_threadpool(self.loader.catalog)
-        taken = next((model for model in catalog if model.id.casefold() == name.casefold()), None)
-        if taken is not None and not is_preset_file(taken.path):
-            raise APIError(400, f"a model named {taken.id} exists and is not a preset: give another name", param="model")
         if body.from_:
             source_id, source = self.find(body.from_)
             # A model the server was started with by path, outside the models folder, is named by its path.

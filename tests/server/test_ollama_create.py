@@ -194,3 +194,22 @@ def test_a_server_started_with_a_preset_answers_its_model_without_it(tmp_path: P
             assert answer.status_code == 400 and "preset broken" in answer.json()["error"], answer.text
     finally:
         server.stop()
+
+
+def test_a_name_is_one_model_in_any_case_and_a_models_own_names_are_not_a_presets(creating: tuple[LiveServer, ollama.Client]) -> None:
+    """Ollama's names are one in any case: creating `shouty` over `Shouty` makes Shouty again (requests find a preset
+    in any case, so a second file would answer as the first). A name a model answers to (its id, its file's name or
+    stem, in any case) is refused to a preset, made or copied, which would answer in the model's place."""
+    server, client = creating
+    client.create("Shouty", from_=DEFAULT_MODEL_NAME, system="Shout.")
+    client.create("shouty", from_=DEFAULT_MODEL_NAME, system="Whisper.")
+    assert [model.model for model in client.list().models if model.model.casefold() == "shouty"] == ["Shouty"]
+    assert _shown(server, "SHOUTY")["system"] == "Whisper."
+
+    for name in ("SmolLM2-135M-Instruct.Q4_1", "smollm2-135m-instruct.q4_1.gguf", "Gemma-3-270M"):
+        made = server.post("/api/create", {"model": name, "from": DEFAULT_MODEL_NAME, "stream": False})
+        assert made.status_code == 400 and "exists and is not a preset" in made.json()["error"], made.text
+        copied = server.post("/api/copy", {"source": "Shouty", "destination": name})
+        assert copied.status_code == 400 and "exists" in copied.json()["error"], copied.text
+    assert client.delete("Shouty").status == "success"
+    assert not {"Shouty", "shouty"} & {model.model for model in client.list().models}
