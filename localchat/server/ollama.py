@@ -73,7 +73,8 @@ NDJSON = "application/x-ndjson"
 class SamplingOption:
     """An Ollama option the sampler honours: the sampler field it sets (OpenAI's name, with llama.cpp's
     extensions), its type as Ollama's Go decoder takes it, and how llama.cpp reads its value (Ollama hands
-    options to llama.cpp as given): None leaves localchat's default; a ValueError says what it must be."""
+    options to llama.cpp as given): None is none (no seed, no reply limit), over a preset's too; a ValueError
+    says what it must be."""
 
     field: str
     kind: type
@@ -107,10 +108,11 @@ SAMPLING_OPTIONS: dict[str, SamplingOption] = {
     # localchat's sampler takes OpenAI's range.
     "presence_penalty": SamplingOption("presence_penalty", float, _within(lambda v: -2 <= v <= 2, "must be in [-2, 2]")),
     "frequency_penalty": SamplingOption("frequency_penalty", float, _within(lambda v: -2 <= v <= 2, "must be in [-2, 2]")),
-    # Ollama's -1 (any negative) is a random seed; llama.cpp's seeds are 32-bit: a larger one is taken
-    # modulo 2**32, as OpenAI's seed is (localchat.server.schemas).
+    # Ollama's -1 (any negative) is a random seed, a preset's notwithstanding; llama.cpp's seeds are 32-bit: a
+    # larger one is taken modulo 2**32, as OpenAI's seed is (localchat.server.schemas).
     "seed": SamplingOption("seed", int, lambda s: None if s < 0 else s % 2**32),
-    # Ollama's -1 (any <= 0): no limit but the server's (sampling_fields cuts a larger one to it).
+    # Ollama's -1 (any <= 0): no limit but the server's, a preset's notwithstanding (sampling_fields cuts a larger
+    # one to the server's).
     "num_predict": SamplingOption("max_tokens", int, lambda n: n if n > 0 else None),
     # localchat's own (llama.cpp's name): 0 turns DRY off, which is on by default (localchat.backends.base).
     "dry_multiplier": SamplingOption("dry_multiplier", float, _within(lambda v: v >= 0, "must be >= 0 (0 turns DRY off)")),
@@ -184,10 +186,10 @@ def _option(name: str, value: object, kind: type, where: str = "options") -> Any
 
 def sampling_fields(options: dict[str, Any] | None, reply_limit: int | None,
                     where: str = "options") -> tuple[dict[str, Any], tuple[str, ...] | None]:
-    """The sampler fields `options` set, read as llama.cpp reads them (SAMPLING_OPTIONS), and its stop
-    strings (None: none given). A num_predict over `reply_limit` (the server's, if it has one) is cut to
-    it, as Ollama bounds it, where OpenAI's max_tokens is refused. `where`: the request's name for
-    `options`, in error messages (/api/create's is `parameters`)."""
+    """The sampler fields `options` set, read as llama.cpp reads them (SAMPLING_OPTIONS: a seed or max_tokens of
+    None is Ollama's -1), and its stop strings (None: none given). A num_predict over `reply_limit` (the
+    server's, if it has one) is cut to it, as Ollama bounds it, where OpenAI's max_tokens is refused. `where`:
+    the request's name for `options`, in error messages (/api/create's is `parameters`)."""
     fields: dict[str, Any] = {}
     stop: tuple[str, ...] | None = None
     for name, value in (options or {}).items():
@@ -208,11 +210,10 @@ def sampling_fields(options: dict[str, Any] | None, reply_limit: int | None,
                 fields[option.field] = option.read(_option(name, value, option.kind, where))
             except ValueError as error:
                 raise APIError(400, f"{where}.{name}: {value} {error}", param=f"{where}.{name}") from None
-    fields = {field: value for field, value in fields.items() if value is not None}
     if fields.get("top_p", 1.0) <= 0 or fields.get("min_p", 0.0) >= 1:
         # llama.cpp keeps the likeliest token alone: a greedy pick, its penalties still applied.
         fields = {field: value for field, value in fields.items() if field not in ("top_p", "min_p")} | {"temperature": 0.0}
-    if reply_limit is not None and fields.get("max_tokens", 0) > reply_limit:
+    if reply_limit is not None and (fields.get("max_tokens") or 0) > reply_limit:
         fields["max_tokens"] = reply_limit
     return fields, stop
 

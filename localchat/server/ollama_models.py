@@ -474,6 +474,7 @@ class OllamaModels:
                                param=f"messages[{index}].role")
         license_ = "\n\n".join(body.license) if isinstance(body.license, list) else body.license
         sampling = dict(base.sampling) | {PRESET_SAMPLING[field]: value for field, value in fields.items() if field in PRESET_SAMPLING}
+        sampling = {field: value for field, value in sampling.items() if value is not None}  # a seed of -1: none
         try:
             return ModelPreset(
                 name, base.model, body.system if body.system is not None else base.system,

@@ -162,21 +162,21 @@ class CompletionService:
         if reply_limit is not None and limit is not None and reply_limit > limit:
             field = body.reply_limit_field
             raise APIError(400, f"{field} is {reply_limit} but this server allows at most {limit}", param=field)
-        # The request's fields over the model's defaults (localchat.sampling_defaults).
-        given = {field: value for field, value in (
-            ("temperature", body.temperature), ("top_k", body.top_k), ("top_p", body.top_p), ("min_p", body.min_p),
-            ("penalty_last_n", body.repeat_last_n), ("repeat_penalty", body.repeat_penalty),
-            ("dry_multiplier", body.dry_multiplier), ("seed", body.seed),
-        ) if value is not None}
-        sampler = dataclasses.replace(self.sampler_defaults.settings, presence_penalty=body.presence_penalty,
-                                      frequency_penalty=body.frequency_penalty, logit_bias=body.token_biases, **given)
+        # The fields the request sets over the preset's and the model's defaults (localchat.sampling_defaults); those
+        # it leaves out (or sends as null) are the defaults', and a seed it sets to none (-1) is a random one.
+        given = {sampler_field: getattr(body, field) for field, sampler_field in (
+            ("temperature", "temperature"), ("top_k", "top_k"), ("top_p", "top_p"), ("min_p", "min_p"),
+            ("repeat_last_n", "penalty_last_n"), ("repeat_penalty", "repeat_penalty"), ("presence_penalty", "presence_penalty"),
+            ("frequency_penalty", "frequency_penalty"), ("dry_multiplier", "dry_multiplier"), ("seed", "seed"),
+        ) if field in body.model_fields_set}
+        sampler = dataclasses.replace(self.sampler_defaults.settings, logit_bias=body.token_biases, **given)
         try:
             sampler.check_vocabulary(self.engine.backend.info.n_vocab)
         except InvalidSettingError as error:
             raise APIError(400, str(error), param="logit_bias") from None
         loras = None if body.lora is None else requested_scales(self.engine.loras, ((a.id, a.scale) for a in body.lora))
-        preset = self.preset  # its reply limit and stop strings where the request gives none
-        if preset is not None and reply_limit is None and preset.max_tokens is not None:
+        preset = self.preset  # its reply limit and stop strings where the request sets none
+        if preset is not None and not body.reply_limit_set and preset.max_tokens is not None:
             reply_limit = min(preset.max_tokens, limit) if limit is not None else preset.max_tokens
         stop = body.stop_strings or (preset.stop if preset is not None else ())
         return GenerationSettings(max_tokens=reply_limit or limit, stop=stop, sampler=sampler,

@@ -213,3 +213,44 @@ def test_a_name_is_one_model_in_any_case_and_a_models_own_names_are_not_a_preset
         assert copied.status_code == 400 and "exists" in copied.json()["error"], copied.text
     assert client.delete("Shouty").status == "success"
     assert not {"Shouty", "shouty"} & {model.model for model in client.list().models}
+
+
+def test_minus_one_in_a_requests_options_undoes_a_presets_reply_limit_and_seed(creating: tuple[LiveServer, ollama.Client]) -> None:
+    """Ollama's num_predict -1 (no limit) and seed -1 (a random one) go over a preset's, as Ollama puts a request's
+    options over a model's parameters; so do they over a preset a model is made from."""
+    server, client = creating
+    client.create("terse", from_=DEFAULT_MODEL_NAME, parameters={"num_predict": 3, "temperature": 0})
+    assert client.chat("terse", messages=[QUESTION]).eval_count == 3
+    assert (client.chat("terse", messages=[QUESTION], options={"num_predict": -1}).eval_count or 0) > 3
+    client.create("terse-free", from_="terse", parameters={"num_predict": -1})
+    assert "num_predict" not in str(_shown(server, "terse-free")["parameters"])
+
+    wild = {"temperature": 1.5, "top_k": 0, "top_p": 1, "min_p": 0, "num_predict": 12}
+    client.create("seeded", from_=DEFAULT_MODEL_NAME, parameters={**wild, "seed": 42})
+    client.create("seeded-free", from_="seeded", parameters={"seed": -1})
+    asked = [{"role": "user", "content": "Tell me a story."}]
+    assert len({client.chat("seeded", messages=asked).message.content for _ in range(2)}) == 1
+    assert len({client.chat("seeded", messages=asked, options={"seed": -1}).message.content for _ in range(3)}) > 1
+    assert len({client.chat("seeded-free", messages=asked).message.content for _ in range(3)}) > 1
+    openai_client = server.client()
+    replies = {openai_client.chat.completions.create(model="seeded", messages=asked, seed=-1).choices[0].message.content  # type: ignore[arg-type]
+               for _ in range(3)}
+    assert len(replies) > 1
+    for name in ("terse", "terse-free", "seeded", "seeded-free"):
+        client.delete(name)
+
+
+def test_a_presets_penalties_reach_its_replies(creating: tuple[LiveServer, ollama.Client]) -> None:
+    """A preset's presence and frequency penalties are its replies' unless a request sets its own (a request's
+    default of 0 took their place)."""
+    server, client = creating
+    penalties = {"temperature": 0, "num_predict": 24, "presence_penalty": 2.0, "frequency_penalty": 2.0}
+    client.create("penalised", from_=DEFAULT_MODEL_NAME, parameters=penalties)
+    asked = [{"role": "user", "content": "Write a poem about the sea and the sea."}]
+    made = client.chat("penalised", messages=asked).message.content
+    by_hand = client.chat(DEFAULT_MODEL_NAME, messages=asked, options=penalties).message.content
+    plain = client.chat(DEFAULT_MODEL_NAME, messages=asked, options={"temperature": 0, "num_predict": 24}).message.content
+    assert made == by_hand and by_hand != plain
+    reply = server.client().chat.completions.create(model="penalised", messages=asked)  # type: ignore[arg-type]
+    assert reply.choices[0].message.content == made
+    client.delete("penalised")
