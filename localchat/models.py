@@ -23,7 +23,15 @@ from localchat.errors import ModelError
 from localchat.gguf_file import ROUTED_EXPERT_TENSOR, GgufHeader, read_gguf_header
 from localchat.onnx_format import ONNX_MARKER, read_metadata
 from localchat.planner import ModelFacts
-from localchat.presets import PRESET_NAME, ModelPreset, is_preset_file, preset_name, preset_path, read_preset
+from localchat.presets import (
+    PRESET_NAME,
+    ModelPreset,
+    is_preset_file,
+    preset_name,
+    preset_path,
+    preset_runs,
+    read_preset,
+)
 from localchat.settings import Settings
 
 GEMMA_MODEL_FILE = "gemma-3-270m-q4_k_m.gguf"
@@ -218,8 +226,9 @@ def uploaded_files_dir(settings: Settings) -> Path:
     return settings.models_dir / "blobs"
 
 
-def _prune_upload(model: str, settings: Settings) -> int:
-    """Delete the uploaded file `model` names if no preset names it any more; the bytes freed."""
+def prune_upload(model: str, settings: Settings) -> int:
+    """Delete the uploaded file `model` (a preset's model) names if no preset names it any more; the bytes freed
+    (0 when `model` is no upload)."""
     path = Path(model)
     if path.parent != uploaded_files_dir(settings) or not path.is_file():
         return 0
@@ -503,12 +512,9 @@ def remove_model(model: str, settings: Settings) -> RemovedModel:
     preset = _preset_file(model, settings)
     if preset is not None:
         freed = preset.stat().st_size
-        try:
-            runs: str | None = read_preset(preset).model
-        except ModelError:
-            runs = None
+        runs = preset_runs(preset)
         preset.unlink()
-        return RemovedModel((model,), freed + (_prune_upload(runs, settings) if runs is not None else 0))
+        return RemovedModel((model,), freed + (prune_upload(runs, settings) if runs is not None else 0))
     packaged = PACKAGED_MODELS.get(model)
     if packaged is not None and not packaged.removable:
         raise ModelError(f"{model} ships inside a Python package that localchat depends on; it cannot be removed")

@@ -157,6 +157,14 @@ def read_preset(path: Path) -> ModelPreset:
         raise ModelError(f"preset {name} ({path}) cannot be read: {error}; delete it and create it again") from None
 
 
+def preset_runs(path: Path) -> str | None:
+    """The model the preset in `path` runs; None when the preset cannot be read."""
+    try:
+        return read_preset(path).model
+    except ModelError:
+        return None
+
+
 def write_preset(preset: ModelPreset, folder: Path) -> Path:
     """`preset` written to the models folder `folder`, whole or not at all (a crash leaves the old one)."""
     target = preset_path(folder, preset.name)

@@ -44,6 +44,7 @@ from localchat.models import (
     packaged_model,
     pending_model,
     preset_model,
+    prune_upload,
     remove_model,
     uploaded_files_dir,
 )
@@ -53,6 +54,7 @@ from localchat.presets import (
     ModelPreset,
     PresetMessage,
     is_preset_file,
+    preset_runs,
     read_preset,
     write_preset,
 )
@@ -415,6 +417,14 @@ class OllamaModels:
 
     async def create(self, body: CreateRequest) -> Response:
         self._checked(self.settings.allow_model_changes, "creating models", "--allow-model-changes")
+        try:
+            return await self._create(body)
+        except Exception:
+            # A model not made leaves no file uploaded for it that no model names (the client uploads it again).
+            await run_in_threadpool(self._forget_uploads, body.files or {})
+            raise
+
+    async def _create(self, body: CreateRequest) -> Response:
         if self.loader is None:
             raise APIError(400, "this server serves one model and creates none", param="model")
         name = body.wanted.removesuffix(LATEST)
@@ -428,10 +438,12 @@ class OllamaModels:
         if not body.from_ and not body.files:
             raise APIError(400, "neither 'from' or 'files' was specified: give the model to make it from as `from`", param="from")
         taken = self.named(name)
+        replaced: str | None = None  # the model of the preset made again
         if taken is not None:
             if not is_preset_file(taken[1]):  # it would answer in the model's place
                 raise APIError(400, f"a model named {taken[0]} exists and is not a preset: give another name", param="model")
             name = taken[0]  # made again under its name as it is (Ollama's getExistingName): a name is one in any case
+            replaced = await run_in_threadpool(preset_runs, taken[1])
         catalog = await run_in_threadpool(self.loader.catalog)
         if body.from_:
             source_id, source = self.find(body.from_)
@@ -445,6 +457,8 @@ class OllamaModels:
         except ModelError as error:  # its source a damaged preset, or a preset whose model is gone
             raise APIError(400, str(error), param="from") from None
         await run_in_threadpool(write_preset, preset, self.loader.settings.models_dir)
+        if replaced is not None:  # a file uploaded for the old one, if no model names it now
+            await run_in_threadpool(prune_upload, replaced, self.loader.settings)
         await self.models.pool.unload(name, "made again by /api/create")  # its next request loads the new one
         lines = [Progress(status=f"using existing model {preset.model}"), Progress(status="writing preset"),
                  Progress(status="success")]
@@ -507,6 +521,12 @@ class OllamaModels:
             raise APIError(400, "files: a GGUF model split into parts is not taken: merge it with llama.cpp's gguf-split",
                            param="files")
         return path
+
+    def _forget_uploads(self, files: dict[str, str]) -> None:
+        """Delete the uploaded files `files` names (/api/create's) that no model names."""
+        for digest in files.values():
+            if BLOB_DIGEST.match(digest):
+                prune_upload(str(self._blob(digest)), self._settings)
 
     async def blob_exists(self, digest: str) -> Response:
         """Ollama's HEAD /api/blobs/DIGEST: 200 when that file was uploaded, else 404."""

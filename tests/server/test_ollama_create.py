@@ -149,6 +149,7 @@ def test_a_model_made_from_an_uploaded_gguf_file(creating: tuple[LiveServer, oll
     with pytest.raises(ollama.ResponseError) as refused:
         client.create("notes", files={"notes.gguf": not_gguf})
     assert refused.value.status_code == 400 and "not in GGUF format" in refused.value.error
+    assert server.request("HEAD", f"/api/blobs/{not_gguf}").status_code == 404  # no model can be made of it
 
 
 def test_the_model_a_request_gives_its_template_back_is_taken(creating: tuple[LiveServer, ollama.Client]) -> None:
@@ -254,3 +255,25 @@ def test_a_presets_penalties_reach_its_replies(creating: tuple[LiveServer, ollam
     reply = server.client().chat.completions.create(model="penalised", messages=asked)  # type: ignore[arg-type]
     assert reply.choices[0].message.content == made
     client.delete("penalised")
+
+
+def test_an_upload_no_model_names_goes_when_its_create_fails_or_its_model_is_made_again(
+        creating: tuple[LiveServer, ollama.Client], default_model: Path) -> None:
+    """An uploaded file is kept for the models made of it: a create that fails leaves none it uploaded for, and a
+    model made again of something else frees its upload (never one another model names)."""
+    server, client = creating
+    digest = client.create_blob(default_model)
+    failed = server.post("/api/create", {"model": "unmade", "files": {"model.gguf": digest}, "parameters": {"top_k": "many"},
+                                         "stream": False})
+    assert failed.status_code == 400 and 'option "top_k"' in failed.json()["error"], failed.text
+    assert server.request("HEAD", f"/api/blobs/{digest}").status_code == 404
+
+    digest = client.create_blob(default_model)
+    client.create("remade", files={"model.gguf": digest})
+    client.copy("remade", "remade-too")
+    client.create("remade", from_=DEFAULT_MODEL_NAME, system=SYSTEM)
+    assert server.request("HEAD", f"/api/blobs/{digest}").status_code == 200  # remade-too names it
+    client.create("remade-too", from_="remade")
+    assert server.request("HEAD", f"/api/blobs/{digest}").status_code == 404
+    for name in ("remade", "remade-too"):
+        client.delete(name)
