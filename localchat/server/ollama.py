@@ -63,7 +63,7 @@ from localchat.session import GenerationStats
 
 if TYPE_CHECKING:
     from localchat.backends.base import Backend
-    from localchat.server.routing import ChatRun, CompletionService, ModelRouter
+    from localchat.server.routing import ChatRun, CompletionService, LeasedModel, ModelRouter
     from localchat.server.served_models import ServedModel
 
 NDJSON = "application/x-ndjson"
@@ -354,27 +354,27 @@ class OllamaRoutes:
     def __init__(self, models: ModelRouter) -> None:
         self.models = models
 
-    async def lease(self, request: Request, requested: str, keep_alive: KeepAlive | None) -> ServedModel:
+    async def lease(self, request: Request, requested: str, keep_alive: KeepAlive | None) -> LeasedModel:
         """The model named, loaded if need be; its keep_alive set from the request."""
         if not requested:
             raise APIError(400, "model is required", param="model")
         try:
-            served = await self.models.lease(request, requested)
+            leased = await self.models.lease(request, requested)
         except APIError as error:
             if error.code == "model_not_found":
                 raise APIError(404, f"model '{requested}' not found", code=error.code, param="model") from None
             raise
-        self.models.pool.keep_alive(served.id, keep_alive_seconds(keep_alive))
-        return served
+        self.models.pool.keep_alive(leased.served.id, keep_alive_seconds(keep_alive))
+        return leased
 
 
     async def unload(self, requested: str) -> None:
         """Ollama's unload request (no prompt, keep_alive 0): the model goes once idle; not loaded, nothing happens."""
         try:
-            model_id = await self.models.model_id(requested)
+            chosen = await self.models.choose(requested)
         except APIError:
             raise APIError(404, f"model '{requested}' not found", code="model_not_found", param="model") from None
-        self.models.pool.keep_alive(model_id, 0)
+        self.models.pool.keep_alive(chosen.id, 0)
 
     # -- /api/chat ----------------------------------------------------------------------
 
@@ -385,13 +385,13 @@ class OllamaRoutes:
             return JSONResponse(ChatResponse(model=body.model, created_at=created_at(), message=ReplyMessage(),
                                              done=True, done_reason="unload").model_dump())
         openai_messages = _messages(body.messages)
-        served = await self.lease(request, body.model, body.keep_alive)
+        leased = await self.lease(request, body.model, body.keep_alive)
         timer = _Timer(started, time.perf_counter())
         if not body.messages:
             return JSONResponse(ChatResponse(model=body.model, created_at=created_at(), message=ReplyMessage(),
                                              done=True, done_reason="load", **timer.metrics(None).model_dump()).model_dump())
-        service = self.models.service(served, await self.models.preset(body.model))
-        openai_body, stop = self._chat_body(body.model, openai_messages, body, served,
+        service = self.models.service(leased)
+        openai_body, stop = self._chat_body(body.model, openai_messages, body, leased.served,
                                             [tool.model_dump(exclude_none=True) for tool in body.tools or ()])
         return await self._answer(body, service, openai_body, stop, timer, request, chat=True)
 
@@ -439,12 +439,12 @@ class OllamaRoutes:
             await self.unload(body.model)
             return JSONResponse(GenerateResponse(model=body.model, created_at=created_at(), response="", done=True,
                                                  done_reason="unload").model_dump())
-        served = await self.lease(request, body.model, body.keep_alive)
+        leased = await self.lease(request, body.model, body.keep_alive)
         timer = _Timer(started, time.perf_counter())
         if not body.prompt:
             return JSONResponse(GenerateResponse(model=body.model, created_at=created_at(), response="", done=True,
                                                  done_reason="load", **timer.metrics(None).model_dump()).model_dump())
-        service = self.models.service(served, await self.models.preset(body.model))
+        service = self.models.service(leased)
         if body.raw:
             return await self._generate_raw(body, service, timer, request)
         n_vocab = service.engine.backend.info.n_vocab
@@ -452,7 +452,7 @@ class OllamaRoutes:
             raise APIError(400, f"context: token ids must be in [0, {n_vocab}): send the context an earlier reply of "
                                 f"this model gave", param="context")
         messages = ([{"role": "system", "content": body.system}] if body.system else []) + [{"role": "user", "content": body.prompt}]
-        openai_body, stop = self._chat_body(body.model, messages, body, served, [])
+        openai_body, stop = self._chat_body(body.model, messages, body, leased.served, [])
         return await self._answer(body, service, openai_body, stop, timer, request, chat=False, before=body.context or ())
 
     async def _generate_raw(self, body: GenerateRequest, service: CompletionService, timer: _Timer, request: Request) -> Response:

@@ -53,6 +53,23 @@ def names_wanted(requested: str) -> set[str]:
     return {requested.casefold(), requested.removesuffix(LATEST).casefold()}
 
 
+@dataclass(frozen=True)
+class ChosenModel:
+    """The model that answers a request: the pool's name for it, and the preset of it the request named (None: the
+    model answers as itself)."""
+
+    id: str
+    preset: ModelPreset | None = None
+
+
+@dataclass(frozen=True)
+class LeasedModel:
+    """A loaded model held for a request (until its response has been sent), and the preset it answers as."""
+
+    served: ServedModel
+    preset: ModelPreset | None = None
+
+
 class ModelRouter:
     """Which model answers a request: the one it names, loaded first if need be, else the server's
     first model. The lease on it lasts until the response has been sent (see LeaseRelease)."""
@@ -70,13 +87,13 @@ class ModelRouter:
         refused = unsupported_field(endpoint, body.model_extra)
         if refused is not None:
             raise APIError(400, refused[1], code="unsupported_parameter", param=refused[0])
-        return self.service(await self.lease(request, body.model), await self.preset(body.model))
+        return self.service(await self.lease(request, body.model))
 
-    def service(self, served: ServedModel, preset: ModelPreset | None = None) -> CompletionService:
-        """`served` answering as `preset` (a preset of its model, named by the request), or as itself."""
-        return CompletionService(served, self.settings, self.metrics, preset)
+    def service(self, leased: LeasedModel) -> CompletionService:
+        """The leased model answering as its preset (a preset of its model, named by the request), or as itself."""
+        return CompletionService(leased.served, self.settings, self.metrics, leased.preset)
 
-    async def preset(self, requested: str | None) -> ModelPreset | None:
+    async def _preset(self, requested: str | None) -> ModelPreset | None:
         """The preset `requested` names whose model is a local model by name: requests for it are answered by
         that model's engine, shared with the model itself and its other presets (a preset of a file by its path
         is loaded as a model of its own, whose engine applies it)."""
@@ -88,28 +105,30 @@ class ModelRouter:
             raise APIError(400, str(error), param="model") from None
         return preset if preset is not None and not Path(preset.model).is_absolute() else None
 
-    async def lease(self, request: Request, requested: str | None) -> ServedModel:
+    async def lease(self, request: Request, requested: str | None) -> LeasedModel:
         """The model `requested` names (None: the first), loaded if need be and held until the
         response has been sent."""
-        model_id = await self.model_id(requested)
+        chosen = await self.choose(requested)
         try:
-            lease = await self.pool.acquire(model_id)
+            lease = await self.pool.acquire(chosen.id)
         except ModelBusyError:
             raise
         except Exception as error:
-            raise APIError(500, f"the model '{model_id}' could not be loaded: {error}", code="model_load_failed",
+            raise APIError(500, f"the model '{chosen.id}' could not be loaded: {error}", code="model_load_failed",
                            param="model") from error
         request.scope["state"][LEASES].append(lease)
-        return lease.model
+        return LeasedModel(lease.model, chosen.preset)
 
-    async def model_id(self, requested: str | None) -> str:
-        """The pool's name for the model `requested` names (in any case; Ollama's NAME:latest names NAME
-        too); APIError 404 when there is none."""
+    async def choose(self, requested: str | None) -> ChosenModel:
+        """The model `requested` names (in any case; Ollama's NAME:latest names NAME too), a preset's by its model's
+        name; APIError 404 when there is none."""
         if not requested:
-            return self.first.id
-        preset = await self.preset(requested)
-        if preset is not None:
-            requested = preset.model
+            return ChosenModel(self.first.id)
+        preset = await self._preset(requested)
+        return ChosenModel(await self._model_id(preset.model if preset is not None else requested), preset)
+
+    async def _model_id(self, requested: str) -> str:
+        """The pool's name for the model `requested` names (a model's, not a preset's of a model by name)."""
         wanted = names_wanted(requested)
         for served in [self.first, *self.pool.loaded().values()]:
             if any(alias.casefold() in wanted for alias in served.aliases):
