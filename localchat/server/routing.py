@@ -14,6 +14,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal
 
 from fastapi import Request
 from fastapi.concurrency import run_in_threadpool
@@ -22,9 +23,9 @@ from localchat.adapters import requested_scales
 from localchat.chat import tokenize_continuation, tokenize_prompt
 from localchat.constraints import tokenizer_for
 from localchat.errors import InvalidSettingError, LocalchatError, ModelError
-from localchat.model_pool import ModelBusyError, ModelPool
+from localchat.model_pool import ModelBusyError, ModelPool, ModelState
 from localchat.models import find_preset
-from localchat.presets import ModelPreset
+from localchat.presets import ModelPreset, is_preset_file, preset_runs
 from localchat.scheduler import TextDelta
 from localchat.server.chat import ChatPlan, ChatReplyReader, plan_chat
 from localchat.server.errors import APIError
@@ -129,10 +130,9 @@ class ModelRouter:
 
     async def _model_id(self, requested: str) -> str:
         """The pool's name for the model `requested` names (a model's, not a preset's of a model by name)."""
-        wanted = names_wanted(requested)
-        for served in [self.first, *self.pool.loaded().values()]:
-            if any(alias.casefold() in wanted for alias in served.aliases):
-                return served.id
+        served = self._loaded(requested)
+        if served is not None:
+            return served.id
         hint = ""
         if self.loader is not None:
             try:
@@ -149,14 +149,28 @@ class ModelRouter:
         raise APIError(404, f"The model '{requested}' does not exist on this server: GET /v1/models lists the models "
                             f"it has, `localchat list` on its machine too{hint}", code="model_not_found", param="model")
 
-    def cards(self, catalog: Sequence[CatalogModel]) -> list[ModelCard]:
-        """Every model a request may name, with its status: those outside the catalog (a path the
-        server started with) first, then the catalog's order."""
+    def _loaded(self, requested: str) -> ServedModel | None:
+        """The loaded model `requested` names (in any case; NAME:latest names NAME too), if one is."""
+        wanted = names_wanted(requested)
+        return next((served for served in [self.first, *self.pool.loaded().values()]
+                     if any(alias.casefold() in wanted for alias in served.aliases)), None)
+
+    async def cards(self, catalog: Sequence[CatalogModel]) -> list[ModelCard]:
+        """Every model a request may name, with its status (a preset of a model by name: its model's, whose engine
+        answers it): those outside the catalog (a path the server started with) first, then the catalog's order."""
+        runs = await run_in_threadpool(lambda: {model.id: preset_runs(model.path) for model in catalog if is_preset_file(model.path)})
         states = self.pool.states()
+
+        def status(model_id: str) -> ModelState | Literal["unloaded"]:
+            runs_model = runs.get(model_id)  # a preset's model; one by its path is loaded as a model of its own
+            if model_id not in states and runs_model is not None and not Path(runs_model).is_absolute():
+                served = self._loaded(runs_model)
+                model_id = served.id if served is not None else runs_model
+            return states.get(model_id, "unloaded")
+
         listed = {model.id for model in catalog}
         outside = {served.id: served for served in [self.first, *self.pool.loaded().values()] if served.id not in listed}
-        return [ModelCard(id=model.id, created=model.created, status=states.get(model.id, "unloaded"))
-                for model in [*outside.values(), *catalog]]
+        return [ModelCard(id=model.id, created=model.created, status=status(model.id)) for model in [*outside.values(), *catalog]]
 
 
 class CompletionService:

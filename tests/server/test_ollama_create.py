@@ -277,3 +277,14 @@ def test_an_upload_no_model_names_goes_when_its_create_fails_or_its_model_is_mad
     assert server.request("HEAD", f"/api/blobs/{digest}").status_code == 404
     for name in ("remade", "remade-too"):
         client.delete(name)
+
+
+def test_a_preset_is_listed_as_loaded_when_its_model_is(creating: tuple[LiveServer, ollama.Client]) -> None:
+    """A preset of a model by name is answered by that model's engine: /v1/models says it is loaded when its model is."""
+    server, client = creating
+    client.create("listed", from_=DEFAULT_MODEL_NAME, system=SYSTEM)
+    client.chat(DEFAULT_MODEL_NAME, messages=[QUESTION], options={"num_predict": 1})
+    cards = {card.id: card.model_extra or {} for card in server.client().models.list().data}
+    assert cards[DEFAULT_MODEL_NAME]["status"] == "loaded" and cards["listed"]["status"] == "loaded"
+    assert server.request("GET", "/v1/models/listed").json()["status"] == "loaded"
+    client.delete("listed")
