@@ -24,6 +24,7 @@ from localchat.errors import InvalidSettingError, ModelError
 from localchat.sampling_defaults import SamplerDefaults
 
 if TYPE_CHECKING:
+    from localchat.session import GenerationSettings
     from localchat.templates import Message
 
 PRESET_SUFFIX = ".preset.json"
@@ -90,6 +91,12 @@ class ModelPreset:
         system = own_system or ([Message("system", self.system)] if self.system else [])
         mine = [Message(m.role, m.content) for m in self.messages]  # type: ignore[arg-type]  # roles checked when made
         return [*system, *mine, *messages[len(own_system):]]
+
+    def reply_settings(self, settings: GenerationSettings) -> GenerationSettings:
+        """`settings`, a front end's defaults, with this preset's stop strings and reply limit in their place where it
+        sets them."""
+        return dataclasses.replace(settings, stop=self.stop or settings.stop,
+                                   max_tokens=self.max_tokens if self.max_tokens is not None else settings.max_tokens)
 
     @property
     def text_bytes(self) -> int:
