@@ -82,6 +82,7 @@ from localchat.server.ollama_schemas import (
     Version,
 )
 from localchat.server.routing import LATEST, ModelRouter, names_wanted
+from localchat.server.schemas import SAMPLER_FIELDS
 from localchat.settings import Settings
 from localchat.templates import fallback_template
 
@@ -95,10 +96,6 @@ OLLAMA_API_VERSION = "0.32.15"
 OLLAMA_RUNNING = "Ollama is running"
 # A name /api/copy and /api/create may give: a file name in the models folder, without a path.
 COPY_NAME = PRESET_NAME
-# The OpenAI names of the sampler fields sampling_fields reads from Ollama's options, as a preset's settings.
-PRESET_SAMPLING = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
-                   "repeat_penalty": "repeat_penalty", "repeat_last_n": "penalty_last_n", "presence_penalty": "presence_penalty",
-                   "frequency_penalty": "frequency_penalty", "seed": "seed", "dry_multiplier": "dry_multiplier"}
 # /api/create's fields that change how a model is made, with what to do instead.
 CREATE_REFUSED = {
     "adapters": "LoRA adapters cannot be part of a model here: `localchat serve --lora FILE` applies one",
@@ -487,7 +484,7 @@ class OllamaModels:
                 raise APIError(400, f"messages[{index}].role: '{message.role}' is not one of {', '.join(PRESET_ROLES)}",
                                param=f"messages[{index}].role")
         license_ = "\n\n".join(body.license) if isinstance(body.license, list) else body.license
-        sampling = dict(base.sampling) | {PRESET_SAMPLING[field]: value for field, value in fields.items() if field in PRESET_SAMPLING}
+        sampling = dict(base.sampling) | {SAMPLER_FIELDS[field]: value for field, value in fields.items() if field in SAMPLER_FIELDS}
         sampling = {field: value for field, value in sampling.items() if value is not None}  # a seed of -1: none
         try:
             return ModelPreset(

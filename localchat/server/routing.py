@@ -32,6 +32,7 @@ from localchat.server.errors import APIError
 from localchat.server.metrics import ServerMetrics
 from localchat.server.replies import PendingReplies
 from localchat.server.schemas import (
+    SAMPLER_FIELDS,
     ChatCompletionRequest,
     ChatDelta,
     ChatMessage,
@@ -197,11 +198,8 @@ class CompletionService:
             raise APIError(400, f"{field} is {reply_limit} but this server allows at most {limit}", param=field)
         # The fields the request sets over the preset's and the model's defaults (localchat.sampling_defaults); those
         # it leaves out (or sends as null) are the defaults', and a seed it sets to none (-1) is a random one.
-        given = {sampler_field: getattr(body, field) for field, sampler_field in (
-            ("temperature", "temperature"), ("top_k", "top_k"), ("top_p", "top_p"), ("min_p", "min_p"),
-            ("repeat_last_n", "penalty_last_n"), ("repeat_penalty", "repeat_penalty"), ("presence_penalty", "presence_penalty"),
-            ("frequency_penalty", "frequency_penalty"), ("dry_multiplier", "dry_multiplier"), ("seed", "seed"),
-        ) if field in body.model_fields_set}
+        given = {sampler_field: getattr(body, field) for field, sampler_field in SAMPLER_FIELDS.items()
+                 if field in body.model_fields_set}
         sampler = dataclasses.replace(self.sampler_defaults.settings, logit_bias=body.token_biases, **given)
         try:
             sampler.check_vocabulary(self.engine.backend.info.n_vocab)

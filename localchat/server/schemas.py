@@ -114,6 +114,15 @@ class LoraScale(_Request):
     scale: float = Field(description="its weight; 0 turns it off")
 
 
+# SamplingFields' fields that set the sampler (OpenAI's names, with llama.cpp's extensions; Ollama's options read as
+# them), with the SamplerSettings field each sets: a request's over its model's defaults, /api/create's as a preset's.
+SAMPLER_FIELDS = {
+    "temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "repeat_penalty": "repeat_penalty",
+    "repeat_last_n": "penalty_last_n", "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
+    "dry_multiplier": "dry_multiplier", "seed": "seed",
+}
+
+
 class SamplingFields(_TopRequest):
     """What both completion endpoints take besides the prompt."""
 
