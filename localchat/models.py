@@ -439,7 +439,10 @@ def _describe_onnx(name: str, folder: Path, last_used: float | None) -> Installe
 
 
 def describe_model(name: str, path: Path, settings: Settings, last_used: float | None = None) -> InstalledModel:
-    """A row of `localchat list` for the model at `path`, a GGUF file, an ONNX folder or a preset's file."""
+    """A row of `localchat list` for the model at `path`, a GGUF file, an ONNX folder or a preset's file; a packaged
+    model whose copy is not made yet (it is on first use) as such."""
+    if not path.exists():
+        return pending_model(name, path)
     if is_preset_file(path):
         return _describe_preset(name, path, settings, last_used)
     describe = _describe_onnx if path.is_dir() else _describe_gguf
@@ -447,14 +450,13 @@ def describe_model(name: str, path: Path, settings: Settings, last_used: float |
 
 
 def _describe_preset(name: str, path: Path, settings: Settings, last_used: float | None) -> InstalledModel:
-    """A preset's row: its model's facts (a packaged model not made yet as such), with the preset's file."""
+    """A preset's row: its model's facts, with the preset's file."""
     try:
         preset = read_preset(path)
         ref = preset_model(preset, settings, fetch=False)
     except ModelError as error:
         return InstalledModel(name, "preset", path, path.stat().st_size, last_used=last_used, problem=str(error))
-    row = describe_model(name, ref.path, settings, last_used) if ref.path.exists() else pending_model(name, ref.path)
-    return replace(row, path=path, preset_of=preset.model)
+    return replace(describe_model(name, ref.path, settings, last_used), path=path, preset_of=preset.model)
 
 
 def _other_local_models(settings: Settings) -> list[ModelRef]:

@@ -42,7 +42,6 @@ from localchat.models import (
     describe_model,
     model_file_stamp,
     packaged_model,
-    pending_model,
     preset_model,
     prune_upload,
     remove_model,
@@ -243,9 +242,8 @@ class OllamaModels:
         return self.loader.settings if self.loader is not None else Settings()
 
     def rows(self) -> list[InstalledModel]:
-        """Every model described from its file; a packaged model not made yet (it is on first use) as such."""
-        return [describe_model(model_id, path, self._settings) if path.exists() else pending_model(model_id, path)
-                for model_id, path in self._paths().items()]
+        """Every model described from its file (describe_model: a packaged model not made yet as such)."""
+        return [describe_model(model_id, path, self._settings) for model_id, path in self._paths().items()]
 
     def _checked(self, allowed: bool, what: str, flag: str) -> None:
         if not allowed:
