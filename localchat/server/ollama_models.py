@@ -35,7 +35,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from localchat import hub
 from localchat.chat_formats import detect_format
 from localchat.errors import InvalidSettingError, LocalchatError, ModelError
-from localchat.gguf_file import read_gguf_header
+from localchat.gguf_file import GgufHeader, read_gguf_header
 from localchat.hardware import MIB
 from localchat.models import (
     InstalledModel,
@@ -186,8 +186,14 @@ def _modelfile(source: str, template: str, parameters: list[tuple[str, object]],
     return "\n".join(lines) + "\n"
 
 
+def _chat_template(header: GgufHeader) -> str:
+    """The chat template requests to a GGUF model render (its engine's, templates.ChatTemplate.for_model): its file's,
+    else localchat's fallback for its architecture."""
+    return str(header.get("tokenizer.chat_template") or "") or fallback_template(header.architecture or "")
+
+
 def _model_info(path: Path, verbose: bool) -> tuple[dict[str, Any], str, bool]:
-    """A GGUF model's metadata (arrays as [] unless verbose), its chat template, and whether it
+    """A GGUF model's metadata (arrays as [] unless verbose), the chat template its requests render, and whether it
     names a pooling (an embedding model)."""
     header = read_gguf_header(path)
     info: dict[str, Any] = {}
@@ -198,7 +204,7 @@ def _model_info(path: Path, verbose: bool) -> tuple[dict[str, Any], str, bool]:
     for key in header.array_lengths:
         values = header.numeric_array(key) if verbose else None
         info[key] = values.tolist() if values is not None else []
-    return info, str(header.get("tokenizer.chat_template") or ""), header.arch_value("pooling_type") is not None
+    return info, _chat_template(header), header.arch_value("pooling_type") is not None
 
 
 class OllamaModels:
@@ -276,9 +282,8 @@ class OllamaModels:
         if row.format == "gguf":
             info, template, embeds = await run_in_threadpool(_model_info, path, body.verbose)
         else:
-            info, template, embeds = {"general.architecture": row.architecture}, "", False
-        # What requests render: the loaded model's template, else its file's, else localchat's fallback.
-        template = self._template(model_id) or template or fallback_template(row.architecture or "")
+            info, template, embeds = {"general.architecture": row.architecture}, fallback_template(row.architecture or ""), False
+        template = self._template(model_id) or template  # a loaded model's is what its requests render
         if embeds:
             capabilities = ["embedding"]
         else:
@@ -562,8 +567,7 @@ class OllamaModels:
         ref = preset_model(preset, self._settings, fetch=False)
         if not ref.path.exists() or ref.path.is_dir():
             return ""
-        header = read_gguf_header(ref.path)
-        return str(header.get("tokenizer.chat_template") or "") or fallback_template(header.architecture or "")
+        return _chat_template(read_gguf_header(ref.path))
 
     async def version(self) -> Version:
         return Version(version=OLLAMA_API_VERSION)
