@@ -10,12 +10,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from localchat.chat import Chat
 from localchat.reply_parser import ReplyParser
 from localchat.session import GenerationSettings, GenerationStats
 from localchat.templates import Message
+
+if TYPE_CHECKING:
+    from localchat.presets import ModelPreset
 
 # The template variable that turns a model's thinking off (Qwen 3, SmolLM3, DeepSeek V3.1 read it).
 THINKING_SWITCH = "enable_thinking"
@@ -122,10 +125,16 @@ class ChatEngine(Protocol):
     def close(self) -> None: ...
 
 
+@dataclass
 class LocalChat(Chat):
-    """A `session.Chat` as an `EngineChat`: context counts from its session's tokens."""
+    """A `session.Chat` as an `EngineChat`: context counts from its session's tokens. `preset`: the one its model
+    runs as, whose stop strings and reply limit take the place of the front end's."""
+
+    preset: ModelPreset | None = None
 
     def reply_settings(self, settings: GenerationSettings) -> GenerationSettings:
+        if self.preset is not None:
+            settings = self.preset.reply_settings(settings)
         # Reasoning markers that are control tokens must show in the text for the parser to see them.
         shown = settings.shown_tokens | self.reasoning_tokens
         return dataclasses.replace(settings, shown_tokens=shown)
@@ -133,7 +142,7 @@ class LocalChat(Chat):
     def next_context(self, settings: GenerationSettings) -> ContextUse:
         if not self.messages:
             return ContextUse(0)
-        prompt = self.fit(self.reply_room(settings))
+        prompt = self.fit(self.reply_room(self.reply_settings(settings)))
         return ContextUse(len(prompt.tokens), prompt.left_out)
 
     def context_used(self) -> int | None:

@@ -21,7 +21,7 @@ from localchat.backends.base import SamplerSettings
 from localchat.errors import InvalidSettingError, LocalchatError, ModelError
 from localchat.hardware import MIB, peak_rss_bytes
 from localchat.interrupts import INTERRUPTED_EXIT, Terminated, interruptible
-from localchat.planner import OneReply, PlanRequest
+from localchat.planner import ONE_REPLY_TOKENS, OneReply, PlanRequest
 from localchat.settings import DEFAULT_LOOKUP_DRAFT, Settings
 from localchat.unicode_text import well_formed
 
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from localchat.hub import HubModelName
     from localchat.model_loading import ModelLoading
     from localchat.models import InstalledModel
+    from localchat.presets import ModelPreset
     from localchat.remote_endpoint import RemoteEndpoint
     from localchat.session import GenerationSettings
 
@@ -166,13 +167,16 @@ def _json_schema(path: Path) -> Constraint:
         raise InvalidSettingError(f"--json-schema {path}: {error}") from None
 
 
-def _generation_settings(args: argparse.Namespace) -> GenerationSettings:
+def _generation_settings(args: argparse.Namespace, preset: ModelPreset | None = None) -> GenerationSettings:
+    """run's flags over `preset`'s stop strings and reply limit, over run's defaults."""
     from localchat.session import GenerationSettings
 
     constraint = _json_schema(args.json_schema) if args.json_schema is not None else None
-    return GenerationSettings(
-        max_tokens=args.n, stop=tuple(args.stop or ()), constraint=constraint, lookup_draft=_lookup_draft(args),
-    )
+    settings = GenerationSettings(max_tokens=ONE_REPLY_TOKENS, constraint=constraint, lookup_draft=_lookup_draft(args))
+    if preset is not None:
+        settings = preset.reply_settings(settings)
+    flags = {"max_tokens": args.n, "stop": tuple(args.stop or ()) or None}
+    return dataclasses.replace(settings, **{name: value for name, value in flags.items() if value is not None})
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -190,9 +194,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         engine = _load_engine(args, loading)
     try:
         _decode_here(engine)
+        if engine.preset is not None:  # its stop strings and reply limit, under the flags
+            settings = _generation_settings(args, engine.preset)
         settings = dataclasses.replace(settings, sampler=_sampler_settings(args, engine.sampler_defaults.settings))
-        if engine.preset is not None and not args.stop:
-            settings = dataclasses.replace(settings, stop=engine.preset.stop)
         left_out = 0
         if args.raw:
             tokens = engine.backend.tokenize(prompt, add_bos=engine.backend.info.add_bos, special=True)
@@ -573,7 +577,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="answer one prompt, streaming to stdout")
     _add_model_options(run)
     _add_sampler_options(run)
-    run.add_argument("-n", type=int, default=256, help="most tokens to generate (default: %(default)s)")
+    run.add_argument("-n", type=int, help=f"most tokens to generate (default: a preset's num_predict, else {ONE_REPLY_TOKENS})")
     run.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
     run.add_argument("--system", type=well_formed, help="a system prompt")
     run.add_argument("--stop", action="append", type=well_formed, help="stop at this text (repeatable)")

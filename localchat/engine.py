@@ -185,7 +185,7 @@ class Engine:
         """A conversation from `messages` on the first sequence (the prefix cache makes returning
         to an earlier one cheap)."""
         switch: dict[str, object] = {} if thinking else {THINKING_SWITCH: False}
-        return LocalChat(self.sessions[0], self.template, self.opening(messages), template_kwargs=switch)
+        return LocalChat(self.sessions[0], self.template, self.opening(messages), template_kwargs=switch, preset=self.preset)
 
     def token_count(self, text: str) -> int:
         return len(self.backend.tokenize(text, add_bos=False, special=False))

@@ -137,9 +137,12 @@ def plan_model(model: str | None, settings: Settings, request: PlanRequest = Pla
     if preset is not None and preset.context is not None and request.n_ctx is None:
         request = replace(request, n_ctx=preset.context)  # a preset's context, where --ctx gives none
     if preset is not None and request.one_reply is not None:
-        # Its text, and a template's own text around each of its messages, in the one reply's context.
+        # Its text, and a template's own text around each of its messages, in the one reply's context; its reply
+        # limit where the command gives none.
+        one_reply = request.one_reply
         more = preset.text_bytes + len(preset.messages) * facts.chat_template_bytes
-        request = replace(request, one_reply=replace(request.one_reply, text_bytes=request.one_reply.text_bytes + more))
+        limit = one_reply.max_tokens if one_reply.max_tokens is not None else preset.max_tokens
+        request = replace(request, one_reply=replace(one_reply, text_bytes=one_reply.text_bytes + more, max_tokens=limit))
     hardware = hardware or detect_hardware()
     build = _build_features(ref.format)
     return ModelPlan(ref, facts, hardware, build, plan_offload(facts, hardware, build, request))

@@ -23,7 +23,15 @@ from localchat.errors import ModelError
 from localchat.gguf_file import ROUTED_EXPERT_TENSOR, GgufHeader, read_gguf_header
 from localchat.onnx_format import ONNX_MARKER, read_metadata
 from localchat.planner import ModelFacts
-from localchat.presets import PRESET_NAME, ModelPreset, is_preset_file, preset_name, preset_path, read_preset
+from localchat.presets import (
+    PRESET_NAME,
+    ModelPreset,
+    is_preset_file,
+    preset_name,
+    preset_path,
+    preset_runs,
+    read_preset,
+)
 from localchat.settings import Settings
 
 GEMMA_MODEL_FILE = "gemma-3-270m-q4_k_m.gguf"
@@ -218,8 +226,9 @@ def uploaded_files_dir(settings: Settings) -> Path:
     return settings.models_dir / "blobs"
 
 
-def _prune_upload(model: str, settings: Settings) -> int:
-    """Delete the uploaded file `model` names if no preset names it any more; the bytes freed."""
+def prune_upload(model: str, settings: Settings) -> int:
+    """Delete the uploaded file `model` (a preset's model) names if no preset names it any more; the bytes freed
+    (0 when `model` is no upload)."""
     path = Path(model)
     if path.parent != uploaded_files_dir(settings) or not path.is_file():
         return 0
@@ -430,7 +439,10 @@ def _describe_onnx(name: str, folder: Path, last_used: float | None) -> Installe
 
 
 def describe_model(name: str, path: Path, settings: Settings, last_used: float | None = None) -> InstalledModel:
-    """A row of `localchat list` for the model at `path`, a GGUF file, an ONNX folder or a preset's file."""
+    """A row of `localchat list` for the model at `path`, a GGUF file, an ONNX folder or a preset's file; a packaged
+    model whose copy is not made yet (it is on first use) as such."""
+    if not path.exists():
+        return pending_model(name, path)
     if is_preset_file(path):
         return _describe_preset(name, path, settings, last_used)
     describe = _describe_onnx if path.is_dir() else _describe_gguf
@@ -438,14 +450,13 @@ def describe_model(name: str, path: Path, settings: Settings, last_used: float |
 
 
 def _describe_preset(name: str, path: Path, settings: Settings, last_used: float | None) -> InstalledModel:
-    """A preset's row: its model's facts (a packaged model not made yet as such), with the preset's file."""
+    """A preset's row: its model's facts, with the preset's file."""
     try:
         preset = read_preset(path)
         ref = preset_model(preset, settings, fetch=False)
     except ModelError as error:
         return InstalledModel(name, "preset", path, path.stat().st_size, last_used=last_used, problem=str(error))
-    row = describe_model(name, ref.path, settings, last_used) if ref.path.exists() else pending_model(name, ref.path)
-    return replace(row, path=path, preset_of=preset.model)
+    return replace(describe_model(name, ref.path, settings, last_used), path=path, preset_of=preset.model)
 
 
 def _other_local_models(settings: Settings) -> list[ModelRef]:
@@ -503,12 +514,9 @@ def remove_model(model: str, settings: Settings) -> RemovedModel:
     preset = _preset_file(model, settings)
     if preset is not None:
         freed = preset.stat().st_size
-        try:
-            runs: str | None = read_preset(preset).model
-        except ModelError:
-            runs = None
+        runs = preset_runs(preset)
         preset.unlink()
-        return RemovedModel((model,), freed + (_prune_upload(runs, settings) if runs is not None else 0))
+        return RemovedModel((model,), freed + (prune_upload(runs, settings) if runs is not None else 0))
     packaged = PACKAGED_MODELS.get(model)
     if packaged is not None and not packaged.removable:
         raise ModelError(f"{model} ships inside a Python package that localchat depends on; it cannot be removed")

@@ -17,6 +17,8 @@ CONTEXT_STEP = 256
 # Beside a reply's text and its template's, what its context may hold: BOS and special tokens, a
 # SentencePiece space prefix, and the text of a chat format of localchat's own (models that carry none).
 ONE_REPLY_SLACK = 1024
+# One reply's limit where neither its command (`run -n`) nor the preset the model runs as gives one.
+ONE_REPLY_TOKENS = 256
 # Left free on the GPU for the CUDA context and llama.cpp's compute buffers (measured ~0.6 GiB
 # for 7B models with n_batch 512) plus a margin for other programs.
 GPU_RESERVE_BYTES = 1 * GIB
@@ -50,15 +52,20 @@ FLASH_ATTN_HEAD_SIZES = frozenset({(d, d) for d in (40, 64, 72, 80, 96, 112, 128
 @dataclass(frozen=True)
 class OneReply:
     """A context for one reply and no more (`localchat run`): the UTF-8 bytes of its messages' text and the
-    most tokens it may add."""
+    most tokens it may add (None: the reply limit of the preset the model runs as, which plan_model puts in,
+    else ONE_REPLY_TOKENS)."""
 
     text_bytes: int
-    max_tokens: int
+    max_tokens: int | None
+
+    @property
+    def reply_tokens(self) -> int:
+        return self.max_tokens if self.max_tokens is not None else ONE_REPLY_TOKENS
 
     def tokens_bound(self, model: ModelFacts) -> int:
         """At least the tokens such a context holds: a token holds one byte of its text or more, and a chat
         template adds at most its own text to each of two messages (a system prompt and the user's)."""
-        return self.text_bytes + 2 * model.chat_template_bytes + ONE_REPLY_SLACK + max(self.max_tokens, 0)
+        return self.text_bytes + 2 * model.chat_template_bytes + ONE_REPLY_SLACK + max(self.reply_tokens, 0)
 
 
 @dataclass(frozen=True)
@@ -329,7 +336,7 @@ def plan_offload(model: ModelFacts, hardware: Hardware, build: BuildFeatures, re
     reasons.append(f"backend {backend}: the model is a {model.format.upper()} file")
     n_ctx = _auto_context(model, request)
     if request.n_ctx is None and request.one_reply is not None and n_ctx < _capped_training_context(model):
-        reasons.append(f"context {n_ctx}: enough for one reply of up to {request.one_reply.max_tokens} tokens to this prompt")
+        reasons.append(f"context {n_ctx}: enough for one reply of up to {request.one_reply.reply_tokens} tokens to this prompt")
     elif request.n_ctx is None:
         reasons.append(f"context {n_ctx}: the model's training context capped at {DEFAULT_CONTEXT}")
     elif model.n_ctx_train and n_ctx > model.n_ctx_train:

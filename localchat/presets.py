@@ -24,6 +24,7 @@ from localchat.errors import InvalidSettingError, ModelError
 from localchat.sampling_defaults import SamplerDefaults
 
 if TYPE_CHECKING:
+    from localchat.session import GenerationSettings
     from localchat.templates import Message
 
 PRESET_SUFFIX = ".preset.json"
@@ -91,6 +92,12 @@ class ModelPreset:
         mine = [Message(m.role, m.content) for m in self.messages]  # type: ignore[arg-type]  # roles checked when made
         return [*system, *mine, *messages[len(own_system):]]
 
+    def reply_settings(self, settings: GenerationSettings) -> GenerationSettings:
+        """`settings`, a front end's defaults, with this preset's stop strings and reply limit in their place where it
+        sets them."""
+        return dataclasses.replace(settings, stop=self.stop or settings.stop,
+                                   max_tokens=self.max_tokens if self.max_tokens is not None else settings.max_tokens)
+
     @property
     def text_bytes(self) -> int:
         """The UTF-8 bytes of the text it adds to a chat (its system prompt and messages)."""
@@ -155,6 +162,14 @@ def read_preset(path: Path) -> ModelPreset:
         return preset_from_json(name, data)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, InvalidSettingError) as error:
         raise ModelError(f"preset {name} ({path}) cannot be read: {error}; delete it and create it again") from None
+
+
+def preset_runs(path: Path) -> str | None:
+    """The model the preset in `path` runs; None when the preset cannot be read."""
+    try:
+        return read_preset(path).model
+    except ModelError:
+        return None
 
 
 def write_preset(preset: ModelPreset, folder: Path) -> Path:

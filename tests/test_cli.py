@@ -79,6 +79,23 @@ def test_run_list_info_and_rm_take_a_preset_by_its_name(tmp_path: Path, default_
     assert gone.returncode == 1 and "unknown model 'pirate'" in gone.stderr
 
 
+def test_run_replies_within_a_presets_reply_limit_unless_n_is_given(tmp_path: Path) -> None:
+    """A preset's num_predict is `run`'s reply limit where -n gives none (its context holds it); -n goes over it."""
+    from localchat.presets import ModelPreset, write_preset
+
+    greedy = (("temperature", 0.0),)
+    models = tmp_path / "cache" / "models"
+    write_preset(ModelPreset("terse", DEFAULT_MODEL_NAME, sampling=greedy, max_tokens=5), models)
+    write_preset(ModelPreset("roomy", DEFAULT_MODEL_NAME, sampling=greedy, stop=(".",), max_tokens=3000), models)
+    story = "Tell me a long story about a dragon."
+    terse, given, roomy = (localchat("run", "-m", model, "--stats", *flags, story, home=tmp_path)
+                           for model, flags in (("terse", ()), ("terse", ("-n", "8")), ("roomy", ())))
+    terse_stats, given_stats, roomy_stats = (json.loads(run.stderr.strip().splitlines()[-1]) for run in (terse, given, roomy))
+    assert (terse_stats["completion_tokens"], terse_stats["finish_reason"]) == (5, "length")
+    assert (given_stats["completion_tokens"], given_stats["finish_reason"]) == (8, "length")
+    assert roomy_stats["n_ctx"] > 3000 and roomy_stats["finish_reason"] == "stop"
+
+
 def test_run_fits_a_prompt_of_the_longest_tokens_its_context_allows(localchat_home: Path, default_model: Path) -> None:
     """The context `run` sizes from a prompt's bytes (planner.OneReply) holds a prompt of a token a byte,
     digits here, longer than the whole context would be without its text."""

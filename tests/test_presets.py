@@ -12,6 +12,7 @@ from localchat.backends.base import SamplerSettings
 from localchat.errors import InvalidSettingError, ModelError
 from localchat.models import installed_models, remove_model, resolve_model
 from localchat.presets import (
+    SAMPLING_FIELDS,
     ModelPreset,
     PresetMessage,
     preset_from_json,
@@ -19,6 +20,7 @@ from localchat.presets import (
     write_preset,
 )
 from localchat.sampling_defaults import SamplerDefaults
+from localchat.server.schemas import SAMPLER_FIELDS
 from localchat.settings import Settings
 from localchat.templates import Message
 
@@ -43,6 +45,11 @@ def test_a_presets_settings_go_over_the_models_defaults() -> None:
     assert (sampler.settings.temperature, sampler.settings.top_p, sampler.settings.penalty_last_n) == (0.0, 0.9, 32)
     assert sampler.source == "preset pirate over family: SmolLM2"
     assert ModelPreset("plain", "base-model").sampler(model) is model
+
+
+def test_a_preset_sets_what_a_requests_sampler_fields_set() -> None:
+    """/api/create makes a preset's settings of a request's sampler fields (SAMPLER_FIELDS), each of which it keeps."""
+    assert set(SAMPLER_FIELDS.values()) == set(SAMPLING_FIELDS)
 
 
 @pytest.mark.parametrize(("data", "wrong"), [

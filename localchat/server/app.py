@@ -416,14 +416,14 @@ def create_app(engine: Engine, settings: ServerSettings, loader: EngineLoader | 
     @app.get("/v1/models", response_model=ModelList, responses=ERROR_RESPONSES)
     async def models() -> ModelList:
         catalog = await run_in_threadpool(loader.catalog) if loader is not None else []
-        return ModelList(data=router.cards(catalog))
+        return ModelList(data=await router.cards(catalog))
 
     @app.get("/v1/models/{model:path}", response_model=ModelCard, responses=ERROR_RESPONSES)
     async def model_card(model: str) -> ModelCard:
         """One model of /v1/models, named as a request names it (never loaded nor pulled by asking)."""
         catalog = await run_in_threadpool(loader.catalog) if loader is not None else []
         wanted = names_wanted(model)
-        for card in router.cards(catalog):
+        for card in await router.cards(catalog):
             if card.id.casefold() in wanted:
                 return card
         raise APIError(404, f"The model '{model}' does not exist on this server: GET /v1/models lists the models it has",

@@ -74,7 +74,7 @@ class EmbeddingRoutes:
         self.ollama = OllamaRoutes(models)
 
     async def openai(self, body: EmbeddingRequest, request: Request) -> Response:
-        served = await self.models.lease(request, body.model)
+        served = (await self.models.lease(request, body.model)).served
         _check_dimensions(body.dimensions, served)
         result = await _embed(served, _openai_inputs(body.input), truncate=False)
         vectors = normalized(result.vectors)
@@ -89,7 +89,7 @@ class EmbeddingRoutes:
 
     async def embed(self, body: EmbedRequest, request: Request) -> Response:
         started = time.perf_counter()
-        served = await self.ollama.lease(request, body.model, body.keep_alive)
+        served = (await self.ollama.lease(request, body.model, body.keep_alive)).served
         leased = time.perf_counter()
         _check_dimensions(body.dimensions, served)
         inputs = [body.input] if isinstance(body.input, str) else list(body.input)
@@ -101,7 +101,7 @@ class EmbeddingRoutes:
         return JSONResponse({**answer.model_dump(), "embeddings": normalized(result.vectors).tolist()})
 
     async def embeddings(self, body: OllamaEmbeddingRequest, request: Request) -> Response:
-        served = await self.ollama.lease(request, body.model, body.keep_alive)
+        served = (await self.ollama.lease(request, body.model, body.keep_alive)).served
         if not body.prompt:
             return JSONResponse({"embedding": []})
         result = await _embed(served, [body.prompt], truncate=False)

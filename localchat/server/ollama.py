@@ -64,7 +64,7 @@ from localchat.session import GenerationStats
 
 if TYPE_CHECKING:
     from localchat.backends.base import Backend
-    from localchat.server.routing import ChatRun, CompletionService, ModelRouter
+    from localchat.server.routing import ChatRun, CompletionService, LeasedModel, ModelRouter
     from localchat.server.served_models import ServedModel
 
 NDJSON = "application/x-ndjson"
@@ -74,7 +74,8 @@ NDJSON = "application/x-ndjson"
 class SamplingOption:
     """An Ollama option the sampler honours: the sampler field it sets (OpenAI's name, with llama.cpp's
     extensions), its type as Ollama's Go decoder takes it, and how llama.cpp reads its value (Ollama hands
-    options to llama.cpp as given): None leaves localchat's default; a ValueError says what it must be."""
+    options to llama.cpp as given): None is none (no seed, no reply limit), over a preset's too; a ValueError
+    says what it must be."""
 
     field: str
     kind: type
@@ -108,10 +109,11 @@ SAMPLING_OPTIONS: dict[str, SamplingOption] = {
     # localchat's sampler takes OpenAI's range.
     "presence_penalty": SamplingOption("presence_penalty", float, _within(lambda v: -2 <= v <= 2, "must be in [-2, 2]")),
     "frequency_penalty": SamplingOption("frequency_penalty", float, _within(lambda v: -2 <= v <= 2, "must be in [-2, 2]")),
-    # Ollama's -1 (any negative) is a random seed; llama.cpp's seeds are 32-bit: a larger one is taken
-    # modulo 2**32, as OpenAI's seed is (localchat.server.schemas).
+    # Ollama's -1 (any negative) is a random seed, a preset's notwithstanding; llama.cpp's seeds are 32-bit: a
+    # larger one is taken modulo 2**32, as OpenAI's seed is (localchat.server.schemas).
     "seed": SamplingOption("seed", int, lambda s: None if s < 0 else s % 2**32),
-    # Ollama's -1 (any <= 0): no limit but the server's (sampling_fields cuts a larger one to it).
+    # Ollama's -1 (any <= 0): no limit but the server's, a preset's notwithstanding (sampling_fields cuts a larger
+    # one to the server's).
     "num_predict": SamplingOption("max_tokens", int, lambda n: n if n > 0 else None),
     # localchat's own (llama.cpp's name): 0 turns DRY off, which is on by default (localchat.backends.base).
     "dry_multiplier": SamplingOption("dry_multiplier", float, _within(lambda v: v >= 0, "must be >= 0 (0 turns DRY off)")),
@@ -185,10 +187,10 @@ def _option(name: str, value: object, kind: type, where: str = "options") -> Any
 
 def sampling_fields(options: dict[str, Any] | None, reply_limit: int | None,
                     where: str = "options") -> tuple[dict[str, Any], tuple[str, ...] | None]:
-    """The sampler fields `options` set, read as llama.cpp reads them (SAMPLING_OPTIONS), and its stop
-    strings (None: none given). A num_predict over `reply_limit` (the server's, if it has one) is cut to
-    it, as Ollama bounds it, where OpenAI's max_tokens is refused. `where`: the request's name for
-    `options`, in error messages (/api/create's is `parameters`)."""
+    """The sampler fields `options` set, read as llama.cpp reads them (SAMPLING_OPTIONS: a seed or max_tokens of
+    None is Ollama's -1), and its stop strings (None: none given). A num_predict over `reply_limit` (the
+    server's, if it has one) is cut to it, as Ollama bounds it, where OpenAI's max_tokens is refused. `where`:
+    the request's name for `options`, in error messages (/api/create's is `parameters`)."""
     fields: dict[str, Any] = {}
     stop: tuple[str, ...] | None = None
     for name, value in (options or {}).items():
@@ -209,11 +211,10 @@ def sampling_fields(options: dict[str, Any] | None, reply_limit: int | None,
                 fields[option.field] = option.read(_option(name, value, option.kind, where))
             except ValueError as error:
                 raise APIError(400, f"{where}.{name}: {value} {error}", param=f"{where}.{name}") from None
-    fields = {field: value for field, value in fields.items() if value is not None}
     if fields.get("top_p", 1.0) <= 0 or fields.get("min_p", 0.0) >= 1:
         # llama.cpp keeps the likeliest token alone: a greedy pick, its penalties still applied.
         fields = {field: value for field, value in fields.items() if field not in ("top_p", "min_p")} | {"temperature": 0.0}
-    if reply_limit is not None and fields.get("max_tokens", 0) > reply_limit:
+    if reply_limit is not None and (fields.get("max_tokens") or 0) > reply_limit:
         fields["max_tokens"] = reply_limit
     return fields, stop
 
@@ -354,27 +355,27 @@ class OllamaRoutes:
     def __init__(self, models: ModelRouter) -> None:
         self.models = models
 
-    async def lease(self, request: Request, requested: str, keep_alive: KeepAlive | None) -> ServedModel:
+    async def lease(self, request: Request, requested: str, keep_alive: KeepAlive | None) -> LeasedModel:
         """The model named, loaded if need be; its keep_alive set from the request."""
         if not requested:
             raise APIError(400, "model is required", param="model")
         try:
-            served = await self.models.lease(request, requested)
+            leased = await self.models.lease(request, requested)
         except APIError as error:
             if error.code == "model_not_found":
                 raise APIError(404, f"model '{requested}' not found", code=error.code, param="model") from None
             raise
-        self.models.pool.keep_alive(served.id, keep_alive_seconds(keep_alive))
-        return served
+        self.models.pool.keep_alive(leased.served.id, keep_alive_seconds(keep_alive))
+        return leased
 
 
     async def unload(self, requested: str) -> None:
         """Ollama's unload request (no prompt, keep_alive 0): the model goes once idle; not loaded, nothing happens."""
         try:
-            model_id = await self.models.model_id(requested)
+            chosen = await self.models.choose(requested)
         except APIError:
             raise APIError(404, f"model '{requested}' not found", code="model_not_found", param="model") from None
-        self.models.pool.keep_alive(model_id, 0)
+        self.models.pool.keep_alive(chosen.id, 0)
 
     # -- /api/chat ----------------------------------------------------------------------
 
@@ -385,13 +386,13 @@ class OllamaRoutes:
             return JSONResponse(ChatResponse(model=body.model, created_at=created_at(), message=ReplyMessage(),
                                              done=True, done_reason="unload").model_dump())
         openai_messages = _messages(body.messages)
-        served = await self.lease(request, body.model, body.keep_alive)
+        leased = await self.lease(request, body.model, body.keep_alive)
         timer = _Timer(started, time.perf_counter())
         if not body.messages:
             return JSONResponse(ChatResponse(model=body.model, created_at=created_at(), message=ReplyMessage(),
                                              done=True, done_reason="load", **timer.metrics(None).model_dump()).model_dump())
-        service = self.models.service(served, await self.models.preset(body.model))
-        openai_body, stop = self._chat_body(body.model, openai_messages, body, served,
+        service = self.models.service(leased)
+        openai_body, stop = self._chat_body(body.model, openai_messages, body, leased.served,
                                             [tool.model_dump(exclude_none=True) for tool in body.tools or ()])
         return await self._answer(body, service, openai_body, stop, timer, request, chat=True)
 
@@ -439,12 +440,12 @@ class OllamaRoutes:
             await self.unload(body.model)
             return JSONResponse(GenerateResponse(model=body.model, created_at=created_at(), response="", done=True,
                                                  done_reason="unload").model_dump())
-        served = await self.lease(request, body.model, body.keep_alive)
+        leased = await self.lease(request, body.model, body.keep_alive)
         timer = _Timer(started, time.perf_counter())
         if not body.prompt:
             return JSONResponse(GenerateResponse(model=body.model, created_at=created_at(), response="", done=True,
                                                  done_reason="load", **timer.metrics(None).model_dump()).model_dump())
-        service = self.models.service(served, await self.models.preset(body.model))
+        service = self.models.service(leased)
         if body.raw or body.suffix:
             return await self._generate_untemplated(body, service, timer, request)
         n_vocab = service.engine.backend.info.n_vocab
@@ -452,7 +453,7 @@ class OllamaRoutes:
             raise APIError(400, f"context: token ids must be in [0, {n_vocab}): send the context an earlier reply of "
                                 f"this model gave", param="context")
         messages = ([{"role": "system", "content": body.system}] if body.system else []) + [{"role": "user", "content": body.prompt}]
-        openai_body, stop = self._chat_body(body.model, messages, body, served, [])
+        openai_body, stop = self._chat_body(body.model, messages, body, leased.served, [])
         return await self._answer(body, service, openai_body, stop, timer, request, chat=False, before=body.context or ())
 
     async def _generate_untemplated(self, body: GenerateRequest, service: CompletionService, timer: _Timer,

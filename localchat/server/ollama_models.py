@@ -35,15 +35,15 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from localchat import hub
 from localchat.chat_formats import detect_format
 from localchat.errors import InvalidSettingError, LocalchatError, ModelError
-from localchat.gguf_file import read_gguf_header
+from localchat.gguf_file import GgufHeader, read_gguf_header
 from localchat.hardware import MIB
 from localchat.models import (
     InstalledModel,
     describe_model,
     model_file_stamp,
     packaged_model,
-    pending_model,
     preset_model,
+    prune_upload,
     remove_model,
     uploaded_files_dir,
 )
@@ -53,6 +53,7 @@ from localchat.presets import (
     ModelPreset,
     PresetMessage,
     is_preset_file,
+    preset_runs,
     read_preset,
     write_preset,
 )
@@ -80,6 +81,7 @@ from localchat.server.ollama_schemas import (
     Version,
 )
 from localchat.server.routing import LATEST, ModelRouter, names_wanted
+from localchat.server.schemas import SAMPLER_FIELDS
 from localchat.settings import Settings
 from localchat.templates import fallback_template
 
@@ -93,10 +95,6 @@ OLLAMA_API_VERSION = "0.32.15"
 OLLAMA_RUNNING = "Ollama is running"
 # A name /api/copy and /api/create may give: a file name in the models folder, without a path.
 COPY_NAME = PRESET_NAME
-# The OpenAI names of the sampler fields sampling_fields reads from Ollama's options, as a preset's settings.
-PRESET_SAMPLING = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
-                   "repeat_penalty": "repeat_penalty", "repeat_last_n": "penalty_last_n", "presence_penalty": "presence_penalty",
-                   "frequency_penalty": "frequency_penalty", "seed": "seed", "dry_multiplier": "dry_multiplier"}
 # /api/create's fields that change how a model is made, with what to do instead.
 CREATE_REFUSED = {
     "adapters": "LoRA adapters cannot be part of a model here: `localchat serve --lora FILE` applies one",
@@ -188,8 +186,14 @@ def _modelfile(source: str, template: str, parameters: list[tuple[str, object]],
     return "\n".join(lines) + "\n"
 
 
+def _chat_template(header: GgufHeader) -> str:
+    """The chat template requests to a GGUF model render (its engine's, templates.ChatTemplate.for_model): its file's,
+    else localchat's fallback for its architecture."""
+    return str(header.get("tokenizer.chat_template") or "") or fallback_template(header.architecture or "")
+
+
 def _model_info(path: Path, verbose: bool) -> tuple[dict[str, Any], str, bool]:
-    """A GGUF model's metadata (arrays as [] unless verbose), its chat template, and whether it
+    """A GGUF model's metadata (arrays as [] unless verbose), the chat template its requests render, and whether it
     names a pooling (an embedding model)."""
     header = read_gguf_header(path)
     info: dict[str, Any] = {}
@@ -200,7 +204,7 @@ def _model_info(path: Path, verbose: bool) -> tuple[dict[str, Any], str, bool]:
     for key in header.array_lengths:
         values = header.numeric_array(key) if verbose else None
         info[key] = values.tolist() if values is not None else []
-    return info, str(header.get("tokenizer.chat_template") or ""), header.arch_value("pooling_type") is not None
+    return info, _chat_template(header), header.arch_value("pooling_type") is not None
 
 
 class OllamaModels:
@@ -222,13 +226,21 @@ class OllamaModels:
         return paths
 
     def find(self, requested: str) -> tuple[str, Path]:
-        """The id and path of the model `requested` names, in any case (NAME:latest for NAME too); 404 when none.
-        Never loads nor pulls."""
+        """The id and path of the model `requested` names (`named`); 404 when none. Never loads nor pulls."""
+        found = self.named(requested)
+        if found is None:
+            raise APIError(404, f"model '{requested}' not found", code="model_not_found", param="model")
+        return found
+
+    def named(self, requested: str) -> tuple[str, Path] | None:
+        """The id and path of the model `requested` names, in any case (NAME:latest for NAME too): by its id, or a
+        model's by its file's name or stem (a preset's file is its alone)."""
         wanted = names_wanted(requested)
         for model_id, path in self._paths().items():
-            if wanted & {model_id.casefold(), path.name.casefold(), path.stem.casefold()}:
+            names = {model_id} if is_preset_file(path) else {model_id, path.name, path.stem}
+            if wanted & {name.casefold() for name in names}:
                 return model_id, path
-        raise APIError(404, f"model '{requested}' not found", code="model_not_found", param="model")
+        return None
 
     @property
     def _settings(self) -> Settings:
@@ -236,9 +248,8 @@ class OllamaModels:
         return self.loader.settings if self.loader is not None else Settings()
 
     def rows(self) -> list[InstalledModel]:
-        """Every model described from its file; a packaged model not made yet (it is on first use) as such."""
-        return [describe_model(model_id, path, self._settings) if path.exists() else pending_model(model_id, path)
-                for model_id, path in self._paths().items()]
+        """Every model described from its file (describe_model: a packaged model not made yet as such)."""
+        return [describe_model(model_id, path, self._settings) for model_id, path in self._paths().items()]
 
     def _checked(self, allowed: bool, what: str, flag: str) -> None:
         if not allowed:
@@ -271,9 +282,8 @@ class OllamaModels:
         if row.format == "gguf":
             info, template, embeds = await run_in_threadpool(_model_info, path, body.verbose)
         else:
-            info, template, embeds = {"general.architecture": row.architecture}, "", False
-        # What requests render: the loaded model's template, else its file's, else localchat's fallback.
-        template = self._template(model_id) or template or fallback_template(row.architecture or "")
+            info, template, embeds = {"general.architecture": row.architecture}, fallback_template(row.architecture or ""), False
+        template = self._template(model_id) or template  # a loaded model's is what its requests render
         if embeds:
             capabilities = ["embedding"]
         else:
@@ -402,7 +412,7 @@ class OllamaModels:
             raise APIError(400, f'destination "{body.destination}" is invalid: give a name of letters, digits, ".", "_" '
                                 "and \"-\"", param="destination")
         models_dir = self.loader.settings.models_dir
-        if any(model.id.casefold() == destination.casefold() for model in await run_in_threadpool(self.loader.catalog)):
+        if self.named(destination) is not None:  # a second model of that name would answer in its place
             raise APIError(400, f"destination {destination} exists: delete it first or give another name", param="destination")
         if is_preset_file(source):
             try:
@@ -416,6 +426,14 @@ class OllamaModels:
 
     async def create(self, body: CreateRequest) -> Response:
         self._checked(self.settings.allow_model_changes, "creating models", "--allow-model-changes")
+        try:
+            return await self._create(body)
+        except Exception:
+            # A model not made leaves no file uploaded for it that no model names (the client uploads it again).
+            await run_in_threadpool(self._forget_uploads, body.files or {})
+            raise
+
+    async def _create(self, body: CreateRequest) -> Response:
         if self.loader is None:
             raise APIError(400, "this server serves one model and creates none", param="model")
         name = body.wanted.removesuffix(LATEST)
@@ -428,10 +446,14 @@ class OllamaModels:
                 raise APIError(400, f"{field}: {advice}", code="unsupported_parameter", param=field)
         if not body.from_ and not body.files:
             raise APIError(400, "neither 'from' or 'files' was specified: give the model to make it from as `from`", param="from")
+        taken = self.named(name)
+        replaced: str | None = None  # the model of the preset made again
+        if taken is not None:
+            if not is_preset_file(taken[1]):  # it would answer in the model's place
+                raise APIError(400, f"a model named {taken[0]} exists and is not a preset: give another name", param="model")
+            name = taken[0]  # made again under its name as it is (Ollama's getExistingName): a name is one in any case
+            replaced = await run_in_threadpool(preset_runs, taken[1])
         catalog = await run_in_threadpool(self.loader.catalog)
-        taken = next((model for model in catalog if model.id.casefold() == name.casefold()), None)
-        if taken is not None and not is_preset_file(taken.path):
-            raise APIError(400, f"a model named {taken.id} exists and is not a preset: give another name", param="model")
         if body.from_:
             source_id, source = self.find(body.from_)
             # A model the server was started with by path, outside the models folder, is named by its path.
@@ -444,6 +466,8 @@ class OllamaModels:
         except ModelError as error:  # its source a damaged preset, or a preset whose model is gone
             raise APIError(400, str(error), param="from") from None
         await run_in_threadpool(write_preset, preset, self.loader.settings.models_dir)
+        if replaced is not None:  # a file uploaded for the old one, if no model names it now
+            await run_in_threadpool(prune_upload, replaced, self.loader.settings)
         await self.models.pool.unload(name, "made again by /api/create")  # its next request loads the new one
         lines = [Progress(status=f"using existing model {preset.model}"), Progress(status="writing preset"),
                  Progress(status="success")]
@@ -472,7 +496,8 @@ class OllamaModels:
                 raise APIError(400, f"messages[{index}].role: '{message.role}' is not one of {', '.join(PRESET_ROLES)}",
                                param=f"messages[{index}].role")
         license_ = "\n\n".join(body.license) if isinstance(body.license, list) else body.license
-        sampling = dict(base.sampling) | {PRESET_SAMPLING[field]: value for field, value in fields.items() if field in PRESET_SAMPLING}
+        sampling = dict(base.sampling) | {SAMPLER_FIELDS[field]: value for field, value in fields.items() if field in SAMPLER_FIELDS}
+        sampling = {field: value for field, value in sampling.items() if value is not None}  # a seed of -1: none
         try:
             return ModelPreset(
                 name, base.model, body.system if body.system is not None else base.system,
@@ -505,6 +530,12 @@ class OllamaModels:
             raise APIError(400, "files: a GGUF model split into parts is not taken: merge it with llama.cpp's gguf-split",
                            param="files")
         return path
+
+    def _forget_uploads(self, files: dict[str, str]) -> None:
+        """Delete the uploaded files `files` names (/api/create's) that no model names."""
+        for digest in files.values():
+            if BLOB_DIGEST.match(digest):
+                prune_upload(str(self._blob(digest)), self._settings)
 
     async def blob_exists(self, digest: str) -> Response:
         """Ollama's HEAD /api/blobs/DIGEST: 200 when that file was uploaded, else 404."""
@@ -545,8 +576,7 @@ class OllamaModels:
         ref = preset_model(preset, self._settings, fetch=False)
         if not ref.path.exists() or ref.path.is_dir():
             return ""
-        header = read_gguf_header(ref.path)
-        return str(header.get("tokenizer.chat_template") or "") or fallback_template(header.architecture or "")
+        return _chat_template(read_gguf_header(ref.path))
 
     async def version(self) -> Version:
         return Version(version=OLLAMA_API_VERSION)

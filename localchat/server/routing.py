@@ -14,6 +14,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal
 
 from fastapi import Request
 from fastapi.concurrency import run_in_threadpool
@@ -23,15 +24,16 @@ from localchat.chat import tokenize_continuation, tokenize_prompt
 from localchat.constraints import tokenizer_for
 from localchat.errors import InvalidSettingError, LocalchatError, ModelError
 from localchat.infill import infill_prompt
-from localchat.model_pool import ModelBusyError, ModelPool
+from localchat.model_pool import ModelBusyError, ModelPool, ModelState
 from localchat.models import find_preset
-from localchat.presets import ModelPreset
+from localchat.presets import ModelPreset, is_preset_file, preset_runs
 from localchat.scheduler import TextDelta
 from localchat.server.chat import ChatPlan, ChatReplyReader, plan_chat
 from localchat.server.errors import APIError
 from localchat.server.metrics import ServerMetrics
 from localchat.server.replies import PendingReplies
 from localchat.server.schemas import (
+    SAMPLER_FIELDS,
     ChatCompletionRequest,
     ChatDelta,
     ChatMessage,
@@ -54,6 +56,23 @@ def names_wanted(requested: str) -> set[str]:
     return {requested.casefold(), requested.removesuffix(LATEST).casefold()}
 
 
+@dataclass(frozen=True)
+class ChosenModel:
+    """The model that answers a request: the pool's name for it, and the preset of it the request named (None: the
+    model answers as itself)."""
+
+    id: str
+    preset: ModelPreset | None = None
+
+
+@dataclass(frozen=True)
+class LeasedModel:
+    """A loaded model held for a request (until its response has been sent), and the preset it answers as."""
+
+    served: ServedModel
+    preset: ModelPreset | None = None
+
+
 class ModelRouter:
     """Which model answers a request: the one it names, loaded first if need be, else the server's
     first model. The lease on it lasts until the response has been sent (see LeaseRelease)."""
@@ -71,13 +90,13 @@ class ModelRouter:
         refused = unsupported_field(endpoint, body.model_extra)
         if refused is not None:
             raise APIError(400, refused[1], code="unsupported_parameter", param=refused[0])
-        return self.service(await self.lease(request, body.model), await self.preset(body.model))
+        return self.service(await self.lease(request, body.model))
 
-    def service(self, served: ServedModel, preset: ModelPreset | None = None) -> CompletionService:
-        """`served` answering as `preset` (a preset of its model, named by the request), or as itself."""
-        return CompletionService(served, self.settings, self.metrics, preset)
+    def service(self, leased: LeasedModel) -> CompletionService:
+        """The leased model answering as its preset (a preset of its model, named by the request), or as itself."""
+        return CompletionService(leased.served, self.settings, self.metrics, leased.preset)
 
-    async def preset(self, requested: str | None) -> ModelPreset | None:
+    async def _preset(self, requested: str | None) -> ModelPreset | None:
         """The preset `requested` names whose model is a local model by name: requests for it are answered by
         that model's engine, shared with the model itself and its other presets (a preset of a file by its path
         is loaded as a model of its own, whose engine applies it)."""
@@ -89,32 +108,33 @@ class ModelRouter:
             raise APIError(400, str(error), param="model") from None
         return preset if preset is not None and not Path(preset.model).is_absolute() else None
 
-    async def lease(self, request: Request, requested: str | None) -> ServedModel:
+    async def lease(self, request: Request, requested: str | None) -> LeasedModel:
         """The model `requested` names (None: the first), loaded if need be and held until the
         response has been sent."""
-        model_id = await self.model_id(requested)
+        chosen = await self.choose(requested)
         try:
-            lease = await self.pool.acquire(model_id)
+            lease = await self.pool.acquire(chosen.id)
         except ModelBusyError:
             raise
         except Exception as error:
-            raise APIError(500, f"the model '{model_id}' could not be loaded: {error}", code="model_load_failed",
+            raise APIError(500, f"the model '{chosen.id}' could not be loaded: {error}", code="model_load_failed",
                            param="model") from error
         request.scope["state"][LEASES].append(lease)
-        return lease.model
+        return LeasedModel(lease.model, chosen.preset)
 
-    async def model_id(self, requested: str | None) -> str:
-        """The pool's name for the model `requested` names (in any case; Ollama's NAME:latest names NAME
-        too); APIError 404 when there is none."""
+    async def choose(self, requested: str | None) -> ChosenModel:
+        """The model `requested` names (in any case; Ollama's NAME:latest names NAME too), a preset's by its model's
+        name; APIError 404 when there is none."""
         if not requested:
-            return self.first.id
-        preset = await self.preset(requested)
-        if preset is not None:
-            requested = preset.model
-        wanted = names_wanted(requested)
-        for served in [self.first, *self.pool.loaded().values()]:
-            if any(alias.casefold() in wanted for alias in served.aliases):
-                return served.id
+            return ChosenModel(self.first.id)
+        preset = await self._preset(requested)
+        return ChosenModel(await self._model_id(preset.model if preset is not None else requested), preset)
+
+    async def _model_id(self, requested: str) -> str:
+        """The pool's name for the model `requested` names (a model's, not a preset's of a model by name)."""
+        served = self._loaded(requested)
+        if served is not None:
+            return served.id
         hint = ""
         if self.loader is not None:
             try:
@@ -131,14 +151,28 @@ class ModelRouter:
         raise APIError(404, f"The model '{requested}' does not exist on this server: GET /v1/models lists the models "
                             f"it has, `localchat list` on its machine too{hint}", code="model_not_found", param="model")
 
-    def cards(self, catalog: Sequence[CatalogModel]) -> list[ModelCard]:
-        """Every model a request may name, with its status: those outside the catalog (a path the
-        server started with) first, then the catalog's order."""
+    def _loaded(self, requested: str) -> ServedModel | None:
+        """The loaded model `requested` names (in any case; NAME:latest names NAME too), if one is."""
+        wanted = names_wanted(requested)
+        return next((served for served in [self.first, *self.pool.loaded().values()]
+                     if any(alias.casefold() in wanted for alias in served.aliases)), None)
+
+    async def cards(self, catalog: Sequence[CatalogModel]) -> list[ModelCard]:
+        """Every model a request may name, with its status (a preset of a model by name: its model's, whose engine
+        answers it): those outside the catalog (a path the server started with) first, then the catalog's order."""
+        runs = await run_in_threadpool(lambda: {model.id: preset_runs(model.path) for model in catalog if is_preset_file(model.path)})
         states = self.pool.states()
+
+        def status(model_id: str) -> ModelState | Literal["unloaded"]:
+            runs_model = runs.get(model_id)  # a preset's model; one by its path is loaded as a model of its own
+            if model_id not in states and runs_model is not None and not Path(runs_model).is_absolute():
+                served = self._loaded(runs_model)
+                model_id = served.id if served is not None else runs_model
+            return states.get(model_id, "unloaded")
+
         listed = {model.id for model in catalog}
         outside = {served.id: served for served in [self.first, *self.pool.loaded().values()] if served.id not in listed}
-        return [ModelCard(id=model.id, created=model.created, status=states.get(model.id, "unloaded"))
-                for model in [*outside.values(), *catalog]]
+        return [ModelCard(id=model.id, created=model.created, status=status(model.id)) for model in [*outside.values(), *catalog]]
 
 
 class CompletionService:
@@ -163,21 +197,18 @@ class CompletionService:
         if reply_limit is not None and limit is not None and reply_limit > limit:
             field = body.reply_limit_field
             raise APIError(400, f"{field} is {reply_limit} but this server allows at most {limit}", param=field)
-        # The request's fields over the model's defaults (localchat.sampling_defaults).
-        given = {field: value for field, value in (
-            ("temperature", body.temperature), ("top_k", body.top_k), ("top_p", body.top_p), ("min_p", body.min_p),
-            ("penalty_last_n", body.repeat_last_n), ("repeat_penalty", body.repeat_penalty),
-            ("dry_multiplier", body.dry_multiplier), ("seed", body.seed),
-        ) if value is not None}
-        sampler = dataclasses.replace(self.sampler_defaults.settings, presence_penalty=body.presence_penalty,
-                                      frequency_penalty=body.frequency_penalty, logit_bias=body.token_biases, **given)
+        # The fields the request sets over the preset's and the model's defaults (localchat.sampling_defaults); those
+        # it leaves out (or sends as null) are the defaults', and a seed it sets to none (-1) is a random one.
+        given = {sampler_field: getattr(body, field) for field, sampler_field in SAMPLER_FIELDS.items()
+                 if field in body.model_fields_set}
+        sampler = dataclasses.replace(self.sampler_defaults.settings, logit_bias=body.token_biases, **given)
         try:
             sampler.check_vocabulary(self.engine.backend.info.n_vocab)
         except InvalidSettingError as error:
             raise APIError(400, str(error), param="logit_bias") from None
         loras = None if body.lora is None else requested_scales(self.engine.loras, ((a.id, a.scale) for a in body.lora))
-        preset = self.preset  # its reply limit and stop strings where the request gives none
-        if preset is not None and reply_limit is None and preset.max_tokens is not None:
+        preset = self.preset  # its reply limit and stop strings where the request sets none
+        if preset is not None and not body.reply_limit_set and preset.max_tokens is not None:
             reply_limit = min(preset.max_tokens, limit) if limit is not None else preset.max_tokens
         stop = body.stop_strings or (preset.stop if preset is not None else ())
         return GenerationSettings(max_tokens=reply_limit or limit, stop=stop, sampler=sampler,

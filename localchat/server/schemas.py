@@ -113,6 +113,15 @@ class LoraScale(_Request):
     scale: float = Field(description="its weight; 0 turns it off")
 
 
+# SamplingFields' fields that set the sampler (OpenAI's names, with llama.cpp's extensions; Ollama's options read as
+# them), with the SamplerSettings field each sets: a request's over its model's defaults, /api/create's as a preset's.
+SAMPLER_FIELDS = {
+    "temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "repeat_penalty": "repeat_penalty",
+    "repeat_last_n": "penalty_last_n", "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
+    "dry_multiplier": "dry_multiplier", "seed": "seed",
+}
+
+
 class SamplingFields(_TopRequest):
     """What both completion endpoints take besides the prompt."""
 
@@ -126,7 +135,8 @@ class SamplingFields(_TopRequest):
                                 description="llama.cpp's extension: drop tokens below this share of the likeliest's probability")
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
-    seed: int | None = Field(None, ge=-1, lt=2**63, description="-1: a random one, as llama-server reads it")
+    seed: int | None = Field(None, ge=-1, lt=2**63, description="-1: a random one, as llama-server reads it (a preset's "
+                                                                  "seed notwithstanding)")
     repeat_penalty: float | None = Field(None, gt=0, description="llama.cpp's extension: 1 turns the repeat penalty off")
     repeat_last_n: int | None = Field(None, ge=-1,
                                       description="llama.cpp's extension: the tokens the penalties look back on (-1: all, 0: off)")
@@ -190,6 +200,12 @@ class SamplingFields(_TopRequest):
     def reply_limit_field(self) -> str:
         """The field `reply_limit` came from, for an error to name it."""
         return "max_tokens"
+
+    @property
+    def reply_limit_set(self) -> bool:
+        """Whether the request sets its reply limit, if only to none (Ollama's num_predict -1): a preset's is not
+        the reply's then."""
+        return self.reply_limit_field in self.model_fields_set
 
 
 class TextPart(_Request):

@@ -149,6 +149,7 @@ def test_a_model_made_from_an_uploaded_gguf_file(creating: tuple[LiveServer, oll
     with pytest.raises(ollama.ResponseError) as refused:
         client.create("notes", files={"notes.gguf": not_gguf})
     assert refused.value.status_code == 400 and "not in GGUF format" in refused.value.error
+    assert server.request("HEAD", f"/api/blobs/{not_gguf}").status_code == 404  # no model can be made of it
 
 
 def test_the_model_a_request_gives_its_template_back_is_taken(creating: tuple[LiveServer, ollama.Client]) -> None:
@@ -194,3 +195,96 @@ def test_a_server_started_with_a_preset_answers_its_model_without_it(tmp_path: P
             assert answer.status_code == 400 and "preset broken" in answer.json()["error"], answer.text
     finally:
         server.stop()
+
+
+def test_a_name_is_one_model_in_any_case_and_a_models_own_names_are_not_a_presets(creating: tuple[LiveServer, ollama.Client]) -> None:
+    """Ollama's names are one in any case: creating `shouty` over `Shouty` makes Shouty again (requests find a preset
+    in any case, so a second file would answer as the first). A name a model answers to (its id, its file's name or
+    stem, in any case) is refused to a preset, made or copied, which would answer in the model's place."""
+    server, client = creating
+    client.create("Shouty", from_=DEFAULT_MODEL_NAME, system="Shout.")
+    client.create("shouty", from_=DEFAULT_MODEL_NAME, system="Whisper.")
+    assert [model.model for model in client.list().models if model.model.casefold() == "shouty"] == ["Shouty"]
+    assert _shown(server, "SHOUTY")["system"] == "Whisper."
+
+    for name in ("SmolLM2-135M-Instruct.Q4_1", "smollm2-135m-instruct.q4_1.gguf", "Gemma-3-270M"):
+        made = server.post("/api/create", {"model": name, "from": DEFAULT_MODEL_NAME, "stream": False})
+        assert made.status_code == 400 and "exists and is not a preset" in made.json()["error"], made.text
+        copied = server.post("/api/copy", {"source": "Shouty", "destination": name})
+        assert copied.status_code == 400 and "exists" in copied.json()["error"], copied.text
+    assert client.delete("Shouty").status == "success"
+    assert not {"Shouty", "shouty"} & {model.model for model in client.list().models}
+
+
+def test_minus_one_in_a_requests_options_undoes_a_presets_reply_limit_and_seed(creating: tuple[LiveServer, ollama.Client]) -> None:
+    """Ollama's num_predict -1 (no limit) and seed -1 (a random one) go over a preset's, as Ollama puts a request's
+    options over a model's parameters; so do they over a preset a model is made from."""
+    server, client = creating
+    client.create("terse", from_=DEFAULT_MODEL_NAME, parameters={"num_predict": 3, "temperature": 0})
+    assert client.chat("terse", messages=[QUESTION]).eval_count == 3
+    assert (client.chat("terse", messages=[QUESTION], options={"num_predict": -1}).eval_count or 0) > 3
+    client.create("terse-free", from_="terse", parameters={"num_predict": -1})
+    assert "num_predict" not in str(_shown(server, "terse-free")["parameters"])
+
+    wild = {"temperature": 1.5, "top_k": 0, "top_p": 1, "min_p": 0, "num_predict": 12}
+    client.create("seeded", from_=DEFAULT_MODEL_NAME, parameters={**wild, "seed": 42})
+    client.create("seeded-free", from_="seeded", parameters={"seed": -1})
+    asked = [{"role": "user", "content": "Tell me a story."}]
+    assert len({client.chat("seeded", messages=asked).message.content for _ in range(2)}) == 1
+    assert len({client.chat("seeded", messages=asked, options={"seed": -1}).message.content for _ in range(3)}) > 1
+    assert len({client.chat("seeded-free", messages=asked).message.content for _ in range(3)}) > 1
+    openai_client = server.client()
+    replies = {openai_client.chat.completions.create(model="seeded", messages=asked, seed=-1).choices[0].message.content  # type: ignore[arg-type]
+               for _ in range(3)}
+    assert len(replies) > 1
+    for name in ("terse", "terse-free", "seeded", "seeded-free"):
+        client.delete(name)
+
+
+def test_a_presets_penalties_reach_its_replies(creating: tuple[LiveServer, ollama.Client]) -> None:
+    """A preset's presence and frequency penalties are its replies' unless a request sets its own (a request's
+    default of 0 took their place)."""
+    server, client = creating
+    penalties = {"temperature": 0, "num_predict": 24, "presence_penalty": 2.0, "frequency_penalty": 2.0}
+    client.create("penalised", from_=DEFAULT_MODEL_NAME, parameters=penalties)
+    asked = [{"role": "user", "content": "Write a poem about the sea and the sea."}]
+    made = client.chat("penalised", messages=asked).message.content
+    by_hand = client.chat(DEFAULT_MODEL_NAME, messages=asked, options=penalties).message.content
+    plain = client.chat(DEFAULT_MODEL_NAME, messages=asked, options={"temperature": 0, "num_predict": 24}).message.content
+    assert made == by_hand and by_hand != plain
+    reply = server.client().chat.completions.create(model="penalised", messages=asked)  # type: ignore[arg-type]
+    assert reply.choices[0].message.content == made
+    client.delete("penalised")
+
+
+def test_an_upload_no_model_names_goes_when_its_create_fails_or_its_model_is_made_again(
+        creating: tuple[LiveServer, ollama.Client], default_model: Path) -> None:
+    """An uploaded file is kept for the models made of it: a create that fails leaves none it uploaded for, and a
+    model made again of something else frees its upload (never one another model names)."""
+    server, client = creating
+    digest = client.create_blob(default_model)
+    failed = server.post("/api/create", {"model": "unmade", "files": {"model.gguf": digest}, "parameters": {"top_k": "many"},
+                                         "stream": False})
+    assert failed.status_code == 400 and 'option "top_k"' in failed.json()["error"], failed.text
+    assert server.request("HEAD", f"/api/blobs/{digest}").status_code == 404
+
+    digest = client.create_blob(default_model)
+    client.create("remade", files={"model.gguf": digest})
+    client.copy("remade", "remade-too")
+    client.create("remade", from_=DEFAULT_MODEL_NAME, system=SYSTEM)
+    assert server.request("HEAD", f"/api/blobs/{digest}").status_code == 200  # remade-too names it
+    client.create("remade-too", from_="remade")
+    assert server.request("HEAD", f"/api/blobs/{digest}").status_code == 404
+    for name in ("remade", "remade-too"):
+        client.delete(name)
+
+
+def test_a_preset_is_listed_as_loaded_when_its_model_is(creating: tuple[LiveServer, ollama.Client]) -> None:
+    """A preset of a model by name is answered by that model's engine: /v1/models says it is loaded when its model is."""
+    server, client = creating
+    client.create("listed", from_=DEFAULT_MODEL_NAME, system=SYSTEM)
+    client.chat(DEFAULT_MODEL_NAME, messages=[QUESTION], options={"num_predict": 1})
+    cards = {card.id: card.model_extra or {} for card in server.client().models.list().data}
+    assert cards[DEFAULT_MODEL_NAME]["status"] == "loaded" and cards["listed"]["status"] == "loaded"
+    assert server.request("GET", "/v1/models/listed").json()["status"] == "loaded"
+    client.delete("listed")

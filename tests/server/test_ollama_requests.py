@@ -38,8 +38,8 @@ def test_options_become_sampler_fields() -> None:
                       "repeat_penalty": 1.2, "repeat_last_n": -1, "presence_penalty": 0.5, "frequency_penalty": 0.25,
                       "dry_multiplier": 0.0}
     assert stop == ("\n\n", "END")
-    # Ollama's "random" seed and "no limit" leave localchat's defaults.
-    assert sampling_fields({"seed": -1, "num_predict": -1}, REPLY_LIMIT) == ({}, None)
+    # Ollama's "random" seed and "no limit" are none, a preset's seed and limit notwithstanding.
+    assert sampling_fields({"seed": -1, "num_predict": -1}, REPLY_LIMIT) == ({"seed": None, "max_tokens": None}, None)
     # More than the server allows is cut to it, as Ollama bounds num_predict; a server without a bound keeps it.
     assert sampling_fields({"num_predict": 8192}, REPLY_LIMIT) == ({"max_tokens": REPLY_LIMIT}, None)
     assert sampling_fields({"num_predict": 8192}, None) == ({"max_tokens": 8192}, None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import os
 import pty
@@ -20,11 +21,14 @@ import pytest
 from pilot_steps import ENDLESS, press_and_wait_for_reply, send, wait_until
 from textual.widgets import OptionList, ProgressBar
 
+from localchat.backends.base import SamplerSettings
 from localchat.engine import Engine
 from localchat.history import ConversationStore
 from localchat.model_loading import ProgressRelay, start_loading
 from localchat.models import PACKAGED_MODELS
 from localchat.planner import PlanRequest
+from localchat.presets import ModelPreset, write_preset
+from localchat.session import GenerationSettings
 from localchat.settings import Settings
 from localchat.tui.app import ChatApp
 from localchat.tui.widgets.dialogs import HelpScreen, ModelPicker
@@ -250,6 +254,24 @@ async def test_a_draft_model_drafts_for_the_model_it_was_given_with(settings: Se
         await wait_until(pilot, lambda: not app.loading)
         error = str(app.query_one(".error", Notice).render())
         assert app.engine is None and "draft model:" in error and "not a GGUF file" in error
+
+
+async def test_a_model_run_as_a_preset_stops_at_its_stop_strings_and_reply_limit(settings: Settings, store: ConversationStore,
+                                                                                  default_model: Path, tmp_path: Path) -> None:
+    """A preset's stop strings and num_predict hold in the app, in place of its own reply settings (as in `run` and
+    the server)."""
+    home = dataclasses.replace(settings, cache_dir=tmp_path / "cache", data_dir=tmp_path / "data")
+    write_preset(ModelPreset("curt", str(default_model), stop=("\n",), max_tokens=12), home.models_dir)
+    long_replies = GenerationSettings(max_tokens=64, sampler=SamplerSettings(temperature=0))
+    with Engine.load("curt", home, PlanRequest(n_ctx=1024)) as engine:
+        app = ChatApp(settings, engine=engine, store=store, reply_settings=long_replies)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await send(pilot, "Name three colours, one per line.")
+            answer = app.query(AssistantMessage).last().text
+            assert app.last_stats is not None and app.last_stats.finish_reason == "stop"
+            assert answer and "\n" not in answer
+            await send(pilot, "Tell me a long story about a dragon.")
+            assert app.last_stats is not None and app.last_stats.completion_tokens == 12
 
 
 async def test_loading_at_start_shows_progress_and_errors(settings: Settings, store: ConversationStore, default_model: Path) -> None:
