@@ -11,22 +11,14 @@ tokenizer.ggml.fim_*_token_id, or llama.cpp finds them by their text), so one la
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+
+from localchat.backends.base import FillInMiddleTokens
 
 # As in llama.cpp's server, the prefix and suffix are cut to fit one window of its default batch, 3:1: the
 # text nearest the gap matters most, and the start of a long file would only slow the first token.
 INFILL_WINDOW = 2048
 PREFIX_SHARE = 3 * (INFILL_WINDOW // 4)
 SUFFIX_SHARE = INFILL_WINDOW // 4 - 2
-
-
-@dataclass(frozen=True)
-class FillInMiddleTokens:
-    """A vocabulary's fill-in-the-middle tokens."""
-
-    prefix: int
-    suffix: int
-    middle: int
 
 
 def infill_prompt(tokenize: Callable[[str], list[int]], fim: FillInMiddleTokens, prefix: str, suffix: str,

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from localchat.infill import PREFIX_SHARE, SUFFIX_SHARE, FillInMiddleTokens, infill_prompt
+from localchat.backends.base import FillInMiddleTokens
+from localchat.infill import PREFIX_SHARE, SUFFIX_SHARE, infill_prompt
 
 FIM = FillInMiddleTokens(prefix=-1, suffix=-2, middle=-3)
 

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from localchat.errors import InvalidSettingError
-from localchat.infill import FillInMiddleTokens
 
 if TYPE_CHECKING:  # planning a model imports this module, and no numpy (localchat.cli)
     import numpy as np
@@ -90,6 +89,15 @@ class LoadParams:
     @property
     def uses_gpu(self) -> bool:
         return self.n_gpu_layers > 0
+
+
+@dataclass(frozen=True)
+class FillInMiddleTokens:
+    """A vocabulary's fill-in-the-middle tokens (localchat.infill lays out a prompt with them)."""
+
+    prefix: int
+    suffix: int
+    middle: int
 
 
 @dataclass(frozen=True)

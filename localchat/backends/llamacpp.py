@@ -22,6 +22,7 @@ import numpy as np
 
 from localchat.backends.base import (
     ROW_LIMIT,
+    FillInMiddleTokens,
     LoraScales,
     ModelInfo,
     SamplerSettings,
@@ -42,7 +43,6 @@ from localchat.backends.llamacpp_natives import (
 from localchat.backends.llamacpp_sampler import DeviceSampler, LlamaSampler, device_chain, device_sampleable
 from localchat.backends.logprobs import score_rows
 from localchat.errors import ContextOverflowError, InferenceError
-from localchat.infill import FillInMiddleTokens
 
 # Rows of logits read back per decode when scoring (each row is n_vocab floats).
 SCORE_CHUNK = 64
