@@ -69,3 +69,20 @@ def assert_same_completion_until_near_tie(reference: object, other: Sequence[str
     `tokens` and `top_logprobs`, a dict per token), `other` the other completion's pieces."""
     gaps = [float(a - b) for a, b in (sorted(top.values(), reverse=True)[:2] for top in reference.top_logprobs)]  # type: ignore[attr-defined]
     return assert_same_until_gap(reference.tokens, gaps, other, min_compared=min_compared, margin=margin)  # type: ignore[attr-defined]
+
+
+def assert_same_text_until_near_tie(reference: Sequence[object], other: str, *, min_compared: int,
+                                    margin: float = NEAR_TIE) -> int:
+    """The same over a reply known by its text alone (`other`: an API that gives no log-probabilities): it
+    starts with the reference's pieces up to the reference's first near tie (`reference` as in
+    assert_same_pieces_until_near_tie); returns how many pieces that covers."""
+    tokens = [entry.token for entry in reference]  # type: ignore[attr-defined]
+    gaps = [entry.top_logprobs[0].logprob - entry.top_logprobs[1].logprob for entry in reference]  # type: ignore[attr-defined]
+    tie = first_near_tie(gaps, margin)
+    compared = len(tokens) if tie is None else tie
+    expected = "".join(tokens[:compared])
+    assert other.startswith(expected), (
+        f"parted before the first near tie (position {tie}): {expected!r} is not the start of {other!r}")
+    assert compared >= min_compared, (
+        f"only {compared} tokens compared before a near tie (at {tie}); need {min_compared}: pick a prompt the model is surer of")
+    return compared

@@ -1,8 +1,8 @@
 """OpenAI's and Ollama's HTTP APIs over an engine: `create_app(engine, settings, loader)`.
 
 Endpoints: /v1/chat/completions and /v1/completions (streamed as server-sent events or whole),
-/v1/models, /health, /metrics here; /v1/embeddings and Ollama's /api/... in embeddings.py,
-ollama.py and ollama_models.py, on the same model router (routing.py). Replies come from a
+/v1/models, /health, /metrics here; /v1/responses, /v1/embeddings and Ollama's /api/... in
+responses.py, embeddings.py, ollama.py and ollama_models.py, on the same model router (routing.py). Replies come from a
 Scheduler that decodes the engine's slots together; the handlers only translate between HTTP and
 it. With a loader, a request may name any model of this machine: the model pool
 (localchat/model_pool.py) loads it beside the others or in place of an idle one, and each loaded
@@ -43,6 +43,7 @@ from localchat.server.metrics import CONTENT_TYPE, RequestCounter, ServerMetrics
 from localchat.server.ollama import ollama_router
 from localchat.server.ollama_models import ollama_models_router
 from localchat.server.replies import PendingReplies, ReplyFailedError
+from localchat.server.responses import responses_router
 from localchat.server.routing import LEASES, ModelRouter, choice_settings, names_wanted
 from localchat.server.schemas import (
     ChatChoice,
@@ -284,8 +285,9 @@ def create_app(engine: Engine, settings: ServerSettings, loader: EngineLoader | 
         max_models=settings.max_models, wait_s=settings.model_wait_s, on_event=pool_event,
     )
     router = ModelRouter(first, pool, loader, settings, metrics)
-    # The embedding and Ollama routes, each path counted apart in /metrics too.
-    api_routers = [embedding_router(router), ollama_router(router), ollama_models_router(router, loader, settings)]
+    # The Responses, embedding and Ollama routes, each path counted apart in /metrics too.
+    api_routers = [responses_router(router), embedding_router(router), ollama_router(router),
+                   ollama_models_router(router, loader, settings)]
     metrics.routes |= {route.path for api_router in api_routers for route in api_router.routes}  # type: ignore[attr-defined]
 
     @asynccontextmanager

@@ -114,7 +114,8 @@ class ChatPlan:
         return CallScope(self.format, self.prompt)
 
 
-def _arguments(text: str, where: str) -> dict[str, Any]:
+def call_arguments(text: str, where: str) -> dict[str, Any]:
+    """A call's arguments, given as JSON text; raises APIError naming `where` unless they are a JSON object."""
     if not text.strip():
         return {}
     try:
@@ -133,7 +134,7 @@ def _message(message: ChatMessage, index: int) -> Message:
     if message.tool_calls and message.role != "assistant":
         raise APIError(400, f"{where}.tool_calls: only an assistant message has tool calls", param=f"{where}.tool_calls")
     calls = tuple(
-        ToolCall(call.id, call.function.name, _arguments(call.function.arguments, f"{where}.tool_calls.{number}.function.arguments"))
+        ToolCall(call.id, call.function.name, call_arguments(call.function.arguments, f"{where}.tool_calls.{number}.function.arguments"))
         for number, call in enumerate(message.tool_calls or ())
     )
     return Message(

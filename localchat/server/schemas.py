@@ -71,6 +71,14 @@ UNSUPPORTED_FIELDS: dict[str, dict[str, Unsupported]] = {
         "echo": Unsupported((None, False)),
         "best_of": Unsupported((None, 1)),
     },
+    # /v1/responses is stateless, as Ollama's is: nothing is stored, so nothing can be referred to later.
+    "responses": {
+        "previous_response_id": Unsupported((None,), "this server keeps no responses: send the whole conversation as input"),
+        "conversation": Unsupported((None,), "this server keeps no conversations: send the whole conversation as input"),
+        "prompt": Unsupported((None,), "stored prompts are OpenAI's: send instructions and input"),
+        "background": Unsupported((None, False), "this server keeps no responses to poll: stream instead"),
+        "top_logprobs": Unsupported((None, 0), "/v1/chat/completions gives log-probabilities"),
+    },
 }
 
 
@@ -227,7 +235,20 @@ class ToolCall(_Request):
 
 
 # OpenAI's content parts that are not text, and what each holds.
-OTHER_CONTENT_PARTS = {"image_url": "image", "input_image": "image", "input_audio": "audio", "file": "file"}
+OTHER_CONTENT_PARTS = {"image_url": "image", "input_image": "image", "input_audio": "audio", "file": "file",
+                       "input_file": "file"}
+
+
+def refuse_other_parts(content: Any) -> Any:
+    """`content` as is, unless it is a list with an image (audio, file) part: that is refused saying so,
+    not as a part that is no text part."""
+    for part in content if isinstance(content, list) else ():
+        kind = part.get("type") if isinstance(part, dict) else None
+        kind = OTHER_CONTENT_PARTS.get(kind) if isinstance(kind, str) else None
+        if kind is not None:
+            raise PydanticCustomError("unsupported_content", f"{kind} parts are not supported: this server reads "
+                                      "text only; send the message's content as text")
+    return content
 
 
 class ChatMessage(_Request):
@@ -241,14 +262,7 @@ class ChatMessage(_Request):
     @field_validator("content", mode="before")
     @classmethod
     def _text_parts_only(cls, content: Any) -> Any:
-        """An image (audio, file) part is refused saying so, not as a part that is no string."""
-        for part in content if isinstance(content, list) else ():
-            kind = part.get("type") if isinstance(part, dict) else None
-            kind = OTHER_CONTENT_PARTS.get(kind) if isinstance(kind, str) else None
-            if kind is not None:
-                raise PydanticCustomError("unsupported_content", f"{kind} parts are not supported: this server reads "
-                                          "text only; send the message's content as text")
-        return content
+        return refuse_other_parts(content)
 
     @property
     def text(self) -> str:

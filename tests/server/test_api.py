@@ -123,8 +123,8 @@ def test_models_and_health(server: LiveServer) -> None:
     assert health.status_code == 200 and health.json()["status"] == "ok"
 
 
-@pytest.mark.parametrize(("method", "path"), [("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("GET", "/metrics"),
-                                              ("GET", "/openapi.json"), ("GET", "/nowhere")])
+@pytest.mark.parametrize(("method", "path"), [("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("POST", "/v1/responses"),
+                                              ("GET", "/metrics"), ("GET", "/openapi.json"), ("GET", "/nowhere")])
 def test_every_endpoint_but_health_needs_the_key(server: LiveServer, method: str, path: str) -> None:
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY}):
         response = requests.request(method, f"{server.url}{path}", headers=headers, timeout=10)

@@ -33,9 +33,10 @@ schema = schemathesis.pytest.from_fixture("api_schema")
 
 def _short_replies(body: Any) -> None:
     """Cap the reply length of a body the server would accept (strict JSON ints only): OpenAI's
-    max_tokens, Ollama's options.num_predict (Ollama's API reads a number of any kind)."""
+    max_tokens (max_output_tokens in the Responses API), Ollama's options.num_predict (Ollama's API
+    reads a number of any kind)."""
     if isinstance(body, dict):
-        for field in ("max_tokens", "max_completion_tokens"):
+        for field in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
             value = body.get(field)
             if value is None or (type(value) is int and value > FUZZ_REPLY_TOKENS):
                 body[field] = FUZZ_REPLY_TOKENS
