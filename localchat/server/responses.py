@@ -343,8 +343,7 @@ class ResponsesRoutes:
                                 "(/v1/chat/completions gives log-probabilities); leave it out",
                            code="unsupported_parameter", param="include")
         chat = chat_request(body)
-        served = await self.models.lease(request, body.model)
-        service = self.models.service(served, await self.models.preset(body.model))
+        service = self.models.service(await self.models.lease(request, body.model))
         try:
             run = await service.start_chat(chat, fit_context=body.truncation == "auto")
         except APIError as error:

@@ -356,58 +356,52 @@ class OutputItemEvent(ResponseEvent):
     item: OutputItem
 
 
-class ContentPartEvent(ResponseEvent):
-    type: Literal["response.content_part.added", "response.content_part.done"]
+class ItemEvent(ResponseEvent):
+    """An event of one output item, by its id and place."""
+
     item_id: str
     output_index: int
+
+
+class ContentEvent(ItemEvent):
+    """An event of one content part of an output item."""
+
     content_index: int = 0
+
+
+class ContentPartEvent(ContentEvent):
+    type: Literal["response.content_part.added", "response.content_part.done"]
     part: OutputText | ReasoningText
 
 
-class OutputTextDelta(ResponseEvent):
+class OutputTextDelta(ContentEvent):
     type: Literal["response.output_text.delta"] = "response.output_text.delta"
-    item_id: str
-    output_index: int
-    content_index: int = 0
     delta: str
     logprobs: list[Any] = Field(default_factory=list)
 
 
-class OutputTextDone(ResponseEvent):
+class OutputTextDone(ContentEvent):
     type: Literal["response.output_text.done"] = "response.output_text.done"
-    item_id: str
-    output_index: int
-    content_index: int = 0
     text: str
     logprobs: list[Any] = Field(default_factory=list)
 
 
-class ReasoningTextDelta(ResponseEvent):
+class ReasoningTextDelta(ContentEvent):
     type: Literal["response.reasoning_text.delta"] = "response.reasoning_text.delta"
-    item_id: str
-    output_index: int
-    content_index: int = 0
     delta: str
 
 
-class ReasoningTextDone(ResponseEvent):
+class ReasoningTextDone(ContentEvent):
     type: Literal["response.reasoning_text.done"] = "response.reasoning_text.done"
-    item_id: str
-    output_index: int
-    content_index: int = 0
     text: str
 
 
-class ArgumentsDelta(ResponseEvent):
+class ArgumentsDelta(ItemEvent):
     type: Literal["response.function_call_arguments.delta"] = "response.function_call_arguments.delta"
-    item_id: str
-    output_index: int
     delta: str
 
 
-class ArgumentsDone(ResponseEvent):
+class ArgumentsDone(ItemEvent):
     type: Literal["response.function_call_arguments.done"] = "response.function_call_arguments.done"
-    item_id: str
-    output_index: int
     name: str
     arguments: str
