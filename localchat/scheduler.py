@@ -102,6 +102,12 @@ class _Submission:
     waiting: deque[ScheduledReply] = field(default_factory=deque)
     running: int = 0
 
+    @property
+    def withdrawn(self) -> bool:
+        """Nothing in a slot and every waiting reply cancelled (its client gone): it holds no place in the queue,
+        though its replies end only when a slot frees for them (an editor cancels a completion at each keystroke)."""
+        return not self.running and all(request.cancelled for request in self.waiting)
+
 
 @dataclass
 class _Slot:
@@ -188,8 +194,9 @@ class Scheduler:
         with self._wake:
             if self._stopping:
                 raise QueueFullError("the scheduler is shutting down")
-            if len(self._submissions) >= self.n_slots + self._max_waiting:
-                raise QueueFullError(f"{len(self._submissions)} requests hold its {self.n_slots} slots or wait for one")
+            held = sum(1 for submission in self._submissions if not submission.withdrawn)
+            if held >= self.n_slots + self._max_waiting:
+                raise QueueFullError(f"{held} requests hold its {self.n_slots} slots or wait for one")
             self._submissions.append(_Submission(deque(requests)))
             for request in requests:
                 self._waiting_prompts.add(request, request.prompt_hashes)

@@ -22,7 +22,7 @@ from scripted_app import ScriptedBackend, scripted_client, scripted_engine
 
 from localchat.engine import Engine
 from localchat.models import DEFAULT_MODEL_NAME
-from localchat.scheduler import QueueFullError, ReplyDone, ReplyEvent, Scheduler
+from localchat.scheduler import QueueFullError, ReplyDone, ReplyEvent, ScheduledReply, Scheduler
 from localchat.server.schemas import MAX_CHOICES
 from localchat.session import GenerationSettings
 
@@ -182,6 +182,36 @@ def test_a_request_s_many_choices_count_once_and_share_the_slots_with_later_requ
     finally:
         scheduler.close()
     assert backend.prompts == ["Alpha", "Beta", "Alpha", "Gamma", "Alpha", "Gamma", "Alpha", "Alpha", "Alpha", "Delta"]
+
+
+def test_a_request_cancelled_while_it_waits_leaves_its_place_in_the_queue(tmp_path: Path) -> None:
+    """Two slots and room for one request more, all taken: once the waiting request is cancelled (its client
+    gone), another is taken at once, not after a slot frees; the cancelled one ends without starting."""
+    backend = ScriptedBackend(QWEN3)
+    backend.replies.extend(["ok"] * 3)
+    scheduler = Scheduler(scripted_engine(backend, tmp_path), max_waiting=1)
+    events: queue.SimpleQueue[ReplyEvent] = queue.SimpleQueue()
+
+    def submit(text: str) -> ScheduledReply:
+        [reply] = scheduler.submit_all([(backend.tokenize(text, add_bos=False, special=False), GenerationSettings(max_tokens=8),
+                                         events.put)])
+        return reply
+
+    submit("Alpha")
+    submit("Beta")
+    gone = submit("Gamma")
+    with pytest.raises(QueueFullError):
+        submit("Delta")
+    gone.cancel()
+    submit("Delta")
+    scheduler.start()
+    try:
+        ended = 0
+        while ended < 4:
+            ended += isinstance(events.get(timeout=10), ReplyDone)
+    finally:
+        scheduler.close()
+    assert backend.prompts == ["Alpha", "Beta", "Delta"]
 
 
 @pytest.mark.parametrize(("body", "param", "message"), [
