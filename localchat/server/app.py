@@ -66,6 +66,7 @@ from localchat.server.schemas import (
     ModelList,
     PromptTokensDetails,
     Usage,
+    error_responses,
 )
 from localchat.server.security import ApiKeyGuard, BodySizeLimit, OriginGuard, allowed_origins
 from localchat.server.served_models import EngineLoader, ServedModel
@@ -74,18 +75,11 @@ from localchat.server.spliced_json import CONTENT_MARK, SplicedJson
 from localchat.session import GenerationStats
 from localchat.templates import TemplateError
 
-ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorResponse, "description": description}
-    for status, description in [
-        (400, "Invalid request: malformed JSON, wrong types, a prompt longer than the context"),
-        (401, "Missing or wrong API key"),
-        (404, "Unknown model"),
-        (413, "Request body too large"),
-        (500, "The model named could not be loaded"),
-        (503, ("Every slot is busy and the queue is full, or the model named needs the room of models that are "
-               "busy; retry after Retry-After seconds")),
-    ]
-}
+ERROR_RESPONSES = error_responses(
+    "Invalid request: malformed JSON, wrong types, a prompt longer than the context",
+    "Every slot is busy and the queue is full, or the model named needs the room of models that are busy; retry after "
+    "Retry-After seconds",
+)
 # One line per model load and unload, with why (`localchat serve` shows this logger's INFO lines).
 logger = logging.getLogger(__name__)
 # With "stream": true the answer is server-sent events (the schema describes one event): each

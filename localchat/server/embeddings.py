@@ -27,23 +27,16 @@ from localchat.server.ollama import OllamaRoutes, ollama_error_responses
 from localchat.server.ollama_schemas import EmbeddingRequest as OllamaEmbeddingRequest
 from localchat.server.ollama_schemas import EmbeddingResponse as OllamaEmbeddingResponse
 from localchat.server.ollama_schemas import EmbedRequest, EmbedResponse
-from localchat.server.schemas import EmbeddingList, EmbeddingRequest, ErrorResponse
+from localchat.server.schemas import EmbeddingList, EmbeddingRequest, error_responses
 
 if TYPE_CHECKING:
     from localchat.server.routing import ModelRouter
     from localchat.server.served_models import ServedModel
 
-OPENAI_ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorResponse, "description": description}
-    for status, description in [
-        (400, "Invalid request, an input longer than the model takes, or a backend without embeddings (ONNX)"),
-        (401, "Missing or wrong API key"),
-        (404, "Unknown model"),
-        (413, "Request body too large"),
-        (500, "The model named could not be loaded"),
-        (503, "The model named needs the room of models that are busy"),
-    ]
-}
+OPENAI_ERRORS = error_responses(
+    "Invalid request, an input longer than the model takes, or a backend without embeddings (ONNX)",
+    "The model named needs the room of models that are busy",
+)
 
 
 async def _embed(served: ServedModel, inputs: Sequence[str | Sequence[int]], *, truncate: bool) -> Embeddings:

@@ -67,7 +67,6 @@ from localchat.server.schemas import (
     ChatCompletionRequest,
     ChatDelta,
     ChatMessage,
-    ErrorResponse,
     FinishReason,
     FunctionCall,
     FunctionDefinition,
@@ -77,6 +76,7 @@ from localchat.server.schemas import (
     ResponseFormat,
     Tool,
     ToolCall,
+    error_responses,
     unsupported_field,
 )
 from localchat.server.spliced_json import CONTENT_MARK, NUMBER_MARK, SplicedJson
@@ -85,17 +85,10 @@ from localchat.session import GenerationStats
 if TYPE_CHECKING:
     from localchat.server.routing import ChatRun, ModelRouter
 
-ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorResponse, "description": description}
-    for status, description in [
-        (400, "Invalid request, a field that needs stored responses or hosted tools, or an input longer than the context"),
-        (401, "Missing or wrong API key"),
-        (404, "Unknown model"),
-        (413, "Request body too large"),
-        (500, "The model named could not be loaded"),
-        (503, "Every slot is busy and the queue is full, or the model named needs the room of busy models"),
-    ]
-}
+ERRORS = error_responses(
+    "Invalid request, a field that needs stored responses or hosted tools, or an input longer than the context",
+    "Every slot is busy and the queue is full, or the model named needs the room of busy models",
+)
 # With "stream": true the answer is server-sent events, each an `event` line naming its type and a `data` line.
 STREAMED = {200: {"content": {"text/event-stream": {"schema": {
     "type": "object", "required": ["data"], "properties": {"event": {"type": "string"}, "data": {"type": "string"}}}}}}}

@@ -593,6 +593,18 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
+def error_responses(invalid: str, unavailable: str) -> dict[int | str, dict[str, Any]]:
+    """The errors an OpenAI route documents (its OpenAPI `responses`), with what a 400 and a 503 mean on it."""
+    return {status: {"model": ErrorResponse, "description": description} for status, description in [
+        (400, invalid),
+        (401, "Missing or wrong API key"),
+        (404, "Unknown model"),
+        (413, "Request body too large"),
+        (500, "The model named could not be loaded"),
+        (503, unavailable),
+    ]}
+
+
 class Embedding(BaseModel):
     object: Literal["embedding"] = "embedding"
     index: int
