@@ -5,7 +5,8 @@ The layout is llama.cpp's server's (its /infill), prefix-suffix-middle: [BOS] FI
 FIM_MID, the texts tokenized without special tokens (code that spells `<|fim_middle|>` stays text), but for the
 repository header it puts first for a vocabulary with FIM_REP (a placeholder, "myproject"), which Ollama's
 templates for the same models leave out, as localchat does. The vocabulary names the FIM tokens (GGUF's
-tokenizer.ggml.fim_*_token_id, or llama.cpp finds them by their text), so one layout serves Qwen2.5-Coder, CodeLlama, StarCoder, DeepSeek-Coder, CodeGemma and Codestral alike.
+tokenizer.ggml.fim_*_token_id, or llama.cpp finds them by their text), so one layout serves Qwen2.5-Coder,
+CodeLlama, StarCoder, DeepSeek-Coder, CodeGemma and Codestral alike.
 """
 
 from __future__ import annotations

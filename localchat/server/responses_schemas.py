@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from localchat.server.schemas import FunctionName, _Request, _TopRequest, refuse_other_parts
@@ -43,15 +43,14 @@ class TextContent(_Request):
     text: str
 
 
+# Text, or a list of text parts: a text is read as one input_text part.
+TextParts = Annotated[list[TextContent], BeforeValidator(_text_as_parts, json_schema_input_type=str | list[TextContent])]
+
+
 class InputMessage(_Request):
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
-    content: list[TextContent]
-
-    @field_validator("content", mode="before", json_schema_input_type=str | list[TextContent])
-    @classmethod
-    def _parts(cls, content: Any) -> Any:
-        return _text_as_parts(content)
+    content: TextParts
 
     @property
     def text(self) -> str:
@@ -72,12 +71,7 @@ class FunctionCallOutputInput(_Request):
 
     type: Literal["function_call_output"]
     call_id: str = Field(min_length=1, description="the call_id of the function_call it answers")
-    output: list[TextContent]
-
-    @field_validator("output", mode="before", json_schema_input_type=str | list[TextContent])
-    @classmethod
-    def _parts(cls, output: Any) -> Any:
-        return _text_as_parts(output)
+    output: TextParts
 
     @property
     def text(self) -> str:
