@@ -112,3 +112,15 @@ def test_a_sound_build_loads_alone_first(tmp_path: Path) -> None:
             "print(llama_cpp.Llama.__module__, llama_cpp.__version__)")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert run.stdout.split() == ["False", "True", "False", "True", "llama_cpp.llama", importlib.metadata.version("llama_cpp_python")], run.stderr
+
+
+@pytest.mark.parametrize("wanted", [None, "2"])
+def test_numpy_gets_one_blas_thread_unless_the_environment_names_a_number(tmp_path: Path, wanted: str | None) -> None:
+    """OpenBLAS's threads spin at numpy's import, taking cores from the model's load (localchat's docstring): after
+    `import localchat` numpy starts none of its own, while a user's OPENBLAS_NUM_THREADS stays theirs."""
+    env = {key: value for key, value in os.environ.items() if key != "OPENBLAS_NUM_THREADS"}
+    if wanted is not None:
+        env["OPENBLAS_NUM_THREADS"] = wanted
+    code = "import os, localchat, numpy; print(len(os.listdir('/proc/self/task')), os.environ['OPENBLAS_NUM_THREADS'])"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert run.stdout.split() == (["1", "1"] if wanted is None else ["2", "2"]), run.stderr
