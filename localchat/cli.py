@@ -184,8 +184,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     prompt = sys.stdin.buffer.read().decode("utf-8", "replace") if args.prompt == "-" else args.prompt
     endpoint = _remote(args)
     if endpoint is not None:
-        settings = _generation_settings(args)
-        return _run_remote(args, endpoint, prompt, dataclasses.replace(settings, sampler=_sampler_settings(args, None)))
+        # Without -n the server's own limit holds (its model's num_predict, else its context), as for Ollama's CLI.
+        settings = dataclasses.replace(_generation_settings(args), max_tokens=args.n, sampler=_sampler_settings(args, None))
+        return _run_remote(args, endpoint, prompt, settings)
     # One reply: a context no larger than it can fill is made (and its KV cache cleared) sooner.
     one_reply = OneReply(len(prompt.encode()) + len((args.system or "").encode()), args.n)
     request = dataclasses.replace(_plan_request(args), one_reply=one_reply)
@@ -577,7 +578,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="answer one prompt, streaming to stdout")
     _add_model_options(run)
     _add_sampler_options(run)
-    run.add_argument("-n", type=int, help=f"most tokens to generate (default: a preset's num_predict, else {ONE_REPLY_TOKENS})")
+    run.add_argument("-n", type=int, help=f"most tokens to generate (default: a preset's num_predict, else {ONE_REPLY_TOKENS}; a remote server's own limit)")
     run.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
     run.add_argument("--system", type=well_formed, help="a system prompt")
     run.add_argument("--stop", action="append", type=well_formed, help="stop at this text (repeatable)")

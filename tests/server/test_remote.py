@@ -209,3 +209,20 @@ def test_reasoning_is_read_from_either_field_servers_use() -> None:
               {"reasoning": "Again?"}, {"content": "No."}, {}]
     texts = [generation._text(ChoiceDelta.model_validate(delta)) for delta in deltas]
     assert texts == ["<think>\nHmm", ", sure.", "\n</think>\n\nYes", ".", "<think>\nAgain?", "\n</think>\n\nNo.", ""]
+
+
+def test_run_on_a_remote_without_n_leaves_the_reply_length_to_the_server(tmp_path: Path) -> None:
+    """`localchat run -m URL` without -n sends no max_tokens: the server's own limit holds (its model's
+    num_predict, else its context), where a local run's default of 256 tokens cut a longer reply."""
+    backend = ScriptedBackend(QWEN3)
+    long_reply = "word " * 100  # 500 tokens of the scripted model (a character each)
+    backend.replies.extend([long_reply, long_reply])
+    with serving(scripted_app(backend, tmp_path)) as url:
+        def run(*flags: str) -> str:
+            done = subprocess.run([sys.executable, "-m", "localchat", "run", "-m", url, *flags, "Go on."],
+                                  capture_output=True, text=True, timeout=120, check=False)
+            assert done.returncode == 0, done.stderr
+            return done.stdout.rstrip("\n")
+
+        assert run() == long_reply
+        assert run("-n", "20") == long_reply[:20]
