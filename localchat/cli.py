@@ -394,8 +394,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     with _start_loading(args, request) as loading:
         # The web stack's imports, beside the load.
         from localchat.server.app import serve
+        from localchat.models import prune_uploads
         from localchat.server.served_models import EngineLoader
 
+        prune_uploads(app_settings)
         engine = _load_engine(args, loading)
     with engine:
         # Every other model is planned on the machine as it was before this one loaded.

@@ -3,6 +3,7 @@ models by name, GGUF repos of the Hugging Face hub (localchat/hub.py), and what 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.resources
 import importlib.util
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import psutil
 from gguf.constants import TokenType
 
 from localchat import hub
@@ -241,6 +243,40 @@ def prune_upload(model: str, settings: Settings) -> int:
     size = path.stat().st_size
     path.unlink()
     return size
+
+
+# An upload no preset names is kept this long at a server's start: another server on the same folder may have
+# received it for a create still to come (`ollama create` uploads, then creates).
+UNNAMED_UPLOAD_KEPT_S = 3600
+
+
+def prune_uploads(settings: Settings) -> int:
+    """At a server's start, as Ollama prunes its blobs: delete the uploads no preset names (older than
+    UNNAMED_UPLOAD_KEPT_S) and the parts of uploads whose process is gone (a crash, a kill); the bytes freed."""
+    folder = uploaded_files_dir(settings)
+    if not folder.is_dir():
+        return 0
+    named: set[str] = set()
+    for preset in local_presets(settings):
+        with contextlib.suppress(ModelError):
+            named.add(read_preset(preset).model)
+    freed, now = 0, time.time()
+    for path in folder.iterdir():
+        try:
+            stat = path.stat()
+            if (_upload_part_orphaned(path) if path.name.endswith(".incomplete")
+                    else str(path) not in named and now - stat.st_mtime > UNNAMED_UPLOAD_KEPT_S):
+                path.unlink()
+                freed += stat.st_size
+        except OSError:  # gone meanwhile, or not ours to delete
+            continue
+    return freed
+
+
+def _upload_part_orphaned(path: Path) -> bool:
+    """Whether the process writing the upload part `path` (named NAME.PID-ID.incomplete) is gone."""
+    pid = path.name.removesuffix(".incomplete").rsplit(".", 1)[-1].split("-", 1)[0]
+    return not pid.isdigit() or not psutil.pid_exists(int(pid))
 
 
 def find_preset(names: set[str], settings: Settings) -> ModelPreset | None:

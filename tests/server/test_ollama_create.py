@@ -5,6 +5,10 @@ line each."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -288,3 +292,25 @@ def test_a_preset_is_listed_as_loaded_when_its_model_is(creating: tuple[LiveServ
     assert cards[DEFAULT_MODEL_NAME]["status"] == "loaded" and cards["listed"]["status"] == "loaded"
     assert server.request("GET", "/v1/models/listed").json()["status"] == "loaded"
     client.delete("listed")
+
+
+def test_a_servers_start_deletes_old_uploads_no_model_names_and_parts_left_by_a_gone_process(
+        tmp_path: Path, default_model: Path) -> None:
+    """As Ollama prunes its blobs at start: an upload no preset names, older than an hour, goes, as does the part of
+    an upload whose process is gone (a crash while receiving it); one a preset names stays, and so does a recent one
+    (another server on the same folder may have received it for a create still to come)."""
+    blobs = tmp_path / "cache" / "models" / "blobs"
+    blobs.mkdir(parents=True)
+    named, old, recent = (blobs / f"sha256-{c * 64}" for c in "abc")
+    for path in (named, old, recent):
+        path.write_bytes(b"GGUF")
+    long_ago = time.time() - 2 * 3600
+    for path in (named, old):
+        os.utime(path, (long_ago, long_ago))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    left_by_the_gone = blobs / f"sha256-{'d' * 64}.{gone.stdout.strip()}-1.incomplete"
+    left_by_the_gone.write_bytes(b"GG")
+    write_preset(ModelPreset("uploaded", str(named)), tmp_path / "cache" / "models")
+    server = start_server(tmp_path, "-m", str(default_model))
+    server.stop()
+    assert sorted(path.name for path in blobs.iterdir()) == sorted([named.name, recent.name])
