@@ -25,6 +25,7 @@ from localchat.errors import ModelError
 from localchat.hardware import Hardware, detect_hardware
 from localchat.models import ModelRef, inspect_gguf, resolve_model
 from localchat.native import require_llama_cpp
+from localchat.onnx_format import read_metadata
 from localchat.planner import BuildFeatures, ModelFacts, Plan, PlanRequest, plan_offload
 from localchat.sampling_defaults import sampler_defaults
 from localchat.settings import Settings
@@ -122,8 +123,10 @@ def _model_facts(model: ModelRef) -> ModelFacts:
         return inspect_gguf(model.path)[1]
     if model.format == "onnx":
         from localchat.backends.onnx import onnx_facts
+        from localchat.templates import chat_overhead_bytes
 
-        return onnx_facts(model.path)
+        meta = read_metadata(model.path)
+        return replace(onnx_facts(model.path), chat_overhead_bytes=chat_overhead_bytes(meta.chat_template, meta.architecture))
     raise ModelError(f"localchat cannot run {model.format} models; give a .gguf file or an ONNX model folder")
 
 
@@ -140,7 +143,7 @@ def plan_model(model: str | None, settings: Settings, request: PlanRequest = Pla
         # Its text, and a template's own text around each of its messages, in the one reply's context; its reply
         # limit where the command gives none.
         one_reply = request.one_reply
-        more = preset.text_bytes + len(preset.messages) * facts.chat_template_bytes
+        more = preset.text_bytes + len(preset.messages) * facts.chat_overhead_bytes
         limit = one_reply.max_tokens if one_reply.max_tokens is not None else preset.max_tokens
         request = replace(request, one_reply=replace(one_reply, text_bytes=one_reply.text_bytes + more, max_tokens=limit))
     hardware = hardware or detect_hardware()

@@ -23,6 +23,7 @@ from gguf.constants import TokenType
 from localchat import hub
 from localchat.errors import ModelError
 from localchat.gguf_file import ROUTED_EXPERT_TENSOR, GgufHeader, read_gguf_header
+from localchat.file_facts import remembered
 from localchat.onnx_format import ONNX_MARKER, read_metadata
 from localchat.planner import ModelFacts
 from localchat.presets import (
@@ -673,8 +674,22 @@ def gguf_facts(header: GgufHeader) -> ModelFacts:
         n_vocab=int(header.array_lengths.get("tokenizer.ggml.tokens", 0)),
         kv_head_sizes=(key_length, value_length),
         expert_bytes=expert_bytes // n_layers,
-        chat_template_bytes=len(str(header.get("tokenizer.chat_template", "")).encode()),
+        chat_overhead_bytes=_chat_overhead_bytes(header),
     )
+
+
+# What a chat template writes around one reply's messages, remembered for each file (localchat.file_facts): its
+# rendering imports Jinja (15 ms), which a `run` would pay before its model's load begins.
+CHAT_OVERHEAD_FACTS = "chat template overhead 1"
+
+
+def _chat_overhead_bytes(header: GgufHeader) -> int:
+    def derive() -> int:
+        from localchat.templates import chat_overhead_bytes
+
+        return chat_overhead_bytes(str(header.get("tokenizer.chat_template") or "") or None, header.architecture or "")
+
+    return int(remembered(header.path, CHAT_OVERHEAD_FACTS, derive))
 
 
 def inspect_gguf(path: Path) -> tuple[GgufHeader, ModelFacts]:

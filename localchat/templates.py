@@ -19,6 +19,7 @@ Fallback, for models that carry no template: Gemma-family architectures get Gemm
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from collections.abc import Callable, Mapping, Sequence
@@ -268,3 +269,24 @@ class ChatTemplate:
             raise TemplateError(f"{self._name} tried something unsafe: {error}") from error
         except (jinja2.TemplateError, TypeError, ValueError, LookupError, AttributeError, ArithmeticError) as error:
             raise TemplateError(f"{self._name} failed to render: {error}") from error
+
+
+# The messages a context for one reply is sized around (planner.OneReply): a system prompt and a user message, or a
+# user message alone (where a template may write a system prompt of its own), each of one byte of text.
+_ONE_REPLY_PROBES = ((Message("system", "s"), Message("user", "u")), (Message("user", "u"),))
+# BOS and EOS text in the probes: one token each, as a template's other special tokens (no fewer bytes).
+_PROBE_BOS, _PROBE_EOS = "<s>", "</s>"
+
+
+def chat_overhead_bytes(template: str | None, architecture: str) -> int:
+    """The most UTF-8 bytes the model's template (`template`, else the fallback for `architecture`) writes around
+    one reply's messages, beside their text, generation prompt included: of the probes it renders (one that takes
+    no system prompt refuses the first, as it would refuse such a reply). One that renders neither counts its own
+    text for each of two messages."""
+    sizes = []
+    with contextlib.suppress(TemplateError):
+        chat = ChatTemplate.for_model(template, architecture, bos_token=_PROBE_BOS, eos_token=_PROBE_EOS)
+        for messages in _ONE_REPLY_PROBES:
+            with contextlib.suppress(TemplateError):
+                sizes.append(len(chat.render(messages).encode()) - sum(len(message.content) for message in messages))
+    return max(sizes, default=2 * len((template or fallback_template(architecture)).encode()))

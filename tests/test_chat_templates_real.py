@@ -19,6 +19,7 @@ from localchat.templates import (
     TemplateError,
     TemplateRefusedError,
     ToolCall,
+    chat_overhead_bytes,
 )
 
 TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
@@ -236,3 +237,26 @@ def test_templates_with_tools_show_them_to_the_model(family: str) -> None:
     text = template_for(family).render(list(conversation.messages), tools=list(conversation.tools or ()))
     assert "get_weather" in text
     assert ("temperature" in text) != (family in WITHOUT_TOOL_ROLE)  # the result, often re-encoded as JSON
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_what_a_template_writes_around_a_replys_messages_is_no_more_than_its_overhead(family: str) -> None:
+    """A context for one reply is sized by the messages' text and the template's overhead (planner.OneReply), measured
+    on messages of a byte: every template writes no more around longer, many-line or non-ASCII messages, with or
+    without a system prompt. BOS and EOS render as in the measure (their text is one token whatever it is)."""
+    source = (TEMPLATES / f"{family}.jinja").read_text(encoding="utf-8")
+    overhead = chat_overhead_bytes(source, "llama")
+    template = ChatTemplate(source, bos_token="<s>", eos_token="</s>")
+    texts = ["Hi", "Write a haiku about the sea.\n\nMake it sad.  ", "Zürich, 東京 and 🙂 " * 30, "x" * 2000]
+    rendered = 0
+    for system in (None, "You are a pirate.", "Answer in French.\n" * 20):
+        for text in texts:
+            messages = [*([Message("system", system)] if system else []), Message("user", text)]
+            try:
+                prompt = template.render(messages)
+            except TemplateError:
+                continue  # such a reply is refused whatever its context
+            rendered += 1
+            assert len(prompt.encode()) - sum(len(m.content.encode()) for m in messages) <= overhead, (system, text)
+    # One that renders no plain chat (Command R+'s tool-use template wants tools) counts its own text twice.
+    assert rendered >= len(texts) or overhead == 2 * len(source.encode())

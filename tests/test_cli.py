@@ -96,16 +96,26 @@ def test_run_replies_within_a_presets_reply_limit_unless_n_is_given(tmp_path: Pa
     assert roomy_stats["n_ctx"] > 3000 and roomy_stats["finish_reason"] == "stop"
 
 
-def test_run_fits_a_prompt_of_the_longest_tokens_its_context_allows(localchat_home: Path, default_model: Path) -> None:
-    """The context `run` sizes from a prompt's bytes (planner.OneReply) holds a prompt of a token a byte,
-    digits here, longer than the whole context would be without its text."""
+@pytest.mark.parametrize(("model", "system"), [("default_model", None), ("default_model", "1 2 3 4 5 6 7 8 9 " * 20),
+                                               ("gemma_model", None)], ids=["own template", "system prompt", "fallback"])
+def test_run_fits_a_prompt_of_the_longest_tokens_its_context_allows(localchat_home: Path, request: pytest.FixtureRequest,
+                                                                    model: str, system: str | None) -> None:
+    """The context `run` sizes from a prompt's bytes (planner.OneReply) holds a prompt of a token a byte, digits
+    here, longer than the whole context would be without its text, around a system prompt or the template's own
+    (SmolLM2's), in the model's template or localchat's fallback (Gemma 3 270M carries none), with no room to
+    spare but its slack."""
+    path: Path = request.getfixturevalue(model)
     prompt = "0123456789 " * 175
-    result = localchat("run", "--stats", "-n", "4", "--temperature", "0", prompt, home=localchat_home)
+    result = localchat("run", "-m", str(path), "--stats", "-n", "4", "--temperature", "0",
+                       *(["--system", system] if system else []), prompt, home=localchat_home)
     assert result.returncode == 0, result.stderr
     stats = json.loads(result.stderr.strip().splitlines()[-1])
-    assert stats["prompt_tokens"] > OneReply(0, 4).tokens_bound(inspect_gguf(default_model)[1])
+    facts = inspect_gguf(path)[1]
+    assert stats["prompt_tokens"] > OneReply(0, 4).tokens_bound(facts)
     assert stats["messages_left_out"] == 0 and stats["completion_tokens"] >= 1
     assert stats["prompt_tokens"] + stats["completion_tokens"] <= stats["n_ctx"] < 8192
+    # Sized in steps of 256 tokens, to the bound: no step more.
+    assert stats["n_ctx"] - 256 < OneReply(len(prompt) + len((system or "").encode()), 4).tokens_bound(facts)
 
 
 def test_run_with_lookup_drafts_takes_tokens_from_the_prompt(localchat_home: Path, default_model: Path) -> None:

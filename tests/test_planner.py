@@ -88,13 +88,13 @@ def test_a_context_for_one_reply_is_no_larger_than_it_can_fill() -> None:
     def n_ctx(facts: ModelFacts, one_reply: OneReply, ram_gib: float = 32, n_ctx: int | None = None) -> int:
         return plan_offload(facts, machine(ram_gib), CPU_BUILD, PlanRequest(n_ctx=n_ctx, one_reply=one_reply)).n_ctx
 
-    # The text's bytes, the slack and the reply's tokens (300 + 1024 + 200), in steps of 256.
-    assert n_ctx(LLAMA_7B_Q4_K_M, OneReply(text_bytes=300, max_tokens=200)) == 1536
+    # The text's bytes, the slack and the reply's tokens (300 + 64 + 200), in steps of 256.
+    assert n_ctx(LLAMA_7B_Q4_K_M, OneReply(text_bytes=300, max_tokens=200)) == 768
     sized = plan_offload(LLAMA_7B_Q4_K_M, machine(), CPU_BUILD, PlanRequest(one_reply=OneReply(300, 200)))
     assert any("one reply of up to 200 tokens" in reason for reason in sized.reasons)
-    # A chat template adds its own text around each of two messages; a nonsense -n sizes as 0 (refused later).
-    templated = ModelFacts(**{**LLAMA_7B_Q4_K_M.__dict__, "chat_template_bytes": 1000})
-    assert n_ctx(templated, OneReply(300, 200)) == 3584 and n_ctx(LLAMA_7B_Q4_K_M, OneReply(0, -2000)) == 1024
+    # And what the chat template writes around the messages; a nonsense -n sizes as 0 (refused later).
+    templated = ModelFacts(**{**LLAMA_7B_Q4_K_M.__dict__, "chat_overhead_bytes": 1000})
+    assert n_ctx(templated, OneReply(300, 200)) == 1792 and n_ctx(LLAMA_7B_Q4_K_M, OneReply(0, -2000)) == 256
     # Never past the automatic context; an asked size is what is asked.
     assert n_ctx(LLAMA_7B_Q4_K_M, OneReply(100_000, 200)) == plan_offload(LLAMA_7B_Q4_K_M, machine(), CPU_BUILD).n_ctx
     assert n_ctx(LLAMA_7B_Q4_K_M, OneReply(300, 200), n_ctx=3000) == 3000
@@ -107,7 +107,7 @@ def test_a_context_for_one_reply_is_no_larger_than_it_can_fill() -> None:
             return False
 
     ram_gib = next(r / 100 for r in range(300, 1000) if fits(1024, r / 100) and not fits(1280, r / 100))
-    assert n_ctx(LLAMA_7B_Q4_K_M, OneReply(10, 240), ram_gib) == 1024
+    assert n_ctx(LLAMA_7B_Q4_K_M, OneReply(1000, 240), ram_gib) == 1024
 
 
 def test_amx_cpu_with_amx_build_turns_off_extra_buffers() -> None:

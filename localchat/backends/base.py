@@ -42,8 +42,9 @@ class ModelFacts:
     details: tuple[str, ...] = ()
     # Of `layer_bytes`, the routed experts' matrices (a mixture of experts; 0 for a dense model).
     expert_bytes: int = 0
-    # The UTF-8 bytes of the chat template the file carries (0: none; localchat's own is then used).
-    chat_template_bytes: int = 0
+    # The most UTF-8 bytes its chat template (its own, else localchat's fallback) writes around one reply's
+    # messages beside their text (localchat.templates.chat_overhead_bytes): what sizes a context for one reply.
+    chat_overhead_bytes: int = 0
 
     @property
     def weight_bytes(self) -> int:

@@ -140,7 +140,6 @@ def onnx_facts(folder: Path) -> ModelFacts:
         other_bytes=meta.other_bytes,
         kv_bytes_per_token=meta.kv_bytes_per_token,
         n_vocab=meta.n_vocab,
-        chat_template_bytes=len((meta.chat_template or "").encode()),
         details=(
             f"onnx {meta.quant}, {meta.source_architecture}",
             *([f"weights: {describe_weight_formats(meta.weight_formats)}"] if meta.weight_formats is not None else []),
