@@ -136,7 +136,7 @@ def _messages(body: ResponsesRequest) -> list[ChatMessage]:
             if messages and messages[-1].role == "assistant":
                 last = messages[-1]
                 messages[-1] = last.model_copy(update={"tool_calls": [*(last.tool_calls or ()), call],
-                                                       "reasoning_content": last.reasoning_content or reasoning or None})
+                                                       "reasoning_content": (last.reasoning_content or "") + reasoning or None})
             else:
                 messages.append(ChatMessage(role="assistant", tool_calls=[call], reasoning_content=reasoning or None))
             reasoning = ""

@@ -83,9 +83,11 @@ def test_a_reasoning_reply_streams_its_thinking_then_its_answer(qwen3: Scripted)
     assert [item.type for item in completed.output] == ["reasoning", "message"]
 
 
-def test_input_items_render_the_chat_messages_they_mean(qwen3: Scripted) -> None:
+@pytest.mark.parametrize("thoughts", [["Both tools."], ["Both ", "tools."]], ids=["one reasoning item", "one before the calls too"])
+def test_input_items_render_the_chat_messages_they_mean(qwen3: Scripted, thoughts: list[str]) -> None:
     """An earlier reply fed back as its items (reasoning, text, two calls) and the calls' results give the
-    prompt its chat messages give /v1/chat/completions."""
+    prompt its chat messages give /v1/chat/completions; the reasoning of one reply is its message's, in the
+    order written, wherever its items stand."""
     client, http, backend = qwen3
     backend.replies.extend(["Done.", "Done."])
     weather = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Bern"}'}}
@@ -96,9 +98,11 @@ def test_input_items_render_the_chat_messages_they_mean(qwen3: Scripted) -> None
             {"role": "tool", "tool_call_id": "call_2", "content": "Noon."}]
     items: Any = [
         TOOLS_QUESTION[0],
-        {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "Both tools."}]},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": thoughts[0]}]},
         {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
          "content": [{"type": "output_text", "text": "Let me look.", "annotations": [], "logprobs": []}]},
+        *({"type": "reasoning", "id": f"rs_{n}", "summary": [], "content": [{"type": "reasoning_text", "text": thought}]}
+          for n, thought in enumerate(thoughts[1:], start=2)),
         {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Bern"}'},
         {"type": "function_call", "id": "fc_2", "call_id": "call_2", "name": "get_time", "arguments": '{"city": "Bern"}'},
         {"type": "function_call_output", "call_id": "call_1", "output": "Sunny."},
