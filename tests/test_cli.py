@@ -43,9 +43,9 @@ def test_run_streams_an_answer_and_reports_stats(localchat_home: Path, default_m
     # The sampler the reply used: the flag over the model's family defaults (SmolLM2: top-p 0.9).
     assert (stats["sampler"]["temperature"], stats["sampler"]["top_p"], stats["sampler"]["repeat_penalty"]) == (0, 0.9, 1.0)
     assert stats["sampler_defaults"] == "family: SmolLM2"
-    # One reply's context: its prompt's bytes (19), twice its template's (368), the slack (1024) and its
-    # 12 tokens, in steps of 256.
-    assert stats["n_ctx"] == 1792
+    # One reply's context: its prompt's bytes (19), what SmolLM2's template writes around it (148, its own system
+    # prompt included), the slack (64) and its 12 tokens, in steps of 256.
+    assert stats["n_ctx"] == 256
 
 
 def test_run_list_info_and_rm_take_a_preset_by_its_name(tmp_path: Path, default_model: Path) -> None:
