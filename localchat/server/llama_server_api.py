@@ -245,7 +245,7 @@ def _stop_type(stats: GenerationStats, cut: bool) -> Literal["eos", "word", "lim
     return "none"
 
 
-def _timings(stats: GenerationStats) -> dict[str, float]:
+def _timings(stats: GenerationStats, predicted_n: int) -> dict[str, float]:
     """llama-server's timings of a reply: prompt tokens evaluated (not cached) and the time they took, tokens
     generated and the time after the first."""
     prompt_n = stats.prompt_tokens - stats.cached_tokens
@@ -257,10 +257,10 @@ def _timings(stats: GenerationStats) -> dict[str, float]:
         "prompt_ms": prompt_ms,
         "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
         "prompt_per_second": 1e3 * prompt_n / prompt_ms if prompt_ms > 0 else 0.0,
-        "predicted_n": stats.completion_tokens,
+        "predicted_n": predicted_n,
         "predicted_ms": predicted_ms,
-        "predicted_per_token_ms": predicted_ms / stats.completion_tokens if stats.completion_tokens else 0.0,
-        "predicted_per_second": 1e3 * stats.completion_tokens / predicted_ms if predicted_ms > 0 else 0.0,
+        "predicted_per_token_ms": predicted_ms / predicted_n if predicted_n else 0.0,
+        "predicted_per_second": 1e3 * predicted_n / predicted_ms if predicted_ms > 0 else 0.0,
     }
 
 
@@ -302,15 +302,17 @@ class InfillRun:
                     "repeat_last_n": sampler.penalty_last_n, "presence_penalty": sampler.presence_penalty,
                     "frequency_penalty": sampler.frequency_penalty, "dry_multiplier": sampler.dry_multiplier,
                     "stop": list(self.generation.stop), "stream": stream, "samplers": run_stages(sampler)}
+        stop_type = _stop_type(stats, stops.ended)
+        # llama-server counts the end-of-generation token among those it generated (localchat's reply leaves it out).
+        generated = stats.completion_tokens + (stop_type == "eos")
         result = {
             "index": index, "content": "" if stream else content, "tokens": [], "id_slot": -1, "stop": True,
-            "model": self.service.model_id, "tokens_predicted": stats.completion_tokens,
+            "model": self.service.model_id, "tokens_predicted": generated,
             "tokens_evaluated": stats.prompt_tokens, "generation_settings": settings, "has_new_line": "\n" in content,
             "truncated": stats.finish_reason == "length" and (limit is None or stats.completion_tokens < limit),
             # The tokens in the reply's KV cache: the last one generated is never evaluated.
-            "stop_type": _stop_type(stats, stops.ended),
-            "tokens_cached": stats.prompt_tokens + max(stats.completion_tokens - 1, 0),
-            "timings": _timings(stats),
+            "stop_type": stop_type, "tokens_cached": stats.prompt_tokens + max(generated - 1, 0),
+            "timings": _timings(stats, generated),
         }
         fields = self.body.response_fields
         return result if fields is None else response_fields(result, fields)
