@@ -94,11 +94,14 @@ class LoadParams:
 
 @dataclass(frozen=True)
 class FillInMiddleTokens:
-    """A vocabulary's fill-in-the-middle tokens (localchat.infill lays out a prompt with them)."""
+    """A vocabulary's fill-in-the-middle tokens (localchat.infill lays out a prompt with them); the repository
+    and file separator tokens of repository-level FIM where it has them."""
 
     prefix: int
     suffix: int
     middle: int
+    repository: int | None = None
+    file_separator: int | None = None
 
 
 @dataclass(frozen=True)

@@ -230,7 +230,11 @@ class LlamaCppBackend:
     def _fill_in_middle_tokens(self) -> FillInMiddleTokens | None:
         ids = (llama_cpp.llama_vocab_fim_pre(self._vocab), llama_cpp.llama_vocab_fim_suf(self._vocab),
                llama_cpp.llama_vocab_fim_mid(self._vocab))
-        return FillInMiddleTokens(*ids) if min(ids) >= 0 else None
+        if min(ids) < 0:
+            return None
+        repository, separator = (llama_cpp.llama_vocab_fim_rep(self._vocab), llama_cpp.llama_vocab_fim_sep(self._vocab))
+        return FillInMiddleTokens(*ids, repository=repository if repository >= 0 else None,
+                                  file_separator=separator if separator >= 0 else None)
 
     # -- text ----------------------------------------------------------------------
 

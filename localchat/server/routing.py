@@ -23,7 +23,12 @@ from localchat.adapters import requested_scales
 from localchat.chat import tokenize_continuation, tokenize_prompt
 from localchat.constraints import tokenizer_for
 from localchat.errors import InvalidSettingError, LocalchatError, ModelError
-from localchat.infill import infill_prompt
+from localchat.infill import (
+    RepositoryContext,
+    RepositoryFile,
+    infill_prompt,
+    repository_room,
+)
 from localchat.model_pool import ModelBusyError, ModelPool, ModelState
 from localchat.models import find_preset
 from localchat.presets import ModelPreset, is_preset_file, preset_runs
@@ -276,9 +281,10 @@ class CompletionService:
 
         return await run_in_threadpool(tokenize)
 
-    async def infill_prompts(self, prefixes: Sequence[str | list[int]], suffix: str) -> list[list[int]]:
-        """The fill-in-the-middle prompt of each prefix before `suffix` (localchat.infill); 400 for a model without
-        FIM tokens or a prefix of token ids."""
+    async def infill_prompts(self, prefixes: Sequence[str | list[int]], suffix: str, *, middle: str = "",
+                             repository: Sequence[RepositoryFile] | None = None) -> list[list[int]]:
+        """The fill-in-the-middle prompt of each prefix (then `middle`) before `suffix` (localchat.infill), with
+        llama-server's repository context when given; 400 for a model without FIM tokens or a prefix of token ids."""
         info = self.engine.backend.info
         if info.fim is None:
             raise APIError(400, f"suffix: {self.model_id} has no fill-in-the-middle tokens (a code model such as "
@@ -289,10 +295,14 @@ class CompletionService:
             raise APIError(400, "suffix: fill-in-the-middle takes the prompt as text, not token ids", param="suffix")
         fim, bos, backend = info.fim, info.bos_id if info.add_bos else None, self.engine.backend
 
+        context = None if repository is None else RepositoryContext(
+            repository, repository_room(backend.n_ctx, self.settings.max_reply_tokens))
+
         def tokenize(text: str) -> list[int]:
             return backend.tokenize(text, add_bos=False, special=False)
 
-        return await run_in_threadpool(lambda: [infill_prompt(tokenize, fim, text, suffix, bos) for text in texts])
+        return await run_in_threadpool(lambda: [infill_prompt(tokenize, fim, text, suffix, bos, middle=middle,
+                                                              repository=context) for text in texts])
 
     def submit(self, replies: Sequence[tuple[Sequence[int], GenerationSettings]]) -> PendingReplies:
         """Queues `replies` (each one's prompt and settings), all or none."""

@@ -71,6 +71,18 @@ UNSUPPORTED_FIELDS: dict[str, dict[str, Unsupported]] = {
         "echo": Unsupported((None, False)),
         "best_of": Unsupported((None, 1)),
     },
+    # llama-server's /infill (localchat.server.llama_server_api): its other sampler stages and outputs.
+    "infill": {
+        "n_probs": Unsupported((None, 0), "/v1/completions gives log-probabilities"),
+        "grammar": Unsupported((None, "")),
+        "json_schema": Unsupported((None, {})),
+        "mirostat": Unsupported((None, 0)),
+        "typical_p": Unsupported((None, 1, 1.0)),
+        "xtc_probability": Unsupported((None, 0, 0.0)),
+        "top_n_sigma": Unsupported((None, -1, -1.0)),
+        "dynatemp_range": Unsupported((None, 0, 0.0)),
+        "return_tokens": Unsupported((None, False)),
+    },
     # /v1/responses is stateless, as Ollama's is: nothing is stored, so nothing can be referred to later.
     "responses": {
         "previous_response_id": Unsupported((None,), "this server keeps no responses: send the whole conversation as input"),

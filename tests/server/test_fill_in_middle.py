@@ -1,51 +1,22 @@
 """Fill-in-the-middle on the real server: Ollama's `suffix` on /api/generate and OpenAI's on /v1/completions.
 
-Neither real model has FIM tokens, so the module serves a copy of the default model whose metadata names its
-chat tokens as FIM_PRE (<|im_start|>), FIM_SUF (<|im_end|>) and FIM_MID (<|im_start|>) (llama.cpp's
-tokenizer.ggml.fim_*_token_id keys): a prefix "user\nQUESTION" and a suffix "\n" then lay out a chat turn the
-model answers, a reply long and sure enough to compare. The prompt's layout and the reply's path are what is
-tested, not a code model's skill. The reference is the same prompt spelled out with the tokens' text, sent raw."""
+The server serves the FIM copy of the default model (conftest.py's fim_model). The reference is the same prompt
+spelled out with the tokens' text, sent raw; these APIs put no repository header first, as Ollama's templates."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import gguf
 import ollama
 import pytest
-from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
+from fim_model import FIM_TEXT
 from greedy_paths import assert_same_completion_until_near_tie, first_near_tie
-from live_server import LiveServer, start_server
-
-from localchat.gguf_file import read_gguf_header
+from live_server import LiveServer
 
 GREEDY: dict[str, Any] = {"temperature": 0, "seed": 1}
-# SmolLM2's chat tokens standing in for FIM tokens, by id and text.
-FIM_IDS = {"pre": 1, "suf": 2, "mid": 1}
-FIM_TEXT = {"pre": "<|im_start|>", "suf": "<|im_end|>", "mid": "<|im_start|>"}
 PREFIX = "user\nWhat is the capital of France?"
 SUFFIX = "\n"
 SPELLED = f"{FIM_TEXT['pre']}{PREFIX}{FIM_TEXT['suf']}{SUFFIX}{FIM_TEXT['mid']}"
-
-
-@pytest.fixture(scope="module")
-def fim_model(default_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    target = tmp_path_factory.mktemp("fim-model") / "smollm2-fim.gguf"
-    reader = gguf.GGUFReader(default_model)
-    writer = gguf.GGUFWriter(target, arch=read_gguf_header(default_model).architecture, endianess=reader.endianess)
-    keys = {f"tokenizer.ggml.fim_{part}_token_id": MetadataDetails(gguf.GGUFValueType.UINT32, token)
-            for part, token in FIM_IDS.items()}
-    copy_with_new_metadata(reader, writer, keys, [])
-    return target
-
-
-@pytest.fixture(scope="module")
-def fim_server(localchat_home: Path, fim_model: Path) -> Iterator[LiveServer]:
-    running = start_server(localchat_home, "-m", str(fim_model))
-    yield running
-    running.stop()
 
 
 @pytest.fixture(scope="module")
