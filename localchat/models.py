@@ -13,7 +13,7 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -229,11 +229,11 @@ def uploaded_files_dir(settings: Settings) -> Path:
     return settings.models_dir / "blobs"
 
 
-def prune_upload(model: str, settings: Settings) -> int:
-    """Delete the uploaded file `model` (a preset's model) names if no preset names it any more; the bytes freed
-    (0 when `model` is no upload)."""
+def prune_upload(model: str, settings: Settings, in_use: Collection[str] = ()) -> int:
+    """Delete the uploaded file `model` (a preset's model) names if no preset names it any more, nor `in_use` (the
+    uploads creates still in flight name); the bytes freed (0 when `model` is no upload)."""
     path = Path(model)
-    if path.parent != uploaded_files_dir(settings) or not path.is_file():
+    if path.parent != uploaded_files_dir(settings) or not path.is_file() or model in in_use:
         return 0
     for other in local_presets(settings):
         try:
@@ -546,14 +546,15 @@ class RemovedModel:
     freed_bytes: int
 
 
-def remove_model(model: str, settings: Settings) -> RemovedModel:
-    """Delete a model from the models folder or the Hugging Face cache, by the name `localchat list` shows."""
+def remove_model(model: str, settings: Settings, uploads_in_use: Collection[str] = ()) -> RemovedModel:
+    """Delete a model from the models folder or the Hugging Face cache, by the name `localchat list` shows; a preset's
+    upload with it unless another preset or `uploads_in_use` names it."""
     preset = _preset_file(model, settings)
     if preset is not None:
         freed = preset.stat().st_size
         runs = preset_runs(preset)
         preset.unlink()
-        return RemovedModel((model,), freed + (prune_upload(runs, settings) if runs is not None else 0))
+        return RemovedModel((model,), freed + (prune_upload(runs, settings, uploads_in_use) if runs is not None else 0))
     packaged = PACKAGED_MODELS.get(model)
     if packaged is not None and not packaged.removable:
         raise ModelError(f"{model} ships inside a Python package that localchat depends on; it cannot be removed")

@@ -10,7 +10,7 @@ import pytest
 
 from localchat.backends.base import SamplerSettings
 from localchat.errors import InvalidSettingError, ModelError
-from localchat.models import installed_models, remove_model, resolve_model
+from localchat.models import installed_models, prune_upload, remove_model, resolve_model
 from localchat.presets import (
     SAMPLING_FIELDS,
     ModelPreset,
@@ -105,3 +105,22 @@ def test_a_name_finds_a_preset_over_its_model_and_rm_removes_only_the_preset(tmp
     with pytest.raises(ModelError, match="unknown model 'pirate'"):
         resolve_model("pirate", settings)
     assert json.loads((settings.models_dir / "orphan.preset.json").read_text()) == {"model": "no-such-model"}
+
+
+def test_an_upload_goes_with_the_last_preset_naming_it_unless_a_create_in_flight_names_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """/api/delete and a failed or repeated /api/create delete the upload no preset names any more (localchat.models
+    prune_upload), but not one another client's create still in flight names (it would name a file gone)."""
+    monkeypatch.setenv("LOCALCHAT_HOME", str(tmp_path))
+    settings = Settings()
+    upload = settings.models_dir / "blobs" / f"sha256-{'a' * 64}"
+    upload.parent.mkdir(parents=True)
+    upload.write_bytes(b"GGUF")
+    for name in ("first", "second"):
+        write_preset(ModelPreset(name, str(upload)), settings.models_dir)
+    remove_model("first", settings)
+    assert upload.exists()  # "second" names it
+    assert prune_upload(str(upload), settings) == 0 and upload.exists()
+    remove_model("second", settings, uploads_in_use={str(upload)})
+    assert upload.exists()  # a create in flight names it
+    assert prune_upload(str(upload), settings) == 4 and not upload.exists()

@@ -22,6 +22,7 @@ import re
 import shutil
 import threading
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -214,6 +215,9 @@ class OllamaModels:
         self.models = models
         self.loader = loader
         self.settings = settings
+        # The uploads (their paths) that creates in flight name: a failing create, a model made again or deleted
+        # leaves them, or another client's create would name a file gone (`ollama create` uploads, then creates).
+        self._creating: Counter[str] = Counter()
 
     # -- finding models ---------------------------------------------------------------
 
@@ -397,7 +401,7 @@ class OllamaModels:
                            param="model")
         await self.models.pool.unload(model_id, "deleted by /api/delete")
         try:
-            await run_in_threadpool(remove_model, model_id, self.loader.settings)
+            await run_in_threadpool(remove_model, model_id, self.loader.settings, self._uploads_in_use())
         except ModelError as error:
             raise APIError(404, str(error), code="model_not_found", param="model") from None
         return Response(status_code=200)
@@ -426,14 +430,23 @@ class OllamaModels:
 
     async def create(self, body: CreateRequest) -> Response:
         self._checked(self.settings.allow_model_changes, "creating models", "--allow-model-changes")
+        own = Counter(str(self._blob(digest)) for digest in (body.files or {}).values() if BLOB_DIGEST.match(digest))
+        self._creating.update(own)
         try:
-            return await self._create(body)
+            return await self._create(body, own)
         except Exception:
             # A model not made leaves no file uploaded for it that no model names (the client uploads it again).
-            await run_in_threadpool(self._forget_uploads, body.files or {})
+            in_use = self._uploads_in_use(own)
+            await run_in_threadpool(lambda: [prune_upload(path, self._settings, in_use) for path in own])
             raise
+        finally:
+            self._creating.subtract(own)
 
-    async def _create(self, body: CreateRequest) -> Response:
+    def _uploads_in_use(self, own: Counter[str] | None = None) -> set[str]:
+        """The uploads the creates in flight name, besides `own` (a create's own)."""
+        return set(self._creating - (own or Counter()))
+
+    async def _create(self, body: CreateRequest, own: Counter[str]) -> Response:
         if self.loader is None:
             raise APIError(400, "this server serves one model and creates none", param="model")
         name = body.wanted.removesuffix(LATEST)
@@ -467,7 +480,7 @@ class OllamaModels:
             raise APIError(400, str(error), param="from") from None
         await run_in_threadpool(write_preset, preset, self.loader.settings.models_dir)
         if replaced is not None:  # a file uploaded for the old one, if no model names it now
-            await run_in_threadpool(prune_upload, replaced, self.loader.settings)
+            await run_in_threadpool(prune_upload, replaced, self.loader.settings, self._uploads_in_use(own))
         await self.models.pool.unload(name, "made again by /api/create")  # its next request loads the new one
         lines = [Progress(status=f"using existing model {preset.model}"), Progress(status="writing preset"),
                  Progress(status="success")]
@@ -530,12 +543,6 @@ class OllamaModels:
             raise APIError(400, "files: a GGUF model split into parts is not taken: merge it with llama.cpp's gguf-split",
                            param="files")
         return path
-
-    def _forget_uploads(self, files: dict[str, str]) -> None:
-        """Delete the uploaded files `files` names (/api/create's) that no model names."""
-        for digest in files.values():
-            if BLOB_DIGEST.match(digest):
-                prune_upload(str(self._blob(digest)), self._settings)
 
     async def blob_exists(self, digest: str) -> Response:
         """Ollama's HEAD /api/blobs/DIGEST: 200 when that file was uploaded, else 404."""
