@@ -289,6 +289,9 @@ def create_app(engine: Engine, settings: ServerSettings, loader: EngineLoader | 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         pool.add_loaded(first.id, first.start(), need)
+        # AnyIO imports its event loop backend and starts a worker thread at the first call to a thread, which
+        # every request makes: done here, not in the first request's time to first token.
+        await run_in_threadpool(lambda: None)
         try:
             yield
         finally:
