@@ -22,8 +22,8 @@ from gguf.constants import TokenType
 
 from localchat import hub
 from localchat.errors import ModelError
-from localchat.gguf_file import ROUTED_EXPERT_TENSOR, GgufHeader, read_gguf_header
 from localchat.file_facts import remembered
+from localchat.gguf_file import ROUTED_EXPERT_TENSOR, GgufHeader, read_gguf_header
 from localchat.onnx_format import ONNX_MARKER, read_metadata
 from localchat.planner import ModelFacts
 from localchat.presets import (
@@ -679,18 +679,19 @@ def gguf_facts(header: GgufHeader) -> ModelFacts:
     )
 
 
-# What a chat template writes around one reply's messages, remembered for each file (localchat.file_facts): its
-# rendering imports Jinja (15 ms), which a `run` would pay before its model's load begins.
-CHAT_OVERHEAD_FACTS = "chat template overhead 1"
-
-
 def _chat_overhead_bytes(header: GgufHeader) -> int:
+    """What the model's chat template writes around one reply's messages, remembered for each file
+    (localchat.file_facts): its rendering imports Jinja (15 ms), which `run` would pay before its model's load
+    begins. Remembered with localchat's fallback templates, which a template-less model is rendered with."""
+    folder = importlib.resources.files("localchat.assets").joinpath("templates")
+    fallbacks = hashlib.sha256(b"".join(path.read_bytes() for path in sorted(folder.iterdir(), key=lambda path: path.name)))
+
     def derive() -> int:
         from localchat.templates import chat_overhead_bytes
 
         return chat_overhead_bytes(str(header.get("tokenizer.chat_template") or "") or None, header.architecture or "")
 
-    return int(remembered(header.path, CHAT_OVERHEAD_FACTS, derive))
+    return int(remembered(header.path, f"chat template overhead, fallbacks {fallbacks.hexdigest()[:16]}", derive))
 
 
 def inspect_gguf(path: Path) -> tuple[GgufHeader, ModelFacts]:

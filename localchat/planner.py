@@ -16,8 +16,8 @@ MIN_AUTO_CONTEXT = 1024
 CONTEXT_STEP = 256
 # Beside a reply's messages and what its chat template writes around them, what its context may hold: BOS, a
 # SentencePiece space prefix to each piece of text, the few tokens a template's options add (Qwen 3's empty
-# thinking for enable_thinking=False). llama.cpp allocates and clears the KV
-# cache of the whole context: SmolLM2's 2304 tokens took 31 ms to make, 256 tokens 7 ms (AMD EPYC).
+# thinking for enable_thinking=False). llama.cpp allocates and clears the KV cache of the whole context:
+# SmolLM2's 2304 tokens took 31 ms to make, 256 tokens 7 ms (AMD EPYC).
 ONE_REPLY_SLACK = 64
 # One reply's limit where neither its command (`run -n`) nor the preset the model runs as gives one.
 ONE_REPLY_TOKENS = 256
