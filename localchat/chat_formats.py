@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from localchat.constraints import JSON_LAYOUT
+from localchat.markup_calls import arguments_grammar, write_parameters
 from localchat.templates import ChatTemplate, Message, TemplateError, ToolCall
 
-SectionKind = Literal["reasoning", "content", "calls", "call"]
+SectionKind = Literal["reasoning", "content", "calls", "call", "markup"]
 
 @dataclass(frozen=True)
 class Header:
@@ -42,7 +43,7 @@ class Section:
 
     kind: "reasoning" or "content" text; "calls", a JSON object naming the function and holding
     its arguments, or an array of them; "call", one call named in the `header`, its arguments
-    the body."""
+    the body; "markup", calls written as markup (localchat.markup_calls), read when it closes."""
 
     kind: SectionKind
     start: str
@@ -55,14 +56,16 @@ class CallSyntax:
     """How the family writes one call: `prefix`, the function's name, `before_arguments`, the
     arguments' JSON, `closing`. The server writes a call's opening after the prompt to make the
     model call a tool (tool_choice "required" or named), and whole calls into the history of a
-    template that does not render them."""
+    template that does not render them. `markup`: the arguments are parameter blocks, not JSON."""
 
     prefix: str
     before_arguments: str
     closing: str
+    markup: bool = False
 
     def write(self, name: str, arguments: Mapping[str, Any]) -> str:
-        return f"{self.prefix}{name}{self.before_arguments}{json.dumps(dict(arguments), ensure_ascii=False)}{self.closing}"
+        written = write_parameters(arguments) if self.markup else json.dumps(dict(arguments), ensure_ascii=False)
+        return f"{self.prefix}{name}{self.before_arguments}{written}{self.closing}"
 
 
 @dataclass(frozen=True)
@@ -159,6 +162,12 @@ FAMILIES: tuple[ChatFormat, ...] = (
         (Section("calls", "<|python_tag|>"), Section("calls", "")),
         CallSyntax('{"name": "', '", "parameters": ', "}"),
         one_call_per_message=True,
+    ),
+    # Qwen3-Coder: `<tool_call>` around markup, `<function=name>` and a `<parameter=key>` per argument.
+    ChatFormat(
+        "qwen3-coder", ("<tool_call>", "<function=", "<parameter="),
+        (Section("markup", "<tool_call>", ("</tool_call>",)),),
+        CallSyntax("<tool_call>\n<function=", ">\n", "</function>\n</tool_call>", markup=True),
     ),
     ChatFormat(
         "hermes", ("<tool_call>",),
@@ -399,8 +408,9 @@ def call_grammar(fmt: ChatFormat, tools: Sequence[Mapping[str, Any]], name: str 
     chosen = [tool["function"] for tool in tools if name is None or tool["function"]["name"] == name]
     rules = []
     for number, function in enumerate(chosen):
-        schema = {"type": "object", **function.get("parameters", NO_PARAMETERS), "x-guidance": JSON_LAYOUT}
+        parameters = function.get("parameters", NO_PARAMETERS)
+        arguments = arguments_grammar(f"arguments_{number}", parameters, JSON_LAYOUT) if syntax.markup else [
+            f"arguments_{number}: %json {json.dumps({'type': 'object', **parameters, 'x-guidance': JSON_LAYOUT}, ensure_ascii=False)}"]
         body = ("" if name else literal(function["name"] + syntax.before_arguments), f"arguments_{number}", literal(syntax.closing))
-        rules += [f"call_{number}: {' '.join(part for part in body if part)}",
-                  f"arguments_{number}: %json {json.dumps(schema, ensure_ascii=False)}"]
+        rules += [f"call_{number}: {' '.join(part for part in body if part)}", *arguments]
     return "\n".join([f"start: {' | '.join(f'call_{n}' for n in range(len(chosen)))}", *rules])

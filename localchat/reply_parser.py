@@ -1,18 +1,21 @@
 """Splits a model's reply into content, reasoning and tool calls as it streams, by the family's
 format (localchat.chat_formats): one parser for every family, fed piece by piece, holding back
 text that may be the start of a marker until it is decided. Calls written as JSON are read by
-localchat.tool_call_reader.
+localchat.tool_call_reader, calls written as markup by localchat.markup_calls.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from localchat.chat_formats import ChatFormat, Section, SectionKind
+from localchat.markup_calls import OPEN_FUNCTION, read_markup_calls
 from localchat.tool_call_reader import ArgumentsReader, CallsReader
 
 # A header longer than this never ends: its text was not a header.
@@ -80,9 +83,9 @@ class ParsedReply:
 
 
 def parse_reply(fmt: ChatFormat, text: str, *, calls: bool = True, prompt: str = "", forced: Sequence[str] = (),
-                cut_short: bool = False) -> ParsedReply:
+                cut_short: bool = False, tools: Mapping[str, Mapping[str, Any]] | None = None) -> ParsedReply:
     """A whole reply's parts (`cut_short`: it ended at its token limit)."""
-    parser = ReplyParser(fmt, calls=calls, prompt=prompt, forced=forced)
+    parser = ReplyParser(fmt, calls=calls, prompt=prompt, forced=forced, tools=tools)
     reply = ParsedReply()
     for part in [*parser.feed(text), *parser.finish(cut_short=cut_short)]:
         reply.add(part)
@@ -118,13 +121,18 @@ class ReplyParser:
     `<|start|>assistant`) makes the reply start inside that section. `forced`: the functions
     the reply must call one of (the server wrote the call's opening, a grammar holds the rest):
     cut short before its name ends, it is a call of the one function the name begun can be, else
-    none, never content. However a reply is split into pieces, its parts put together are the same.
+    none, never content. `tools`: each function's parameters' JSON schema, by name, which types
+    the arguments of calls written as markup (whose arguments come whole, when the section closes).
+    However a reply is split into pieces, its parts put together are the same.
     """
 
-    def __init__(self, fmt: ChatFormat, *, calls: bool = True, prompt: str = "", forced: Sequence[str] = ()) -> None:
+    def __init__(self, fmt: ChatFormat, *, calls: bool = True, prompt: str = "", forced: Sequence[str] = (),
+                 tools: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         self.format = fmt
         self.calls_enabled = calls
         self._forced = tuple(forced)
+        self._tools = dict(tools or {})
+        self._markup = ""  # a markup section's body so far
         sections = [s for s in fmt.sections if calls or s.kind in ("reasoning", "content") or (s.header and s.header.channels)]
         self._bare = next((s for s in sections if not s.start), None)
         self._openers: dict[str, Section | None] = {m: None for m in fmt.dropped} | {s.start: s for s in sections if s.start}
@@ -157,7 +165,9 @@ class ReplyParser:
         """The reply has ended: the rest, as it stands. A call it was `cut_short` in (by its token
         limit) ends as written; one that ended otherwise before its arguments has none: {}."""
         self._run(final=True)
-        if self._mode == "header" or (self._mode == "json" and not self._committed):
+        if self._mode == "markup":
+            self._end_markup(cut_short=cut_short)
+        elif self._mode == "header" or (self._mode == "json" and not self._committed):
             if self._forced:
                 self._end_forced_call()
             else:
@@ -172,8 +182,11 @@ class ReplyParser:
     def _end_forced_call(self) -> None:
         """A forced call cut short in its name: a call of the one function that name can be, with
         no arguments written; else no call (its markup is not content either)."""
-        if isinstance(self._reader, CallsReader):
-            begun: str | None = self._reader.text if self._reader.state == "name" else None
+        if self._mode == "markup":
+            opened = OPEN_FUNCTION.match(self._markup)
+            begun: str | None = opened.group(1) if opened else ""
+        elif isinstance(self._reader, CallsReader):
+            begun = self._reader.text if self._reader.state == "name" else None
         else:
             assert self._section is not None and self._section.header is not None
             named = re.search(self._section.header.name, self._header)
@@ -187,7 +200,7 @@ class ReplyParser:
     @property
     def in_call(self) -> bool:
         """Whether the text read so far ends inside a call, or what may turn out to be one."""
-        return self._mode in ("header", "json", "after")
+        return self._mode in ("header", "json", "after", "markup")
 
     # What the readers report, as parts:
     def start(self, name: str) -> None:
@@ -234,7 +247,7 @@ class ReplyParser:
 
     def _run(self, *, final: bool) -> None:
         steps = {"content": self._run_content, "header": self._run_header, "text": self._run_text,
-                 "json": self._run_json, "after": self._run_after}
+                 "json": self._run_json, "after": self._run_after, "markup": self._run_markup}
         while self._pending and steps[self._mode](final):
             continue
 
@@ -242,6 +255,8 @@ class ReplyParser:
         self._section, self._held, self._header, self._body_started = section, held, "", False
         if section.header is not None:
             self._mode = "header"
+        elif section.kind == "markup":
+            self._mode, self._markup = "markup", ""
         elif section.kind == "calls":
             self._mode, self._reader = "json", CallsReader(self)
         else:
@@ -385,6 +400,47 @@ class ReplyParser:
             self._pending = text[len(marker):]
         self._close_section()
         return True
+
+
+    def _run_markup(self, final: bool) -> bool:
+        """A markup section's body, held until its end marker; then its calls, or it was content."""
+        assert self._section is not None
+        seen = self._markup + self._pending
+        found = _first_marker(seen, self._section.end)
+        if found is None:
+            self._held += self._pending
+            self._markup, self._pending = seen, ""
+            return False
+        index, marker = found
+        read = index + len(marker) - len(self._markup)
+        self._held += self._pending[:read]
+        self._pending = self._pending[read:]
+        calls = read_markup_calls(seen[:index], self._tools) if self.calls_enabled else None
+        if calls is None:
+            self._revert()
+        else:
+            self._markup_calls(calls)
+        return True
+
+    def _markup_calls(self, calls: list[tuple[str, dict[str, Any]]]) -> None:
+        self._close_section()
+        for name, arguments in calls:
+            self.start(name)
+            self.arguments(json.dumps(arguments, ensure_ascii=False))
+            self.end()
+
+    def _end_markup(self, *, cut_short: bool) -> None:
+        """The reply ended inside a markup section: the functions it closed are calls (a model may
+        stop before `</tool_call>`); a forced call, or one cut short, also counts with the
+        parameters it finished; else its text is content."""
+        calls = read_markup_calls(self._markup, self._tools, open_call=bool(self._forced) or cut_short) if self.calls_enabled else None
+        if calls is not None:
+            self._markup_calls(calls)
+        elif self._forced:
+            self._end_forced_call()
+        else:
+            self._revert()
+            self._run(final=True)
 
 
 class CallScope:

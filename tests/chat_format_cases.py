@@ -29,6 +29,7 @@ FAMILY_OF_TEMPLATE = {
     "phi4_mini": "phi-4-mini",
     "qwen2_5": "hermes",
     "qwen3": "hermes",
+    "qwen3_coder": "qwen3-coder",
     "smollm3": "hermes",
 }
 WEATHER_TOOL = {"type": "function", "function": {

@@ -30,7 +30,7 @@ from localchat.chat_formats import (
     template_support,
 )
 from localchat.reply_parser import ParsedCall, ParsedReply, parse_reply
-from localchat.templates import Message, TemplateRefusedError
+from localchat.templates import Message, TemplateRefusedError, ToolCall
 
 
 @pytest.mark.parametrize("name", list(FAMILY_OF_TEMPLATE))
@@ -126,7 +126,7 @@ def test_phi4_mini_reads_the_tools_from_the_system_message() -> None:
     assert text.startswith('<|system|><|tool|>[{"name": "get_weather"')
 
 
-@pytest.mark.parametrize("name", ["qwen3", "llama3_1", "mistral_nemo", "mistral_small3_2", "deepseek_r1_distill", "gpt_oss", "granite3_3",
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_coder", "llama3_1", "mistral_nemo", "mistral_small3_2", "deepseek_r1_distill", "gpt_oss", "granite3_3",
                                   "phi4_mini", "command_r7b_tool_use", "command_r_plus_tool_use", "gemma3"])
 def test_a_forced_call_opening_reads_as_that_call(name: str) -> None:
     """The server writes a call's opening after the prompt; with the model's continuation the
@@ -206,3 +206,42 @@ def test_generic_is_used_when_a_template_cannot_show_tools() -> None:
                          prompt=prompt_of("deepseek_r1_distill"))
     assert parsed == ParsedReply(reasoning="Hm.", calls=[ParsedCall("get_weather", '{"city": "Zürich"}')])
     assert parse_reply(GENERIC, "x").content == "x"
+
+
+CODER_TOOL = {"type": "function", "function": {"name": "forecast", "parameters": {"type": "object", "properties": {
+    "city": {"type": "string"}, "days": {"type": "integer"}, "metric": {"type": "boolean"}, "hours": {"type": "array", "items": {"type": "integer"}},
+    "unit": {"type": "string", "enum": ["C", "F"]}}, "required": ["city", "days"]}}}
+CODER_ARGS = {"city": "Bern\n<b>", "days": 3, "metric": True, "hours": [6, 18], "unit": "C"}
+
+
+def test_qwen3_coder_typed_calls_in_a_history_read_back_by_their_schema() -> None:
+    """Qwen3-Coder's template writes each argument as text (Jinja's `True`, JSON for lists): read
+    by the tool's schema, the call's arguments come back as they were."""
+    support = template_support(template("qwen3_coder"), fmt("qwen3_coder"))
+    call = Message("assistant", "", tool_calls=(ToolCall("call_1", "forecast", CODER_ARGS),))
+    prompt = render_chat(template("qwen3_coder"), fmt("qwen3_coder"), support, [ASK], tools=[CODER_TOOL])
+    whole = render_chat(template("qwen3_coder"), fmt("qwen3_coder"), support, [ASK, call], tools=[CODER_TOOL], add_generation_prompt=False)
+    written = whole[len(prompt) - len("<|im_start|>assistant\n"):].removeprefix("<|im_start|>assistant")
+    assert "<parameter=metric>\nTrue\n</parameter>" in written
+    parsed = parse_reply(fmt("qwen3_coder"), written, tools={"forecast": CODER_TOOL["function"]["parameters"]})
+    assert [(c.name, json.loads(c.arguments)) for c in parsed.calls] == [("forecast", CODER_ARGS)]
+
+
+def test_qwen3_coder_forced_call_grammar_types_each_parameter() -> None:
+    """The forced call's grammar: the schema's parameters in its order, required ones present,
+    strings as free text up to their closing tag, enums and other types by their schema."""
+    llguidance = pytest.importorskip("llguidance")
+    vocabulary = _ByteVocabulary([])
+    tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(vocabulary), n_vocab=len(vocabulary.tokens), eos_token=256)
+    syntax = fmt("qwen3_coder").call
+    grammar = call_grammar(fmt("qwen3_coder"), [CODER_TOOL], "forecast")
+
+    def accepts(arguments: dict[str, object]) -> bool:
+        text = syntax.write("forecast", arguments)[len(syntax.prefix + "forecast" + syntax.before_arguments):]
+        matcher = llguidance.LLMatcher(tokenizer, llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0)
+        return matcher.consume_tokens(vocabulary(text)) and matcher.is_accepting()
+
+    assert accepts(CODER_ARGS) and accepts({"city": "a</b>", "days": 0})
+    for wrong in ({"city": "Bern"}, {"city": "Bern", "days": "three"}, {"city": "Bern", "days": 3, "unit": "K"},
+                  {"days": 3, "city": "Bern"}, {"city": "x\n</parameter>", "days": 1}):
+        assert not accepts(wrong), wrong

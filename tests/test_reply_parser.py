@@ -5,7 +5,9 @@ reply is split into streamed pieces."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from chat_format_cases import ASK, fmt, prompt_of, template
@@ -32,10 +34,11 @@ class Case:
     expected: ParsedReply
     calls: bool = True
     prompt: str | None = None  # default: the template's own generation prompt
+    tools: Mapping[str, Mapping[str, Any]] | None = None  # the functions' parameters, which type markup arguments
 
     def parse(self) -> ParsedReply:
         prompt = prompt_of(self.template) if self.prompt is None else self.prompt
-        return parse_reply(fmt(self.template), self.reply, calls=self.calls, prompt=prompt)
+        return parse_reply(fmt(self.template), self.reply, calls=self.calls, prompt=prompt, tools=self.tools)
 
 
 WEATHER_ARGS = '{"city": "Zürich"}'
@@ -46,6 +49,22 @@ ONE_CALL = [ParsedCall("get_weather", WEATHER_ARGS)]
 
 def reply(content: str = "", reasoning: str = "", calls: list[ParsedCall] | None = None) -> ParsedReply:
     return ParsedReply(content, reasoning, list(calls or []))
+
+
+def markup_call(name: str, **parameters: str) -> str:
+    """A call as Qwen3-Coder writes it, each parameter's value as text."""
+    blocks = "".join(f"<parameter={key}>\n{value}\n</parameter>\n" for key, value in parameters.items())
+    return f"<tool_call>\n<function={name}>\n{blocks}</function>\n</tool_call>"
+
+
+# Parameters of every JSON type, to check that markup values are read by their schema's type.
+TYPED = {"forecast": {"type": "object", "properties": {
+    "city": {"type": "string"}, "days": {"type": "integer"}, "scale": {"type": "number"}, "metric": {"type": "boolean"},
+    "hours": {"type": "array"}, "where": {"type": "object"}, "note": {"type": ["string", "null"]}, "nothing": {"type": "null"}}}}
+TYPED_TEXT = markup_call("forecast", city="007", days="3", scale="1.5", metric="True", hours="[6, 18]", where='{"lat": 47.4}',
+                         note="line one\n\nline <two>", nothing="null", extra="12")
+TYPED_ARGS = ('{"city": "007", "days": 3, "scale": 1.5, "metric": true, "hours": [6, 18], "where": {"lat": 47.4}, '
+              '"note": "line one\\n\\nline <two>", "nothing": null, "extra": "12"}')
 
 
 CASES: dict[str, Case] = {
@@ -73,6 +92,25 @@ CASES: dict[str, Case] = {
     "broken_after_the_name": Case("qwen2_5", '<tool_call>{"name": "get_weather" oops', reply("oops", calls=[ParsedCall("get_weather", "{}")])),
     "calls_off": Case("qwen3", '<think>Hmm.</think><tool_call>{"name": "x"}</tool_call>', reply('<tool_call>{"name": "x"}</tool_call>', "Hmm."),
                       calls=False),
+    # Qwen3-Coder: markup in <tool_call>, typed by the tools' schemas (untyped: text); whole when </tool_call> is read.
+    "qwen3_coder": Case("qwen3_coder", markup_call("get_weather", city="Zürich") + "\n" + markup_call("get_time", city="東京"),
+                        reply(calls=TWO_CALLS)),
+    "qwen3_coder_text_around": Case("qwen3_coder", f"Let me check.\n{markup_call('get_weather', city='Zürich')}\nDone.",
+                                    reply("Let me check.\nDone.", calls=ONE_CALL)),
+    "qwen3_coder_typed": Case("qwen3_coder", TYPED_TEXT, reply(calls=[ParsedCall("forecast", TYPED_ARGS)]), tools=TYPED),
+    "qwen3_coder_untyped": Case("qwen3_coder", markup_call("forecast", days="3"), reply(calls=[ParsedCall("forecast", '{"days": "3"}')])),
+    "qwen3_coder_bad_json": Case("qwen3_coder", markup_call("forecast", days="three", hours="[6,"), tools=TYPED,
+                                 expected=reply(calls=[ParsedCall("forecast", '{"days": "three", "hours": "[6,"}')])),
+    "qwen3_coder_no_parameters": Case("qwen3_coder", markup_call("get_time"), reply(calls=[ParsedCall("get_time", "{}")])),
+    "qwen3_coder_no_closing_tag": Case("qwen3_coder", "<tool_call>\n<function=get_time>\n<parameter=city>\n東京\n</function>",
+                                       reply(calls=[ParsedCall("get_time", TIME_ARGS)])),
+    "qwen3_coder_json_inside": Case("qwen3_coder", f'<tool_call>\n{{"name": "get_time", "arguments": {TIME_ARGS}}}\n</tool_call>',
+                                    reply(f'<tool_call>\n{{"name": "get_time", "arguments": {TIME_ARGS}}}\n</tool_call>')),
+    "qwen3_coder_unclosed": Case("qwen3_coder", "Hi <tool_call>\n<function=get_time>\n<parameter=city>\nBern",
+                                 reply("Hi <tool_call>\n<function=get_time>\n<parameter=city>\nBern")),
+    "qwen3_coder_stray_text": Case("qwen3_coder", "<tool_call>\n<function=get_time>\nnow\n</function>\n</tool_call>",
+                                   reply("<tool_call>\n<function=get_time>\nnow\n</function>\n</tool_call>")),
+    "qwen3_coder_calls_off": Case("qwen3_coder", markup_call("get_time"), reply(markup_call("get_time")), calls=False),
     # Llama 3.x: bare JSON with "parameters" where the reply begins, or after <|python_tag|>.
     "llama": Case("llama3_1", '{"name": "get_weather", "parameters": {"city": "Zürich"}}', reply(calls=ONE_CALL)),
     "llama_typed": Case("llama3_2", ' {"type": "function", "name": "get_weather", "parameters": {"city": "Zürich"}}', reply(calls=ONE_CALL)),
@@ -134,7 +172,7 @@ def test_a_reply_splits_into_content_reasoning_and_calls(name: str) -> None:
 
 def _streamed(case: Case, pieces: list[str]) -> tuple[ParsedReply, list[ReplyPart]]:
     prompt = prompt_of(case.template) if case.prompt is None else case.prompt
-    parser = ReplyParser(fmt(case.template), calls=case.calls, prompt=prompt)
+    parser = ReplyParser(fmt(case.template), calls=case.calls, prompt=prompt, tools=case.tools)
     parts = [part for piece in pieces for part in parser.feed(piece)] + parser.finish()
     assembled = ParsedReply()
     for part in parts:
@@ -181,10 +219,11 @@ def test_text_that_only_looks_like_a_marker_start_is_released() -> None:
 
 FRAGMENTS = ["<tool_call>", "</tool_call>", "<think>", "</think>", "<|start|>assistant", "<|channel|>analysis", "<|channel|>final",
              " to=functions.f", "<|message|>", "<|end|>", "[TOOL_CALLS]", "[ARGS]", '{"name": "f"', '"arguments": ', '{"a": [1, "}"]}',
-             "{", "}", "[", "]", ",", ":", '"', "\\", " ", "\n", "```json\n", "```", "x", "é", "<", "<tool"]
+             "{", "}", "[", "]", ",", ":", '"', "\\", " ", "\n", "```json\n", "```", "x", "é", "<", "<tool",
+             "<function=f>", "</function>", "<parameter=a>", "</parameter>"]
 
 
-@pytest.mark.parametrize("name", ["qwen3", "gpt_oss", "mistral_small3_2", "llama3_1", "gemma3"])
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_coder", "gpt_oss", "mistral_small3_2", "llama3_1", "gemma3"])
 def test_any_reply_parses_the_same_however_it_is_split(name: str) -> None:
     """Random replies made of markers and JSON pieces: never an error, the same parts for any split."""
     hypothesis = pytest.importorskip("hypothesis")
@@ -217,6 +256,8 @@ FORCED = ("get_weather", "get_time")
     ("mistral_small3_2", "get_weather[AR", [ParsedCall("get_weather")]),
     ("gpt_oss", "get_w", [ParsedCall("get_weather")]),
     ("deepseek_r1_distill", "get_t", [ParsedCall("get_time")]),
+    ("qwen3_coder", "get_wea", [ParsedCall("get_weather")]),
+    ("qwen3_coder", "get_time>\n<parameter=city>\nBern\n</parameter>\n<parameter=days>\n3", [ParsedCall("get_time", '{"city": "Bern"}')]),
 ])
 def test_a_forced_call_cut_short_is_a_call_or_none_never_content(name: str, written: str, expected: list[ParsedCall]) -> None:
     """tool_choice required, cut by max_tokens: the server wrote the call's opening, the model part of the rest."""

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from localchat.backends.base import Backend
@@ -108,6 +108,8 @@ class ChatPlan:
     max_calls: int | None
     constraint: Constraint | None = None  # a forced call's grammar
     forced_functions: tuple[str, ...] = ()  # the functions a forced call may be of
+    # Each shown function's parameters' schema, by name: calls written as markup are typed by it.
+    parameters: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def stop_scope(self) -> CallScope:
         """Where the reply's stop strings apply: outside the calls it writes."""
@@ -183,10 +185,12 @@ def plan_chat(body: ChatCompletionRequest, chat: ModelChat, *, default_thinking:
     prompt = render_chat(chat.template, chat.format, chat.support, messages, tools=shown,
                          template_kwargs=_template_kwargs(body, default_thinking))
     max_calls = None if body.parallel_tool_calls else 1
+    parameters = {tool["function"]["name"]: tool["function"].get("parameters", {}) for tool in shown}
     # A reply held to a response_format is that JSON, never a call (bare JSON calls would read it so).
     structured = body.response_format is not None and body.response_format.type != "text"
     if choice != "required" and forced_name is None:
-        return ChatPlan(prompt, "", chat.format, read_calls=bool(shown) and not structured, max_calls=max_calls)
+        return ChatPlan(prompt, "", chat.format, read_calls=bool(shown) and not structured, max_calls=max_calls,
+                        parameters=parameters)
     if structured:
         raise APIError(400, "response_format cannot constrain a reply that must be a tool call (tool_choice)", param="response_format")
     try:
@@ -196,7 +200,7 @@ def plan_chat(body: ChatCompletionRequest, chat: ModelChat, *, default_thinking:
     forced = call_opening(chat.format, prompt, forced_name)
     functions = (forced_name,) if forced_name is not None else tuple(names)
     return ChatPlan(prompt, forced, chat.format, read_calls=True, max_calls=max_calls, constraint=constraint,
-                    forced_functions=functions)
+                    forced_functions=functions, parameters=parameters)
 
 
 def new_call_id() -> str:
@@ -211,7 +215,8 @@ class ChatReplyReader:
     """
 
     def __init__(self, plan: ChatPlan, new_id: Callable[[], str] = new_call_id) -> None:
-        self._parser = ReplyParser(plan.format, calls=plan.read_calls, prompt=plan.prompt, forced=plan.forced_functions)
+        self._parser = ReplyParser(plan.format, calls=plan.read_calls, prompt=plan.prompt, forced=plan.forced_functions,
+                                   tools=plan.parameters)
         self._max_calls = plan.max_calls
         self._new_id = new_id
         self._reply = ParsedReply()

@@ -11,12 +11,18 @@ from typing import Any
 
 import openai
 import pytest
-from chat_format_cases import QWEN3, QWEN3_CALLS, TEMPLATES, TOOLS, TOOLS_QUESTION, WEATHER_TOOL
+from chat_format_cases import (
+    QWEN3,
+    QWEN3_CALLS,
+    TEMPLATES,
+    TOOLS,
+    TOOLS_QUESTION,
+    WEATHER_TOOL,
+)
 from scripted_app import ScriptedBackend, scripted_client
 
 from localchat.server.settings import ServerSettings
 from localchat.templates import fallback_template
-
 
 
 @pytest.fixture
@@ -177,13 +183,16 @@ HISTORY: list[dict[str, Any]] = [
 ]
 
 
-@pytest.mark.parametrize(("template", "control", "expected"), ids=["qwen3", "mistral_small3_2", "llama3_1", "gemma_fallback"], argvalues=[
+@pytest.mark.parametrize(("template", "control", "expected"), ids=["qwen3", "mistral_small3_2", "llama3_1", "qwen3_coder", "gemma_fallback"], argvalues=[
     (QWEN3, (), ['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n</tool_call>',
                  "<tool_response>\n21 °C, clear\n</tool_response>"]),
     ((TEMPLATES / "mistral_small3_2.jinja").read_text(encoding="utf-8"), (),
      ['[TOOL_CALLS]get_weather[CALL_ID]', '[ARGS]{"city": "Zürich"}', "[TOOL_CONTENT]21 °C, clear[/TOOL_RESULTS]"]),
     ((TEMPLATES / "llama3_1.jinja").read_text(encoding="utf-8"), (),
      ['{"name": "get_weather", "parameters": {"city": "Zürich"}}', "ipython<|end_header_id|>\n\n\"21 °C, clear\""]),
+    ((TEMPLATES / "qwen3_coder.jinja").read_text(encoding="utf-8"), (),
+     ["<tool_call>\n<function=get_weather>\n<parameter=city>\nZürich\n</parameter>\n</function>\n</tool_call>",
+      "<tool_response>\n21 °C, clear\n</tool_response>"]),
     (fallback_template("gemma3"), (), ["reply with only a JSON object", '{"name": "get_weather", "arguments": {"city": "Zürich"}}',
                                        "<start_of_turn>user\n21 °C, clear<end_of_turn>"]),
 ])
@@ -259,3 +268,64 @@ def test_unsupported_completion_fields_get_400(qwen3: tuple[openai.OpenAI, Scrip
         with pytest.raises(openai.BadRequestError) as refused:
             client.completions.create(model="scripted", prompt="Hi", extra_body=extra)
         assert isinstance(refused.value.body, dict) and refused.value.body["param"] == next(iter(extra))
+
+
+# Qwen3-Coder writes calls as markup; its arguments' values are typed by the tool's schema.
+CODER_TOOLS = [*TOOLS, {"type": "function", "function": {"name": "forecast", "parameters": {"type": "object", "properties": {
+    "city": {"type": "string"}, "days": {"type": "integer"}, "hourly": {"type": "boolean"}}, "required": ["city", "days"]}}}]
+CODER_CALLS = ("I'll look.\n<tool_call>\n<function=forecast>\n<parameter=city>\nZürich\n</parameter>\n<parameter=days>\n3\n"
+               "</parameter>\n<parameter=hourly>\nfalse\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n"
+               "<parameter=city>\nZürich\n</parameter>\n</function>\n</tool_call>")
+
+
+@pytest.fixture
+def coder(tmp_path: Path) -> Iterator[tuple[openai.OpenAI, ScriptedBackend]]:
+    backend = ScriptedBackend((TEMPLATES / "qwen3_coder.jinja").read_text(encoding="utf-8"))
+    with scripted_client(backend, tmp_path) as (client, _):
+        yield client, backend
+
+
+def test_qwen3_coder_markup_calls_come_back_typed_whole_and_streamed(coder: tuple[openai.OpenAI, ScriptedBackend]) -> None:
+    client, backend = coder
+    backend.replies.extend([CODER_CALLS] * 2)
+    expected = [("forecast", {"city": "Zürich", "days": 3, "hourly": False}), ("get_time", {"city": "Zürich"})]
+    whole = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS)
+    assert _calls(whole.choices[0].message) == expected and whole.choices[0].finish_reason == "tool_calls"
+    assert whole.choices[0].message.content == "I'll look.\n"
+    assert "<function>\n<name>forecast</name>" in backend.prompts[-1]
+    chunks = list(client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS, stream=True))
+    pieces = [call for chunk in chunks for call in chunk.choices[0].delta.tool_calls or ()]
+    assert [(call.index, call.function.name) for call in pieces if call.id is not None] == [(0, "forecast"), (1, "get_time")]
+    streamed = ["".join(call.function.arguments or "" for call in pieces if call.index == index) for index in (0, 1)]
+    assert [json.loads(arguments) for arguments in streamed] == [arguments for _, arguments in expected]
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks) == "I'll look.\n"
+
+
+def test_qwen3_coder_round_trip_renders_the_call_and_its_result(coder: tuple[openai.OpenAI, ScriptedBackend]) -> None:
+    """The call the server returned goes back in the history: the template writes it as markup again."""
+    client, backend = coder
+    backend.replies.extend([CODER_CALLS, "Sunny for three days."])
+    first = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS).choices[0].message
+    results = [{"role": "tool", "tool_call_id": call.id, "content": text} for call, text in zip(first.tool_calls or (), ("sunny", "09:30"), strict=True)]
+    history = [*TOOLS_QUESTION, first.model_dump(exclude_none=True), *results]
+    answer = client.chat.completions.create(model="scripted", messages=history, tools=CODER_TOOLS)  # type: ignore[arg-type]
+    assert answer.choices[0].message.content == "Sunny for three days."
+    assert ("<parameter=days>\n3\n</parameter>\n<parameter=hourly>\nFalse\n</parameter>" in backend.prompts[-1]
+            and "<tool_response>\nsunny\n</tool_response>\n<tool_response>\n09:30\n</tool_response>" in backend.prompts[-1])
+
+
+def test_qwen3_coder_forced_calls_follow_the_parameters_grammar(coder: tuple[openai.OpenAI, ScriptedBackend]) -> None:
+    """Named: the server writes `<tool_call>\\n<function=NAME>\\n`; a grammar holds the parameter blocks
+    to the schema (a model that would write text instead still makes a call whose values parse)."""
+    client, backend = coder
+    backend.replies.extend(["<parameter=city>\nOslo\n</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>",
+                            "forecast>\n<parameter=city>\nOslo\n</parameter>\n<parameter=days>\nseveral\n</parameter>\n</function>\n</tool_call>"])
+    named = {"type": "function", "function": {"name": "forecast"}}
+    reply = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS, tool_choice=named)  # type: ignore[arg-type]
+    assert backend.prompts[-1].endswith("<|im_start|>assistant\n<tool_call>\n<function=forecast>\n")
+    assert _calls(reply.choices[0].message) == [("forecast", {"city": "Oslo", "days": 2})]
+    required = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS, tool_choice="required",
+                                              max_tokens=200)
+    assert backend.prompts[-1].endswith("<tool_call>\n<function=")
+    [(name, arguments)] = _calls(required.choices[0].message)
+    assert name == "forecast" and arguments["city"] == "Oslo" and isinstance(arguments["days"], int)
