@@ -20,7 +20,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from localchat.constraints import JSON_LAYOUT
-from localchat.markup_calls import arguments_grammar, write_parameters
+from localchat.markup_calls import (
+    GLM_MARKUP,
+    QWEN3_CODER_MARKUP,
+    MarkupSyntax,
+    arguments_grammar,
+    write_parameters,
+)
 from localchat.templates import ChatTemplate, Message, TemplateError, ToolCall
 
 SectionKind = Literal["reasoning", "content", "calls", "call", "markup"]
@@ -56,15 +62,15 @@ class CallSyntax:
     """How the family writes one call: `prefix`, the function's name, `before_arguments`, the
     arguments' JSON, `closing`. The server writes a call's opening after the prompt to make the
     model call a tool (tool_choice "required" or named), and whole calls into the history of a
-    template that does not render them. `markup`: the arguments are parameter blocks, not JSON."""
+    template that does not render them. `markup`: the arguments are parameter blocks so written, not JSON."""
 
     prefix: str
     before_arguments: str
     closing: str
-    markup: bool = False
+    markup: MarkupSyntax | None = None
 
     def write(self, name: str, arguments: Mapping[str, Any]) -> str:
-        written = write_parameters(arguments) if self.markup else json.dumps(dict(arguments), ensure_ascii=False)
+        written = write_parameters(self.markup, arguments) if self.markup else json.dumps(dict(arguments), ensure_ascii=False)
         return f"{self.prefix}{name}{self.before_arguments}{written}{self.closing}"
 
 
@@ -167,7 +173,13 @@ FAMILIES: tuple[ChatFormat, ...] = (
     ChatFormat(
         "qwen3-coder", ("<tool_call>", "<function=", "<parameter="),
         (Section("markup", "<tool_call>", ("</tool_call>",)),),
-        CallSyntax("<tool_call>\n<function=", ">\n", "</function>\n</tool_call>", markup=True),
+        CallSyntax("<tool_call>\n<function=", ">\n", "</function>\n</tool_call>", markup=QWEN3_CODER_MARKUP),
+    ),
+    # GLM-4.5/4.6: `<tool_call>name`, then `<arg_key>key</arg_key>` and `<arg_value>value</arg_value>` per argument.
+    ChatFormat(
+        "glm-4.5", ("<tool_call>", "<arg_key>", "<arg_value>"),
+        (Section("markup", "<tool_call>", ("</tool_call>",)),),
+        CallSyntax("<tool_call>", "\n", "</tool_call>", markup=GLM_MARKUP),
     ),
     ChatFormat(
         "hermes", ("<tool_call>",),
@@ -409,7 +421,7 @@ def call_grammar(fmt: ChatFormat, tools: Sequence[Mapping[str, Any]], name: str 
     rules = []
     for number, function in enumerate(chosen):
         parameters = function.get("parameters", NO_PARAMETERS)
-        arguments = arguments_grammar(f"arguments_{number}", parameters, JSON_LAYOUT) if syntax.markup else [
+        arguments = arguments_grammar(syntax.markup, f"arguments_{number}", parameters, JSON_LAYOUT) if syntax.markup else [
             f"arguments_{number}: %json {json.dumps({'type': 'object', **parameters, 'x-guidance': JSON_LAYOUT}, ensure_ascii=False)}"]
         body = ("" if name else literal(function["name"] + syntax.before_arguments), f"arguments_{number}", literal(syntax.closing))
         rules += [f"call_{number}: {' '.join(part for part in body if part)}", *arguments]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from localchat.chat_formats import ChatFormat, Section, SectionKind
-from localchat.markup_calls import OPEN_FUNCTION, read_markup_calls
+from localchat.markup_calls import MarkupCall, read_markup_calls
 from localchat.tool_call_reader import ArgumentsReader, CallsReader
 
 # A header longer than this never ends: its text was not a header.
@@ -183,7 +183,8 @@ class ReplyParser:
         """A forced call cut short in its name: a call of the one function that name can be, with
         no arguments written; else no call (its markup is not content either)."""
         if self._mode == "markup":
-            opened = OPEN_FUNCTION.match(self._markup)
+            assert self.format.call.markup is not None
+            opened = self.format.call.markup.opened.match(self._markup)
             begun: str | None = opened.group(1) if opened else ""
         elif isinstance(self._reader, CallsReader):
             begun = self._reader.text if self._reader.state == "name" else None
@@ -415,14 +416,20 @@ class ReplyParser:
         read = index + len(marker) - len(self._markup)
         self._held += self._pending[:read]
         self._pending = self._pending[read:]
-        calls = read_markup_calls(seen[:index], self._tools) if self.calls_enabled else None
+        calls = self._read_markup(seen[:index], open_call=False)
         if calls is None:
             self._revert()
         else:
             self._markup_calls(calls)
         return True
 
-    def _markup_calls(self, calls: list[tuple[str, dict[str, Any]]]) -> None:
+    def _read_markup(self, body: str, *, open_call: bool) -> list[MarkupCall] | None:
+        markup = self.format.call.markup
+        if markup is None or not self.calls_enabled:
+            return None
+        return read_markup_calls(markup, body, self._tools, open_call=open_call)
+
+    def _markup_calls(self, calls: list[MarkupCall]) -> None:
         self._close_section()
         for name, arguments in calls:
             self.start(name)
@@ -433,7 +440,7 @@ class ReplyParser:
         """The reply ended inside a markup section: the functions it closed are calls (a model may
         stop before `</tool_call>`); a forced call, or one cut short, also counts with the
         parameters it finished; else its text is content."""
-        calls = read_markup_calls(self._markup, self._tools, open_call=bool(self._forced) or cut_short) if self.calls_enabled else None
+        calls = self._read_markup(self._markup, open_call=bool(self._forced) or cut_short)
         if calls is not None:
             self._markup_calls(calls)
         elif self._forced:

@@ -30,6 +30,7 @@ FAMILY_OF_TEMPLATE = {
     "qwen2_5": "hermes",
     "qwen3": "hermes",
     "qwen3_coder": "qwen3-coder",
+    "glm4_6": "glm-4.5",
     "smollm3": "hermes",
 }
 WEATHER_TOOL = {"type": "function", "function": {

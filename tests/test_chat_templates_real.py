@@ -33,6 +33,7 @@ SPECIAL_TOKENS: dict[str, tuple[str, str]] = {
     "gemma2": ("<bos>", "<eos>"),
     "gemma3": ("<bos>", "<eos>"),
     "glm4": ("", "<|endoftext|>"),
+    "glm4_6": ("", "<|endoftext|>"),
     "gpt_oss": ("<|startoftext|>", "<|return|>"),
     "granite3_3": ("<|end_of_text|>", "<|end_of_text|>"),
     "llama3_1": ("<|begin_of_text|>", "<|eot_id|>"),
@@ -45,6 +46,7 @@ SPECIAL_TOKENS: dict[str, tuple[str, str]] = {
     "phi4_mini": ("<|endoftext|>", "<|endoftext|>"),
     "qwen2_5": ("", "<|im_end|>"),
     "qwen3": ("", "<|im_end|>"),
+    "qwen3_coder": ("", "<|im_end|>"),
     "smollm3": ("", "<|im_end|>"),
 }
 

@@ -111,6 +111,15 @@ CASES: dict[str, Case] = {
     "qwen3_coder_stray_text": Case("qwen3_coder", "<tool_call>\n<function=get_time>\nnow\n</function>\n</tool_call>",
                                    reply("<tool_call>\n<function=get_time>\nnow\n</function>\n</tool_call>")),
     "qwen3_coder_calls_off": Case("qwen3_coder", markup_call("get_time"), reply(markup_call("get_time")), calls=False),
+    # GLM-4.5/4.6: `<tool_call>name`, then <arg_key>/<arg_value> pairs; reasoning in <think>.
+    "glm": Case("glm4_6", "\n<think>Both.</think>\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Zürich</arg_value>\n"
+                          "</tool_call>\n<tool_call>get_time\n<arg_key>city</arg_key>\n<arg_value>東京</arg_value>\n</tool_call>",
+                reply(reasoning="Both.", calls=TWO_CALLS)),
+    "glm_typed": Case("glm4_6", "<tool_call>forecast\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n<arg_key>city</arg_key>\n"
+                                "<arg_value>\nBern\n</arg_value>\n<arg_key>hours</arg_key>\n<arg_value>[6, 18]</arg_value>\n</tool_call>",
+                      reply(calls=[ParsedCall("forecast", '{"days": 3, "city": "\\nBern\\n", "hours": [6, 18]}')]), tools=TYPED),
+    "glm_not_a_call": Case("glm4_6", "Use <tool_call>tags</tool_call> like this.", reply("Use <tool_call>tags</tool_call> like this.")),
+    "glm_stray_text": Case("glm4_6", "<tool_call>get_time\nnow</tool_call>", reply("<tool_call>get_time\nnow</tool_call>")),
     # Llama 3.x: bare JSON with "parameters" where the reply begins, or after <|python_tag|>.
     "llama": Case("llama3_1", '{"name": "get_weather", "parameters": {"city": "Zürich"}}', reply(calls=ONE_CALL)),
     "llama_typed": Case("llama3_2", ' {"type": "function", "name": "get_weather", "parameters": {"city": "Zürich"}}', reply(calls=ONE_CALL)),
@@ -220,10 +229,10 @@ def test_text_that_only_looks_like_a_marker_start_is_released() -> None:
 FRAGMENTS = ["<tool_call>", "</tool_call>", "<think>", "</think>", "<|start|>assistant", "<|channel|>analysis", "<|channel|>final",
              " to=functions.f", "<|message|>", "<|end|>", "[TOOL_CALLS]", "[ARGS]", '{"name": "f"', '"arguments": ', '{"a": [1, "}"]}',
              "{", "}", "[", "]", ",", ":", '"', "\\", " ", "\n", "```json\n", "```", "x", "é", "<", "<tool",
-             "<function=f>", "</function>", "<parameter=a>", "</parameter>"]
+             "<function=f>", "</function>", "<parameter=a>", "</parameter>", "<arg_key>a</arg_key>", "<arg_value>", "</arg_value>"]
 
 
-@pytest.mark.parametrize("name", ["qwen3", "qwen3_coder", "gpt_oss", "mistral_small3_2", "llama3_1", "gemma3"])
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_coder", "glm4_6", "gpt_oss", "mistral_small3_2", "llama3_1", "gemma3"])
 def test_any_reply_parses_the_same_however_it_is_split(name: str) -> None:
     """Random replies made of markers and JSON pieces: never an error, the same parts for any split."""
     hypothesis = pytest.importorskip("hypothesis")
@@ -257,6 +266,8 @@ FORCED = ("get_weather", "get_time")
     ("gpt_oss", "get_w", [ParsedCall("get_weather")]),
     ("deepseek_r1_distill", "get_t", [ParsedCall("get_time")]),
     ("qwen3_coder", "get_wea", [ParsedCall("get_weather")]),
+    ("glm4_6", "get_ti", [ParsedCall("get_time")]),
+    ("glm4_6", "get_time\n<arg_key>city</arg_key>\n<arg_value>Bern</arg_value>\n<arg_key>da", [ParsedCall("get_time", '{"city": "Bern"}')]),
     ("qwen3_coder", "get_time>\n<parameter=city>\nBern\n</parameter>\n<parameter=days>\n3", [ParsedCall("get_time", '{"city": "Bern"}')]),
 ])
 def test_a_forced_call_cut_short_is_a_call_or_none_never_content(name: str, written: str, expected: list[ParsedCall]) -> None:

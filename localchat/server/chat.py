@@ -7,7 +7,10 @@ Tool choice: "auto" (the default with tools) shows the tools and reads calls fro
 a call after the prompt (the family's own call syntax, through the function's name when one is
 named) and constrain the rest of the reply to one call's grammar (its arguments following the
 function's JSON schema), so that the reply is a valid call whatever the model would have
-written. `parallel_tool_calls: false` ends the reply after its first call.
+written. `parallel_tool_calls: false` ends the reply after its first call. Families that write
+calls as markup (Qwen3-Coder, GLM-4.5: localchat.markup_calls) are typed by the tools' schemas;
+a forced one's grammar takes the schema's parameters in order, the required ones present; a
+streamed markup call comes as its name and whole arguments once its `</tool_call>` is read.
 
 Thinking: `reasoning_effort: "none"` passes `enable_thinking=false` to the template (Qwen 3 and
 SmolLM3 read it), other efforts pass `reasoning_effort` (gpt-oss reads it);

@@ -183,7 +183,7 @@ HISTORY: list[dict[str, Any]] = [
 ]
 
 
-@pytest.mark.parametrize(("template", "control", "expected"), ids=["qwen3", "mistral_small3_2", "llama3_1", "qwen3_coder", "gemma_fallback"], argvalues=[
+@pytest.mark.parametrize(("template", "control", "expected"), ids=["qwen3", "mistral_small3_2", "llama3_1", "qwen3_coder", "glm4_6", "gemma_fallback"], argvalues=[
     (QWEN3, (), ['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n</tool_call>',
                  "<tool_response>\n21 °C, clear\n</tool_response>"]),
     ((TEMPLATES / "mistral_small3_2.jinja").read_text(encoding="utf-8"), (),
@@ -193,6 +193,9 @@ HISTORY: list[dict[str, Any]] = [
     ((TEMPLATES / "qwen3_coder.jinja").read_text(encoding="utf-8"), (),
      ["<tool_call>\n<function=get_weather>\n<parameter=city>\nZürich\n</parameter>\n</function>\n</tool_call>",
       "<tool_response>\n21 °C, clear\n</tool_response>"]),
+    ((TEMPLATES / "glm4_6.jinja").read_text(encoding="utf-8"), (),
+     ["<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Zürich</arg_value>\n</tool_call>",
+      "<|observation|>\n<tool_response>\n21 °C, clear\n</tool_response>"]),
     (fallback_template("gemma3"), (), ["reply with only a JSON object", '{"name": "get_weather", "arguments": {"city": "Zürich"}}',
                                        "<start_of_turn>user\n21 °C, clear<end_of_turn>"]),
 ])
@@ -328,4 +331,21 @@ def test_qwen3_coder_forced_calls_follow_the_parameters_grammar(coder: tuple[ope
                                               max_tokens=200)
     assert backend.prompts[-1].endswith("<tool_call>\n<function=")
     [(name, arguments)] = _calls(required.choices[0].message)
+    assert name == "forecast" and arguments["city"] == "Oslo" and isinstance(arguments["days"], int)
+
+
+def test_glm_markup_calls_and_forced_calls(tmp_path: Path) -> None:
+    """GLM-4.5/4.6 through the same machinery: typed calls, and a named call forced by its opening and grammar."""
+    backend = ScriptedBackend((TEMPLATES / "glm4_6.jinja").read_text(encoding="utf-8"))
+    backend.replies.extend([("\n<think>Look it up.</think>\n<tool_call>forecast\n<arg_key>city</arg_key>\n<arg_value>Zürich</arg_value>\n"
+                             "<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>"),
+                            "<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n<arg_key>days</arg_key>\n<arg_value>two</arg_value>\n</tool_call>"])
+    with scripted_client(backend, tmp_path) as (client, _):
+        reply = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS)
+        assert _calls(reply.choices[0].message) == [("forecast", {"city": "Zürich", "days": 3})]
+        assert reply.choices[0].message.reasoning_content == "Look it up."  # type: ignore[attr-defined]
+        named = {"type": "function", "function": {"name": "forecast"}}
+        forced = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS, tool_choice=named)  # type: ignore[arg-type]
+    assert backend.prompts[-1].endswith("<|assistant|><tool_call>forecast\n")
+    [(name, arguments)] = _calls(forced.choices[0].message)
     assert name == "forecast" and arguments["city"] == "Oslo" and isinstance(arguments["days"], int)
