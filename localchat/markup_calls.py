@@ -31,7 +31,8 @@ class MarkupSyntax:
     name, 2 its parameters); `parameter` one parameter in it (1 its key, 2 its value's text);
     `opened` a function's start at a body's beginning (1 the name so far, 2 non-empty once the
     name has ended). `key_open` (formatted with the key), `value_close`: how a parameter is
-    written. `trim`: the text the family puts on each side of a value, removed once."""
+    written. `trim`: the text the family puts on each side of a value, removed once. `lead`: what
+    a body begins with, after whitespace."""
 
     function: re.Pattern[str]
     parameter: re.Pattern[str]
@@ -39,6 +40,7 @@ class MarkupSyntax:
     key_open: str
     value_close: str
     trim: str = ""
+    lead: str = ""  # what a body begins with
 
 
 QWEN3_CODER_MARKUP = MarkupSyntax(
@@ -46,7 +48,7 @@ QWEN3_CODER_MARKUP = MarkupSyntax(
     # A value ends at its closing tag; vLLM also ends one left open at the next parameter.
     re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", re.DOTALL),
     re.compile(r"\s*<function=([^>\n]*)(>?)"),
-    "<parameter={key}>\n", "\n</parameter>\n", trim="\n",
+    "<parameter={key}>\n", "\n</parameter>\n", trim="\n", lead="<function=",
 )
 # GLM's name is the body's first word; its section holds one call.
 GLM_MARKUP = MarkupSyntax(
@@ -101,6 +103,12 @@ def _arguments(syntax: MarkupSyntax, inner: str, parameters: Parameters) -> dict
             text = text.removeprefix(syntax.trim).removesuffix(syntax.trim)
         arguments[key] = parameter_value(text, properties.get(key, {}))
     return arguments if not (rest + inner[position:]).strip() else None
+
+
+def may_open(syntax: MarkupSyntax, body: str) -> bool:
+    """Whether a section's body so far may still be calls (else its text is content, told at once)."""
+    head = body.lstrip()
+    return head.startswith(syntax.lead) or syntax.lead.startswith(head)
 
 
 def read_markup_calls(syntax: MarkupSyntax, body: str, tools: Mapping[str, Parameters], *,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from localchat.chat_formats import ChatFormat, Section, SectionKind
-from localchat.markup_calls import MarkupCall, read_markup_calls
+from localchat.markup_calls import MarkupCall, may_open, read_markup_calls
 from localchat.tool_call_reader import ArgumentsReader, CallsReader
 
 # A header longer than this never ends: its text was not a header.
@@ -404,22 +404,21 @@ class ReplyParser:
 
 
     def _run_markup(self, final: bool) -> bool:
-        """A markup section's body, held until its end marker; then its calls, or it was content."""
+        """A markup section's body, held until its end marker while it may be a call's; then its
+        calls, or it was not one: its start marker is content and what followed is read again."""
         assert self._section is not None
+        markup = self.format.call.markup
         seen = self._markup + self._pending
         found = _first_marker(seen, self._section.end)
-        if found is None:
-            self._held += self._pending
+        if found is None and markup is not None and may_open(markup, seen):
             self._markup, self._pending = seen, ""
             return False
-        index, marker = found
-        read = index + len(marker) - len(self._markup)
-        self._held += self._pending[:read]
-        self._pending = self._pending[read:]
-        calls = self._read_markup(seen[:index], open_call=False)
-        if calls is None:
+        calls = self._read_markup(seen[: found[0]], open_call=False) if found is not None else None
+        if found is None or calls is None:
+            self._markup, self._pending = "", seen
             self._revert()
         else:
+            self._pending = seen[found[0] + len(found[1]) :]
             self._markup_calls(calls)
         return True
 
@@ -446,6 +445,7 @@ class ReplyParser:
         elif self._forced:
             self._end_forced_call()
         else:
+            self._markup, self._pending = "", self._markup
             self._revert()
             self._run(final=True)
 

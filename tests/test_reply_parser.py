@@ -110,6 +110,8 @@ CASES: dict[str, Case] = {
                                  reply("Hi <tool_call>\n<function=get_time>\n<parameter=city>\nBern")),
     "qwen3_coder_stray_text": Case("qwen3_coder", "<tool_call>\n<function=get_time>\nnow\n</function>\n</tool_call>",
                                    reply("<tool_call>\n<function=get_time>\nnow\n</function>\n</tool_call>")),
+    "qwen3_coder_marker_in_text": Case("qwen3_coder", f"Use <tool_call> then {markup_call('get_time')}",
+                                       reply("Use <tool_call> then ", calls=[ParsedCall("get_time", "{}")])),
     "qwen3_coder_calls_off": Case("qwen3_coder", markup_call("get_time"), reply(markup_call("get_time")), calls=False),
     # GLM-4.5/4.6: `<tool_call>name`, then <arg_key>/<arg_value> pairs; reasoning in <think>.
     "glm": Case("glm4_6", "\n<think>Both.</think>\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Zürich</arg_value>\n"
@@ -216,6 +218,15 @@ def test_parts_stream_as_soon_as_they_are_decided() -> None:
     assert parser.feed('ments": {"city": "Zü') == [ArgumentsDelta(0, '{"city": "Zü')]
     assert parser.feed('rich"}}\n</tool_call>') == [ArgumentsDelta(0, 'rich"}'), CallEnd(0)]
     assert parser.finish() == []
+
+
+def test_markup_that_cannot_be_a_call_is_released_at_once() -> None:
+    """Qwen3-Coder's call section is held until it closes, but only while its body may be a call."""
+    parser = ReplyParser(fmt("qwen3_coder"))
+    assert parser.feed("Wrap it in <tool_call>\n<func") == [ContentDelta("Wrap it in ")]
+    assert parser.feed("tion=get_time>\n") == []
+    parser = ReplyParser(fmt("qwen3_coder"))
+    assert parser.feed("Wrap it in <tool_call> tags") == [ContentDelta("Wrap it in <tool_call> tags")]
 
 
 def test_text_that_only_looks_like_a_marker_start_is_released() -> None:
