@@ -1,9 +1,9 @@
 """OpenAI's and Ollama's HTTP APIs over an engine: `create_app(engine, settings, loader)`.
 
 Endpoints: /v1/chat/completions and /v1/completions (streamed as server-sent events or whole),
-/v1/models, /health, /metrics here; /v1/responses, /v1/embeddings, Ollama's /api/... and llama-server's /infill,
-/tokenize and /detokenize in responses.py, embeddings.py, ollama.py, ollama_models.py and llama_server_api.py, on the
-same model router (routing.py). Replies come from a
+/v1/models, /health, /metrics here; /v1/responses, Anthropic's /v1/messages, /v1/embeddings, Ollama's /api/... and
+llama-server's /infill, /tokenize and /detokenize in responses.py, anthropic_messages.py, embeddings.py, ollama.py,
+ollama_models.py and llama_server_api.py, on the same model router (routing.py). Replies come from a
 Scheduler that decodes the engine's slots together; the handlers only translate between HTTP and
 it. With a loader, a request may name any model of this machine: the model pool
 (localchat/model_pool.py) loads it beside the others or in place of an idle one, and each loaded
@@ -36,6 +36,7 @@ from localchat.errors import ContextOverflowError, InvalidSettingError, Unsuppor
 from localchat.interrupts import sigterm_interrupts
 from localchat.model_pool import Lease, MemoryBudget, MemoryNeed, ModelBusyError, ModelPool, PoolEvent
 from localchat.scheduler import QueueFullError, ReplyDone, TextDelta
+from localchat.server.anthropic_messages import messages_router
 from localchat.server.embeddings import embedding_router
 from localchat.server.errors import APIError, error_response
 from localchat.server.json_bodies import BodiesAsJson, WellFormedRoute
@@ -281,8 +282,8 @@ def create_app(engine: Engine, settings: ServerSettings, loader: EngineLoader | 
         max_models=settings.max_models, wait_s=settings.model_wait_s, on_event=pool_event,
     )
     router = ModelRouter(first, pool, loader, settings, metrics)
-    # The Responses, embedding, Ollama and llama-server routes, each path counted apart in /metrics too.
-    api_routers = [responses_router(router), embedding_router(router), ollama_router(router),
+    # The Responses, Anthropic's Messages, embedding, Ollama and llama-server routes, each path counted apart in /metrics.
+    api_routers = [responses_router(router), messages_router(router), embedding_router(router), ollama_router(router),
                    ollama_models_router(router, loader, settings), llama_server_router(router)]
     metrics.routes |= {route.path for api_router in api_routers for route in api_router.routes}  # type: ignore[attr-defined]
 

@@ -91,6 +91,12 @@ UNSUPPORTED_FIELDS: dict[str, dict[str, Unsupported]] = {
         "background": Unsupported((None, False), "this server keeps no responses to poll: stream instead"),
         "top_logprobs": Unsupported((None, 0), "/v1/chat/completions gives log-probabilities"),
     },
+    # Anthropic's Messages API: what runs on Anthropic's servers.
+    "messages": {
+        "container": Unsupported((None,), "code execution containers are Anthropic's: run code in your app"),
+        "mcp_servers": Unsupported((None, []), "this server connects to no MCP servers: give their tools as custom tools "
+                                               "and call them from your app"),
+    },
 }
 
 
@@ -605,9 +611,10 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
-def error_responses(invalid: str, unavailable: str) -> dict[int | str, dict[str, Any]]:
-    """The errors an OpenAI route documents (its OpenAPI `responses`), with what a 400 and a 503 mean on it."""
-    return {status: {"model": ErrorResponse, "description": description} for status, description in [
+def error_responses(invalid: str, unavailable: str, body: type[BaseModel] = ErrorResponse) -> dict[int | str, dict[str, Any]]:
+    """The errors an OpenAI route documents (its OpenAPI `responses`), with what a 400 and a 503 mean on it; `body`:
+    the error's shape (Anthropic's, on its Messages API)."""
+    return {status: {"model": body, "description": description} for status, description in [
         (400, invalid),
         (401, "Missing or wrong API key"),
         (404, "Unknown model"),

@@ -47,21 +47,25 @@ async def send_error(
 
 
 class ApiKeyGuard:
-    """Every path but OPEN_PATHS needs `Authorization: Bearer <key>`."""
+    """Every path but OPEN_PATHS needs `Authorization: Bearer <key>`, or `x-api-key: <key>` as Anthropic's clients
+    send it (Claude Code, older anthropic packages)."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
-        self._expected = f"Bearer {api_key}".encode()
+        self._key = api_key.encode()
+        self._bearer = b"Bearer " + self._key
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
-        given = dict(scope["headers"]).get(b"authorization", b"")
-        if not secrets.compare_digest(given, self._expected):
+        headers = dict(scope["headers"])
+        bearer, key = headers.get(b"authorization"), headers.get(b"x-api-key")
+        if not ((bearer is not None and secrets.compare_digest(bearer, self._bearer))
+                or (key is not None and secrets.compare_digest(key, self._key))):
             await send_error(
-                scope, send, 401, "a valid API key is needed: send `Authorization: Bearer <key>`", "invalid_api_key",
-                ((b"www-authenticate", b"Bearer"),),
+                scope, send, 401, "a valid API key is needed: send `Authorization: Bearer <key>` or `x-api-key: <key>`",
+                "invalid_api_key", ((b"www-authenticate", b"Bearer"),),
             )
             return
         await self.app(scope, receive, send)
