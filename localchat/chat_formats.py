@@ -20,13 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from localchat.constraints import JSON_LAYOUT
-from localchat.markup_calls import (
-    GLM_MARKUP,
-    QWEN3_CODER_MARKUP,
-    MarkupSyntax,
-    arguments_grammar,
-    write_parameters,
-)
+from localchat.markup_calls import GEMMA4_MARKUP, GLM_MARKUP, QWEN3_CODER_MARKUP, MarkupSyntax
 from localchat.templates import ChatTemplate, Message, TemplateError, ToolCall
 
 SectionKind = Literal["reasoning", "content", "calls", "call", "markup"]
@@ -62,7 +56,7 @@ class CallSyntax:
     """How the family writes one call: `prefix`, the function's name, `before_arguments`, the
     arguments' JSON, `closing`. The server writes a call's opening after the prompt to make the
     model call a tool (tool_choice "required" or named), and whole calls into the history of a
-    template that does not render them. `markup`: the arguments are parameter blocks so written, not JSON."""
+    template that does not render them. `markup`: the arguments are so written (localchat.markup_calls), not as JSON."""
 
     prefix: str
     before_arguments: str
@@ -70,7 +64,7 @@ class CallSyntax:
     markup: MarkupSyntax | None = None
 
     def write(self, name: str, arguments: Mapping[str, Any]) -> str:
-        written = write_parameters(self.markup, arguments) if self.markup else json.dumps(dict(arguments), ensure_ascii=False)
+        written = self.markup.arguments.write(arguments) if self.markup else json.dumps(dict(arguments), ensure_ascii=False)
         return f"{self.prefix}{name}{self.before_arguments}{written}{self.closing}"
 
 
@@ -100,7 +94,7 @@ class ChatFormat:
     @property
     def markers(self) -> tuple[str, ...]:
         """Every marker the parser looks for: control tokens among them must be shown in the reply."""
-        found: list[str] = [*self.dropped, *self.read_in_headers]
+        found: list[str] = [*self.dropped, *self.read_in_headers, *(self.call.markup.shown if self.call.markup else ())]
         for section in self.sections:
             found += [section.start, *section.end] + ([section.header.end] if section.header else [])
         return tuple(marker for marker in dict.fromkeys(found) if marker)
@@ -175,6 +169,12 @@ FAMILIES: tuple[ChatFormat, ...] = (
         (Section("markup", "<tool_call>", ("</tool_call>",)),),
         CallSyntax("<tool_call>\n<function=", ">\n", "</function>\n</tool_call>", markup=QWEN3_CODER_MARKUP),
     ),
+    # Gemma 4: `<|tool_call>call:name{key:value,...}<tool_call|>`, strings between `<|"|>`.
+    ChatFormat(
+        "gemma-4", ("<|tool_call>call:",),
+        (Section("markup", "<|tool_call>", ("<tool_call|>",)),),
+        CallSyntax("<|tool_call>call:", "", "<tool_call|>", markup=GEMMA4_MARKUP),
+    ),
     # GLM-4.5/4.6: `<tool_call>name`, then `<arg_key>key</arg_key>` and `<arg_value>value</arg_value>` per argument.
     ChatFormat(
         "glm-4.5", ("<tool_call>", "<arg_key>", "<arg_value>"),
@@ -194,6 +194,7 @@ REASONING: tuple[Section, ...] = (
     Section("reasoning", "<think>", ("</think>",)),
     Section("reasoning", "<|START_THINKING|>", ("<|END_THINKING|>",)),
     Section("reasoning", "[THINK]", ("[/THINK]",)),
+    Section("reasoning", "<|channel>thought", ("<channel|>",)),  # Gemma 4
 )
 
 # What the server adds to the system prompt when the template shows no tools to the model.
@@ -421,7 +422,7 @@ def call_grammar(fmt: ChatFormat, tools: Sequence[Mapping[str, Any]], name: str 
     rules = []
     for number, function in enumerate(chosen):
         parameters = function.get("parameters", NO_PARAMETERS)
-        arguments = arguments_grammar(syntax.markup, f"arguments_{number}", parameters, JSON_LAYOUT) if syntax.markup else [
+        arguments = syntax.markup.arguments.grammar(f"arguments_{number}", parameters, JSON_LAYOUT, literal) if syntax.markup else [
             f"arguments_{number}: %json {json.dumps({'type': 'object', **parameters, 'x-guidance': JSON_LAYOUT}, ensure_ascii=False)}"]
         body = ("" if name else literal(function["name"] + syntax.before_arguments), f"arguments_{number}", literal(syntax.closing))
         rules += [f"call_{number}: {' '.join(part for part in body if part)}", *arguments]

@@ -1,62 +1,61 @@
-"""Tool calls written as markup, not JSON, inside `<tool_call>`: a function's name, then one block
-per argument holding its value as text. Qwen3-Coder and GLM-4.5/4.6 write them so:
+"""Tool calls written as markup, not JSON: a function's name, then its arguments in the family's own
+notation. Qwen3-Coder and GLM-4.5/4.6 write a block per argument holding its value as text, inside
+`<tool_call>`; Gemma 4 writes one object in a notation of its own, inside `<|tool_call>`:
 
-    <function=get_weather>                <tool_call>get_weather
-    <parameter=days>                      <arg_key>days</arg_key>
-    3                                     <arg_value>3</arg_value>
-    </parameter>                          </tool_call>
+    <function=get_weather>            <tool_call>get_weather               call:get_weather{days:3}
+    <parameter=days>                  <arg_key>days</arg_key>
+    3                                 <arg_value>3</arg_value>
+    </parameter>                      </tool_call>
     </function>
 
-The text becomes a JSON value by the type the function's schema gives that parameter, as vLLM's
+A block's text becomes a JSON value by the type the function's schema gives that parameter, as vLLM's
 and llama.cpp's parsers read it: strings stay text, other types are read as JSON, falling back to
 the text. localchat.reply_parser finds the section; this module reads its body, writes calls for a
-history, and gives the Lark grammar (llguidance's) of a forced call's arguments.
-"""
+history, and gives the Lark grammar (llguidance's) of a forced call's arguments."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 Parameters = Mapping[str, Any]  # a function's parameters' JSON schema
 MarkupCall = tuple[str, dict[str, Any]]
 
 
+class ArgumentNotation(Protocol):
+    """How a family writes a call's arguments inside its markup."""
+
+    def read(self, inner: str, parameters: Parameters) -> dict[str, Any] | None:
+        """The arguments a closed function block holds; None when other text stands in it."""
+
+    def read_open(self, written: str, parameters: Parameters) -> dict[str, Any]:
+        """The arguments finished in a block cut short (a forced call at its token limit); `written`
+        follows the end of the function's name."""
+
+    def write(self, arguments: Mapping[str, Any]) -> str:
+        """Arguments as the family writes them (a call in a history its template does not render)."""
+
+    def grammar(self, rule: str, parameters: Parameters, layout: Mapping[str, Any], literal: Callable[[str], str]) -> list[str]:
+        """Lark rules (llguidance's) under `rule` for arguments that follow `parameters`' schema; `literal`
+        writes a text as a grammar literal (control tokens by id)."""
+
+
 @dataclass(frozen=True)
 class MarkupSyntax:
     """One family's markup. `function` finds a function's block in a section's body (group 1 its
-    name, 2 its parameters); `parameter` one parameter in it (1 its key, 2 its value's text);
-    `opened` a function's start at a body's beginning (1 the name so far, 2 non-empty once the
-    name has ended). `key_open` (formatted with the key), `value_close`: how a parameter is
-    written. `trim`: the text the family puts on each side of a value, removed once. `lead`: what
-    a body begins with, after whitespace."""
+    name, 2 its arguments); `opened` a function's start at a body's beginning (1 the name so far,
+    2 non-empty once the name has ended). `lead`: what a body begins with, after whitespace.
+    `shown`: control tokens the arguments hold, which the reply must show."""
 
     function: re.Pattern[str]
-    parameter: re.Pattern[str]
     opened: re.Pattern[str]
-    key_open: str
-    value_close: str
-    trim: str = ""
-    lead: str = ""  # what a body begins with
-
-
-QWEN3_CODER_MARKUP = MarkupSyntax(
-    re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL),
-    # A value ends at its closing tag; vLLM also ends one left open at the next parameter.
-    re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", re.DOTALL),
-    re.compile(r"\s*<function=([^>\n]*)(>?)"),
-    "<parameter={key}>\n", "\n</parameter>\n", trim="\n", lead="<function=",
-)
-# GLM's name is the body's first word; its section holds one call.
-GLM_MARKUP = MarkupSyntax(
-    re.compile(r"\A\s*([^\s<]+)\n(.*)\Z", re.DOTALL),
-    re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL),
-    re.compile(r"\s*([^\s<]*)(\s?)"),
-    "<arg_key>{key}</arg_key>\n<arg_value>", "</arg_value>\n",
-)
+    arguments: ArgumentNotation
+    lead: str = ""
+    shown: tuple[str, ...] = ()
 
 
 def _types(schema: Mapping[str, Any]) -> tuple[str, ...]:
@@ -90,19 +89,238 @@ def parameter_value(text: str, schema: Mapping[str, Any]) -> Any:
     return reader(text)
 
 
-def _arguments(syntax: MarkupSyntax, inner: str, parameters: Parameters) -> dict[str, Any] | None:
-    """A function block's arguments; None when text other than parameters stands in it."""
-    properties = parameters.get("properties") or {}
-    arguments: dict[str, Any] = {}
-    rest, position = "", 0
-    for found in syntax.parameter.finditer(inner):
-        rest += inner[position : found.start()]
-        position = found.end()
-        key, text = found.group(1).strip(), found.group(2)
-        if syntax.trim:
-            text = text.removeprefix(syntax.trim).removesuffix(syntax.trim)
-        arguments[key] = parameter_value(text, properties.get(key, {}))
-    return arguments if not (rest + inner[position:]).strip() else None
+def _regex_text(text: str) -> str:
+    """`text` as a Lark regex literal's body that matches it."""
+    return re.escape(text).replace("\\\n", "\\n").replace("/", "\\/")
+
+
+def _string_enum(schema: Mapping[str, Any]) -> list[str] | None:
+    enum = schema.get("enum")
+    return enum if "string" in _types(schema) and enum and all(isinstance(item, str) for item in enum) else None
+
+
+@dataclass(frozen=True)
+class ParameterBlocks:
+    """Arguments as one block per parameter holding its value as text (Qwen3-Coder, GLM): `parameter`
+    finds one (group 1 its key, 2 its value's text); `key_open` (formatted with the key) and
+    `value_close` write one; `trim`: the text the family puts on each side of a value, removed once."""
+
+    parameter: re.Pattern[str]
+    key_open: str
+    value_close: str
+    trim: str = ""
+
+    def read(self, inner: str, parameters: Parameters) -> dict[str, Any] | None:
+        properties = parameters.get("properties") or {}
+        arguments: dict[str, Any] = {}
+        rest, position = "", 0
+        for found in self.parameter.finditer(inner):
+            rest += inner[position : found.start()]
+            position = found.end()
+            key, text = found.group(1).strip(), found.group(2)
+            if self.trim:
+                text = text.removeprefix(self.trim).removesuffix(self.trim)
+            arguments[key] = parameter_value(text, properties.get(key, {}))
+        return arguments if not (rest + inner[position:]).strip() else None
+
+    def read_open(self, written: str, parameters: Parameters) -> dict[str, Any]:
+        closing = self.value_close.strip()
+        end = max((found.end() for found in self.parameter.finditer(written) if closing in found.group(0)), default=0)
+        return self.read(written[:end], parameters) or {}
+
+    def write(self, arguments: Mapping[str, Any]) -> str:
+        """Strings as they are, other values as JSON."""
+        return "".join(self.key_open.format(key=key) + (value if isinstance(value, str) else json.dumps(value, ensure_ascii=False))
+                       + self.value_close for key, value in arguments.items())
+
+    def grammar(self, rule: str, parameters: Parameters, layout: Mapping[str, Any], literal: Callable[[str], str]) -> list[str]:
+        """The schema's properties in its order, the required ones present. A string's text is lazy: it
+        ends where its closing tag first follows; a string enum is one of its values; other types are
+        their JSON schema."""
+        properties: Mapping[str, Any] = parameters.get("properties") or {}
+        required = set(parameters.get("required") or ())
+        closing = self.value_close.rstrip("\n")
+        after = literal(self.value_close[len(closing):])
+        parts, rules = [], []
+        for number, (key, schema) in enumerate(properties.items()):
+            value = f"{rule}_{number}"
+            enum = _string_enum(schema)
+            if enum:
+                rules.append(f"{value}: {' | '.join(literal(item + closing) for item in enum)}")
+            elif "string" in _types(schema):
+                rules.append(f"{value}[lazy]: /(?s:.*){_regex_text(closing)}/")
+            else:
+                typed = {**schema, "x-guidance": dict(layout)}
+                rules.append(f"{value}: %json {json.dumps(typed, ensure_ascii=False)} {literal(closing)}")
+            parts.append(f"({literal(self.key_open.format(key=key))} {value} {after})" + ("" if key in required else "?"))
+        empty = '""'
+        return [f"{rule}: {' '.join(parts) or empty}", *rules]
+
+
+class _GemmaText:
+    """A reader of Gemma 4's argument notation: JSON's values, but strings between `<|"|>` and the keys
+    of objects bare (`{city:<|"|>Paris<|"|>,days:3}`), as its template's `format_argument` writes them.
+    Read leniently: JSON strings and quoted keys too, and a bare word as a string."""
+
+    def __init__(self, text: str) -> None:
+        self.text, self.at = text, 0
+
+    def _space(self) -> None:
+        while self.at < len(self.text) and self.text[self.at].isspace():
+            self.at += 1
+
+    def _take(self, expected: str) -> bool:
+        self._space()
+        if self.text.startswith(expected, self.at):
+            self.at += len(expected)
+            return True
+        return False
+
+    def value(self) -> Any:
+        self._space()
+        if self._take(GEMMA_QUOTE):
+            end = self.text.find(GEMMA_QUOTE, self.at)
+            if end < 0:
+                raise ValueError("a string left open")
+            value, self.at = self.text[self.at : end], end + len(GEMMA_QUOTE)
+            return value
+        if self._take("{"):
+            return self.members({})
+        if self._take("["):
+            return self.items([])
+        if self.text.startswith('"', self.at):
+            value, self.at = json.JSONDecoder().raw_decode(self.text, self.at)
+            return value
+        word = re.compile(r"[^,}\]]*").match(self.text, self.at)
+        assert word is not None
+        self.at = word.end()
+        text = word.group().strip()
+        if not text:
+            raise ValueError("a value is missing")
+        return _json_or_text(text)
+
+    def members(self, into: dict[str, Any]) -> dict[str, Any]:
+        """An object's members after its `{`, added to `into` as each is read (so a cut-short one keeps those)."""
+        if self._take("}"):
+            return into
+        while True:
+            self._space()
+            colon = self.text.find(":", self.at)
+            if colon < 0:
+                raise ValueError("a key without a value")
+            key = self.text[self.at : colon].strip().removeprefix(GEMMA_QUOTE).removesuffix(GEMMA_QUOTE).strip('"')
+            self.at = colon + 1
+            into[key] = self.value()
+            if self._take("}"):
+                return into
+            if not self._take(","):
+                raise ValueError("members not separated by commas")
+
+    def items(self, into: list[Any]) -> list[Any]:
+        if self._take("]"):
+            return into
+        while True:
+            into.append(self.value())
+            if self._take("]"):
+                return into
+            if not self._take(","):
+                raise ValueError("items not separated by commas")
+
+    def at_end(self) -> bool:
+        self._space()
+        return self.at == len(self.text)
+
+
+GEMMA_QUOTE = '<|"|>'
+
+
+def _gemma_value(value: Any) -> str:
+    if isinstance(value, str):
+        return f"{GEMMA_QUOTE}{value}{GEMMA_QUOTE}"
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{key}:{_gemma_value(item)}" for key, item in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_gemma_value(item) for item in value) + "]"
+    return json.dumps(value)
+
+
+class GemmaObject:
+    """Gemma 4's arguments: one object in its own notation (`_GemmaText`), braces included."""
+
+    def read(self, inner: str, parameters: Parameters) -> dict[str, Any] | None:
+        reader = _GemmaText(inner)
+        try:
+            arguments = reader.value()
+        except ValueError:
+            return None
+        return arguments if isinstance(arguments, dict) and reader.at_end() else None
+
+    def read_open(self, written: str, parameters: Parameters) -> dict[str, Any]:
+        """`written` follows the object's `{` (the end of the function's name)."""
+        arguments: dict[str, Any] = {}
+        with contextlib.suppress(ValueError):
+            _GemmaText(written).members(arguments)
+        return arguments
+
+    def write(self, arguments: Mapping[str, Any]) -> str:
+        return _gemma_value(arguments)
+
+    def grammar(self, rule: str, parameters: Parameters, layout: Mapping[str, Any], literal: Callable[[str], str]) -> list[str]:
+        """The object's braces around the schema's properties in its order, separated by commas, the required
+        ones present. A string is quoted and lazy: it ends at the first closing quote; a string enum is one
+        of its values; other types are their JSON schema (which the reader takes too)."""
+        properties: Mapping[str, Any] = parameters.get("properties") or {}
+        required = set(parameters.get("required") or ())
+        quote, empty = literal(GEMMA_QUOTE), '""'
+        rules = []
+        # {rule}_from_{n}: the members from the n-th property on, none written yet; {rule}_more_{n}: after one.
+        follow_from, follow_more = empty, empty
+        for number in reversed(range(len(properties))):
+            key, schema = list(properties.items())[number]
+            value = f"{rule}_{number}"
+            enum = _string_enum(schema)
+            if enum:
+                rules.append(f"{value}: {' | '.join(quote + ' ' + literal(item) + ' ' + quote for item in enum)}")
+            elif "string" in _types(schema) and quote.startswith("<["):  # a control token ends the text
+                rules.append(f"{value}: {quote} /(?s:.*)/ {quote}")
+            elif "string" in _types(schema):
+                rules.append(f"{value}: {quote} {value}_text")
+                rules.append(f"{value}_text[lazy]: /(?s:.*){_regex_text(GEMMA_QUOTE)}/")
+            else:
+                rules.append(f"{value}: %json {json.dumps({**schema, 'x-guidance': dict(layout)}, ensure_ascii=False)}")
+            member = f"{literal(key + ':')} {value}"
+            more, start = f"{rule}_more_{number}", f"{rule}_from_{number}"
+            if key in required:
+                rules += [f"{more}: \",\" {member} {follow_more}", f"{start}: {member} {follow_more}"]
+            else:
+                rules += [f"{more}: (\",\" {member})? {follow_more}", f"{start}: {member} {follow_more} | {follow_from}"]
+            follow_from, follow_more = start, more
+        return [f"{rule}: \"{{\" {follow_from} \"}}\"", *rules]
+
+
+QWEN3_CODER_MARKUP = MarkupSyntax(
+    re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL),
+    re.compile(r"\s*<function=([^>\n]*)(>?)"),
+    # A value ends at its closing tag; vLLM also ends one left open at the next parameter.
+    ParameterBlocks(re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", re.DOTALL),
+                    "<parameter={key}>\n", "\n</parameter>\n", trim="\n"),
+    lead="<function=",
+)
+# GLM's name is the body's first word; its section holds one call.
+GLM_MARKUP = MarkupSyntax(
+    re.compile(r"\A\s*([^\s<]+)\n(.*)\Z", re.DOTALL),
+    re.compile(r"\s*([^\s<]*)(\s?)"),
+    ParameterBlocks(re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL),
+                    "<arg_key>{key}</arg_key>\n<arg_value>", "</arg_value>\n"),
+)
+# Gemma 4: `call:NAME{...}`, one call a section.
+GEMMA4_MARKUP = MarkupSyntax(
+    re.compile(r"\A\s*call:([^{\s]+)(\{.*\})\s*\Z", re.DOTALL),
+    re.compile(r"\s*call:([^{\s]*)(\{?)"),
+    GemmaObject(),
+    lead="call:",
+    shown=(GEMMA_QUOTE,),
+)
 
 
 def may_open(syntax: MarkupSyntax, body: str) -> bool:
@@ -113,14 +331,13 @@ def may_open(syntax: MarkupSyntax, body: str) -> bool:
 
 def read_markup_calls(syntax: MarkupSyntax, body: str, tools: Mapping[str, Parameters], *,
                       open_call: bool = False) -> list[MarkupCall] | None:
-    """The calls a `<tool_call>` section's body holds; None unless it is function blocks only.
-    `open_call`: a last function block left open (a forced call cut short) counts, with the
-    parameters it finished."""
+    """The calls a section's body holds; None unless it is function blocks only. `open_call`: a last
+    function block left open (a forced call cut short) counts, with the arguments it finished."""
     calls: list[MarkupCall] = []
     position = 0
     for found in syntax.function.finditer(body):
         name = found.group(1).strip()
-        arguments = _arguments(syntax, found.group(2), tools.get(name, {}))
+        arguments = syntax.arguments.read(found.group(2), tools.get(name, {}))
         if body[position : found.start()].strip() or arguments is None:
             break
         calls.append((name, arguments))
@@ -132,42 +349,4 @@ def read_markup_calls(syntax: MarkupSyntax, body: str, tools: Mapping[str, Param
     if not open_call or opened is None or not opened.group(2):
         return None
     name, closed = opened.group(1).strip(), rest[opened.end() :]
-    end = max((found.end() for found in syntax.parameter.finditer(closed) if syntax.value_close.strip() in found.group(0)), default=0)
-    return [*calls, (name, _arguments(syntax, closed[:end], tools.get(name, {})) or {})]
-
-
-def write_parameters(syntax: MarkupSyntax, arguments: Mapping[str, Any]) -> str:
-    """Arguments as parameter blocks (strings as they are, other values as JSON)."""
-    return "".join(syntax.key_open.format(key=key) + (value if isinstance(value, str) else json.dumps(value, ensure_ascii=False))
-                   + syntax.value_close for key, value in arguments.items())
-
-
-def _regex_text(text: str) -> str:
-    """`text` as a Lark regex literal's body that matches it."""
-    return re.escape(text).replace("\\\n", "\\n").replace("/", "\\/")
-
-
-def arguments_grammar(syntax: MarkupSyntax, rule: str, parameters: Parameters, layout: Mapping[str, Any]) -> list[str]:
-    """Lark rules (llguidance's) for a function's parameter blocks under `rule`: the schema's
-    properties in its order, the required ones present. A string's text is lazy: it ends where
-    its closing tag first follows; a string enum is one of its values; other types are their
-    JSON schema."""
-    properties: Mapping[str, Any] = parameters.get("properties") or {}
-    required = set(parameters.get("required") or ())
-    closing = syntax.value_close.rstrip("\n")
-    after = json.dumps(syntax.value_close[len(closing):])
-    parts, rules = [], []
-    for number, (key, schema) in enumerate(properties.items()):
-        value = f"{rule}_{number}"
-        opening = json.dumps(syntax.key_open.format(key=key), ensure_ascii=False)
-        enum = schema.get("enum")
-        if "string" in _types(schema) and enum and all(isinstance(item, str) for item in enum):
-            rules.append(f"{value}: {' | '.join(json.dumps(item + closing, ensure_ascii=False) for item in enum)}")
-        elif "string" in _types(schema):
-            rules.append(f"{value}[lazy]: /(?s:.*){_regex_text(closing)}/")
-        else:
-            typed = {**schema, "x-guidance": dict(layout)}
-            rules.append(f"{value}: %json {json.dumps(typed, ensure_ascii=False)} {json.dumps(closing)}")
-        parts.append(f"({opening} {value} {after})" + ("" if key in required else "?"))
-    empty = '""'
-    return [f"{rule}: {' '.join(parts) or empty}", *rules]
+    return [*calls, (name, syntax.arguments.read_open(closed, tools.get(name, {})))]

@@ -32,6 +32,7 @@ SPECIAL_TOKENS: dict[str, tuple[str, str]] = {
     "deepseek_r1_distill": ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"),
     "gemma2": ("<bos>", "<eos>"),
     "gemma3": ("<bos>", "<eos>"),
+    "gemma4": ("<bos>", "<eos>"),
     "glm4": ("", "<|endoftext|>"),
     "glm4_6": ("", "<|endoftext|>"),
     "gpt_oss": ("<|startoftext|>", "<|return|>"),

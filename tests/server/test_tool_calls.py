@@ -175,6 +175,7 @@ def test_a_reply_held_to_a_response_format_is_never_read_as_a_call(tmp_path: Pat
     assert reply.choices[0].message.content == '{"name": "Bob"}' and reply.choices[0].message.tool_calls is None
 
 
+GEMMA4_CONTROL = ("<|tool_call>", "<tool_call|>", '<|"|>', "<|channel>", "<channel|>", "<|turn>", "<turn|>")
 HISTORY: list[dict[str, Any]] = [
     *TOOLS_QUESTION,
     {"role": "assistant", "content": None, "tool_calls": [
@@ -183,7 +184,7 @@ HISTORY: list[dict[str, Any]] = [
 ]
 
 
-@pytest.mark.parametrize(("template", "control", "expected"), ids=["qwen3", "mistral_small3_2", "llama3_1", "qwen3_coder", "glm4_6", "gemma_fallback"], argvalues=[
+@pytest.mark.parametrize(("template", "control", "expected"), ids=["qwen3", "mistral_small3_2", "llama3_1", "qwen3_coder", "glm4_6", "gemma4", "gemma_fallback"], argvalues=[
     (QWEN3, (), ['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n</tool_call>',
                  "<tool_response>\n21 °C, clear\n</tool_response>"]),
     ((TEMPLATES / "mistral_small3_2.jinja").read_text(encoding="utf-8"), (),
@@ -196,6 +197,9 @@ HISTORY: list[dict[str, Any]] = [
     ((TEMPLATES / "glm4_6.jinja").read_text(encoding="utf-8"), (),
      ["<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Zürich</arg_value>\n</tool_call>",
       "<|observation|>\n<tool_response>\n21 °C, clear\n</tool_response>"]),
+    ((TEMPLATES / "gemma4.jinja").read_text(encoding="utf-8"), GEMMA4_CONTROL,
+     ['<|tool_call>call:get_weather{city:<|"|>Zürich<|"|>}<tool_call|>',
+      '<|tool_response>response:get_weather{value:<|"|>21 °C, clear<|"|>}<tool_response|>']),
     (fallback_template("gemma3"), (), ["reply with only a JSON object", '{"name": "get_weather", "arguments": {"city": "Zürich"}}',
                                        "<start_of_turn>user\n21 °C, clear<end_of_turn>"]),
 ])
@@ -348,4 +352,67 @@ def test_glm_markup_calls_and_forced_calls(tmp_path: Path) -> None:
         forced = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS, tool_choice=named)  # type: ignore[arg-type]
     assert backend.prompts[-1].endswith("<|assistant|><tool_call>forecast\n")
     [(name, arguments)] = _calls(forced.choices[0].message)
+    assert name == "forecast" and arguments["city"] == "Oslo" and isinstance(arguments["days"], int)
+
+
+GEMMA4_CALLS = ('<|channel>thought\nThe forecast tool.<channel|>I\'ll look.<|tool_call>call:forecast{city:<|"|>Zürich, CH<|"|>,days:3,'
+                'hourly:false}<tool_call|><|tool_call>call:get_time{city:<|"|>Zürich<|"|>}<tool_call|>')
+
+
+@pytest.fixture
+def gemma4(tmp_path: Path) -> Iterator[tuple[openai.OpenAI, ScriptedBackend]]:
+    backend = ScriptedBackend((TEMPLATES / "gemma4.jinja").read_text(encoding="utf-8"), GEMMA4_CONTROL)
+    with scripted_client(backend, tmp_path) as (client, _):
+        yield client, backend
+
+
+def test_gemma4_calls_and_thoughts_come_back_whole_and_streamed(gemma4: tuple[openai.OpenAI, ScriptedBackend]) -> None:
+    """Gemma 4's calls (its own object notation between control tokens) come back as OpenAI's, with its thought
+    apart; its tools are declared in its notation."""
+    client, backend = gemma4
+    backend.replies.extend([GEMMA4_CALLS] * 2)
+    expected = [("forecast", {"city": "Zürich, CH", "days": 3, "hourly": False}), ("get_time", {"city": "Zürich"})]
+    whole = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS)
+    message = whole.choices[0].message
+    assert _calls(message) == expected and whole.choices[0].finish_reason == "tool_calls"
+    assert (message.content, message.reasoning_content) == ("I'll look.", "The forecast tool.")  # type: ignore[attr-defined]
+    assert '<|tool>declaration:forecast{' in backend.prompts[-1]
+    chunks = list(client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS, stream=True))
+    pieces = [call for chunk in chunks for call in chunk.choices[0].delta.tool_calls or ()]
+    assert [(call.index, call.function.name) for call in pieces if call.id is not None] == [(0, "forecast"), (1, "get_time")]
+    streamed = ["".join(call.function.arguments or "" for call in pieces if call.index == index) for index in (0, 1)]
+    assert [json.loads(arguments) for arguments in streamed] == [arguments for _, arguments in expected]
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks) == "I'll look."
+
+
+def test_gemma4_text_that_only_looks_like_a_call_stays_content(gemma4: tuple[openai.OpenAI, ScriptedBackend]) -> None:
+    """A section whose body is no call in Gemma's notation is the reply's text, as the model wrote it."""
+    client, backend = gemma4
+    written = ['<|tool_call>write call:name{...}<tool_call|> to call.', "Use call:forecast{days:3} to call."]
+    backend.replies.extend(written)
+    replies = [client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS).choices[0].message
+               for _ in written]
+    assert [(reply.content, reply.tool_calls) for reply in replies] == [(text, None) for text in written]
+
+
+@pytest.mark.parametrize("quote_token", [True, False], ids=["quote_is_a_control_token", "quote_is_text"])
+def test_gemma4_forced_calls_follow_its_notation_s_grammar(tmp_path: Path, quote_token: bool) -> None:
+    """Named: the server writes `<|tool_call>call:NAME`; a grammar holds the object to the schema in Gemma's
+    notation (a model that would write a word for a number still makes a call whose values parse)."""
+    control = tuple(marker for marker in GEMMA4_CONTROL if quote_token or marker != '<|"|>')
+    backend = ScriptedBackend((TEMPLATES / "gemma4.jinja").read_text(encoding="utf-8"), control)
+    with scripted_client(backend, tmp_path) as (client, _):
+        _gemma4_forced_calls(client, backend)
+
+
+def _gemma4_forced_calls(client: openai.OpenAI, backend: ScriptedBackend) -> None:
+    backend.replies.extend(['{city:<|"|>Oslo<|"|>,days:2}<tool_call|>', 'forecast{city:<|"|>Oslo<|"|>,days:several}<tool_call|>'])
+    named = {"type": "function", "function": {"name": "forecast"}}
+    reply = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS, tool_choice=named)  # type: ignore[arg-type]
+    assert backend.prompts[-1].endswith("<|turn>model\n<|channel>thought\n<channel|><|tool_call>call:forecast")
+    assert _calls(reply.choices[0].message) == [("forecast", {"city": "Oslo", "days": 2})]
+    required = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS, tool_choice="required",
+                                              max_tokens=200)
+    assert backend.prompts[-1].endswith("<|tool_call>call:")
+    [(name, arguments)] = _calls(required.choices[0].message)
     assert name == "forecast" and arguments["city"] == "Oslo" and isinstance(arguments["days"], int)
