@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from localchat.constraints import JSON_LAYOUT
-from localchat.markup_calls import GEMMA4_MARKUP, GLM_MARKUP, QWEN3_CODER_MARKUP, MarkupSyntax
+from localchat.markup_calls import GEMMA4_MARKUP, GLM_MARKUP, MINIMAX_MARKUP, QWEN3_CODER_MARKUP, SEED_OSS_MARKUP, MarkupSyntax
 from localchat.templates import ChatTemplate, Message, TemplateError, ToolCall
 
 SectionKind = Literal["reasoning", "content", "calls", "call", "markup"]
@@ -111,13 +111,29 @@ FAMILIES: tuple[ChatFormat, ...] = (
         read_in_headers=("<|channel|>", "<|constrain|>"), one_call_per_message=True,
     ),
     ChatFormat(
-        "deepseek-r1", ("<｜tool▁calls▁begin｜>", "<｜tool▁sep｜>"),
+        "deepseek-r1", ("<｜tool▁calls▁begin｜>", "<｜tool▁sep｜>", "```json"),
         (Section("call", "<｜tool▁call▁begin｜>", ("```<｜tool▁call▁end｜>",),
                  Header("```json", r"<｜tool▁sep｜>\s*([^\s`]+)")),),
         CallSyntax("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>", "\n```json\n",
                    "\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
         dropped=("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"),
         string_arguments=True, null_content_with_calls=True,
+    ),
+    # DeepSeek V3.1: R1's markers, the name right after the call's start and the arguments bare.
+    ChatFormat(
+        "deepseek-v3.1", ("<｜tool▁calls▁begin｜>", "<｜tool▁sep｜>"),
+        (Section("call", "<｜tool▁call▁begin｜>", ("<｜tool▁call▁end｜>",), Header("<｜tool▁sep｜>", r"^\s*([^\s<]+)")),),
+        CallSyntax("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
+        dropped=("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"),
+    ),
+    # Kimi K2: `<|tool_call_begin|>functions.name:0<|tool_call_argument_begin|>{...}<|tool_call_end|>`.
+    ChatFormat(
+        "kimi-k2", ("<|tool_calls_section_begin|>", "<|tool_call_argument_begin|>"),
+        (Section("call", "<|tool_call_begin|>", ("<|tool_call_end|>",),
+                 Header("<|tool_call_argument_begin|>", r"^\s*(?:functions\.)?([^\s:<]+)")),),
+        CallSyntax("<|tool_calls_section_begin|><|tool_call_begin|>functions.", ":0<|tool_call_argument_begin|>",
+                   "<|tool_call_end|><|tool_calls_section_end|>"),
+        dropped=("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"),
     ),
     # Mistral v11+ (Small 3.2, Magistral, Devstral): `[TOOL_CALLS]name[CALL_ID]id[ARGS]{...}`.
     ChatFormat(
@@ -175,6 +191,24 @@ FAMILIES: tuple[ChatFormat, ...] = (
         (Section("markup", "<|tool_call>", ("<tool_call|>",)),),
         CallSyntax("<|tool_call>call:", "", "<tool_call|>", markup=GEMMA4_MARKUP),
     ),
+    # Seed-OSS: Qwen3-Coder's markup inside `<seed:tool_call>`.
+    ChatFormat(
+        "seed-oss", ("<seed:tool_call>", "<function="),
+        (Section("markup", "<seed:tool_call>", ("</seed:tool_call>",)),),
+        CallSyntax("<seed:tool_call>\n<function=", ">\n", "</function>\n</seed:tool_call>", markup=SEED_OSS_MARKUP),
+    ),
+    # MiniMax-M2: `<minimax:tool_call>` around `<invoke name="...">` blocks.
+    ChatFormat(
+        "minimax-m2", ("<minimax:tool_call>", "<invoke name="),
+        (Section("markup", "<minimax:tool_call>", ("</minimax:tool_call>",)),),
+        CallSyntax('<minimax:tool_call>\n<invoke name="', '">\n', "</invoke>\n</minimax:tool_call>", markup=MINIMAX_MARKUP),
+    ),
+    # Nemotron Nano 2: a JSON list of calls inside `<TOOLCALL>`.
+    ChatFormat(
+        "nemotron", ("<TOOLCALL>",),
+        (Section("calls", "<TOOLCALL>", ("</TOOLCALL>",)),),
+        CallSyntax('<TOOLCALL>[{"name": "', '", "arguments": ', "}]</TOOLCALL>"),
+    ),
     # GLM-4.5/4.6: `<tool_call>name`, then `<arg_key>key</arg_key>` and `<arg_value>value</arg_value>` per argument.
     ChatFormat(
         "glm-4.5", ("<tool_call>", "<arg_key>", "<arg_value>"),
@@ -195,6 +229,7 @@ REASONING: tuple[Section, ...] = (
     Section("reasoning", "<|START_THINKING|>", ("<|END_THINKING|>",)),
     Section("reasoning", "[THINK]", ("[/THINK]",)),
     Section("reasoning", "<|channel>thought", ("<channel|>",)),  # Gemma 4
+    Section("reasoning", "<seed:think>", ("</seed:think>",)),  # Seed-OSS
 )
 
 # What the server adds to the system prompt when the template shows no tools to the model.
@@ -240,7 +275,8 @@ class TemplateSupport:
 def template_support(template: ChatTemplate, fmt: ChatFormat) -> TemplateSupport:
     """Probes `template` with small conversations, written with `fmt`'s quirks."""
     full = TemplateSupport()
-    tool = {"type": "function", "function": {"name": PROBE_TOOL, "description": "", "parameters": {"type": "object"}}}
+    # Parameters as OpenAI's SDK writes a function's without any (Seed-OSS's template reads their properties).
+    tool = {"type": "function", "function": {"name": PROBE_TOOL, "description": "", "parameters": {"type": "object", "properties": {}}}}
     question = Message("user", "probe question")
     call = Message("assistant", "", tool_calls=(ToolCall("call_probe", PROBE_CALL, {"probe": 1}),))
     result = Message("tool", PROBE_RESULT, tool_call_id="call_probe")

@@ -306,6 +306,22 @@ QWEN3_CODER_MARKUP = MarkupSyntax(
                     "<parameter={key}>\n", "\n</parameter>\n", trim="\n"),
     lead="<function=",
 )
+# Seed-OSS: Qwen3-Coder's markup inside `<seed:tool_call>`, values without newlines around them.
+SEED_OSS_MARKUP = MarkupSyntax(
+    QWEN3_CODER_MARKUP.function,
+    QWEN3_CODER_MARKUP.opened,
+    ParameterBlocks(re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", re.DOTALL),
+                    "<parameter={key}>", "</parameter>\n"),
+    lead="<function=",
+)
+# MiniMax-M2: `<invoke name="...">` and `<parameter name="...">` inside `<minimax:tool_call>`.
+MINIMAX_MARKUP = MarkupSyntax(
+    re.compile(r'<invoke name="([^"\n]+)">(.*?)</invoke>', re.DOTALL),
+    re.compile(r'\s*<invoke name="([^"\n]*)(">?)'),
+    ParameterBlocks(re.compile(r'<parameter name="([^"\n]+)">(.*?)</parameter>', re.DOTALL), '<parameter name="{key}">',
+                    "</parameter>\n"),
+    lead="<invoke name=",
+)
 # GLM's name is the body's first word; its section holds one call.
 GLM_MARKUP = MarkupSyntax(
     re.compile(r"\A\s*([^\s<]+)\n(.*)\Z", re.DOTALL),

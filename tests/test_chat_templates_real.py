@@ -30,6 +30,7 @@ SPECIAL_TOKENS: dict[str, tuple[str, str]] = {
     "command_r7b_tool_use": ("<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>"),
     "command_r_plus_tool_use": ("<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>"),
     "deepseek_r1_distill": ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"),
+    "deepseek_v3_1": ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"),
     "gemma2": ("<bos>", "<eos>"),
     "gemma3": ("<bos>", "<eos>"),
     "gemma4": ("<bos>", "<eos>"),
@@ -37,17 +38,21 @@ SPECIAL_TOKENS: dict[str, tuple[str, str]] = {
     "glm4_6": ("", "<|endoftext|>"),
     "gpt_oss": ("<|startoftext|>", "<|return|>"),
     "granite3_3": ("<|end_of_text|>", "<|end_of_text|>"),
+    "kimi_k2": ("", ""),  # its template writes neither
     "llama3_1": ("<|begin_of_text|>", "<|eot_id|>"),
     "llama3_2": ("<|begin_of_text|>", "<|eot_id|>"),
+    "minimax_m2": ("", ""),  # its template writes neither
     "mistral_nemo": ("<s>", "</s>"),
     "mistral_small3_2": ("<s>", "</s>"),
     "mistral_v0_3": ("<s>", "</s>"),
+    "nemotron_nano_v2": ("", ""),  # its template writes neither
     "phi3_5": ("<s>", "<|endoftext|>"),
     "phi4": ("<|endoftext|>", "<|im_end|>"),
     "phi4_mini": ("<|endoftext|>", "<|endoftext|>"),
     "qwen2_5": ("", "<|im_end|>"),
     "qwen3": ("", "<|im_end|>"),
     "qwen3_coder": ("", "<|im_end|>"),
+    "seed_oss": ("<seed:bos>", "<seed:eos>"),
     "smollm3": ("", "<|im_end|>"),
 }
 

@@ -184,7 +184,8 @@ HISTORY: list[dict[str, Any]] = [
 ]
 
 
-@pytest.mark.parametrize(("template", "control", "expected"), ids=["qwen3", "mistral_small3_2", "llama3_1", "qwen3_coder", "glm4_6", "gemma4", "gemma_fallback"], argvalues=[
+@pytest.mark.parametrize(("template", "control", "expected"), ids=["qwen3", "mistral_small3_2", "llama3_1", "qwen3_coder", "glm4_6", "nemotron_nano_v2", "seed_oss", "minimax_m2",
+                                                                   "deepseek_v3_1", "kimi_k2", "gemma4", "gemma_fallback"], argvalues=[
     (QWEN3, (), ['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n</tool_call>',
                  "<tool_response>\n21 °C, clear\n</tool_response>"]),
     ((TEMPLATES / "mistral_small3_2.jinja").read_text(encoding="utf-8"), (),
@@ -197,6 +198,20 @@ HISTORY: list[dict[str, Any]] = [
     ((TEMPLATES / "glm4_6.jinja").read_text(encoding="utf-8"), (),
      ["<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Zürich</arg_value>\n</tool_call>",
       "<|observation|>\n<tool_response>\n21 °C, clear\n</tool_response>"]),
+    ((TEMPLATES / "nemotron_nano_v2.jinja").read_text(encoding="utf-8"), (),
+     ['<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Zürich"}}]</TOOLCALL>', "<TOOL_RESPONSE>[21 °C, clear]</TOOL_RESPONSE>"]),
+    ((TEMPLATES / "seed_oss.jinja").read_text(encoding="utf-8"), (),
+     ["<seed:tool_call>\n<function=get_weather>\n<parameter=city>Zürich</parameter>\n</function>\n</seed:tool_call>",
+      "<seed:bos>tool\n21 °C, clear<seed:eos>"]),
+    ((TEMPLATES / "minimax_m2.jinja").read_text(encoding="utf-8"), (),
+     ['<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Zürich</parameter>\n</invoke>\n</minimax:tool_call>',
+      "<response>21 °C, clear</response>"]),
+    ((TEMPLATES / "deepseek_v3_1.jinja").read_text(encoding="utf-8"), (),
+     ['<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Zürich"}<｜tool▁call▁end｜>',
+      "<｜tool▁output▁begin｜>21 °C, clear<｜tool▁output▁end｜>"]),
+    ((TEMPLATES / "kimi_k2.jinja").read_text(encoding="utf-8"), (),
+     ['<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{"city": "Zürich"}<|tool_call_end|>',
+      "21 °C, clear<|im_end|>"]),
     ((TEMPLATES / "gemma4.jinja").read_text(encoding="utf-8"), GEMMA4_CONTROL,
      ['<|tool_call>call:get_weather{city:<|"|>Zürich<|"|>}<tool_call|>',
       '<|tool_response>response:get_weather{value:<|"|>21 °C, clear<|"|>}<tool_response|>']),
@@ -209,6 +224,11 @@ def test_tool_results_render_through_the_template_and_the_model_answers(tmp_path
     backend.replies.append("It is 21 °C and clear.")
     with scripted_client(backend, tmp_path) as (client, _):
         reply = client.chat.completions.create(model="scripted", messages=HISTORY, tools=TOOLS)  # type: ignore[arg-type]
+        if backend.prompts[-1].rstrip().endswith("<think>"):
+            # The prompt opened the model's thinking (Nemotron Nano 2, MiniMax-M2): it was all thought; a model closes it.
+            assert reply.choices[0].message.content == ""
+            backend.replies.append("Sure.</think>It is 21 °C and clear.")
+            reply = client.chat.completions.create(model="scripted", messages=HISTORY, tools=TOOLS)  # type: ignore[arg-type]
     assert [text for text in expected if text not in backend.prompts[-1]] == []
     assert reply.choices[0].message.content == "It is 21 °C and clear." and reply.choices[0].finish_reason == "stop"
 
@@ -416,3 +436,43 @@ def _gemma4_forced_calls(client: openai.OpenAI, backend: ScriptedBackend) -> Non
     assert backend.prompts[-1].endswith("<|tool_call>call:")
     [(name, arguments)] = _calls(required.choices[0].message)
     assert name == "forecast" and arguments["city"] == "Oslo" and isinstance(arguments["days"], int)
+
+
+DEEPSEEK_CONTROL = ("<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>")
+KIMI_CONTROL = ("<|tool_calls_section_begin|>", "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>",
+                "<|tool_calls_section_end|>")
+
+
+@pytest.mark.parametrize(("template", "control", "reply", "reasoning"), ids=["nemotron_nano_v2", "seed_oss", "minimax_m2", "deepseek_v3_1", "kimi_k2"], argvalues=[
+    ("nemotron_nano_v2", (), 'Weather.</think>I\'ll look.<TOOLCALL>[{"name": "forecast", "arguments": {"city": "Zürich", "days": 3}}, '
+     '{"name": "get_time", "arguments": {"city": "Zürich"}}]</TOOLCALL>', "Weather."),
+    ("seed_oss", (), "<seed:think>Weather.</seed:think>I'll look.<seed:tool_call>\n<function=forecast>\n<parameter=city>Zürich</parameter>\n"
+     "<parameter=days>3</parameter>\n</function>\n</seed:tool_call><seed:tool_call>\n<function=get_time>\n<parameter=city>Zürich"
+     "</parameter>\n</function>\n</seed:tool_call>", "Weather."),
+    ("minimax_m2", (), 'Weather.</think>\n\nI\'ll look.<minimax:tool_call>\n<invoke name="forecast">\n<parameter name="city">Zürich</parameter>\n'
+     '<parameter name="days">3</parameter>\n</invoke>\n<invoke name="get_time">\n<parameter name="city">Zürich</parameter>\n</invoke>\n'
+     "</minimax:tool_call>", "Weather."),
+    ("deepseek_v3_1", DEEPSEEK_CONTROL, 'I\'ll look.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>forecast<｜tool▁sep｜>{"city": "Zürich", "days": 3}'
+     '<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{"city": "Zürich"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>', None),
+    ("kimi_k2", KIMI_CONTROL, 'I\'ll look.<|tool_calls_section_begin|><|tool_call_begin|>functions.forecast:0<|tool_call_argument_begin|>'
+     '{"city": "Zürich", "days": 3}<|tool_call_end|><|tool_call_begin|>functions.get_time:1<|tool_call_argument_begin|>{"city": "Zürich"}'
+     "<|tool_call_end|><|tool_calls_section_end|>", None),
+])
+def test_more_families_calls_come_back_whole_and_streamed(tmp_path: Path, template: str, control: tuple[str, ...], reply: str,
+                                                          reasoning: str | None) -> None:
+    """Nemotron Nano 2 (a JSON list), Seed-OSS and MiniMax-M2 (markup), DeepSeek V3.1 and Kimi K2 (a call per header):
+    each family's calls come back as OpenAI's, with its thinking apart, whole and streamed."""
+    backend = ScriptedBackend((TEMPLATES / f"{template}.jinja").read_text(encoding="utf-8"), control)
+    backend.replies.extend([reply] * 2)
+    expected = [("forecast", {"city": "Zürich", "days": 3}), ("get_time", {"city": "Zürich"})]
+    with scripted_client(backend, tmp_path) as (client, _):
+        whole = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS)
+        chunks = list(client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS, stream=True))
+    message = whole.choices[0].message
+    assert _calls(message) == expected and whole.choices[0].finish_reason == "tool_calls"
+    assert (message.content, getattr(message, "reasoning_content", None)) == ("I'll look.", reasoning)
+    pieces = [call for chunk in chunks for call in chunk.choices[0].delta.tool_calls or ()]
+    streamed = ["".join(call.function.arguments or "" for call in pieces if call.index == index) for index in (0, 1)]
+    assert [call.function.name for call in pieces if call.id is not None] == ["forecast", "get_time"]
+    assert [json.loads(arguments) for arguments in streamed] == [arguments for _, arguments in expected]
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks).strip() == "I'll look."
