@@ -49,6 +49,8 @@ class Section:
     start: str
     end: tuple[str, ...] = ()
     header: Header | None = None
+    # Its start and end markers belong to its body: markup calls written without their wrapper.
+    inclusive: bool = False
 
 
 @dataclass(frozen=True)
@@ -182,7 +184,8 @@ FAMILIES: tuple[ChatFormat, ...] = (
     # Qwen3-Coder: `<tool_call>` around markup, `<function=name>` and a `<parameter=key>` per argument.
     ChatFormat(
         "qwen3-coder", ("<tool_call>", "<function=", "<parameter="),
-        (Section("markup", "<tool_call>", ("</tool_call>",)),),
+        # Small and quantized ones often leave the wrapper out (vLLM's parser reads such calls too).
+        (Section("markup", "<tool_call>", ("</tool_call>",)), Section("markup", "<function=", ("</function>",), inclusive=True)),
         CallSyntax("<tool_call>\n<function=", ">\n", "</function>\n</tool_call>", markup=QWEN3_CODER_MARKUP),
     ),
     # Gemma 4: `<|tool_call>call:name{key:value,...}<tool_call|>`, strings between `<|"|>`.

@@ -410,10 +410,10 @@ class ReplyParser:
         markup = self.format.call.markup
         seen = self._markup + self._pending
         found = _first_marker(seen, self._section.end)
-        if found is None and markup is not None and may_open(markup, seen):
+        if found is None and markup is not None and may_open(markup, self._with_markers(seen)):
             self._markup, self._pending = seen, ""
             return False
-        calls = self._read_markup(seen[: found[0]], open_call=False) if found is not None else None
+        calls = self._read_markup(self._with_markers(seen[: found[0]], found[1]), open_call=False) if found is not None else None
         if found is None or calls is None:
             self._markup, self._pending = "", seen
             self._revert()
@@ -421,6 +421,11 @@ class ReplyParser:
             self._pending = seen[found[0] + len(found[1]) :]
             self._markup_calls(calls)
         return True
+
+    def _with_markers(self, body: str, end: str = "") -> str:
+        """A markup section's body with its markers where they belong to it (Section.inclusive)."""
+        assert self._section is not None
+        return self._section.start + body + end if self._section.inclusive else body
 
     def _read_markup(self, body: str, *, open_call: bool) -> list[MarkupCall] | None:
         markup = self.format.call.markup
@@ -437,9 +442,12 @@ class ReplyParser:
 
     def _end_markup(self, *, cut_short: bool) -> None:
         """The reply ended inside a markup section: the functions it closed are calls (a model may
-        stop before `</tool_call>`); a forced call, or one cut short, also counts with the
+        stop before `</tool_call>`); a forced call, or a wrapped one cut short, also counts with the
         parameters it finished; else its text is content."""
-        calls = self._read_markup(self._markup, open_call=bool(self._forced) or cut_short)
+        assert self._section is not None
+        # A call left open without its wrapper may as well be text that mentions one: only a wrapped one counts.
+        open_call = bool(self._forced) or (cut_short and not self._section.inclusive)
+        calls = self._read_markup(self._with_markers(self._markup), open_call=open_call)
         if calls is not None:
             self._markup_calls(calls)
         elif self._forced:
@@ -448,6 +456,8 @@ class ReplyParser:
             self._markup, self._pending = "", self._markup
             self._revert()
             self._run(final=True)
+            if self._mode == "markup":  # its text opened another section (a call without its wrapper)
+                self._end_markup(cut_short=cut_short)
 
 
 class CallScope:

@@ -51,10 +51,15 @@ def reply(content: str = "", reasoning: str = "", calls: list[ParsedCall] | None
     return ParsedReply(content, reasoning, list(calls or []))
 
 
+def bare_call(name: str, **parameters: str) -> str:
+    """A call as Qwen3-Coder writes it without its <tool_call> wrapper."""
+    blocks = "".join(f"<parameter={key}>\n{value}\n</parameter>\n" for key, value in parameters.items())
+    return f"<function={name}>\n{blocks}</function>"
+
+
 def markup_call(name: str, **parameters: str) -> str:
     """A call as Qwen3-Coder writes it, each parameter's value as text."""
-    blocks = "".join(f"<parameter={key}>\n{value}\n</parameter>\n" for key, value in parameters.items())
-    return f"<tool_call>\n<function={name}>\n{blocks}</function>\n</tool_call>"
+    return f"<tool_call>\n{bare_call(name, **parameters)}\n</tool_call>"
 
 
 # Parameters of every JSON type, to check that markup values are read by their schema's type.
@@ -113,6 +118,24 @@ CASES: dict[str, Case] = {
     "qwen3_coder_marker_in_text": Case("qwen3_coder", f"Use <tool_call> then {markup_call('get_time')}",
                                        reply("Use <tool_call> then ", calls=[ParsedCall("get_time", "{}")])),
     "qwen3_coder_calls_off": Case("qwen3_coder", markup_call("get_time"), reply(markup_call("get_time")), calls=False),
+    # ... and without the <tool_call> wrapper, as small Qwen3-Coders often write them.
+    "qwen3_coder_bare": Case("qwen3_coder", "Let me check.\n" + bare_call("get_weather", city="Zürich") + "\n" + bare_call("get_time", city="東京"),
+                             reply("Let me check.\n", calls=TWO_CALLS)),
+    "qwen3_coder_bare_typed": Case("qwen3_coder", bare_call("forecast", days="3", metric="false"), tools=TYPED,
+                                   expected=reply(calls=[ParsedCall("forecast", '{"days": 3, "metric": false}')])),
+    "qwen3_coder_bare_mention": Case("qwen3_coder", "Write <function=name> to call, then </function>.",
+                                     reply("Write <function=name> to call, then </function>.")),
+    "qwen3_coder_bare_unclosed": Case("qwen3_coder", "Write <function=name> to call.", reply("Write <function=name> to call.")),
+    "qwen3_coder_bare_calls_off": Case("qwen3_coder", bare_call("get_time"), reply(bare_call("get_time")), calls=False),
+    # Gemma 4: `<|tool_call>call:name{...}<tool_call|>` in its own notation; thoughts in a channel.
+    "gemma4": Case("gemma4", '<|channel>thought\nBoth.<channel|>On it.<|tool_call>call:get_weather{city:<|"|>Zürich<|"|>}<tool_call|>'
+                             '<|tool_call>call:get_time{city:<|"|>東京<|"|>}<tool_call|>', reply("On it.", "Both.", calls=TWO_CALLS),
+                   prompt=template("gemma4").render([ASK], enable_thinking=True)),
+    "gemma4_nested": Case("gemma4", '<|tool_call>call:forecast{days:3,hours:[6,18],where:{lat:47.4,name:<|"|>a, b}<|"|>},metric:true,'
+                                    'note:null}<tool_call|>', reply(calls=[ParsedCall(
+                                        "forecast", '{"days": 3, "hours": [6, 18], "where": {"lat": 47.4, "name": "a, b}"}, "metric": true, '
+                                        '"note": null}')])),
+    "gemma4_not_a_call": Case("gemma4", "Use <|tool_call>call:x{oops<tool_call|> so.", reply("Use <|tool_call>call:x{oops<tool_call|> so.")),
     # GLM-4.5/4.6: `<tool_call>name`, then <arg_key>/<arg_value> pairs; reasoning in <think>.
     "glm": Case("glm4_6", "\n<think>Both.</think>\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Zürich</arg_value>\n"
                           "</tool_call>\n<tool_call>get_time\n<arg_key>city</arg_key>\n<arg_value>東京</arg_value>\n</tool_call>",

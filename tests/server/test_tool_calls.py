@@ -328,6 +328,14 @@ def test_qwen3_coder_markup_calls_come_back_typed_whole_and_streamed(coder: tupl
     assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks) == "I'll look.\n"
 
 
+def test_qwen3_coder_calls_without_their_wrapper_come_back_typed(coder: tuple[openai.OpenAI, ScriptedBackend]) -> None:
+    client, backend = coder
+    backend.replies.append(CODER_CALLS.replace("<tool_call>\n", "").replace("\n</tool_call>", ""))
+    message = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS).choices[0].message
+    assert _calls(message) == [("forecast", {"city": "Zürich", "days": 3, "hourly": False}), ("get_time", {"city": "Zürich"})]
+    assert message.content == "I'll look.\n"
+
+
 def test_qwen3_coder_round_trip_renders_the_call_and_its_result(coder: tuple[openai.OpenAI, ScriptedBackend]) -> None:
     """The call the server returned goes back in the history: the template writes it as markup again."""
     client, backend = coder
