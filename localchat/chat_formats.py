@@ -20,7 +20,15 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from localchat.constraints import JSON_LAYOUT
-from localchat.markup_calls import GEMMA4_MARKUP, GLM_MARKUP, MINIMAX_MARKUP, QWEN3_CODER_MARKUP, SEED_OSS_MARKUP, MarkupSyntax
+from localchat.markup_calls import (
+    GEMMA4_MARKUP,
+    GLM_MARKUP,
+    LFM2_MARKUP,
+    MINIMAX_MARKUP,
+    QWEN3_CODER_MARKUP,
+    SEED_OSS_MARKUP,
+    MarkupSyntax,
+)
 from localchat.templates import ChatTemplate, Message, TemplateError, ToolCall
 
 SectionKind = Literal["reasoning", "content", "calls", "call", "markup"]
@@ -205,6 +213,12 @@ FAMILIES: tuple[ChatFormat, ...] = (
         "minimax-m2", ("<minimax:tool_call>", "<invoke name="),
         (Section("markup", "<minimax:tool_call>", ("</minimax:tool_call>",)),),
         CallSyntax('<minimax:tool_call>\n<invoke name="', '">\n', "</invoke>\n</minimax:tool_call>", markup=MINIMAX_MARKUP),
+    ),
+    # LFM2 and LFM2.5: a Python list of calls inside `<|tool_call_start|>`; their templates write no calls of a history.
+    ChatFormat(
+        "lfm2", ("List of tools: ",),
+        (Section("markup", "<|tool_call_start|>", ("<|tool_call_end|>",)),),
+        CallSyntax("<|tool_call_start|>[", "(", ")]<|tool_call_end|>", markup=LFM2_MARKUP),
     ),
     # Nemotron Nano 2: a JSON list of calls inside `<TOOLCALL>`.
     ChatFormat(

@@ -15,6 +15,7 @@ history, and gives the Lark grammar (llguidance's) of a forced call's arguments.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import json
 import re
@@ -56,6 +57,8 @@ class MarkupSyntax:
     arguments: ArgumentNotation
     lead: str = ""
     shown: tuple[str, ...] = ()
+    # Reads a whole body of calls that no pattern can find one by one (LFM2's Python list); `function` is then unused.
+    read_body: Callable[[str], list[MarkupCall] | None] | None = None
 
 
 def _types(schema: Mapping[str, Any]) -> tuple[str, ...]:
@@ -298,6 +301,80 @@ class GemmaObject:
         return [f"{rule}: \"{{\" {follow_from} \"}}\"", *rules]
 
 
+# Names LFM2 may write for JSON's literals in its Python calls.
+JSON_NAMES = {"true": True, "false": False, "null": None}
+
+
+class _JsonNames(ast.NodeTransformer):
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        return ast.Constant(JSON_NAMES[node.id]) if node.id in JSON_NAMES else node
+
+
+def _python_arguments(call: ast.Call) -> dict[str, Any] | None:
+    """A call's keyword arguments as values (Python's literals and JSON's names); None for anything else."""
+    if call.args or any(keyword.arg is None for keyword in call.keywords):
+        return None
+    try:
+        return {str(keyword.arg): ast.literal_eval(_JsonNames().visit(keyword.value)) for keyword in call.keywords}
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+
+
+def read_python_calls(body: str) -> list[MarkupCall] | None:
+    """LFM2's calls: a Python list of calls with keyword arguments (`[get_weather(city="Bern"), ...]`), read by
+    Python's own parser and `literal_eval` (nothing is run); None unless the whole body is such calls."""
+    try:
+        tree = ast.parse(body.strip(), mode="eval").body
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return None
+    calls: list[MarkupCall] = []
+    for node in tree.elts if isinstance(tree, ast.List) else [tree]:
+        name = ast.unparse(node.func) if isinstance(node, ast.Call) and isinstance(node.func, (ast.Name, ast.Attribute)) else None
+        arguments = _python_arguments(node) if name is not None and isinstance(node, ast.Call) else None
+        if name is None or arguments is None:
+            return None
+        calls.append((name, arguments))
+    return calls or None
+
+
+class PythonKeywords:
+    """Arguments as a Python call's keywords after its `(`: `city="Bern", days=3` (values as JSON, which Python reads)."""
+
+    def read(self, inner: str, parameters: Parameters) -> dict[str, Any] | None:
+        calls = read_python_calls(f"f{inner}")
+        return calls[0][1] if calls else None
+
+    def read_open(self, written: str, parameters: Parameters) -> dict[str, Any]:
+        """The keywords finished before the call was cut short (each a prefix that parses)."""
+        for end in sorted({found.start() for found in re.finditer(r",", written)} | {len(written)}, reverse=True):
+            arguments = self.read(f"({written[:end]})", parameters)
+            if arguments is not None:
+                return arguments
+        return {}
+
+    def write(self, arguments: Mapping[str, Any]) -> str:
+        return ", ".join(f"{key}={json.dumps(value, ensure_ascii=False)}" for key, value in arguments.items())
+
+    def grammar(self, rule: str, parameters: Parameters, layout: Mapping[str, Any], literal: Callable[[str], str]) -> list[str]:
+        """The schema's properties in its order as keywords, separated by commas, the required ones present; each
+        value its JSON schema."""
+        properties: Mapping[str, Any] = parameters.get("properties") or {}
+        required = set(parameters.get("required") or ())
+        rules, follow_from, follow_more, empty = [], '""', '""', '""'
+        for number in reversed(range(len(properties))):
+            key, schema = list(properties.items())[number]
+            value = f"{rule}_{number}"
+            rules.append(f"{value}: %json {json.dumps({**schema, 'x-guidance': dict(layout)}, ensure_ascii=False)}")
+            member = f"{literal(key + '=')} {value}"
+            more, start = f"{rule}_more_{number}", f"{rule}_from_{number}"
+            if key in required:
+                rules += [f"{more}: \", \" {member} {follow_more}", f"{start}: {member} {follow_more}"]
+            else:
+                rules += [f"{more}: (\", \" {member})? {follow_more}", f"{start}: {member} {follow_more} | {follow_from}"]
+            follow_from, follow_more = start, more
+        return [f"{rule}: {follow_from if properties else empty}", *rules]
+
+
 QWEN3_CODER_MARKUP = MarkupSyntax(
     re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL),
     re.compile(r"\s*<function=([^>\n]*)(>?)"),
@@ -321,6 +398,13 @@ MINIMAX_MARKUP = MarkupSyntax(
     ParameterBlocks(re.compile(r'<parameter name="([^"\n]+)">(.*?)</parameter>', re.DOTALL), '<parameter name="{key}">',
                     "</parameter>\n"),
     lead="<invoke name=",
+)
+# LFM2 and LFM2.5: a Python list of calls, `[name(key=value, ...), ...]`.
+LFM2_MARKUP = MarkupSyntax(
+    re.compile(r"(?!)"),
+    re.compile(r"\s*\[?\s*([\w.]*)(\(?)"),
+    PythonKeywords(),
+    read_body=read_python_calls,
 )
 # GLM's name is the body's first word; its section holds one call.
 GLM_MARKUP = MarkupSyntax(
@@ -349,6 +433,14 @@ def read_markup_calls(syntax: MarkupSyntax, body: str, tools: Mapping[str, Param
                       open_call: bool = False) -> list[MarkupCall] | None:
     """The calls a section's body holds; None unless it is function blocks only. `open_call`: a last
     function block left open (a forced call cut short) counts, with the arguments it finished."""
+    if syntax.read_body is not None:
+        whole = syntax.read_body(body)
+        if whole is not None or not open_call:
+            return whole
+        opened = syntax.opened.match(body)
+        if opened is None or not opened.group(2):
+            return None
+        return [(opened.group(1), syntax.arguments.read_open(body[opened.end() :], {}))]
     calls: list[MarkupCall] = []
     position = 0
     for found in syntax.function.finditer(body):

@@ -39,6 +39,8 @@ SPECIAL_TOKENS: dict[str, tuple[str, str]] = {
     "gpt_oss": ("<|startoftext|>", "<|return|>"),
     "granite3_3": ("<|end_of_text|>", "<|end_of_text|>"),
     "kimi_k2": ("", ""),  # its template writes neither
+    "lfm2": ("<|startoftext|>", "<|im_end|>"),
+    "lfm2_5": ("<|startoftext|>", "<|im_end|>"),
     "llama3_1": ("<|begin_of_text|>", "<|eot_id|>"),
     "llama3_2": ("<|begin_of_text|>", "<|eot_id|>"),
     "minimax_m2": ("", ""),  # its template writes neither

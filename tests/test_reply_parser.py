@@ -127,6 +127,16 @@ CASES: dict[str, Case] = {
                                      reply("Write <function=name> to call, then </function>.")),
     "qwen3_coder_bare_unclosed": Case("qwen3_coder", "Write <function=name> to call.", reply("Write <function=name> to call.")),
     "qwen3_coder_bare_calls_off": Case("qwen3_coder", bare_call("get_time"), reply(bare_call("get_time")), calls=False),
+    # LFM2: a Python list of calls between <|tool_call_start|> and <|tool_call_end|>, JSON's literals allowed.
+    "lfm2": Case("lfm2", 'On it.<|tool_call_start|>[get_weather(city="Zürich"), get_time(city=\'東京\')]<|tool_call_end|>',
+                 reply("On it.", calls=TWO_CALLS)),
+    "lfm2_values": Case("lfm2", '<|tool_call_start|>[forecast(days=3, hours=[6, 18], where={"lat": 47.4}, metric=true, note=None)]'
+                                "<|tool_call_end|>", reply(calls=[ParsedCall(
+                                    "forecast", '{"days": 3, "hours": [6, 18], "where": {"lat": 47.4}, "metric": true, "note": null}')])),
+    "lfm2_not_a_call": Case("lfm2", "Use <|tool_call_start|>[print(open('x'))]<|tool_call_end|> so.",
+                            reply("Use <|tool_call_start|>[print(open('x'))]<|tool_call_end|> so.")),
+    "lfm2_calls_off": Case("lfm2", '<|tool_call_start|>[get_time(city="Bern")]<|tool_call_end|>',
+                           reply('<|tool_call_start|>[get_time(city="Bern")]<|tool_call_end|>'), calls=False),
     # Gemma 4: `<|tool_call>call:name{...}<tool_call|>` in its own notation; thoughts in a channel.
     "gemma4": Case("gemma4", '<|channel>thought\nBoth.<channel|>On it.<|tool_call>call:get_weather{city:<|"|>Zürich<|"|>}<tool_call|>'
                              '<|tool_call>call:get_time{city:<|"|>東京<|"|>}<tool_call|>', reply("On it.", "Both.", calls=TWO_CALLS),

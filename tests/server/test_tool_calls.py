@@ -185,7 +185,7 @@ HISTORY: list[dict[str, Any]] = [
 
 
 @pytest.mark.parametrize(("template", "control", "expected"), ids=["qwen3", "mistral_small3_2", "llama3_1", "qwen3_coder", "glm4_6", "nemotron_nano_v2", "seed_oss", "minimax_m2",
-                                                                   "deepseek_v3_1", "kimi_k2", "gemma4", "gemma_fallback"], argvalues=[
+                                                                   "deepseek_v3_1", "kimi_k2", "lfm2", "gemma4", "gemma_fallback"], argvalues=[
     (QWEN3, (), ['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n</tool_call>',
                  "<tool_response>\n21 °C, clear\n</tool_response>"]),
     ((TEMPLATES / "mistral_small3_2.jinja").read_text(encoding="utf-8"), (),
@@ -212,6 +212,8 @@ HISTORY: list[dict[str, Any]] = [
     ((TEMPLATES / "kimi_k2.jinja").read_text(encoding="utf-8"), (),
      ['<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{"city": "Zürich"}<|tool_call_end|>',
       "21 °C, clear<|im_end|>"]),
+    ((TEMPLATES / "lfm2.jinja").read_text(encoding="utf-8"), (),
+     ['<|tool_call_start|>[get_weather(city="Zürich")]<|tool_call_end|>', "<|im_start|>tool\n<|tool_response_start|>21 °C, clear<|tool_response_end|>"]),
     ((TEMPLATES / "gemma4.jinja").read_text(encoding="utf-8"), GEMMA4_CONTROL,
      ['<|tool_call>call:get_weather{city:<|"|>Zürich<|"|>}<tool_call|>',
       '<|tool_response>response:get_weather{value:<|"|>21 °C, clear<|"|>}<tool_response|>']),
@@ -451,20 +453,23 @@ KIMI_CONTROL = ("<|tool_calls_section_begin|>", "<|tool_call_begin|>", "<|tool_c
                 "<|tool_calls_section_end|>")
 
 
-@pytest.mark.parametrize(("template", "control", "reply", "reasoning"), ids=["nemotron_nano_v2", "seed_oss", "minimax_m2", "deepseek_v3_1", "kimi_k2"], argvalues=[
-    ("nemotron_nano_v2", (), 'Weather.</think>I\'ll look.<TOOLCALL>[{"name": "forecast", "arguments": {"city": "Zürich", "days": 3}}, '
-     '{"name": "get_time", "arguments": {"city": "Zürich"}}]</TOOLCALL>', "Weather."),
-    ("seed_oss", (), "<seed:think>Weather.</seed:think>I'll look.<seed:tool_call>\n<function=forecast>\n<parameter=city>Zürich</parameter>\n"
+@pytest.mark.parametrize(("template", "control", "reply", "reasoning"), ids=["nemotron_nano_v2", "seed_oss", "minimax_m2", "deepseek_v3_1", "kimi_k2",
+                                                                          "lfm2"], argvalues=[
+    ("nemotron_nano_v2", (), ('Weather.</think>I\'ll look.<TOOLCALL>[{"name": "forecast", "arguments": {"city": "Zürich", "days": 3}}, '
+     '{"name": "get_time", "arguments": {"city": "Zürich"}}]</TOOLCALL>'), "Weather."),
+    ("seed_oss", (), ("<seed:think>Weather.</seed:think>I'll look.<seed:tool_call>\n<function=forecast>\n<parameter=city>Zürich</parameter>\n"
      "<parameter=days>3</parameter>\n</function>\n</seed:tool_call><seed:tool_call>\n<function=get_time>\n<parameter=city>Zürich"
-     "</parameter>\n</function>\n</seed:tool_call>", "Weather."),
-    ("minimax_m2", (), 'Weather.</think>\n\nI\'ll look.<minimax:tool_call>\n<invoke name="forecast">\n<parameter name="city">Zürich</parameter>\n'
+     "</parameter>\n</function>\n</seed:tool_call>"), "Weather."),
+    ("minimax_m2", (), ('Weather.</think>\n\nI\'ll look.<minimax:tool_call>\n<invoke name="forecast">\n<parameter name="city">Zürich</parameter>\n'
      '<parameter name="days">3</parameter>\n</invoke>\n<invoke name="get_time">\n<parameter name="city">Zürich</parameter>\n</invoke>\n'
-     "</minimax:tool_call>", "Weather."),
-    ("deepseek_v3_1", DEEPSEEK_CONTROL, 'I\'ll look.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>forecast<｜tool▁sep｜>{"city": "Zürich", "days": 3}'
-     '<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{"city": "Zürich"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>', None),
-    ("kimi_k2", KIMI_CONTROL, 'I\'ll look.<|tool_calls_section_begin|><|tool_call_begin|>functions.forecast:0<|tool_call_argument_begin|>'
+     "</minimax:tool_call>"), "Weather."),
+    ("deepseek_v3_1", DEEPSEEK_CONTROL, ('I\'ll look.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>forecast<｜tool▁sep｜>{"city": "Zürich", "days": 3}'
+     '<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{"city": "Zürich"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>'), None),
+    ("kimi_k2", KIMI_CONTROL, ('I\'ll look.<|tool_calls_section_begin|><|tool_call_begin|>functions.forecast:0<|tool_call_argument_begin|>'
      '{"city": "Zürich", "days": 3}<|tool_call_end|><|tool_call_begin|>functions.get_time:1<|tool_call_argument_begin|>{"city": "Zürich"}'
-     "<|tool_call_end|><|tool_calls_section_end|>", None),
+     "<|tool_call_end|><|tool_calls_section_end|>"), None),
+    ("lfm2", ("<|tool_call_start|>", "<|tool_call_end|>"), ('I\'ll look.<|tool_call_start|>[forecast(city="Zürich", days=3), '
+     'get_time(city="Zürich")]<|tool_call_end|>'), None),
 ])
 def test_more_families_calls_come_back_whole_and_streamed(tmp_path: Path, template: str, control: tuple[str, ...], reply: str,
                                                           reasoning: str | None) -> None:
@@ -484,3 +489,20 @@ def test_more_families_calls_come_back_whole_and_streamed(tmp_path: Path, templa
     assert [call.function.name for call in pieces if call.id is not None] == ["forecast", "get_time"]
     assert [json.loads(arguments) for arguments in streamed] == [arguments for _, arguments in expected]
     assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks).strip() == "I'll look."
+
+
+def test_lfm2_forced_calls_follow_the_keywords_grammar(tmp_path: Path) -> None:
+    """Named: the server writes `<|tool_call_start|>[NAME(`; a grammar holds the keywords to the schema (a word for a
+    number still makes a call whose values parse)."""
+    backend = ScriptedBackend((TEMPLATES / "lfm2.jinja").read_text(encoding="utf-8"), ("<|tool_call_start|>", "<|tool_call_end|>"))
+    backend.replies.extend(['city="Oslo", days=2)]<|tool_call_end|>', 'forecast(city="Oslo", days=several)]<|tool_call_end|>'])
+    named = {"type": "function", "function": {"name": "forecast"}}
+    with scripted_client(backend, tmp_path) as (client, _):
+        reply = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS, tool_choice=named)  # type: ignore[arg-type]
+        assert backend.prompts[-1].endswith("<|im_start|>assistant\n<|tool_call_start|>[forecast(")
+        assert _calls(reply.choices[0].message) == [("forecast", {"city": "Oslo", "days": 2})]
+        required = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS, tool_choice="required",
+                                                  max_tokens=200)
+    assert backend.prompts[-1].endswith("<|tool_call_start|>[")
+    [(name, arguments)] = _calls(required.choices[0].message)
+    assert name == "forecast" and arguments["city"] == "Oslo" and isinstance(arguments["days"], int)
