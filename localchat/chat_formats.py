@@ -24,6 +24,7 @@ from localchat.markup_calls import (
     GEMMA4_MARKUP,
     GLM_MARKUP,
     LFM2_MARKUP,
+    MINICPM_MARKUP,
     MINIMAX_MARKUP,
     QWEN3_CODER_MARKUP,
     SEED_OSS_MARKUP,
@@ -219,6 +220,12 @@ FAMILIES: tuple[ChatFormat, ...] = (
         "lfm2", ("List of tools: ",),
         (Section("markup", "<|tool_call_start|>", ("<|tool_call_end|>",)),),
         CallSyntax("<|tool_call_start|>[", "(", ")]<|tool_call_end|>", markup=LFM2_MARKUP),
+    ),
+    # MiniCPM 5: `<function name="...">` markup with no wrapper.
+    ChatFormat(
+        "minicpm5", ('<function name="', '<param name="'),
+        (Section("markup", '<function name="', ("</function>",), inclusive=True),),
+        CallSyntax('<function name="', '">', "</function>", markup=MINICPM_MARKUP),
     ),
     # Nemotron Nano 2: a JSON list of calls inside `<TOOLCALL>`.
     ChatFormat(

@@ -102,6 +102,9 @@ def _string_enum(schema: Mapping[str, Any]) -> list[str] | None:
     return enum if "string" in _types(schema) and enum and all(isinstance(item, str) for item in enum) else None
 
 
+CDATA = ("<![CDATA[", "]]>")
+
+
 @dataclass(frozen=True)
 class ParameterBlocks:
     """Arguments as one block per parameter holding its value as text (Qwen3-Coder, GLM): `parameter`
@@ -112,6 +115,7 @@ class ParameterBlocks:
     key_open: str
     value_close: str
     trim: str = ""
+    cdata: bool = False  # a value holding <, & or a newline comes in a CDATA block (MiniCPM)
 
     def read(self, inner: str, parameters: Parameters) -> dict[str, Any] | None:
         properties = parameters.get("properties") or {}
@@ -123,6 +127,8 @@ class ParameterBlocks:
             key, text = found.group(1).strip(), found.group(2)
             if self.trim:
                 text = text.removeprefix(self.trim).removesuffix(self.trim)
+            if self.cdata and text.startswith(CDATA[0]) and text.endswith(CDATA[1]):
+                text = text[len(CDATA[0]) : -len(CDATA[1])]
             arguments[key] = parameter_value(text, properties.get(key, {}))
         return arguments if not (rest + inner[position:]).strip() else None
 
@@ -132,9 +138,13 @@ class ParameterBlocks:
         return self.read(written[:end], parameters) or {}
 
     def write(self, arguments: Mapping[str, Any]) -> str:
-        """Strings as they are, other values as JSON."""
-        return "".join(self.key_open.format(key=key) + (value if isinstance(value, str) else json.dumps(value, ensure_ascii=False))
-                       + self.value_close for key, value in arguments.items())
+        """Strings as they are (in CDATA where the family wants it), other values as JSON."""
+        def text(value: Any) -> str:
+            if not isinstance(value, str):
+                return json.dumps(value, ensure_ascii=False)
+            return f"{CDATA[0]}{value}{CDATA[1]}" if self.cdata and any(c in value for c in "<&\n") else value
+
+        return "".join(self.key_open.format(key=key) + text(value) + self.value_close for key, value in arguments.items())
 
     def grammar(self, rule: str, parameters: Parameters, layout: Mapping[str, Any], literal: Callable[[str], str]) -> list[str]:
         """The schema's properties in its order, the required ones present. A string's text is lazy: it
@@ -398,6 +408,13 @@ MINIMAX_MARKUP = MarkupSyntax(
     ParameterBlocks(re.compile(r'<parameter name="([^"\n]+)">(.*?)</parameter>', re.DOTALL), '<parameter name="{key}">',
                     "</parameter>\n"),
     lead="<invoke name=",
+)
+# MiniCPM 5: `<function name="...">` blocks of `<param name="...">`, with no wrapper around them.
+MINICPM_MARKUP = MarkupSyntax(
+    re.compile(r'<function name="([^"\n]+)">(.*?)</function>', re.DOTALL),
+    re.compile(r'\s*<function name="([^"\n]*)(">?)'),
+    ParameterBlocks(re.compile(r'<param name="([^"\n]+)">(.*?)</param>', re.DOTALL), '<param name="{key}">', "</param>", cdata=True),
+    lead='<function name="',
 )
 # LFM2 and LFM2.5: a Python list of calls, `[name(key=value, ...), ...]`.
 LFM2_MARKUP = MarkupSyntax(

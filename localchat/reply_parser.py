@@ -184,7 +184,7 @@ class ReplyParser:
         no arguments written; else no call (its markup is not content either)."""
         if self._mode == "markup":
             assert self.format.call.markup is not None
-            opened = self.format.call.markup.opened.match(self._markup)
+            opened = self.format.call.markup.opened.match(self._with_markers(self._markup))
             begun: str | None = opened.group(1) if opened else ""
         elif isinstance(self._reader, CallsReader):
             begun = self._reader.text if self._reader.state == "name" else None

@@ -43,6 +43,7 @@ SPECIAL_TOKENS: dict[str, tuple[str, str]] = {
     "lfm2_5": ("<|startoftext|>", "<|im_end|>"),
     "llama3_1": ("<|begin_of_text|>", "<|eot_id|>"),
     "llama3_2": ("<|begin_of_text|>", "<|eot_id|>"),
+    "minicpm5": ("<s>", ""),  # its template writes no EOS
     "minimax_m2": ("", ""),  # its template writes neither
     "mistral_nemo": ("<s>", "</s>"),
     "mistral_small3_2": ("<s>", "</s>"),

@@ -127,6 +127,13 @@ CASES: dict[str, Case] = {
                                      reply("Write <function=name> to call, then </function>.")),
     "qwen3_coder_bare_unclosed": Case("qwen3_coder", "Write <function=name> to call.", reply("Write <function=name> to call.")),
     "qwen3_coder_bare_calls_off": Case("qwen3_coder", bare_call("get_time"), reply(bare_call("get_time")), calls=False),
+    # MiniCPM 5: bare `<function name="...">` markup, values with <, & or newlines in CDATA.
+    "minicpm5": Case("minicpm5", 'On it.\n<function name="get_weather"><param name="city">Zürich</param></function>\n'
+                                 '<function name="get_time"><param name="city">東京</param></function>', reply("On it.\n", calls=TWO_CALLS)),
+    "minicpm5_cdata": Case("minicpm5", '<function name="forecast"><param name="note"><![CDATA[a <b> &\nc]]></param>'
+                                       '<param name="days">3</param></function>', tools=TYPED,
+                           expected=reply(calls=[ParsedCall("forecast", '{"note": "a <b> &\\nc", "days": 3}')])),
+    "minicpm5_mention": Case("minicpm5", 'Write <function name="x"> then.', reply('Write <function name="x"> then.')),
     # LFM2: a Python list of calls between <|tool_call_start|> and <|tool_call_end|>, JSON's literals allowed.
     "lfm2": Case("lfm2", 'On it.<|tool_call_start|>[get_weather(city="Zürich"), get_time(city=\'東京\')]<|tool_call_end|>',
                  reply("On it.", calls=TWO_CALLS)),

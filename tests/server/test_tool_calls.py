@@ -185,7 +185,7 @@ HISTORY: list[dict[str, Any]] = [
 
 
 @pytest.mark.parametrize(("template", "control", "expected"), ids=["qwen3", "mistral_small3_2", "llama3_1", "qwen3_coder", "glm4_6", "nemotron_nano_v2", "seed_oss", "minimax_m2",
-                                                                   "deepseek_v3_1", "kimi_k2", "lfm2", "gemma4", "gemma_fallback"], argvalues=[
+                                                                   "deepseek_v3_1", "kimi_k2", "minicpm5", "lfm2", "gemma4", "gemma_fallback"], argvalues=[
     (QWEN3, (), ['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n</tool_call>',
                  "<tool_response>\n21 °C, clear\n</tool_response>"]),
     ((TEMPLATES / "mistral_small3_2.jinja").read_text(encoding="utf-8"), (),
@@ -212,6 +212,8 @@ HISTORY: list[dict[str, Any]] = [
     ((TEMPLATES / "kimi_k2.jinja").read_text(encoding="utf-8"), (),
      ['<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{"city": "Zürich"}<|tool_call_end|>',
       "21 °C, clear<|im_end|>"]),
+    ((TEMPLATES / "minicpm5.jinja").read_text(encoding="utf-8"), (),
+     ['<function name="get_weather"><param name="city">Zürich</param></function>', "<tool_response>\n21 °C, clear\n</tool_response>"]),
     ((TEMPLATES / "lfm2.jinja").read_text(encoding="utf-8"), (),
      ['<|tool_call_start|>[get_weather(city="Zürich")]<|tool_call_end|>', "<|im_start|>tool\n<|tool_response_start|>21 °C, clear<|tool_response_end|>"]),
     ((TEMPLATES / "gemma4.jinja").read_text(encoding="utf-8"), GEMMA4_CONTROL,
@@ -454,7 +456,7 @@ KIMI_CONTROL = ("<|tool_calls_section_begin|>", "<|tool_call_begin|>", "<|tool_c
 
 
 @pytest.mark.parametrize(("template", "control", "reply", "reasoning"), ids=["nemotron_nano_v2", "seed_oss", "minimax_m2", "deepseek_v3_1", "kimi_k2",
-                                                                          "lfm2"], argvalues=[
+                                                                          "minicpm5", "lfm2"], argvalues=[
     ("nemotron_nano_v2", (), ('Weather.</think>I\'ll look.<TOOLCALL>[{"name": "forecast", "arguments": {"city": "Zürich", "days": 3}}, '
      '{"name": "get_time", "arguments": {"city": "Zürich"}}]</TOOLCALL>'), "Weather."),
     ("seed_oss", (), ("<seed:think>Weather.</seed:think>I'll look.<seed:tool_call>\n<function=forecast>\n<parameter=city>Zürich</parameter>\n"
@@ -468,6 +470,8 @@ KIMI_CONTROL = ("<|tool_calls_section_begin|>", "<|tool_call_begin|>", "<|tool_c
     ("kimi_k2", KIMI_CONTROL, ('I\'ll look.<|tool_calls_section_begin|><|tool_call_begin|>functions.forecast:0<|tool_call_argument_begin|>'
      '{"city": "Zürich", "days": 3}<|tool_call_end|><|tool_call_begin|>functions.get_time:1<|tool_call_argument_begin|>{"city": "Zürich"}'
      "<|tool_call_end|><|tool_calls_section_end|>"), None),
+    ("minicpm5", (), ('I\'ll look.<function name="forecast"><param name="city">Zürich</param><param name="days">3</param></function>'
+                      '<function name="get_time"><param name="city">Zürich</param></function>'), None),
     ("lfm2", ("<|tool_call_start|>", "<|tool_call_end|>"), ('I\'ll look.<|tool_call_start|>[forecast(city="Zürich", days=3), '
      'get_time(city="Zürich")]<|tool_call_end|>'), None),
 ])
@@ -504,5 +508,22 @@ def test_lfm2_forced_calls_follow_the_keywords_grammar(tmp_path: Path) -> None:
         required = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS, tool_choice="required",
                                                   max_tokens=200)
     assert backend.prompts[-1].endswith("<|tool_call_start|>[")
+    [(name, arguments)] = _calls(required.choices[0].message)
+    assert name == "forecast" and arguments["city"] == "Oslo" and isinstance(arguments["days"], int)
+
+
+def test_minicpm5_forced_calls_open_a_section_without_wrapper(tmp_path: Path) -> None:
+    """MiniCPM 5's call has no wrapper: the server's opening `<function name="NAME">` is the section's start and
+    a grammar holds the parameter blocks."""
+    backend = ScriptedBackend((TEMPLATES / "minicpm5.jinja").read_text(encoding="utf-8"))
+    backend.replies.extend(['<param name="city">Oslo</param><param name="days">2</param></function>',
+                            'forecast"><param name="city">Oslo</param><param name="days">two</param></function>'])
+    named = {"type": "function", "function": {"name": "forecast"}}
+    with scripted_client(backend, tmp_path) as (client, _):
+        reply = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS, tool_choice=named)  # type: ignore[arg-type]
+        assert backend.prompts[-1].endswith('<function name="forecast">')
+        assert _calls(reply.choices[0].message) == [("forecast", {"city": "Oslo", "days": 2})]
+        required = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS, tool_choice="required",
+                                                  max_tokens=200)
     [(name, arguments)] = _calls(required.choices[0].message)
     assert name == "forecast" and arguments["city"] == "Oslo" and isinstance(arguments["days"], int)
