@@ -163,11 +163,36 @@ class ParameterBlocks:
             elif "string" in _types(schema):
                 rules.append(f"{value}[lazy]: /(?s:.*){_regex_text(closing)}/")
             else:
-                typed = {**schema, "x-guidance": dict(layout)}
-                rules.append(f"{value}: %json {json.dumps(typed, ensure_ascii=False)} {literal(closing)}")
+                rules.append(f"{value}: {_json_rule(schema, layout)} {literal(closing)}")
             parts.append(f"({literal(self.key_open.format(key=key))} {value} {after})" + ("" if key in required else "?"))
         empty = '""'
         return [f"{rule}: {' '.join(parts) or empty}", *rules]
+
+
+def _json_rule(schema: Mapping[str, Any], layout: Mapping[str, Any]) -> str:
+    return f"%json {json.dumps({**schema, 'x-guidance': dict(layout)}, ensure_ascii=False)}"
+
+
+def _members_grammar(rule: str, parameters: Parameters, separator: str,
+                     member: Callable[[str, str, Mapping[str, Any]], tuple[str, list[str]]]) -> tuple[str, list[str]]:
+    """Lark rules for the schema's properties in its order, `separator` between those written, the required ones
+    present: what the members begin with (a rule, or "" for none) and the rules. `member(value_rule, key, schema)`
+    gives a property's text and its value's rules."""
+    properties: Mapping[str, Any] = parameters.get("properties") or {}
+    required = set(parameters.get("required") or ())
+    rules: list[str] = []
+    # {rule}_from_{n}: the members from the n-th property on, none written yet; {rule}_more_{n}: after one.
+    follow_from = follow_more = '""'
+    for number, (key, schema) in reversed(list(enumerate(properties.items()))):
+        text, value_rules = member(f"{rule}_{number}", key, schema)
+        rules += value_rules
+        more, start = f"{rule}_more_{number}", f"{rule}_from_{number}"
+        if key in required:
+            rules += [f"{more}: {json.dumps(separator)} {text} {follow_more}", f"{start}: {text} {follow_more}"]
+        else:
+            rules += [f"{more}: ({json.dumps(separator)} {text})? {follow_more}", f"{start}: {text} {follow_more} | {follow_from}"]
+        follow_from, follow_more = start, more
+    return follow_from, rules
 
 
 class _GemmaText:
@@ -282,33 +307,22 @@ class GemmaObject:
         """The object's braces around the schema's properties in its order, separated by commas, the required
         ones present. A string is quoted and lazy: it ends at the first closing quote; a string enum is one
         of its values; other types are their JSON schema (which the reader takes too)."""
-        properties: Mapping[str, Any] = parameters.get("properties") or {}
-        required = set(parameters.get("required") or ())
-        quote, empty = literal(GEMMA_QUOTE), '""'
-        rules = []
-        # {rule}_from_{n}: the members from the n-th property on, none written yet; {rule}_more_{n}: after one.
-        follow_from, follow_more = empty, empty
-        for number in reversed(range(len(properties))):
-            key, schema = list(properties.items())[number]
-            value = f"{rule}_{number}"
+        quote = literal(GEMMA_QUOTE)
+
+        def member(value: str, key: str, schema: Mapping[str, Any]) -> tuple[str, list[str]]:
             enum = _string_enum(schema)
             if enum:
-                rules.append(f"{value}: {' | '.join(quote + ' ' + literal(item) + ' ' + quote for item in enum)}")
+                rules = [f"{value}: {' | '.join(quote + ' ' + literal(item) + ' ' + quote for item in enum)}"]
             elif "string" in _types(schema) and quote.startswith("<["):  # a control token ends the text
-                rules.append(f"{value}: {quote} /(?s:.*)/ {quote}")
+                rules = [f"{value}: {quote} /(?s:.*)/ {quote}"]
             elif "string" in _types(schema):
-                rules.append(f"{value}: {quote} {value}_text")
-                rules.append(f"{value}_text[lazy]: /(?s:.*){_regex_text(GEMMA_QUOTE)}/")
+                rules = [f"{value}: {quote} {value}_text", f"{value}_text[lazy]: /(?s:.*){_regex_text(GEMMA_QUOTE)}/"]
             else:
-                rules.append(f"{value}: %json {json.dumps({**schema, 'x-guidance': dict(layout)}, ensure_ascii=False)}")
-            member = f"{literal(key + ':')} {value}"
-            more, start = f"{rule}_more_{number}", f"{rule}_from_{number}"
-            if key in required:
-                rules += [f"{more}: \",\" {member} {follow_more}", f"{start}: {member} {follow_more}"]
-            else:
-                rules += [f"{more}: (\",\" {member})? {follow_more}", f"{start}: {member} {follow_more} | {follow_from}"]
-            follow_from, follow_more = start, more
-        return [f"{rule}: \"{{\" {follow_from} \"}}\"", *rules]
+                rules = [f"{value}: {_json_rule(schema, layout)}"]
+            return f"{literal(key + ':')} {value}", rules
+
+        first, rules = _members_grammar(rule, parameters, ",", member)
+        return [f"{rule}: \"{{\" {first} \"}}\"", *rules]
 
 
 # Names LFM2 may write for JSON's literals in its Python calls.
@@ -368,21 +382,11 @@ class PythonKeywords:
     def grammar(self, rule: str, parameters: Parameters, layout: Mapping[str, Any], literal: Callable[[str], str]) -> list[str]:
         """The schema's properties in its order as keywords, separated by commas, the required ones present; each
         value its JSON schema."""
-        properties: Mapping[str, Any] = parameters.get("properties") or {}
-        required = set(parameters.get("required") or ())
-        rules, follow_from, follow_more, empty = [], '""', '""', '""'
-        for number in reversed(range(len(properties))):
-            key, schema = list(properties.items())[number]
-            value = f"{rule}_{number}"
-            rules.append(f"{value}: %json {json.dumps({**schema, 'x-guidance': dict(layout)}, ensure_ascii=False)}")
-            member = f"{literal(key + '=')} {value}"
-            more, start = f"{rule}_more_{number}", f"{rule}_from_{number}"
-            if key in required:
-                rules += [f"{more}: \", \" {member} {follow_more}", f"{start}: {member} {follow_more}"]
-            else:
-                rules += [f"{more}: (\", \" {member})? {follow_more}", f"{start}: {member} {follow_more} | {follow_from}"]
-            follow_from, follow_more = start, more
-        return [f"{rule}: {follow_from if properties else empty}", *rules]
+        def member(value: str, key: str, schema: Mapping[str, Any]) -> tuple[str, list[str]]:
+            return f"{literal(key + '=')} {value}", [f"{value}: {_json_rule(schema, layout)}"]
+
+        first, rules = _members_grammar(rule, parameters, ", ", member)
+        return [f"{rule}: {first}", *rules]
 
 
 QWEN3_CODER_MARKUP = MarkupSyntax(
