@@ -162,3 +162,47 @@ def test_checkpoint_llama_cpp_would_run_differently_is_refused(
         convert_checkpoint(folder, tmp_path / "out.gguf", "f16", threads=2)
     assert "\n" not in str(raised.value)
     assert not list(tmp_path.glob("out.gguf*"))
+
+
+# transformers 5 writes an image-reading Gemma 3's text model under "model.language_model.", 4 wrote it
+# under "language_model.model." (and its vision part without the "model." in front).
+OLDER_LAYOUT = (("model.language_model.", "language_model.model."), ("model.vision_tower.", "vision_tower."),
+                ("model.multi_modal_projector.", "multi_modal_projector."))
+
+
+def _in_older_layout(checkpoint: Path, folder: Path) -> Path:
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(checkpoint, folder)
+    [weights] = folder.glob("*.safetensors")
+    tensors = load_file(weights)
+    renamed = {next((old + name[len(new):] for new, old in OLDER_LAYOUT if name.startswith(new)), name): t for name, t in tensors.items()}
+    assert any(name.startswith("language_model.model.layers.") for name in renamed) and set(renamed) != set(tensors)
+    save_file(renamed, weights, metadata={"format": "pt"})
+    return folder
+
+
+@pytest.mark.parametrize("layout", ["transformers 5", "transformers 4"])
+def test_gemma3_that_reads_images_converts_its_text_model_like_transformers(
+    layout: str, tiny_checkpoint: Callable[[str], Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Gemma3ForConditionalGeneration (Gemma 3 4B and up) as llama.cpp's converter takes it: the text
+    model alone, as architecture gemma3, compared with transformers' text-only output of the whole model."""
+    from localchat.cli import main
+    from localchat.converters.verify import verify_gguf
+
+    checkpoint = tiny_checkpoint("gemma3-vision")
+    source = checkpoint if layout == "transformers 5" else _in_older_layout(checkpoint, tmp_path / "older")
+    output = tmp_path / "text.gguf"
+    capsys.readouterr()
+    assert main(["convert", str(source), "--to", "gguf", "--quant", "f16", "--threads", "2", "-o", str(output)]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.strip() and not line.startswith(("writing", "quantizing"))]
+    assert len(notes) == 1 and notes[0].startswith("localchat: note: ") and "only its text model is converted" in notes[0] and "vision tower" in notes[0], notes
+    header = read_gguf_header(output)
+    assert header.architecture == "gemma3" and header.get("gemma3.block_count") == 6
+    assert header.get("gemma3.attention.sliding_window") == 8
+    assert not [t.name for t in header.tensors if not t.name.startswith(("blk.", "token_embd", "output_norm"))]
+    # Gemma's 262k-token vocabulary makes every position costly: its first lines are enough (as for Gemma3ForCausalLM).
+    report = verify_gguf(output, checkpoint, "f16", "\n".join(verify_text().splitlines()[:5]))
+    checks = {check.name: check.passed for check in report.checks}
+    assert checks == {"tokenization": True, "top-1 agreement": True, "greedy continuation": True, "perplexity": True}, report.table()
