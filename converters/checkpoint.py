@@ -240,7 +240,7 @@ class ModelConfig:
         elif config.get("hidden_size") is None and isinstance(config.get("text_config"), dict):
             raise ModelError(
                 f"{source} describes {architectures[0]}, a model that also reads images or audio (its language model in "
-                "'text_config'); localchat converts text-only *ForCausalLM checkpoints: convert this one with llama.cpp's "
+                f"'text_config'); localchat converts text-only *ForCausalLM checkpoints (and {', '.join(WRAPPERS)}): convert this one with llama.cpp's "
                 "convert_hf_to_gguf.py"
             )
         read = ConfigReader(config, source)

@@ -164,25 +164,26 @@ def test_checkpoint_llama_cpp_would_run_differently_is_refused(
     assert not list(tmp_path.glob("out.gguf*"))
 
 
-# transformers 5 writes an image-reading Gemma 3's text model under "model.language_model.", 4 wrote it
-# under "language_model.model." (and its vision part without the "model." in front).
-OLDER_LAYOUT = (("model.language_model.", "language_model.model."), ("model.vision_tower.", "vision_tower."),
-                ("model.multi_modal_projector.", "multi_modal_projector."))
+# save_pretrained writes an image-reading Gemma 3's text model under "language_model.model." (transformers
+# 4's names); newer checkpoints have it under "model.language_model." (and the vision part under "model.").
+NEWER_LAYOUT = (("language_model.model.", "model.language_model."), ("vision_tower.", "model.vision_tower."),
+                ("multi_modal_projector.", "model.multi_modal_projector."))
 
 
-def _in_older_layout(checkpoint: Path, folder: Path) -> Path:
+def _in_newer_layout(checkpoint: Path, folder: Path) -> Path:
     from safetensors.torch import load_file, save_file
 
     shutil.copytree(checkpoint, folder)
     [weights] = folder.glob("*.safetensors")
     tensors = load_file(weights)
-    renamed = {next((old + name[len(new):] for new, old in OLDER_LAYOUT if name.startswith(new)), name): t for name, t in tensors.items()}
-    assert any(name.startswith("language_model.model.layers.") for name in renamed) and set(renamed) != set(tensors)
+    assert any(name.startswith("language_model.model.layers.") for name in tensors)
+    renamed = {next((new + name[len(old):] for old, new in NEWER_LAYOUT if name.startswith(old)), name): t for name, t in tensors.items()}
+    assert all(name.startswith("model.") for name in renamed)
     save_file(renamed, weights, metadata={"format": "pt"})
     return folder
 
 
-@pytest.mark.parametrize("layout", ["transformers 5", "transformers 4"])
+@pytest.mark.parametrize("layout", ["language_model.model", "model.language_model"])
 def test_gemma3_that_reads_images_converts_its_text_model_like_transformers(
     layout: str, tiny_checkpoint: Callable[[str], Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -192,7 +193,7 @@ def test_gemma3_that_reads_images_converts_its_text_model_like_transformers(
     from localchat.converters.verify import verify_gguf
 
     checkpoint = tiny_checkpoint("gemma3-vision")
-    source = checkpoint if layout == "transformers 5" else _in_older_layout(checkpoint, tmp_path / "older")
+    source = checkpoint if layout == "language_model.model" else _in_newer_layout(checkpoint, tmp_path / "newer")
     output = tmp_path / "text.gguf"
     capsys.readouterr()
     assert main(["convert", str(source), "--to", "gguf", "--quant", "f16", "--threads", "2", "-o", str(output)]) == 0
