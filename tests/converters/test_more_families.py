@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -207,3 +208,28 @@ def test_gemma3_that_reads_images_converts_its_text_model_like_transformers(
     report = verify_gguf(output, checkpoint, "f16", "\n".join(verify_text().splitlines()[:5]))
     checks = {check.name: check.passed for check in report.checks}
     assert checks == {"tokenization": True, "top-1 agreement": True, "greedy continuation": True, "perplexity": True}, report.table()
+
+
+# Gemma 3 4B's config.json as Google ships it: text_config gives only what differs from transformers' defaults.
+GEMMA3_4B_CONFIG = {
+    "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "mm_tokens_per_image": 256,
+    "eos_token_id": [1, 106], "torch_dtype": "bfloat16",
+    "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text", "num_hidden_layers": 34,
+                    "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024},
+    "vision_config": {"hidden_size": 1152, "image_size": 896, "model_type": "siglip_vision_model", "patch_size": 14},
+}
+
+
+def test_gemma3_4b_config_is_filled_with_transformers_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    from localchat.converters.architectures import architecture_for
+    from localchat.converters.checkpoint import ModelConfig
+
+    config = ModelConfig.from_dict(json.loads(json.dumps(GEMMA3_4B_CONFIG)), Path("config.json"))
+    assert (config.vocab_size, config.n_heads, config.n_kv_heads, config.head_dim, config.n_layers) == (262208, 8, 4, 256, 34)
+    assert (config.rope.theta, config.rope.scaling_type, config.rope.scaling["factor"]) == (1_000_000.0, "linear", 8.0)
+    assert config.rope_local is not None and config.rope_local.theta == 10_000.0 and config.sliding_window == 1024
+    assert config.layer_types.count("full_attention") == 5 and config.tie_word_embeddings
+    assert architecture_for(config).gguf_name == "gemma3"
+    monkeypatch.setitem(sys.modules, "transformers", None)  # not installed
+    with pytest.raises(ModelError, match=r"omits settings that transformers supplies: pip install 'localchat\[convert\]'"):
+        ModelConfig.from_dict(json.loads(json.dumps(GEMMA3_4B_CONFIG)), Path("config.json"))
