@@ -239,6 +239,7 @@ def _longrope_factors(config: ModelConfig) -> list[PlannedTensor]:
 
 
 LLAMA = Architecture(MODEL_ARCH.LLAMA, permute_qk=True)
+GEMMA3 = Architecture(MODEL_ARCH.GEMMA3, norm_offset=1.0, check=_check_gemma3, metadata=_gemma3_metadata)
 # llama.cpp's MoE graphs route every layer (no dense layers between routed ones).
 EVERY_LAYER_ROUTED = (FixedSetting("decoder_sparse_step", 1, 1), FixedSetting("mlp_only_layers", [], []))
 # Qwen's switch for sliding-window attention in its upper layers (off in Qwen's releases).
@@ -250,9 +251,9 @@ ARCHITECTURES: dict[str, Architecture] = {
     # llama.cpp's qwen2 and qwen3 graphs attend over the whole context in every layer.
     "Qwen2ForCausalLM": Architecture(MODEL_ARCH.QWEN2, fixed=(NO_SLIDING_WINDOW,)),
     "Qwen3ForCausalLM": Architecture(MODEL_ARCH.QWEN3, fixed=(NO_SLIDING_WINDOW,)),
-    "Gemma3ForCausalLM": Architecture(
-        MODEL_ARCH.GEMMA3, norm_offset=1.0, check=_check_gemma3, metadata=_gemma3_metadata
-    ),
+    "Gemma3ForCausalLM": GEMMA3,
+    # Gemma 3 4B and up, which also read images: their text model (checkpoint.WRAPPERS finds it).
+    "Gemma3ForConditionalGeneration": GEMMA3,
     # llama.cpp's gemma2 graph has no output matrix of its own: it reads the embeddings.
     "Gemma2ForCausalLM": Architecture(
         MODEL_ARCH.GEMMA2, norm_offset=1.0, fixed=(FixedSetting("tie_word_embeddings", True, True),), check=_check_gemma2,

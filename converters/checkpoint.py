@@ -13,7 +13,7 @@ import mmap
 import re
 import struct
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,7 @@ OPTIONAL_NUMBERS = ("final_logit_softcapping", "attn_logit_softcapping", "query_
 # RoPE settings the converters read as numbers.
 ROPE_NUMBERS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 # One global layer in every this many, the others sliding-window, where a config.json lists no layer_types.
-GLOBAL_LAYER_EVERY = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 6}
+GLOBAL_LAYER_EVERY = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 6, "Gemma3ForConditionalGeneration": 6}
 # transformers' max_window_layers when a Qwen config.json gives none.
 QWEN_MAX_WINDOW_LAYERS = 28
 # Names of Phi-3's LongRoPE scaling ("su" in older configs).
@@ -52,6 +52,31 @@ LONGROPE_TYPES = ("longrope", "su")
 # config.json keys giving the number of routed experts and of those used per token (mixtures of experts).
 EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts")
 EXPERTS_USED_KEYS = ("num_experts_per_tok",)
+
+
+@dataclass(frozen=True)
+class Wrapper:
+    """A class that wraps a text model with another part (a vision tower): where its text model's
+    config and tensors are, and what is left out. Converted as llama.cpp's convert_hf_to_gguf.py
+    does: the language model alone, its config filled with transformers' defaults for it."""
+
+    config_key: str  # the text model's config.json object
+    config_class: str  # transformers' class for it, whose defaults fill the keys the object omits
+    # Tensor-name prefixes (transformers 4's and 5's layouts) -> the text model's own.
+    prefixes: tuple[tuple[str, str], ...]
+    skipped: tuple[str, ...]  # prefixes of the other part's tensors
+    left_out: str  # what is not converted, for the notice
+
+
+GEMMA3_TEXT_PREFIXES = (("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
+                        ("model.language_model.", "model."))
+WRAPPERS: dict[str, Wrapper] = {
+    "Gemma3ForConditionalGeneration": Wrapper(
+        "text_config", "Gemma3TextConfig", GEMMA3_TEXT_PREFIXES,
+        ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector."),
+        "its vision tower and image projector",
+    ),
+}
 
 
 def bf16_to_float32(raw: np.ndarray) -> np.ndarray:
@@ -115,6 +140,28 @@ def _default_layer_types(read: ConfigReader, architecture: str, n_layers: int) -
     first = config.get("max_window_layers")
     first = first if isinstance(first, int) and not isinstance(first, bool) else QWEN_MAX_WINDOW_LAYERS
     return ["sliding_attention" if i >= first else "full_attention" for i in range(n_layers)]
+
+
+def _text_config(config: dict[str, Any], wrapper: Wrapper, source: Path) -> dict[str, Any]:
+    """A wrapper's config.json as its text model's: the nested object, with the keys it omits
+    (Gemma 3 4B's gives only its sizes, and llama.cpp's converter reads them from transformers too) as
+    transformers' config class has them; the outer keys (name, dtype, tied embeddings) over those."""
+    text = config.get(wrapper.config_key)
+    if not isinstance(text, dict):
+        raise ModelError(f"{source} describes {config['architectures'][0]} but has no '{wrapper.config_key}' object; the config.json is corrupt")
+    try:
+        import transformers
+    except ImportError:
+        raise ModelError(
+            f"{source} describes {config['architectures'][0]}, whose '{wrapper.config_key}' omits settings that transformers "
+            "supplies: pip install 'localchat[convert]'"
+        ) from None
+    try:
+        filled = getattr(transformers, wrapper.config_class)(**text).to_dict()
+    except (TypeError, ValueError, KeyError, AttributeError) as error:
+        raise ModelError(f"{source}: '{wrapper.config_key}' is malformed ({error}); the config.json is corrupt") from None
+    outer = {k: v for k, v in config.items() if not k.endswith("_config")}
+    return {**filled, **outer, **text}
 
 
 class ConfigReader:
@@ -187,11 +234,13 @@ class ModelConfig:
             raise ModelError(f"{source} has no 'architectures' entry; is it a transformers model config?")
         if not isinstance(architectures, list) or not isinstance(architectures[0], str):
             raise ModelError(f"{source}: 'architectures' is {architectures!r}, expected a list of class names; the config.json is corrupt")
-        # Gemma 3 4B and up, Mistral 3, Llama 4: the language model's sizes are nested beside a vision or audio part's.
-        if config.get("hidden_size") is None and isinstance(config.get("text_config"), dict):
+        if (wrapper := WRAPPERS.get(architectures[0])) is not None:
+            config = _text_config(config, wrapper, source)
+        # Mistral 3, Llama 4: the language model's sizes are nested beside a vision or audio part's.
+        elif config.get("hidden_size") is None and isinstance(config.get("text_config"), dict):
             raise ModelError(
                 f"{source} describes {architectures[0]}, a model that also reads images or audio (its language model in "
-                "'text_config'); localchat converts text-only *ForCausalLM checkpoints: convert this one with llama.cpp's "
+                f"'text_config'); localchat converts text-only *ForCausalLM checkpoints (and {', '.join(WRAPPERS)}): convert this one with llama.cpp's "
                 "convert_hf_to_gguf.py"
             )
         read = ConfigReader(config, source)
@@ -507,6 +556,27 @@ class TensorFiles:
         self._files.clear()
 
 
+def _text_model_tensors(folder: Path, tensors: dict[str, TensorRef], wrapper: Wrapper) -> dict[str, TensorRef]:
+    """A wrapper's tensors under its text model's names; the other part's left out."""
+    renamed: dict[str, TensorRef] = {}
+    for name, ref in tensors.items():
+        if name.startswith(wrapper.skipped):
+            continue
+        prefix, text_prefix = next(((p, t) for p, t in wrapper.prefixes if name.startswith(p)), ("", ""))
+        text_name = text_prefix + name[len(prefix):]
+        if text_name in renamed:
+            raise ModelError(f"{folder} has tensor '{text_name}' under two names ({renamed[text_name].name}, {name}); remove stray weight files")
+        renamed[text_name] = replace(ref, name=text_name)
+    return renamed
+
+
+def wrapper_notice(config: ModelConfig) -> str | None:
+    """What converting a wrapper's text model alone leaves out, as a line for the user; None for a text model."""
+    if (wrapper := WRAPPERS.get(config.architecture)) is None:
+        return None
+    return f"{config.architecture} also reads images: only its text model is converted, not {wrapper.left_out}"
+
+
 def read_config(folder: Path) -> ModelConfig:
     """A checkpoint folder's config.json, read and normalised."""
     config_path = folder / "config.json"
@@ -527,7 +597,10 @@ class Checkpoint(TensorFiles):
         self.config = read_config(folder)
         if accept is not None:
             accept(self.config)
-        super().__init__(TensorFiles.read(_weight_files(folder), folder).tensors)
+        tensors = TensorFiles.read(_weight_files(folder), folder).tensors
+        if (wrapper := WRAPPERS.get(self.config.architecture)) is not None:
+            tensors = _text_model_tensors(folder, tensors, wrapper)
+        super().__init__(tensors)
         _check_tensors(folder, self.config, self.tensors)
 
     def json_file(self, name: str) -> dict[str, Any] | None:

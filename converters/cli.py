@@ -65,6 +65,9 @@ def _to_gguf(args: argparse.Namespace, source: CheckpointSource, bar: ProgressBa
 
     output = Path(args.output).expanduser() if args.output else default_output_path(source.name, args.quant, source.directory)
     result = convert_checkpoint(source.folder, output, args.quant, force=args.force, threads=args.threads, progress=bar)
+    if result.notice:
+        bar.close()  # the note on a line of its own, after the bar's
+        print(f"localchat: note: {result.notice}", file=sys.stderr)
     return result.output, f"wrote {result.output} ({result.n_bytes / 2**20:.1f} MiB, {result.n_tensors} tensors, {result.seconds:.1f} s)"
 
 

@@ -28,7 +28,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, LlamaFileTy
 from gguf.quants import quantize as gguf_quantize
 
 from localchat.converters.architectures import PlannedTensor, add_hparams, architecture_for, plan_tensors, transform
-from localchat.converters.checkpoint import Checkpoint, TensorRef, model_metadata
+from localchat.converters.checkpoint import Checkpoint, TensorRef, model_metadata, wrapper_notice
 from localchat.converters.gguf_choices import DEFAULT_QUANT, QUANT_TYPES, QuantType, default_output_path
 from localchat.converters.tokenizer import add_tokenizer
 from localchat.errors import InvalidSettingError, LocalchatError, ModelError
@@ -71,6 +71,7 @@ class ConversionResult:
     n_tensors: int
     n_bytes: int
     seconds: float
+    notice: str | None = None  # what was not converted (an image-reading model's vision part)
 
 
 Progress = Callable[[int, int, str], None]  # (bytes done, total bytes, what is happening)
@@ -329,4 +330,5 @@ def convert_checkpoint(
         raise
     finally:
         checkpoint.close()
-    return ConversionResult(output, quant, n_tensors, output.stat().st_size, time.perf_counter() - started)
+    return ConversionResult(output, quant, n_tensors, output.stat().st_size, time.perf_counter() - started,
+                            wrapper_notice(checkpoint.config))

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from onnx import TensorProto
 
-from localchat.converters.checkpoint import Checkpoint, ModelConfig, model_metadata
+from localchat.converters.checkpoint import WRAPPERS, Checkpoint, ModelConfig, model_metadata
 from localchat.converters.onnx_decoder import (
     ACTIVATIONS,
     ARCHITECTURES,
@@ -68,6 +68,10 @@ KNOWN_EOG_TOKENS = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|end|>", "<|e
 def architecture_for(config: ModelConfig) -> OnnxArchitecture:
     """The checkpoint's entry in the architecture table; UnsupportedModelError for a checkpoint
     the decoder graph cannot express."""
+    if config.architecture in WRAPPERS:
+        raise UnsupportedModelError(
+            f"{config.architecture} also reads images; localchat converts its text model --to gguf only, not --to onnx"
+        )
     try:
         arch = ARCHITECTURES[config.architecture]
     except KeyError:

@@ -60,7 +60,7 @@ def _randomize(model, seed: int) -> None:
     generator = torch.Generator().manual_seed(seed)
     # Any width behaves as 64 does: the head's logits spread as much, each layer amplifies as much
     # (wider, a few logits would dwarf the rest and rounding noise would grow layer by layer).
-    width = 8 / model.config.hidden_size ** 0.5
+    width = 8 / model.config.get_text_config().hidden_size ** 0.5
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             noise = torch.randn(parameter.shape, generator=generator)
@@ -100,6 +100,14 @@ def _tiny_configs(vocab_size: int) -> dict[str, Callable[[], object]]:
             **dict(common, num_hidden_layers=6), head_dim=16, query_pre_attn_scalar=16, sliding_window=TINY_SLIDING_WINDOW,
             rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
                              "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}},
+        ),
+        # Gemma 3 4B and up's kind: the text model beside a (tiny) SigLIP vision tower and projector.
+        "gemma3-vision": lambda: transformers.Gemma3Config(
+            text_config=dict(common, num_hidden_layers=6, head_dim=16, query_pre_attn_scalar=16, sliding_window=TINY_SLIDING_WINDOW),
+            vision_config=transformers.SiglipVisionConfig(
+                hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=14
+            ).to_dict(),
+            mm_tokens_per_image=4,
         ),
         "phi3": lambda: transformers.Phi3Config(**common, pad_token_id=None),
         "phi4-mini": lambda: transformers.Phi3Config(
@@ -167,7 +175,7 @@ def tiny_checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.Tem
         if name in made:
             return made[name]
         folder = tmp_path_factory.mktemp(f"tiny-{name}")
-        if name == "gemma3":
+        if name in ("gemma3", "gemma3-vision"):
             # Gemma's own SentencePiece tokenizer, with a 262k-row embedding to match it.
             gemma_checkpoint = request.getfixturevalue("gemma_checkpoint")
             tokenizer = transformers.AutoTokenizer.from_pretrained(gemma_checkpoint)
@@ -180,7 +188,7 @@ def tiny_checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.Tem
         torch.manual_seed(0)
         model = transformers.AutoModelForCausalLM.from_config(config)
         _randomize(model, seed=TINY_SEEDS.get(name, len(made)))
-        if name == "gemma3":
+        if name in ("gemma3", "gemma3-vision"):
             model = model.to(torch.bfloat16)  # as Google ships it; bf16 -> f16 is exact
         model.save_pretrained(folder)
         tokenizer.save_pretrained(folder)

@@ -121,10 +121,14 @@ def test_broken_checkpoint_is_one_error_line_and_leaves_nothing(
 
 
 
-def _nest_as_multimodal(config: dict[str, Any]) -> None:
-    """config.json as Gemma 3 4B's: the language model's sizes under text_config, beside a vision part's."""
-    text = {key: config.pop(key) for key in list(config) if key != "architectures"}
-    config.update(architectures=["Gemma3ForConditionalGeneration"], text_config=text, vision_config={"hidden_size": 1152})
+def _nest_as_multimodal(architecture: str) -> Callable[[dict[str, Any]], None]:
+    """config.json as an image-reading model's: the language model's sizes under text_config, beside a vision part's."""
+
+    def nest(config: dict[str, Any]) -> None:
+        text = {key: config.pop(key) for key in list(config) if key != "architectures"}
+        config.update(architectures=[architecture], text_config=text, vision_config={"hidden_size": 1152})
+
+    return nest
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -134,12 +138,27 @@ def test_multimodal_checkpoint_is_named_as_such(
     """Not "config.json lacks 'hidden_size'; ... incomplete", which sent users to download it again."""
     folder = tmp_path / "checkpoint"
     shutil.copytree(tiny_checkpoint("llama"), folder)
-    _edit_config(folder, _nest_as_multimodal)
+    _edit_config(folder, _nest_as_multimodal("Mistral3ForConditionalGeneration"))
     capsys.readouterr()
     assert main(["convert", str(folder), "--to", target, "-o", str(tmp_path / "out" / TARGETS[target])]) == 1
     lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and "Gemma3ForConditionalGeneration, a model that also reads images" in lines[0], lines
+    assert len(lines) == 1 and "Mistral3ForConditionalGeneration, a model that also reads images" in lines[0], lines
     assert "convert_hf_to_gguf.py" in lines[0] and "incomplete" not in lines[0]
+
+
+def test_gemma3_that_reads_images_is_refused_for_onnx_in_one_line(
+    tiny_checkpoint: Callable[[str], Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its text model converts --to gguf (tests/converters/test_more_families.py); --to onnx says so, before reading a tensor."""
+    folder = tmp_path / "checkpoint"
+    shutil.copytree(tiny_checkpoint("llama"), folder)
+    _edit_config(folder, _nest_as_multimodal("Gemma3ForConditionalGeneration"))
+    capsys.readouterr()
+    assert main(["convert", str(folder), "--to", "onnx", "-o", str(tmp_path / "out" / TARGETS["onnx"])]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("localchat: error: "), lines
+    assert "Gemma3ForConditionalGeneration also reads images" in lines[0] and "--to gguf only" in lines[0], lines
+    assert [p for p in tmp_path.joinpath("out").rglob("*") if p.is_file()] == []
 
 # -- fuzzing ------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -162,3 +163,73 @@ def test_checkpoint_llama_cpp_would_run_differently_is_refused(
         convert_checkpoint(folder, tmp_path / "out.gguf", "f16", threads=2)
     assert "\n" not in str(raised.value)
     assert not list(tmp_path.glob("out.gguf*"))
+
+
+# save_pretrained writes an image-reading Gemma 3's text model under "language_model.model." (transformers
+# 4's names); newer checkpoints have it under "model.language_model." (and the vision part under "model.").
+NEWER_LAYOUT = (("language_model.model.", "model.language_model."), ("vision_tower.", "model.vision_tower."),
+                ("multi_modal_projector.", "model.multi_modal_projector."))
+
+
+def _in_newer_layout(checkpoint: Path, folder: Path) -> Path:
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(checkpoint, folder)
+    [weights] = folder.glob("*.safetensors")
+    tensors = load_file(weights)
+    assert any(name.startswith("language_model.model.layers.") for name in tensors)
+    renamed = {next((new + name[len(old):] for old, new in NEWER_LAYOUT if name.startswith(old)), name): t for name, t in tensors.items()}
+    assert all(name.startswith("model.") for name in renamed)
+    save_file(renamed, weights, metadata={"format": "pt"})
+    return folder
+
+
+@pytest.mark.parametrize("layout", ["language_model.model", "model.language_model"])
+def test_gemma3_that_reads_images_converts_its_text_model_like_transformers(
+    layout: str, tiny_checkpoint: Callable[[str], Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Gemma3ForConditionalGeneration (Gemma 3 4B and up) as llama.cpp's converter takes it: the text
+    model alone, as architecture gemma3, compared with transformers' text-only output of the whole model."""
+    from localchat.cli import main
+    from localchat.converters.verify import verify_gguf
+
+    checkpoint = tiny_checkpoint("gemma3-vision")
+    source = checkpoint if layout == "language_model.model" else _in_newer_layout(checkpoint, tmp_path / "newer")
+    output = tmp_path / "text.gguf"
+    capsys.readouterr()
+    assert main(["convert", str(source), "--to", "gguf", "--quant", "f16", "--threads", "2", "-o", str(output)]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.strip() and not line.startswith(("writing", "quantizing"))]
+    assert len(notes) == 1 and notes[0].startswith("localchat: note: ") and "only its text model is converted" in notes[0] and "vision tower" in notes[0], notes
+    header = read_gguf_header(output)
+    assert header.architecture == "gemma3" and header.get("gemma3.block_count") == 6
+    assert header.get("gemma3.attention.sliding_window") == 8
+    assert not [t.name for t in header.tensors if not t.name.startswith(("blk.", "token_embd", "output_norm"))]
+    # Gemma's 262k-token vocabulary makes every position costly: its first lines are enough (as for Gemma3ForCausalLM).
+    report = verify_gguf(output, checkpoint, "f16", "\n".join(verify_text().splitlines()[:5]))
+    checks = {check.name: check.passed for check in report.checks}
+    assert checks == {"tokenization": True, "top-1 agreement": True, "greedy continuation": True, "perplexity": True}, report.table()
+
+
+# Gemma 3 4B's config.json as Google ships it: text_config gives only what differs from transformers' defaults.
+GEMMA3_4B_CONFIG = {
+    "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "mm_tokens_per_image": 256,
+    "eos_token_id": [1, 106], "torch_dtype": "bfloat16",
+    "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text", "num_hidden_layers": 34,
+                    "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024},
+    "vision_config": {"hidden_size": 1152, "image_size": 896, "model_type": "siglip_vision_model", "patch_size": 14},
+}
+
+
+def test_gemma3_4b_config_is_filled_with_transformers_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    from localchat.converters.architectures import architecture_for
+    from localchat.converters.checkpoint import ModelConfig
+
+    config = ModelConfig.from_dict(json.loads(json.dumps(GEMMA3_4B_CONFIG)), Path("config.json"))
+    assert (config.vocab_size, config.n_heads, config.n_kv_heads, config.head_dim, config.n_layers) == (262208, 8, 4, 256, 34)
+    assert (config.rope.theta, config.rope.scaling_type, config.rope.scaling["factor"]) == (1_000_000.0, "linear", 8.0)
+    assert config.rope_local is not None and config.rope_local.theta == 10_000.0 and config.sliding_window == 1024
+    assert config.layer_types.count("full_attention") == 5 and config.tie_word_embeddings
+    assert architecture_for(config).gguf_name == "gemma3"
+    monkeypatch.setitem(sys.modules, "transformers", None)  # not installed
+    with pytest.raises(ModelError, match=r"omits settings that transformers supplies: pip install 'localchat\[convert\]'"):
+        ModelConfig.from_dict(json.loads(json.dumps(GEMMA3_4B_CONFIG)), Path("config.json"))
