@@ -127,6 +127,15 @@ CASES: dict[str, Case] = {
                                      reply("Write <function=name> to call, then </function>.")),
     "qwen3_coder_bare_unclosed": Case("qwen3_coder", "Write <function=name> to call.", reply("Write <function=name> to call.")),
     "qwen3_coder_bare_calls_off": Case("qwen3_coder", bare_call("get_time"), reply(bare_call("get_time")), calls=False),
+    "qwen3_coder_bare_typed_all": Case("qwen3_coder", TYPED_TEXT.removeprefix("<tool_call>\n").removesuffix("\n</tool_call>"),
+                                       reply(calls=[ParsedCall("forecast", TYPED_ARGS)]), tools=TYPED),
+    "qwen3_coder_bare_spaced": Case("qwen3_coder", " \n" + bare_call("get_weather", city="Zürich") + "\n\n  " + bare_call("get_time", city="東京")
+                                    + "\n \n", reply(calls=TWO_CALLS)),
+    "qwen3_coder_bare_then_text": Case("qwen3_coder", bare_call("get_weather", city="Zürich") + "\nDone.", reply("Done.", calls=ONE_CALL)),
+    "qwen3_coder_bare_and_wrapped": Case("qwen3_coder", bare_call("get_weather", city="Zürich") + "\n" + markup_call("get_time", city="東京"),
+                                         reply(calls=TWO_CALLS)),
+    "qwen3_coder_bare_after_a_mention": Case("qwen3_coder", "Use <function=x> like so:\n" + bare_call("get_time", city="東京"),
+                                             reply("Use <function=x> like so:\n", calls=[ParsedCall("get_time", TIME_ARGS)])),
     # MiniCPM 5: bare `<function name="...">` markup, values with <, & or newlines in CDATA.
     "minicpm5": Case("minicpm5", 'On it.\n<function name="get_weather"><param name="city">Zürich</param></function>\n'
                                  '<function name="get_time"><param name="city">東京</param></function>', reply("On it.\n", calls=TWO_CALLS)),
@@ -267,6 +276,20 @@ def test_markup_that_cannot_be_a_call_is_released_at_once() -> None:
     assert parser.feed("tion=get_time>\n") == []
     parser = ReplyParser(fmt("qwen3_coder"))
     assert parser.feed("Wrap it in <tool_call> tags") == [ContentDelta("Wrap it in <tool_call> tags")]
+
+
+def test_a_bare_markup_call_is_held_from_inside_its_opener() -> None:
+    """Qwen3-Coder's `<function=` without `<tool_call>`: held from its first characters until the function
+    closes, then a call; text that only mentions one is content again when the reply ends."""
+    parser = ReplyParser(fmt("qwen3_coder"), tools=TYPED)
+    assert parser.feed("Let me check.\n<func") == [ContentDelta("Let me check.\n")]
+    assert parser.feed("tion=forecast>\n<parameter=days>\n3\n</parameter>\n</func") == []
+    assert parser.feed("tion>\n") == [CallStart(0, "forecast"), ArgumentsDelta(0, '{"days": 3}'), CallEnd(0)]
+    assert parser.finish() == []
+    parser = ReplyParser(fmt("qwen3_coder"), tools=TYPED)
+    assert parser.feed("Write <function") == [ContentDelta("Write ")]
+    assert parser.feed("=name> to call it.") == []
+    assert parser.finish() == [ContentDelta("<function=name> to call it.")]
 
 
 def test_text_that_only_looks_like_a_marker_start_is_released() -> None:
