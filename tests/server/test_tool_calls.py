@@ -332,12 +332,36 @@ def test_qwen3_coder_markup_calls_come_back_typed_whole_and_streamed(coder: tupl
     assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks) == "I'll look.\n"
 
 
-def test_qwen3_coder_calls_without_their_wrapper_come_back_typed(coder: tuple[openai.OpenAI, ScriptedBackend]) -> None:
+def test_qwen3_coder_calls_without_their_wrapper_come_back_typed_whole_and_streamed(coder: tuple[openai.OpenAI, ScriptedBackend]) -> None:
+    """`<function=...>` blocks with no `<tool_call>` around them (small, quantized Qwen3-Coders write them so),
+    streamed a character a token: the same typed calls as wrapped ones; without tools, the text is content."""
     client, backend = coder
-    backend.replies.append(CODER_CALLS.replace("<tool_call>\n", "").replace("\n</tool_call>", ""))
-    message = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS).choices[0].message
-    assert _calls(message) == [("forecast", {"city": "Zürich", "days": 3, "hourly": False}), ("get_time", {"city": "Zürich"})]
-    assert message.content == "I'll look.\n"
+    bare = CODER_CALLS.replace("<tool_call>\n", "").replace("\n</tool_call>", "")
+    backend.replies.extend([bare] * 3)
+    expected = [("forecast", {"city": "Zürich", "days": 3, "hourly": False}), ("get_time", {"city": "Zürich"})]
+    whole = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS).choices[0]
+    assert _calls(whole.message) == expected and whole.finish_reason == "tool_calls"
+    assert whole.message.content == "I'll look.\n"
+    chunks = list(client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS, stream=True))
+    pieces = [call for chunk in chunks for call in chunk.choices[0].delta.tool_calls or ()]
+    assert [(call.index, call.function.name) for call in pieces if call.id is not None] == [(0, "forecast"), (1, "get_time")]
+    streamed = ["".join(call.function.arguments or "" for call in pieces if call.index == index) for index in (0, 1)]
+    assert [json.loads(arguments) for arguments in streamed] == [arguments for _, arguments in expected]
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks) == "I'll look.\n"
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    untooled = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION).choices[0].message
+    assert untooled.content == bare and not untooled.tool_calls
+
+
+def test_qwen3_coder_text_that_mentions_a_function_block_stays_content(coder: tuple[openai.OpenAI, ScriptedBackend]) -> None:
+    client, backend = coder
+    mention = "Write <function=get_time> and then its parameters."
+    backend.replies.extend([mention] * 2)
+    whole = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS).choices[0]
+    assert whole.message.content == mention and not whole.message.tool_calls and whole.finish_reason == "stop"
+    chunks = list(client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS, stream=True))
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks) == mention
+    assert not any(chunk.choices[0].delta.tool_calls for chunk in chunks) and chunks[-1].choices[0].finish_reason == "stop"
 
 
 def test_qwen3_coder_round_trip_renders_the_call_and_its_result(coder: tuple[openai.OpenAI, ScriptedBackend]) -> None:
