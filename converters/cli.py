@@ -60,14 +60,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return parser
 
 
+def _note(notice: str | None, bar: ProgressBar) -> None:
+    """What a conversion left out (an image-reading model's vision part), as one line after the bar's."""
+    if notice:
+        bar.close()
+        print(f"localchat: note: {notice}", file=sys.stderr)
+
+
 def _to_gguf(args: argparse.Namespace, source: CheckpointSource, bar: ProgressBar) -> tuple[Path, str]:
     from localchat.converters.gguf import convert_checkpoint
 
     output = Path(args.output).expanduser() if args.output else default_output_path(source.name, args.quant, source.directory)
     result = convert_checkpoint(source.folder, output, args.quant, force=args.force, threads=args.threads, progress=bar)
-    if result.notice:
-        bar.close()  # the note on a line of its own, after the bar's
-        print(f"localchat: note: {result.notice}", file=sys.stderr)
+    _note(result.notice, bar)
     return result.output, f"wrote {result.output} ({result.n_bytes / 2**20:.1f} MiB, {result.n_tensors} tensors, {result.seconds:.1f} s)"
 
 
@@ -78,6 +83,7 @@ def _to_onnx(args: argparse.Namespace, source: CheckpointSource, bar: ProgressBa
         raise InvalidSettingError(f"--quant {args.quant} is a GGUF type; for --to onnx choose one of: {', '.join(ONNX_QUANTS)}")
     output = Path(args.output).expanduser() if args.output else source.directory / f"{source.name}-{args.quant}-onnx"
     result = convert_to_onnx(source.folder, output, args.quant, progress=bar, overwrite=args.force)
+    _note(result.notice, bar)
     fused = ", ".join(f"{name} {count}" for name, count in result.operators.items())
     return result.output, f"wrote {result.output} ({result.n_bytes / 2**20:.1f} MiB of weights, {result.seconds:.1f} s; operators: {fused})"
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from onnx import TensorProto
 
-from localchat.converters.checkpoint import WRAPPERS, Checkpoint, ModelConfig, model_metadata
+from localchat.converters.checkpoint import Checkpoint, ModelConfig, model_metadata, wrapper_notice
 from localchat.converters.onnx_decoder import (
     ACTIVATIONS,
     ARCHITECTURES,
@@ -68,10 +68,6 @@ KNOWN_EOG_TOKENS = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|end|>", "<|e
 def architecture_for(config: ModelConfig) -> OnnxArchitecture:
     """The checkpoint's entry in the architecture table; UnsupportedModelError for a checkpoint
     the decoder graph cannot express."""
-    if config.architecture in WRAPPERS:
-        raise UnsupportedModelError(
-            f"{config.architecture} also reads images; localchat converts its text model --to gguf only, not --to onnx"
-        )
     try:
         arch = ARCHITECTURES[config.architecture]
     except KeyError:
@@ -232,6 +228,7 @@ class ConversionResult:
     seconds: float
     n_bytes: int
     operators: dict[str, int]
+    notice: str | None = None  # what was not converted (an image-reading model's vision part)
 
 
 def _quiet(done: int, total: int, what: str) -> None:
@@ -326,7 +323,7 @@ def convert_to_onnx(source: Path, output: Path, quant: str = "fp32", *, progress
         raise
     finally:
         checkpoint.close()
-    return ConversionResult(output, time.perf_counter() - started, data.n_bytes, operators)
+    return ConversionResult(output, time.perf_counter() - started, data.n_bytes, operators, wrapper_notice(config))
 
 
 # The GGUF type whose agreement floors `--verify` applies to each ONNX precision.

@@ -66,6 +66,8 @@ ARCHITECTURES: dict[str, OnnxArchitecture] = {
     "Qwen2ForCausalLM": OnnxArchitecture("qwen2"),
     "Qwen3ForCausalLM": OnnxArchitecture("qwen3", qk_norm=True),
     "Gemma3ForCausalLM": GEMMA3,
+    # Gemma 3 4B and up: their text model, which checkpoint.WRAPPERS finds beside the vision part.
+    "Gemma3ForConditionalGeneration": GEMMA3,
 }
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 

@@ -146,20 +146,6 @@ def test_multimodal_checkpoint_is_named_as_such(
     assert "convert_hf_to_gguf.py" in lines[0] and "incomplete" not in lines[0]
 
 
-def test_gemma3_that_reads_images_is_refused_for_onnx_in_one_line(
-    tiny_checkpoint: Callable[[str], Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """Its text model converts --to gguf (tests/converters/test_more_families.py); --to onnx says so, before reading a tensor."""
-    folder = tmp_path / "checkpoint"
-    shutil.copytree(tiny_checkpoint("llama"), folder)
-    _edit_config(folder, _nest_as_multimodal("Gemma3ForConditionalGeneration"))
-    capsys.readouterr()
-    assert main(["convert", str(folder), "--to", "onnx", "-o", str(tmp_path / "out" / TARGETS["onnx"])]) == 1
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("localchat: error: "), lines
-    assert "Gemma3ForConditionalGeneration also reads images" in lines[0] and "--to gguf only" in lines[0], lines
-    assert [p for p in tmp_path.joinpath("out").rglob("*") if p.is_file()] == []
-
 # -- fuzzing ------------------------------------------------------------------------
 
 FUZZ_CASES = 400

@@ -87,6 +87,23 @@ def assert_fp32_equals_transformers(folder: Path, checkpoint: Path, settings: Se
     np.testing.assert_allclose(scores.logprobs, ref_logprobs, atol=5e-3)
 
 
+def test_gemma3_that_reads_images_converts_its_text_model(tiny_checkpoint: Callable[[str], Path], tmp_path: Path,
+                                                          settings: Settings, capsys: pytest.CaptureFixture[str]) -> None:
+    """Gemma3ForConditionalGeneration (Gemma 3 4B and up): its text model alone, as the GGUF converter takes it,
+    with one note that the vision part is left out."""
+    from localchat.cli import main
+
+    checkpoint = tiny_checkpoint("gemma3-vision")
+    output = tmp_path / "text-onnx"
+    capsys.readouterr()
+    assert main(["convert", str(checkpoint), "--to", "onnx", "--quant", "fp32", "-o", str(output)]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("localchat:")]
+    assert len(notes) == 1 and notes[0].startswith("localchat: note: ") and "only its text model is converted" in notes[0], notes
+    meta = json.loads((output / ONNX_MARKER).read_text())
+    assert (meta["architecture"], meta["source_architecture"], meta["n_layers"]) == ("gemma3", "Gemma3ForConditionalGeneration", 6)
+    assert_fp32_equals_transformers(output, checkpoint, settings)
+
+
 # transformers 4's config.json keys for sliding-window layers, which list no layer_types: Qwen's switch
 # (its upper layers were converted as full-attention ones: --verify top-1 57%, perplexity +69%) and
 # Gemma 3's pattern, as on the hub (every layer was: perplexity +48%).
