@@ -101,9 +101,16 @@ def _tiny_configs(vocab_size: int) -> dict[str, Callable[[], object]]:
             rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
                              "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}},
         ),
-        # Gemma 3 4B and up's kind: the text model beside a (tiny) SigLIP vision tower and projector.
+        # Gemma 3 4B and up's kind: the text model beside a (tiny) SigLIP vision tower and projector, with
+        # their 64 embedding rows beyond the tokenizer's (262208, transformers' default; the image token's among them)
+        # and their linear RoPE scaling of the global layers alone.
         "gemma3-vision": lambda: transformers.Gemma3Config(
-            text_config=dict(common, num_hidden_layers=6, head_dim=16, query_pre_attn_scalar=16, sliding_window=TINY_SLIDING_WINDOW),
+            text_config=dict(
+                common, vocab_size=vocab_size + 64, num_hidden_layers=6, head_dim=16, query_pre_attn_scalar=16,
+                sliding_window=TINY_SLIDING_WINDOW,
+                rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0},
+                                 "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}},
+            ),
             vision_config=transformers.SiglipVisionConfig(
                 hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=14
             ).to_dict(),

@@ -203,7 +203,11 @@ def test_gemma3_that_reads_images_converts_its_text_model_like_transformers(
     header = read_gguf_header(output)
     assert header.architecture == "gemma3" and header.get("gemma3.block_count") == 6
     assert header.get("gemma3.attention.sliding_window") == 8
+    assert (header.get("gemma3.rope.scaling.type"), header.get("gemma3.rope.scaling.factor")) == ("linear", 8.0)
     assert not [t.name for t in header.tensors if not t.name.startswith(("blk.", "token_embd", "output_norm"))]
+    # Every embedding row kept, the tokenizer's list padded to them, as llama.cpp's converter does.
+    [embeddings] = [t for t in header.tensors if t.name == "token_embd.weight"]
+    assert embeddings.shape == (64, 262208) and header.array_lengths["tokenizer.ggml.tokens"] == 262208
     # Gemma's 262k-token vocabulary makes every position costly: its first lines are enough (as for Gemma3ForCausalLM).
     report = verify_gguf(output, checkpoint, "f16", "\n".join(verify_text().splitlines()[:5]))
     checks = {check.name: check.passed for check in report.checks}
