@@ -166,7 +166,8 @@ def test_checkpoint_llama_cpp_would_run_differently_is_refused(
 
 
 # save_pretrained writes an image-reading Gemma 3's text model under "language_model.model." (transformers
-# 4's names); newer checkpoints have it under "model.language_model." (and the vision part under "model.").
+# 4's names); newer checkpoints have it under "model.language_model." (and the vision part under "model.",
+# a tied head perhaps as "lm_head.weight").
 NEWER_LAYOUT = (("language_model.model.", "model.language_model."), ("vision_tower.", "model.vision_tower."),
                 ("multi_modal_projector.", "model.multi_modal_projector."))
 
@@ -180,6 +181,8 @@ def _in_newer_layout(checkpoint: Path, folder: Path) -> Path:
     assert any(name.startswith("language_model.model.layers.") for name in tensors)
     renamed = {next((new + name[len(old):] for old, new in NEWER_LAYOUT if name.startswith(old)), name): t for name, t in tensors.items()}
     assert all(name.startswith("model.") for name in renamed)
+    # Some save the tied head too, under the whole model's name.
+    renamed["lm_head.weight"] = renamed["model.language_model.embed_tokens.weight"].clone()
     save_file(renamed, weights, metadata={"format": "pt"})
     return folder
 
