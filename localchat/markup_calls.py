@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import dataclasses
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -195,6 +196,10 @@ def _members_grammar(rule: str, parameters: Parameters, separator: str,
     return follow_from, rules
 
 
+# A value Gemma 4 wrote without quotes (a number, a literal, or leniently a word): up to the next separator.
+_GEMMA_WORD = re.compile(r"[^,}\]]*")
+
+
 class _GemmaText:
     """A reader of Gemma 4's argument notation: JSON's values, but strings between `<|"|>` and the keys
     of objects bare (`{city:<|"|>Paris<|"|>,days:3}`), as its template's `format_argument` writes them.
@@ -229,7 +234,7 @@ class _GemmaText:
         if self.text.startswith('"', self.at):
             value, self.at = json.JSONDecoder().raw_decode(self.text, self.at)
             return value
-        word = re.compile(r"[^,}\]]*").match(self.text, self.at)
+        word = _GEMMA_WORD.match(self.text, self.at)
         assert word is not None
         self.at = word.end()
         text = word.group().strip()
@@ -353,11 +358,12 @@ def read_python_calls(body: str) -> list[MarkupCall] | None:
         return None
     calls: list[MarkupCall] = []
     for node in tree.elts if isinstance(tree, ast.List) else [tree]:
-        name = ast.unparse(node.func) if isinstance(node, ast.Call) and isinstance(node.func, (ast.Name, ast.Attribute)) else None
-        arguments = _python_arguments(node) if name is not None and isinstance(node, ast.Call) else None
-        if name is None or arguments is None:
+        if not (isinstance(node, ast.Call) and isinstance(node.func, (ast.Name, ast.Attribute))):
             return None
-        calls.append((name, arguments))
+        arguments = _python_arguments(node)
+        if arguments is None:
+            return None
+        calls.append((ast.unparse(node.func), arguments))
     return calls or None
 
 
@@ -389,21 +395,17 @@ class PythonKeywords:
         return [f"{rule}: {first}", *rules]
 
 
+# A value ends at its closing tag; vLLM also ends one left open at the next parameter.
+QWEN3_CODER_PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", re.DOTALL)
 QWEN3_CODER_MARKUP = MarkupSyntax(
     re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL),
     re.compile(r"\s*<function=([^>\n]*)(>?)"),
-    # A value ends at its closing tag; vLLM also ends one left open at the next parameter.
-    ParameterBlocks(re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", re.DOTALL),
-                    "<parameter={key}>\n", "\n</parameter>\n", trim="\n"),
+    ParameterBlocks(QWEN3_CODER_PARAMETER, "<parameter={key}>\n", "\n</parameter>\n", trim="\n"),
     lead="<function=",
 )
 # Seed-OSS: Qwen3-Coder's markup inside `<seed:tool_call>`, values without newlines around them.
-SEED_OSS_MARKUP = MarkupSyntax(
-    QWEN3_CODER_MARKUP.function,
-    QWEN3_CODER_MARKUP.opened,
-    ParameterBlocks(re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", re.DOTALL),
-                    "<parameter={key}>", "</parameter>\n"),
-    lead="<function=",
+SEED_OSS_MARKUP = dataclasses.replace(
+    QWEN3_CODER_MARKUP, arguments=ParameterBlocks(QWEN3_CODER_PARAMETER, "<parameter={key}>", "</parameter>\n")
 )
 # MiniMax-M2: `<invoke name="...">` and `<parameter name="...">` inside `<minimax:tool_call>`.
 MINIMAX_MARKUP = MarkupSyntax(
@@ -454,26 +456,24 @@ def read_markup_calls(syntax: MarkupSyntax, body: str, tools: Mapping[str, Param
                       open_call: bool = False) -> list[MarkupCall] | None:
     """The calls a section's body holds; None unless it is function blocks only. `open_call`: a last
     function block left open (a forced call cut short) counts, with the arguments it finished."""
+    calls: list[MarkupCall] = []
     if syntax.read_body is not None:
         whole = syntax.read_body(body)
-        if whole is not None or not open_call:
+        if whole is not None:
             return whole
-        opened = syntax.opened.match(body)
-        if opened is None or not opened.group(2):
-            return None
-        return [(opened.group(1), syntax.arguments.read_open(body[opened.end() :], {}))]
-    calls: list[MarkupCall] = []
-    position = 0
-    for found in syntax.function.finditer(body):
-        name = found.group(1).strip()
-        arguments = syntax.arguments.read(found.group(2), tools.get(name, {}))
-        if body[position : found.start()].strip() or arguments is None:
-            break
-        calls.append((name, arguments))
-        position = found.end()
-    rest = body[position:]
-    if not rest.strip():
-        return calls or None
+        rest = body
+    else:
+        position = 0
+        for found in syntax.function.finditer(body):
+            name = found.group(1).strip()
+            arguments = syntax.arguments.read(found.group(2), tools.get(name, {}))
+            if body[position : found.start()].strip() or arguments is None:
+                break
+            calls.append((name, arguments))
+            position = found.end()
+        rest = body[position:]
+        if not rest.strip():
+            return calls or None
     opened = syntax.opened.match(rest)
     if not open_call or opened is None or not opened.group(2):
         return None
