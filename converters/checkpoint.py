@@ -156,10 +156,13 @@ def _text_config(config: dict[str, Any], wrapper: Wrapper, source: Path) -> dict
             f"{source} describes {config['architectures'][0]}, whose '{wrapper.config_key}' omits settings that transformers "
             "supplies: pip install 'localchat[convert]'"
         ) from None
+    from huggingface_hub.errors import StrictDataclassError  # what transformers 5's config classes raise on a bad field
+
     try:
         filled = getattr(transformers, wrapper.config_class)(**text).to_dict()
-    except (TypeError, ValueError, KeyError, AttributeError) as error:
-        raise ModelError(f"{source}: '{wrapper.config_key}' is malformed ({error}); the config.json is corrupt") from None
+    except (TypeError, ValueError, KeyError, AttributeError, StrictDataclassError) as error:
+        detail = " ".join(str(error).split())
+        raise ModelError(f"{source}: '{wrapper.config_key}' is malformed ({detail}); the config.json is corrupt") from None
     outer = {k: v for k, v in config.items() if not k.endswith("_config")}
     return {**filled, **outer, **text}
 

@@ -10,6 +10,7 @@ import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -240,3 +241,16 @@ def test_gemma3_4b_config_is_filled_with_transformers_defaults(monkeypatch: pyte
     monkeypatch.setitem(sys.modules, "transformers", None)  # not installed
     with pytest.raises(ModelError, match=r"omits settings that transformers supplies: pip install 'localchat\[convert\]'"):
         ModelConfig.from_dict(json.loads(json.dumps(GEMMA3_4B_CONFIG)), Path("config.json"))
+
+
+@pytest.mark.parametrize("text_config", ["nope", {"hidden_size": "wide"}, {"num_hidden_layers": -3}, {"rope_scaling": 5}],
+                         ids=["not_an_object", "a_size_as_text", "negative_layers", "rope_scaling_a_number"])
+def test_a_malformed_text_config_is_one_line(text_config: Any) -> None:
+    """A wrapper's text_config that transformers' config class refuses (its strict fields raise errors of their own in
+    transformers 5) is one error line naming text_config, never a traceback."""
+    from localchat.converters.checkpoint import ModelConfig
+
+    config = {**json.loads(json.dumps(GEMMA3_4B_CONFIG)), "text_config": text_config}
+    with pytest.raises(ModelError, match=r"'text_config'.*the config.json is corrupt") as raised:
+        ModelConfig.from_dict(config, Path("config.json"))
+    assert "\n" not in str(raised.value)
