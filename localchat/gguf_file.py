@@ -48,6 +48,7 @@ MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8
 ROUTED_EXPERT_TENSOR = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch|)exps")
 # Numeric arrays up to this length are kept (per-layer head counts); longer ones only counted.
 MAX_KEPT_ARRAY = 1024
+UINT32_MAX = (1 << 32) - 1
 # llama.cpp maps each entry of the vocabulary to its id and asserts that none repeats.
 VOCABULARY_KEY = "tokenizer.ggml.tokens"
 
@@ -127,6 +128,20 @@ class GgufHeader:
     def arch_value(self, key: str, default: Any = None) -> Any:
         """`{architecture}.{key}`, e.g. `block_count`."""
         return self.metadata.get(f"{self.architecture}.{key}", default)
+
+    def arch_int(self, key: str, default: int, low: int = 0, high: int = UINT32_MAX) -> int:
+        """`arch_value` as an integer in [low, high], else the error of `invalid`."""
+        value = self.arch_value(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise self.invalid(key, value)
+        return value
+
+    def invalid(self, key: str, value: object) -> ModelError:
+        """`{architecture}.{key}` holds `value`, which llama.cpp cannot load safely."""
+        return ModelError(
+            f"{self.path} has an invalid {f'{self.architecture}.{key}'[:80]!r} ({str(value)[:80]!r}); "
+            "download or convert it again"
+        )
 
 
 def _quote(name: str) -> str:

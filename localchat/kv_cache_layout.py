@@ -1,0 +1,93 @@
+"""The KV cache a GGUF model keeps per token, layer by layer, as llama.cpp lays it out.
+
+Not every layer keeps K and V rows of its own size: a hybrid's recurrent layers keep none (Qwen 3.5
+attends every 4th layer), Gemma 3n's and Gemma 4's last layers read an earlier layer's, Gemma 4's
+sliding-window layers have smaller heads than its full ones, and an MLA model (DeepSeek V3, Kimi K2)
+keeps its compressed K alone. Counting every layer as a full one put Gemma 4 31B's cache at twice its
+size and Qwen 3.5's at four times, which cost them GPU layers and context.
+
+Checked against llama.cpp's src/models/*.cpp (which layers are recurrent, which share) and
+llama-kv-cache.cpp (the rows each layer keeps), for contexts as localchat makes them: a sliding-window
+layer keeps every position (swa_full, see localchat.backends.llamacpp_natives.LlamaContext) and each
+layer's V rows are its own size (under flash attention; without it llama.cpp pads them to the largest).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from localchat.gguf_file import GgufHeader
+
+KV_ENTRY_BYTES = 2  # f16, llama.cpp's default cache type
+
+# Architectures that keep a recurrent state and no KV cache (llama.cpp's llm_arch_is_recurrent).
+RECURRENT_ARCHITECTURES = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
+# Hybrids whose every Nth layer attends, the rest recurrent, unless the file lists its recurrent layers
+# (`attention.recurrent_layers`) or gives N (`full_attention_interval`); N is llama.cpp's default.
+# The other hybrids (LFM2, Granite 4, Nemotron-H, Jamba...) give their recurrent layers 0 KV heads.
+ATTENTION_INTERVALS = {"qwen3next": 4, "qwen35": 4, "qwen35moe": 4, "qwen4exp": 4, "minimax-01": 8}
+# Layers from this one on read an earlier layer's KV (Gemma 3n's graph fixes it; Gemma 4 writes how
+# many layers share in `attention.shared_kv_layers`).
+KV_SHARED_FROM = {"gemma3n": 20}
+SHARED_KV_ARCHITECTURES = frozenset({"gemma4", "gemma4-assistant"})
+
+
+def _flags(header: GgufHeader, key: str, n_layers: int) -> list[bool] | None:
+    """A per-layer flag given once or for each layer (llama.cpp's get_key_or_arr); None when absent."""
+    value = header.arch_value(key)
+    if value is None:
+        return None
+    values = value if isinstance(value, list) else [value] * n_layers
+    if len(values) != n_layers or not all(isinstance(v, (bool, int)) for v in values):
+        raise header.invalid(key, value)
+    return [bool(v) for v in values]
+
+
+def layers_with_kv(header: GgufHeader, n_layers: int) -> list[bool]:
+    """Which of the model's `n_layers` layers keep KV rows of their own. A layer with 0 KV heads keeps
+    none either way, and neither do the layers that predict further tokens (`nextn_predict_layers`,
+    DeepSeek V3's and GLM 4.5's MTP): the context that decodes keeps none for them."""
+    architecture = header.architecture or ""
+    if architecture in RECURRENT_ARCHITECTURES:
+        return [False] * n_layers
+    trunk = n_layers - header.arch_int("nextn_predict_layers", 0, 0, n_layers)
+    keeps = [layer < trunk for layer in range(n_layers)]
+    if architecture in ATTENTION_INTERVALS:
+        recurrent = _flags(header, "attention.recurrent_layers", n_layers)
+        if recurrent is None:
+            every = header.arch_int("full_attention_interval", ATTENTION_INTERVALS[architecture], 1)
+            recurrent = [(layer + 1) % every != 0 for layer in range(n_layers)]
+        keeps = [keep and not flag for keep, flag in zip(keeps, recurrent)]
+    shared_from = KV_SHARED_FROM.get(architecture)
+    if architecture in SHARED_KV_ARCHITECTURES:
+        shared_from = n_layers - header.arch_int("attention.shared_kv_layers", 0, 0, n_layers)
+    if shared_from is not None:
+        keeps = [keep and layer < shared_from for layer, keep in enumerate(keeps)]
+    return keeps
+
+
+def _sliding_layers(header: GgufHeader, n_layers: int) -> list[bool]:
+    """Which layers attend to a sliding window: listed, or every layer but each Nth given N (llama.cpp's
+    set_swa_pattern; an architecture's own default N matters not here, where only Gemma 4's sliding
+    layers have heads of their own size, and it lists them)."""
+    pattern = header.arch_value("attention.sliding_window_pattern")
+    if pattern is None or isinstance(pattern, list):
+        return _flags(header, "attention.sliding_window_pattern", n_layers) or [False] * n_layers
+    every = header.arch_int("attention.sliding_window_pattern", 0)
+    return [every == 0 or layer % every < every - 1 for layer in range(n_layers)]
+
+
+def kv_bytes_per_token(header: GgufHeader, n_layers: int, head_kv: Sequence[int], key_length: int, value_length: int) -> int:
+    """The f16 KV cache of one token: each layer that keeps one, its KV heads times its K and V head
+    sizes (a sliding-window layer's own where the file gives them; no V for MLA)."""
+    sliding = _sliding_layers(header, n_layers)
+    key_swa = header.arch_int("attention.key_length_swa", key_length)
+    value_swa = header.arch_int("attention.value_length_swa", value_length)
+    # MLA keeps the compressed latent and its RoPE part as K, and V is read from it.
+    mla = header.arch_value("attention.key_length_mla") is not None and header.arch_value("attention.value_length_mla") is not None
+    total = 0
+    for layer, keeps in enumerate(layers_with_kv(header, n_layers)):
+        if keeps:
+            k, v = (key_swa, value_swa) if sliding[layer] else (key_length, value_length)
+            total += head_kv[layer] * (k + (0 if mla else v))
+    return total * KV_ENTRY_BYTES

@@ -1,0 +1,133 @@
+"""The KV cache the planner counts per token against what llama.cpp keeps: the real models, tiny
+random models of a hybrid (Qwen 3.5) and an MLA model (DeepSeek V3), and headers shaped like others."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kv_layout_models import deepseek2_mla, qwen35_hybrid, write_tiny_model
+
+from localchat.backends.llamacpp import LlamaCppBackend
+from localchat.backends.llamacpp_natives import open_model
+from localchat.errors import ModelError
+from localchat.gguf_file import GgufHeader
+from localchat.kv_cache_layout import layers_with_kv
+from localchat.model_loading import plan_model
+from localchat.models import gguf_facts
+from localchat.planner import PlanRequest
+from localchat.settings import Settings
+
+# llama.cpp's sequence state holds, besides each token's K and V rows, 12 bytes of each cache's cell
+# (its position and sequences): 12 for SmolLM2, 24 for Gemma 3's two caches and Qwen 3.5's hybrid.
+CELL_BYTES_MOST = 32
+
+TINY_MODELS: dict[str, Callable[[], tuple[dict[str, object], dict[str, tuple[int, ...]]]]] = {
+    "qwen35": qwen35_hybrid, "deepseek2": deepseek2_mla,
+}
+
+
+def state_bytes_per_token(model: Path) -> tuple[int, float]:
+    """The planner's KV bytes per token for `model`, and how much llama.cpp's saved state of a sequence
+    grows per token from 16 tokens to 64, on the context the plan makes."""
+    model_plan = plan_model(str(model), Settings(prefix_cache_disk_bytes=0), PlanRequest(n_ctx=256, n_threads=2))
+    backend = LlamaCppBackend(open_model(model, model_plan.plan.load_params))
+    try:
+        tokens = list(range(10, 74))
+        backend.evaluate(0, tokens[:16], 0)
+        before = len(backend.save_state(0))
+        backend.evaluate(0, tokens[16:], 16)
+        growth = (len(backend.save_state(0)) - before) / 48
+    finally:
+        backend.close()
+    return model_plan.facts.kv_bytes_per_token, growth
+
+
+@pytest.fixture(scope="module")
+def tiny_model(default_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    folder = tmp_path_factory.mktemp("kv-layout")
+
+    def make(architecture: str) -> Path:
+        keys, tensors = TINY_MODELS[architecture]()
+        return write_tiny_model(architecture, keys, tensors, default_model, folder / f"{architecture}.gguf")
+
+    return make
+
+
+def test_the_real_models_keep_what_the_planner_counts(default_model: Path, gemma_model: Path) -> None:
+    for model in (default_model, gemma_model):
+        counted, kept = state_bytes_per_token(model)
+        assert counted <= kept <= counted + CELL_BYTES_MOST, model.name
+
+
+def test_a_hybrid_keeps_kv_in_its_attention_layers_alone(tiny_model: Callable[[str], Path]) -> None:
+    """Qwen 3.5 attends every 4th layer: its other layers keep a recurrent state of a fixed size."""
+    counted, kept = state_bytes_per_token(tiny_model("qwen35"))
+    assert counted == 1 * 2 * (16 + 16) * 2  # one layer of 4, 2 KV heads, K and V of 16, f16
+    assert counted <= kept <= counted + CELL_BYTES_MOST
+
+
+def test_mla_keeps_its_compressed_k_alone(tiny_model: Callable[[str], Path]) -> None:
+    """DeepSeek V3's MLA caches the latent (32) and its RoPE part (16) as one K head, and no V."""
+    counted, kept = state_bytes_per_token(tiny_model("deepseek2"))
+    assert counted == 4 * 1 * (32 + 16) * 2
+    assert counted <= kept <= counted + CELL_BYTES_MOST
+
+
+def header(architecture: str, n_layers: int, **keys: Any) -> GgufHeader:
+    """A header of `architecture` with `keys` (under its name; `__` for a dot) beside a layer count,
+    2 heads and K and V heads of 64."""
+    metadata: dict[str, Any] = {"general.architecture": architecture, f"{architecture}.block_count": n_layers,
+                                f"{architecture}.embedding_length": 128, f"{architecture}.attention.head_count": 2}
+    metadata |= {f"{architecture}.{key.replace('__', '.')}": value for key, value in keys.items()}
+    return GgufHeader(Path(f"{architecture}.gguf"), 3, metadata, {}, (), 0)
+
+
+def test_gemma4_shares_its_last_layers_kv_and_sizes_sliding_heads_apart() -> None:
+    """Shaped like Gemma 4 E2B: 35 layers, each 5th a full one, the last 20 reading earlier layers' KV;
+    sliding layers' heads of 256, full ones' of 512, one KV head."""
+    sliding = [layer % 5 != 4 for layer in range(35)]
+    gemma4 = header("gemma4", 35, attention__head_count_kv=1, attention__key_length=512, attention__value_length=512,
+                    attention__key_length_swa=256, attention__value_length_swa=256,
+                    attention__sliding_window_pattern=sliding, attention__shared_kv_layers=20)
+    assert layers_with_kv(gemma4, 35) == [True] * 15 + [False] * 20
+    # Of the first 15 layers, 12 slide and 3 are full.
+    assert gguf_facts(gemma4).kv_bytes_per_token == (12 * 256 * 2 + 3 * 512 * 2) * 2
+    # Without the sharing and the sliding heads' own size: every layer at 512.
+    every_layer = header("gemma4", 35, attention__head_count_kv=1, attention__key_length=512, attention__value_length=512)
+    assert gguf_facts(every_layer).kv_bytes_per_token == 35 * 1024 * 2
+
+
+@pytest.mark.parametrize(("architecture", "keys", "kept"), [
+    ("qwen35moe", {"full_attention_interval": 2}, [False, True] * 4),
+    ("qwen3next", {"attention__recurrent_layers": [True, True, False, True, True, True, False, True]},
+     [False, False, True, False, False, False, True, False]),
+    ("minimax-01", {}, [False] * 7 + [True]),
+    ("mamba2", {}, [False] * 8),
+    ("gemma3n", {}, [True] * 8),
+    ("glm4moe", {"nextn_predict_layers": 1}, [True] * 7 + [False]),
+    ("lfm2", {"attention__head_count_kv": [0, 0, 2, 0, 0, 2, 0, 2]}, [True] * 8),
+])
+def test_which_layers_keep_kv(architecture: str, keys: dict[str, Any], kept: list[bool]) -> None:
+    """As llama.cpp's graphs decide it (LFM2's layers of 0 KV heads count for nothing in the sum)."""
+    assert layers_with_kv(header(architecture, 8, **keys), 8) == kept
+
+
+def test_lfm2s_convolution_layers_count_nothing() -> None:
+    lfm2 = header("lfm2", 8, attention__head_count_kv=[0, 0, 2, 0, 0, 2, 0, 2], attention__key_length=64,
+                  attention__value_length=64)
+    assert gguf_facts(lfm2).kv_bytes_per_token == 3 * 2 * 128 * 2
+
+
+@pytest.mark.parametrize(("architecture", "keys", "named"), [
+    ("qwen35", {"full_attention_interval": 0}, "full_attention_interval"),
+    ("gemma4", {"attention__shared_kv_layers": 9}, "shared_kv_layers"),
+    ("gemma4", {"attention__sliding_window_pattern": [True, False]}, "sliding_window_pattern"),
+    ("gemma4", {"attention__key_length_swa": "wide"}, "key_length_swa"),
+])
+def test_a_damaged_layout_is_one_line(architecture: str, keys: dict[str, Any], named: str) -> None:
+    damaged = header(architecture, 8, **keys)
+    with pytest.raises(ModelError, match=f"invalid '{architecture}.[a-z_.]*{named}'"):
+        gguf_facts(damaged)
