@@ -118,9 +118,17 @@ class Engine:
     def add_draft_model(self, model: str, request: PlanRequest) -> None:
         """Speculative decoding by `model` (sharing this model's vocabulary) for every session, one
         KV sequence of its own each; planned on the machine with this model loaded."""
+        # Drafting takes back the drafted tokens past the first the target refuses, which neither model can
+        # do with a recurrent state (Backend.rewinds).
+        if not self.backend.rewinds:
+            raise ModelError(f"{self.model_plan.model.path.name} keeps a recurrent state, which cannot take back "
+                             "drafted tokens; run it without a draft model")
         draft = open_backend(plan_model(model, self.settings, request), replies=False)
         try:
             check_same_vocabulary(self.backend, draft)
+            if not draft.rewinds:
+                raise ModelError(f"{model} keeps a recurrent state, which cannot take back the tokens it drafts; "
+                                 "choose a draft model without one")
         except ModelError:
             draft.close()
             raise

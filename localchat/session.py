@@ -218,6 +218,8 @@ class Session:
         restored = 0
         cache = self.prefix_cache
         match = cache.longest_match(prompt, self._variant) if cache is not None else None
+        if match is not None and not self.backend.rewinds and not match.length == len(match.tokens) < len(prompt):
+            match = None  # a recurrent state is taken whole, short of the prompt's last token, or not at all
         if cache is not None and match is not None and match.length > live \
                 and not cache.costs.restore_pays(match.state_bytes, match.length - live):
             cache.skipped += 1
@@ -241,7 +243,10 @@ class Session:
             self.save_live_state()
         # The last prompt token is always evaluated: its logits pick the first new token.
         keep = min(live, len(prompt) - 1)
-        if keep < len(self.tokens):
+        if keep < len(self.tokens) and not self.backend.rewinds:
+            self.reset()  # a recurrent state cannot go back: the prompt is evaluated whole
+            keep = 0
+        elif keep < len(self.tokens):
             self.backend.truncate(self.seq, keep)
             del self.tokens[keep:]
         return keep, min(restored, keep)
@@ -446,6 +451,9 @@ class Decoder:
             self.draft_model.follow(prompt)
         # Prompt lookup drafts as long as is expected to be fastest (0: off); a draft model's draft grows
         # while its drafts are taken whole and shrinks when one is cut short, up to DRAFT_MODEL_TOKENS.
+        # A recurrent state cannot drop the drafted tokens the sampler does not pick: such a model drafts nothing.
+        if not session.backend.rewinds:
+            lookup_draft = 0
         self.lookup = LookupDrafting(lookup_draft, session.step_costs, session.backend.even_rows)
         self.model_draft_length = min(INITIAL_DRAFT, DRAFT_MODEL_TOKENS)
         # Prompt lookup searches the prompt and the reply so far; a draft model follows them. Neither: no index.

@@ -28,6 +28,7 @@ class ScriptedBackend:
 
     name = "scripted"
     even_rows = False
+    rewinds = True
     first_shape_steps = 0.0
     n_seq = 1
 

@@ -83,6 +83,7 @@ class MarkovBackend:
 
     name = "markov"
     even_rows = False
+    rewinds = True
     first_shape_steps = 0.0
     n_seq = 1
     n_ctx = 256

@@ -339,6 +339,11 @@ class Backend(Protocol):
     # that count, in plain steps: a GPU loads the kernels of a shape it has not run yet and builds its
     # graphs (see `new_shapes`); a CPU pays next to nothing.
     first_shape_steps: float
+    # Whether `truncate` can drop a sequence's last positions. A cache of K and V rows can; a recurrent
+    # state (Mamba, RWKV, a hybrid's recurrent layers: Qwen 3.5, LFM2, Granite 4) holds no earlier
+    # position to go back to, and can only be cleared: such a model drafts nothing, and a prompt that
+    # does not continue what its sequence holds is evaluated again whole (or from a saved state).
+    rewinds: bool
 
     def new_shapes(self, rows: np.ndarray) -> np.ndarray:
         """For each count in `rows`: whether the context has yet to evaluate a step of that many rows,
@@ -375,7 +380,8 @@ class Backend(Protocol):
         ...
 
     def truncate(self, seq: int, start: int) -> None:
-        """Drop `seq`'s KV cache from position `start` on (`start == 0` clears it)."""
+        """Drop `seq`'s KV cache from position `start` on (`start == 0` clears it; any other `start` short
+        of what the sequence holds needs `rewinds`)."""
         ...
 
     def make_sampler(self, settings: SamplerSettings, guide: TokenGuide | None = None, *, seq: int | None = None,

@@ -143,14 +143,6 @@ class LlamaCppBackend:
     """A GGUF model and its context, loaded with the settings of a `Plan`."""
 
     name = "llama.cpp"
-    # The CPU kernels take longer for an odd count of rows with logits than for one more, whether
-    # the rows are one sequence's draft or a batch of sequences (benchmarks/speculative.py
-    # --step-cost; default model, AMD EPYC, 2 threads: 3 tokens 60 ms, 4 tokens 51; 9 tokens 108,
-    # 10 tokens 103; 25 tokens 241, 26 tokens 222; 3 sequences 59 ms, 4 sequences 52; 5 sequences
-    # 78, 6 sequences 67). The same with the extra buffer types off, as on AMX CPUs (3 tokens 63 ms,
-    # 4 tokens 54). The 262k-row output head is most of it: with it cut to 32k rows, 3 tokens take
-    # 20 ms and 4 tokens 21.
-    even_rows = True
 
     def __init__(self, opened: OpenedModel) -> None:
         """A backend on `opened` (`open_model`), which it owns from then on: freed here if it cannot be made."""
@@ -174,6 +166,16 @@ class LlamaCppBackend:
         # llama.cpp caps the batch at the context size and aborts on a larger one.
         self._n_batch = llama_cpp.llama_n_batch(self._ctx)
         self.n_seq = opened.load.n_seq
+        model = opened.model.pointer
+        self.rewinds = not (llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model))
+        # The CPU kernels take longer for an odd count of rows with logits than for one more, whether
+        # the rows are one sequence's draft or a batch of sequences (benchmarks/speculative.py
+        # --step-cost; default model, AMD EPYC, 2 threads: 3 tokens 60 ms, 4 tokens 51; 9 tokens 108,
+        # 10 tokens 103; 25 tokens 241, 26 tokens 222; 3 sequences 59 ms, 4 sequences 52; 5 sequences
+        # 78, 6 sequences 67). The same with the extra buffer types off, as on AMX CPUs (3 tokens 63 ms,
+        # 4 tokens 54). The 262k-row output head is most of it: with it cut to 32k rows, 3 tokens take
+        # 20 ms and 4 tokens 21. Save with a recurrent state, which cannot drop a throwaway row again.
+        self.even_rows = self.rewinds
         batch = LlamaBatch(max(PROMPT_BATCH, opened.load.n_seq))
         self._natives.callback(batch.close)
         self._batch = batch.batch
@@ -304,7 +306,7 @@ class LlamaCppBackend:
 
     def evaluate_batch(self, items: Sequence[tuple[int, int, int]], *, spare_cell: bool = False) -> None:
         rows = list(items)
-        filler = (spare_cell and len(rows) > 1 and len(rows) % 2 == 1 and len(rows) < self._n_batch
+        filler = (self.even_rows and spare_cell and len(rows) > 1 and len(rows) % 2 == 1 and len(rows) < self._n_batch
                   and rows[0][2] + 1 < self.n_ctx)
         if filler:  # the first sequence's token once more, one position on; dropped after the step
             seq, token, position = rows[0]

@@ -153,6 +153,7 @@ class OnnxBackend:
 
     name = "onnxruntime"
     even_rows = False
+    rewinds = True  # its KV cache is arrays of K and V rows, cut at any position
     # Not measured on onnxruntime's GPU providers; on a CPU a new count of rows costs nothing more.
     first_shape_steps = 0.0
 

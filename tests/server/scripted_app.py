@@ -68,6 +68,7 @@ class ScriptedBackend:
     n_seq: int = 2
     name: str = "scripted"
     even_rows: bool = False
+    rewinds: bool = True
     first_shape_steps: float = 0.0
     replies: deque[str] = field(default_factory=deque)
     prompts: list[str] = field(default_factory=list)

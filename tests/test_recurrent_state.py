@@ -1,0 +1,105 @@
+"""A model with a recurrent state (a tiny random Qwen 3.5: gated delta-net layers, every 4th attending),
+in real llama.cpp: its state cannot go back to an earlier position, so it drafts nothing, a prompt
+that leaves what its sequence holds is evaluated again whole, a saved state is taken whole, and the
+batch scheduler adds no throwaway row. Its replies are noise; what they are compared with is the same
+computation made another way, token for token."""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kv_layout_models import qwen35_hybrid, write_tiny_model
+
+from localchat.backends.base import ARGMAX
+from localchat.engine import Engine
+from localchat.errors import ModelError
+from localchat.planner import PlanRequest
+from localchat.scheduler import ReplyDone, ReplyEvent, ReplyFailed, Scheduler
+from localchat.session import GenerationSettings
+from localchat.settings import DEFAULT_LOOKUP_DRAFT, Settings
+
+# Drafting on, as shipped: the session must turn it off.
+GREEDY = GenerationSettings(max_tokens=12, sampler=ARGMAX, lookup_draft=DEFAULT_LOOKUP_DRAFT)
+# Long enough to be saved in the prefix cache (MIN_SAVE_TOKENS), repeating itself as a reply to draft from would.
+PROMPT = list(range(100, 140)) * 2
+
+
+@pytest.fixture(scope="module")
+def hybrid_model(default_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    keys, tensors = qwen35_hybrid()
+    return write_tiny_model("qwen35", keys, tensors, default_model, tmp_path_factory.mktemp("hybrid") / "qwen35.gguf")
+
+
+@pytest.fixture
+def hybrid(hybrid_model: Path, settings: Settings) -> Iterator[Engine]:
+    """With a prefix cache in memory alone: each test's own."""
+    with Engine.load(str(hybrid_model), dataclasses.replace(settings, prefix_cache_disk_bytes=0), PlanRequest(n_ctx=512, n_seq=3, n_threads=2)) as engine:
+        yield engine
+
+
+def greedy(engine: Engine, prompt: list[int], *, seq: int = 0) -> list[int]:
+    generation = engine.sessions[seq].generate(prompt, GREEDY)
+    generation.text()
+    assert generation.stats is not None and generation.stats.drafted_tokens == 0
+    return list(generation.completion_ids)
+
+
+def test_the_backend_says_it_cannot_rewind(hybrid: Engine) -> None:
+    assert not hybrid.backend.rewinds and not hybrid.backend.even_rows
+
+
+def test_a_prompt_that_leaves_the_sequence_is_evaluated_again_whole(hybrid: Engine) -> None:
+    """The second prompt shares the first's first 60 tokens, then parts: the sequence is cleared and the
+    second prompt evaluated in one go, as on a fresh sequence."""
+    other = PROMPT[:60] + list(range(500, 530))
+    greedy(hybrid, PROMPT)
+    after = greedy(hybrid, other)
+    assert hybrid.sessions[0].tokens[: len(other)] == other
+    fresh = greedy(hybrid, other, seq=1)
+    assert after == fresh
+
+
+def test_a_saved_state_is_taken_whole(hybrid: Engine) -> None:
+    """What a sequence held is saved when it moves on; a prompt that continues it restores it whole and
+    evaluates the rest, as the sequence that made the same steps and went on does."""
+    greedy(hybrid, PROMPT)
+    held = list(hybrid.sessions[0].tokens)
+    hybrid.sessions[0].release()  # saves what it holds: PROMPT and the reply
+    cache = hybrid.sessions[0].prefix_cache
+    assert cache is not None and (match := cache.longest_match(held)) is not None and list(match.tokens) == held
+    continued = held + [7, 8, 9]
+    restored = hybrid.sessions[0].generate(continued, GREEDY)
+    restored.text()
+    assert restored.stats is not None and restored.stats.prefix_cache_tokens == len(held)
+    greedy(hybrid, PROMPT, seq=1)
+    assert hybrid.sessions[1].tokens == held
+    assert greedy(hybrid, continued, seq=1) == list(restored.completion_ids)
+
+
+def test_batched_replies_take_no_throwaway_row(hybrid: Engine) -> None:
+    """Three slots make an odd batch, which a KV cache evens out with a row it then drops."""
+    scheduler = Scheduler(hybrid, max_waiting=0)
+    scheduler.start()
+    try:
+        sinks: list[queue.SimpleQueue[ReplyEvent]] = [queue.SimpleQueue() for _ in range(3)]
+        for offset, sink in enumerate(sinks):
+            scheduler.submit([offset + 1, *PROMPT[:30]], GREEDY, sink.put)
+        ends = []
+        for sink in sinks:
+            while not isinstance(event := sink.get(timeout=60), (ReplyDone, ReplyFailed)):
+                pass
+            ends.append(event)
+    finally:
+        scheduler.close()
+    assert [end.stats.finish_reason if isinstance(end, ReplyDone) else end.message for end in ends] == ["length"] * 3
+
+
+def test_a_draft_model_is_refused_in_one_line(hybrid_model: Path, default_model: Path, settings: Settings) -> None:
+    with pytest.raises(ModelError, match="keeps a recurrent state, which cannot take back drafted tokens"):
+        Engine.load(str(hybrid_model), settings, PlanRequest(n_ctx=256, n_threads=2), draft_model=str(default_model))
+    with pytest.raises(ModelError, match="keeps a recurrent state, which cannot take back the tokens it drafts"):
+        Engine.load(str(default_model), settings, PlanRequest(n_ctx=256, n_threads=2), draft_model=str(hybrid_model))
