@@ -86,8 +86,10 @@ class BenchResult:
     shipped_sampler: str
     ttft_turns_reuse: tuple[float, ...]
     ttft_turns_cold: tuple[float, ...]
-    prefix_hit_ttft: float
-    prefix_cold_ttft: float
+    # None for a model with a recurrent state, which restores a saved state only whole (Backend.rewinds):
+    # the hit shares the saved chat's system prompt alone.
+    prefix_hit_ttft: float | None
+    prefix_cold_ttft: float | None
     prefix_restored: bool  # the hit restored the saved state (else computing was measured faster)
     speculation: tuple[SpeculationResult, ...]
     peak_rss_mb: float
@@ -178,10 +180,12 @@ def measure_turns(engine: Engine) -> tuple[list[float], list[float]]:
     return reuse, cold
 
 
-def measure_prefix_cache(engine: Engine) -> tuple[float, float, bool]:
+def measure_prefix_cache(engine: Engine) -> tuple[float | None, float | None, bool]:
     """TTFT of a new chat sharing a ~1k-token system prompt with an earlier, since displaced, chat
     (a prefix-cache hit, restored unless computing is measured faster), and of the same chat with
-    nothing cached; and whether the hit was restored."""
+    nothing cached; and whether the hit was restored. None for a backend that does not rewind."""
+    if not engine.backend.rewinds:
+        return None, None, False
     system = _text_of_tokens(engine, PREFIX_SYSTEM_TOKENS)
     session = engine.sessions[0]
     engine.prefix_cache.clear()

@@ -215,6 +215,8 @@ class Session:
         """Make the KV cache hold `prompt[:-1]` or more of it, reusing what it can.
         Returns (tokens reused, of which from the prefix cache)."""
         live = common_prefix_length(self.tokens, prompt)
+        if not self.backend.rewinds and live < len(self.tokens):
+            live = 0  # a recurrent state cannot go back to the part it shares
         restored = 0
         cache = self.prefix_cache
         match = cache.longest_match(prompt, self._variant) if cache is not None else None
@@ -270,6 +272,11 @@ class Session:
             if self.prefix_cache is not None:
                 self.prefix_cache.costs.prefilled(len(chunk), time.perf_counter() - started)
             self.tokens.extend(chunk)
+        if not self.backend.rewinds and len(self.tokens) == len(prompt):
+            # A recurrent state cannot go back to the prompt's end once the reply is written, and the next turn's
+            # prompt often parts from the reply as sampled (a template that drops its thinking, text that
+            # tokenizes otherwise): kept now, that turn evaluates only what follows this prompt.
+            self.save_live_state()
         return reused, restored
 
     def reset(self) -> None:

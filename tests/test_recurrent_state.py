@@ -18,6 +18,7 @@ from localchat.backends.base import ARGMAX
 from localchat.engine import Engine
 from localchat.errors import ModelError
 from localchat.planner import PlanRequest
+from localchat.prefix_cache import RestoreCosts
 from localchat.scheduler import ReplyDone, ReplyEvent, ReplyFailed, Scheduler
 from localchat.session import GenerationSettings
 from localchat.settings import DEFAULT_LOOKUP_DRAFT, Settings
@@ -78,6 +79,23 @@ def test_a_saved_state_is_taken_whole(hybrid: Engine) -> None:
     greedy(hybrid, PROMPT, seq=1)
     assert hybrid.sessions[1].tokens == held
     assert greedy(hybrid, continued, seq=1) == list(restored.completion_ids)
+
+
+def test_the_next_turn_goes_on_from_the_last_prompt(hybrid: Engine) -> None:
+    """The state at the end of each prompt is kept: a next prompt that parts from the reply as sampled
+    (a template that drops the thinking, text that tokenizes otherwise) evaluates only what follows it."""
+    greedy(hybrid, PROMPT)
+    cache = hybrid.sessions[0].prefix_cache
+    assert cache is not None and cache.covers(PROMPT)
+    # The tiny model computes faster than it restores, which the cache would learn: measured afresh, as a
+    # real model's restores pay.
+    cache.costs = RestoreCosts()
+    next_turn = PROMPT + list(range(700, 720))
+    going_on = hybrid.sessions[0].generate(next_turn, GREEDY)
+    going_on.text()
+    assert going_on.stats is not None and going_on.stats.prefix_cache_tokens == len(PROMPT)
+    hybrid.sessions[1].prefill(PROMPT)
+    assert greedy(hybrid, next_turn, seq=1) == list(going_on.completion_ids)
 
 
 def test_batched_replies_take_no_throwaway_row(hybrid: Engine) -> None:
