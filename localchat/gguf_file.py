@@ -136,6 +136,16 @@ class GgufHeader:
             raise self.invalid(key, value)
         return value
 
+    def per_layer(self, key: str, n_layers: int, default: int) -> list[int]:
+        """An integer given once or for each of `n_layers` layers, as llama.cpp reads it (get_key_or_arr)."""
+        value = self.arch_value(key, default)
+        values = value if isinstance(value, list) else [value]
+        if isinstance(value, list) and len(value) != n_layers:
+            raise self.invalid(key, f"{len(value)} values for {n_layers} layers")
+        if any(isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= UINT32_MAX for v in values):
+            raise self.invalid(key, value)
+        return values if isinstance(value, list) else values * n_layers
+
     def invalid(self, key: str, value: object) -> ModelError:
         """`{architecture}.{key}` holds `value`, which llama.cpp cannot load safely."""
         return ModelError(

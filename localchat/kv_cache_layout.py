@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from localchat.gguf_file import GgufHeader
 
 KV_ENTRY_BYTES = 2  # f16, llama.cpp's default cache type
+STATE_ENTRY_BYTES = 4  # a recurrent state is f32
 
 # Architectures that keep a recurrent state and no KV cache (llama.cpp's llm_arch_is_recurrent).
 RECURRENT_ARCHITECTURES = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
@@ -26,6 +27,12 @@ RECURRENT_ARCHITECTURES = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "
 # (`attention.recurrent_layers`) or gives N (`full_attention_interval`); N is llama.cpp's default.
 # The other hybrids (LFM2, Granite 4, Nemotron-H, Jamba...) give their recurrent layers 0 KV heads.
 ATTENTION_INTERVALS = {"qwen3next": 4, "qwen35": 4, "qwen35moe": 4, "qwen4exp": 4, "minimax-01": 8}
+# Hybrids whose every layer has both attention and a recurrent state.
+EVERY_LAYER_BOTH = frozenset({"falcon-h1"})
+# Hybrids whose recurrent layers are those of 0 KV heads (llama.cpp's llm_arch_is_hybrid, less the above):
+# Nemotron-H's layers of 0 KV heads are recurrent only without a feed-forward size of their own.
+RECURRENT_BY_HEADS = frozenset({"jamba", "plamo2", "granitehybrid", "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe",
+                                "kimi-linear", "bailingmoe3", "kimi-k3", "glm5-next"})
 # Layers from this one on read an earlier layer's KV (Gemma 3n's graph fixes it; Gemma 4 writes how
 # many layers share in `attention.shared_kv_layers`).
 KV_SHARED_FROM = {"gemma3n": 20}
@@ -91,3 +98,42 @@ def kv_bytes_per_token(header: GgufHeader, n_layers: int, head_kv: Sequence[int]
             k, v = (key_swa, value_swa) if sliding[layer] else (key_length, value_length)
             total += head_kv[layer] * (k + (0 if mla else v))
     return total * KV_ENTRY_BYTES
+
+
+def _recurrent_layers(header: GgufHeader, n_layers: int) -> list[bool]:
+    """Which layers keep a recurrent state (llama.cpp's is_recr)."""
+    architecture = header.architecture or ""
+    trunk = n_layers - header.arch_int("nextn_predict_layers", 0, 0, n_layers)
+    if architecture in RECURRENT_ARCHITECTURES or architecture in EVERY_LAYER_BOTH:
+        return [layer < trunk for layer in range(n_layers)]
+    if architecture in ATTENTION_INTERVALS:
+        keeps_kv = layers_with_kv(header, n_layers)
+        return [layer < trunk and not keeps_kv[layer] for layer in range(n_layers)]
+    if architecture in RECURRENT_BY_HEADS:
+        head_kv = header.per_layer("attention.head_count_kv", n_layers, 1)
+        feed_forward = header.per_layer("feed_forward_length", n_layers, 0) if architecture.startswith("nemotron_h") \
+            else [0] * n_layers
+        return [layer < trunk and head_kv[layer] == 0 and feed_forward[layer] == 0 for layer in range(n_layers)]
+    return [False] * n_layers
+
+
+def recurrent_state_bytes(header: GgufHeader, n_layers: int) -> int:
+    """The recurrent state of one sequence, whatever its length: each recurrent layer's rolling
+    convolution inputs and its state (llama.cpp's n_embd_r and n_embd_s, f32), as the family shapes them."""
+    n_recurrent = sum(_recurrent_layers(header, n_layers))
+    if not n_recurrent:
+        return 0
+    n_embd = header.arch_int("embedding_length", 0)
+    n_head = header.per_layer("attention.head_count", n_layers, 1)[0]
+    d_conv = header.arch_int("ssm.conv_kernel", 0)
+    if (wkv_head := header.arch_int("wkv.head_size", 0)) > 0:  # RWKV: shifted tokens and its WKV state
+        rows = header.arch_int("token_shift_count", 2) * n_embd + n_embd * wkv_head
+    elif (l_cache := header.arch_int("shortconv.l_cache", 0)) > 0:  # LFM2: a short convolution's inputs
+        rows = n_embd * (l_cache - 1)
+    elif (kda_head := header.arch_int("kda.head_dim", 0)) > 0:  # Kimi's delta attention: Q, K, V convolutions
+        rows = 3 * (d_conv - 1 if d_conv else 3) * n_head * kda_head + kda_head * kda_head * n_head
+    else:  # Mamba's shape, which gated delta-nets (Qwen 3.5) fill in too
+        d_inner, d_state = header.arch_int("ssm.inner_size", 0), header.arch_int("ssm.state_size", 0)
+        groups = header.arch_int("ssm.group_count", 0)
+        rows = max(d_conv - 1, 0) * (d_inner + 2 * groups * d_state) + d_state * d_inner
+    return n_recurrent * rows * STATE_ENTRY_BYTES

@@ -77,7 +77,7 @@ def memory_need(facts: ModelFacts, plan: Plan) -> MemoryNeed:
     on_gpu = min(plan.n_gpu_layers, facts.n_layers) / max(facts.n_layers, 1)
     head_on_gpu = plan.n_gpu_layers > facts.n_layers
     layers = int(facts.n_layers * facts.layer_bytes * (1 - on_gpu))
-    kv = int(kv_cache_bytes(facts, plan.n_ctx, plan.kv_type) * (1 - on_gpu))
+    kv = int(kv_cache_bytes(facts, plan.n_ctx, plan.kv_type, plan.n_seq) * (1 - on_gpu))
     other = facts.other_bytes // 2 if head_on_gpu else facts.other_bytes
     ram = layers + kv + other + facts.n_vocab * 4 * plan.n_seq + CPU_OVERHEAD_BYTES
     return MemoryNeed(ram, gpu_bytes(facts, plan))

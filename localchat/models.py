@@ -23,8 +23,8 @@ from gguf.constants import TokenType
 from localchat import hub
 from localchat.errors import ModelError
 from localchat.file_facts import remembered
-from localchat.gguf_file import ROUTED_EXPERT_TENSOR, UINT32_MAX, GgufHeader, read_gguf_header
-from localchat.kv_cache_layout import kv_bytes_per_token
+from localchat.gguf_file import ROUTED_EXPERT_TENSOR, GgufHeader, read_gguf_header
+from localchat.kv_cache_layout import kv_bytes_per_token, recurrent_state_bytes
 from localchat.onnx_format import ONNX_MARKER, read_metadata
 from localchat.planner import ModelFacts
 from localchat.presets import (
@@ -597,22 +597,11 @@ def _check_norm_epsilons(header: GgufHeader) -> None:
             raise header.invalid(key, value)
 
 
-def _per_layer(header: GgufHeader, key: str, n_layers: int, default: int) -> list[int]:
-    """A value that may be given once or per layer, as llama.cpp reads it."""
-    value = header.arch_value(key, default)
-    values = value if isinstance(value, list) else [value]
-    if isinstance(value, list) and len(value) != n_layers:
-        raise header.invalid(key, f"{len(value)} values for {n_layers} layers")
-    if any(isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= UINT32_MAX for v in values):
-        raise header.invalid(key, value)
-    return values if isinstance(value, list) else values * n_layers
-
-
 def _check_llama_cpp_asserts(header: GgufHeader, n_layers: int) -> None:
     """The other metadata llama.cpp asserts on while loading (expert counts, rope scaling, the
     vocabulary's kind)."""
     n_expert = header.arch_int("expert_count", 0, 0, LLAMA_MAX_EXPERTS)
-    used = max(_per_layer(header, "expert_used_count", n_layers, 0))
+    used = max(header.per_layer("expert_used_count", n_layers, 0))
     groups = header.arch_int("expert_group_count", 0)
     group_used = header.arch_int("expert_group_used_count", 0)
     if n_expert:
@@ -642,8 +631,8 @@ def gguf_facts(header: GgufHeader) -> ModelFacts:
     n_layers = header.arch_int("block_count", 0, 1, LLAMA_MAX_LAYERS)
     _check_llama_cpp_asserts(header, n_layers)
     n_embd = header.arch_int("embedding_length", 0)
-    n_head = max(_per_layer(header, "attention.head_count", n_layers, 1)[0], 1)
-    head_kv_per_layer = _per_layer(header, "attention.head_count_kv", n_layers, n_head)
+    n_head = max(header.per_layer("attention.head_count", n_layers, 1)[0], 1)
+    head_kv_per_layer = header.per_layer("attention.head_count_kv", n_layers, n_head)
     key_length = header.arch_int("attention.key_length", n_embd // n_head)
     value_length = header.arch_int("attention.value_length", key_length)
     layer_bytes = sum(t.n_bytes for t in header.tensors if t.name.startswith("blk."))
@@ -660,6 +649,7 @@ def gguf_facts(header: GgufHeader) -> ModelFacts:
         kv_head_sizes=(key_length, value_length),
         expert_bytes=expert_bytes // n_layers,
         chat_overhead_bytes=_chat_overhead_bytes(header),
+        state_bytes_per_sequence=recurrent_state_bytes(header, n_layers),
     )
 
 

@@ -174,9 +174,11 @@ def _auto_context(model: ModelFacts, request: PlanRequest) -> int:
     return _capped_training_context(model)
 
 
-def kv_cache_bytes(model: ModelFacts, n_ctx: int, kv_type: KvType = "f16") -> int:
-    """The KV cache of `n_ctx` tokens; `kv_bytes_per_token` is in the backend's default type (f16)."""
-    return int(model.kv_bytes_per_token * n_ctx * KV_VALUE_BYTES[kv_type] / KV_VALUE_BYTES["f16"])
+def kv_cache_bytes(model: ModelFacts, n_ctx: int, kv_type: KvType = "f16", n_seq: int = 1) -> int:
+    """The KV cache of `n_ctx` tokens (`kv_bytes_per_token` is in the backend's default type, f16), with
+    the recurrent state of each of `n_seq` sequences (f32 whatever the cache type)."""
+    tokens = int(model.kv_bytes_per_token * n_ctx * KV_VALUE_BYTES[kv_type] / KV_VALUE_BYTES["f16"])
+    return tokens + model.state_bytes_per_sequence * n_seq
 
 
 def _usable(gpu: Gpu) -> int:
@@ -236,13 +238,13 @@ def _experts_in_ram(model: ModelFacts, per_layer: int, gpu: Gpu) -> int | None:
     return n if n <= model.n_layers else None
 
 
-def _place(model: ModelFacts, n_ctx: int, kv_type: KvType, gpus: tuple[Gpu, ...], split: bool) -> _Placement:
+def _place(model: ModelFacts, n_ctx: int, n_seq: int, kv_type: KvType, gpus: tuple[Gpu, ...], split: bool) -> _Placement:
     """The most the GPUs hold with this KV cache type: everything on the GPU with most free memory
     when it fits there (no traffic between GPUs), else everything split across all of them; else,
     for a mixture of experts, every layer on the one GPU but for the experts of as few layers as
     need to stay in RAM (a token reads few experts, so the CPU's share of the work is small, as
     with llama-server's --n-cpu-moe); else as many whole layers as fit, split or not."""
-    per_layer = model.layer_bytes + kv_cache_bytes(model, n_ctx, kv_type) // max(model.n_layers, 1)
+    per_layer = model.layer_bytes + kv_cache_bytes(model, n_ctx, kv_type, n_seq) // max(model.n_layers, 1)
     main = max(gpus, key=lambda g: g.free_bytes)
     single = _Placement(kv_type, _gpu_layers(model, per_layer, main))
     if single.n_gpu_layers > model.n_layers:
@@ -260,7 +262,7 @@ def gpu_bytes(model: ModelFacts, plan: Plan) -> dict[int, int]:
     cache in the plan's type, the output head); the reserve for the CUDA context is not included."""
     if plan.gpu_index is None or plan.n_gpu_layers == 0:
         return {}
-    per_layer = model.layer_bytes + kv_cache_bytes(model, plan.n_ctx, plan.kv_type) // max(model.n_layers, 1)
+    per_layer = model.layer_bytes + kv_cache_bytes(model, plan.n_ctx, plan.kv_type, plan.n_seq) // max(model.n_layers, 1)
     if plan.tensor_split:
         loads = split_loads(model, per_layer, plan.n_gpu_layers, plan.tensor_split)
         return {index: load for index, load in enumerate(loads) if load}
@@ -297,9 +299,10 @@ def _installed_version(package: str) -> str:
         return ""
 
 
-def _placement_reasons(model: ModelFacts, n_ctx: int, placement: _Placement, gpus: tuple[Gpu, ...], f16: _Placement) -> list[str]:
+def _placement_reasons(model: ModelFacts, n_ctx: int, n_seq: int, placement: _Placement, gpus: tuple[Gpu, ...],
+                       f16: _Placement) -> list[str]:
     main = max(gpus, key=lambda g: g.free_bytes)
-    kv = kv_cache_bytes(model, n_ctx, placement.kv_type)
+    kv = kv_cache_bytes(model, n_ctx, placement.kv_type, n_seq)
     if placement.tensor_split:
         shares = ", ".join(f"{gpu.name} (GPU {gpu.index}) {placement.tensor_split[gpu.index]:.0%} of {_gib(gpu.free_bytes)} free"
                            for gpu in gpus)
@@ -325,7 +328,7 @@ def _placement_reasons(model: ModelFacts, n_ctx: int, placement: _Placement, gpu
         else:
             in_f16 = "no layer fits" if f16.n_gpu_layers == 0 else f"only {min(f16.n_gpu_layers, model.n_layers)} layers fit"
         reasons.append(
-            f"KV cache {placement.kv_type} ({_gib(kv)} instead of {_gib(kv_cache_bytes(model, n_ctx))} in f16): "
+            f"KV cache {placement.kv_type} ({_gib(kv)} instead of {_gib(kv_cache_bytes(model, n_ctx, n_seq=n_seq))} in f16): "
             f"in f16 {in_f16} with a {n_ctx}-token context; flash attention on, which llama.cpp needs for a quantized V cache"
         )
     return reasons
@@ -358,17 +361,17 @@ def plan_offload(model: ModelFacts, hardware: Hardware, build: BuildFeatures, re
     elif gpu is None:
         reasons.append("CPU only: no NVIDIA GPU found")
     else:
-        f16 = _place(model, n_ctx, "f16", gpus, splits)
+        f16 = _place(model, n_ctx, request.n_seq, "f16", gpus, splits)
         placement = f16
         if (f16.n_gpu_layers <= model.n_layers or f16.n_cpu_moe) and quantized_kv_possible(model, build):
-            q8 = _place(model, n_ctx, "q8_0", gpus, splits)
+            q8 = _place(model, n_ctx, request.n_seq, "q8_0", gpus, splits)
             if q8.holds_more_than(f16):
                 placement = q8
         if not splits and 0 < placement.n_gpu_layers <= model.n_layers:
             reasons.append(f"CPU only: {backend} runs a model whole and it does not fit in {gpu.name}'s {_gib(gpu.free_bytes)} free")
             placement = _Placement("f16", 0)
         else:
-            reasons += _placement_reasons(model, n_ctx, placement, gpus, f16)
+            reasons += _placement_reasons(model, n_ctx, request.n_seq, placement, gpus, f16)
     n_gpu_layers = placement.n_gpu_layers
     kv_type = placement.kv_type
     flash_attn: FlashAttn = "auto"
@@ -382,7 +385,7 @@ def plan_offload(model: ModelFacts, hardware: Hardware, build: BuildFeatures, re
 
     def cpu_bytes(ctx: int) -> int:
         layers = int(model.n_layers * model.layer_bytes * (1 - gpu_share)) + placement.n_cpu_moe * model.expert_bytes
-        kv = int(kv_cache_bytes(model, ctx, kv_type) * (1 - gpu_share))
+        kv = int(kv_cache_bytes(model, ctx, kv_type, request.n_seq) * (1 - gpu_share))
         # The embedding table stays in RAM even on a GPU; the output head moves with the last layer.
         other = model.other_bytes // 2 if head_on_gpu else model.other_bytes
         logits = model.n_vocab * 4 * request.n_seq

@@ -17,7 +17,7 @@ from localchat.gguf_file import GgufHeader
 from localchat.kv_cache_layout import layers_with_kv
 from localchat.model_loading import plan_model
 from localchat.models import gguf_facts
-from localchat.planner import PlanRequest
+from localchat.planner import ModelFacts, PlanRequest, kv_cache_bytes
 from localchat.settings import Settings
 
 # llama.cpp's sequence state holds, besides each token's K and V rows, 12 bytes of each cache's cell
@@ -29,9 +29,13 @@ TINY_MODELS: dict[str, Callable[[], tuple[dict[str, object], dict[str, tuple[int
 }
 
 
-def state_bytes_per_token(model: Path) -> tuple[int, float]:
-    """The planner's KV bytes per token for `model`, and how much llama.cpp's saved state of a sequence
-    grows per token from 16 tokens to 64, on the context the plan makes."""
+# What else a sequence's saved state holds: llama.cpp's headers (140 bytes for the tiny Qwen 3.5).
+STATE_HEADER_BYTES_MOST = 256
+
+
+def saved_state(model: Path) -> tuple[ModelFacts, float, float]:
+    """The planner's facts of `model`, how much llama.cpp's saved state of a sequence grows per token
+    from 16 tokens to 64, on the context the plan makes, and what it holds beside its tokens' rows."""
     model_plan = plan_model(str(model), Settings(prefix_cache_disk_bytes=0), PlanRequest(n_ctx=256, n_threads=2))
     backend = LlamaCppBackend(open_model(model, model_plan.plan.load_params))
     try:
@@ -42,7 +46,13 @@ def state_bytes_per_token(model: Path) -> tuple[int, float]:
         growth = (len(backend.save_state(0)) - before) / 48
     finally:
         backend.close()
-    return model_plan.facts.kv_bytes_per_token, growth
+    return model_plan.facts, growth, before - 16 * growth
+
+
+def state_bytes_per_token(model: Path) -> tuple[int, float]:
+    """The planner's KV bytes per token for `model`, and what llama.cpp keeps per token (`saved_state`)."""
+    facts, growth, _ = saved_state(model)
+    return facts.kv_bytes_per_token, growth
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +77,15 @@ def test_a_hybrid_keeps_kv_in_its_attention_layers_alone(tiny_model: Callable[[s
     counted, kept = state_bytes_per_token(tiny_model("qwen35"))
     assert counted == 1 * 2 * (16 + 16) * 2  # one layer of 4, 2 KV heads, K and V of 16, f16
     assert counted <= kept <= counted + CELL_BYTES_MOST
+
+
+def test_a_hybrids_recurrent_state_is_counted_once_a_sequence(tiny_model: Callable[[str], Path]) -> None:
+    """Its 3 gated delta-net layers keep 3 rows of convolution inputs (64 + 2 x 2 x 16 wide) and a 16 x 64
+    state each, in f32, however long the sequence; a server's 4 sequences keep 4."""
+    facts, _, beside = saved_state(tiny_model("qwen35"))
+    assert facts.state_bytes_per_sequence == 3 * (3 * 128 + 16 * 64) * 4
+    assert facts.state_bytes_per_sequence <= beside <= facts.state_bytes_per_sequence + STATE_HEADER_BYTES_MOST
+    assert kv_cache_bytes(facts, 1000, "q8_0", n_seq=4) == kv_cache_bytes(facts, 1000, "q8_0") + 3 * facts.state_bytes_per_sequence
 
 
 def test_mla_keeps_its_compressed_k_alone(tiny_model: Callable[[str], Path]) -> None:
@@ -115,10 +134,29 @@ def test_which_layers_keep_kv(architecture: str, keys: dict[str, Any], kept: lis
     assert layers_with_kv(header(architecture, 8, **keys), 8) == kept
 
 
-def test_lfm2s_convolution_layers_count_nothing() -> None:
+def test_lfm2s_convolution_layers_keep_their_inputs_alone() -> None:
+    """No KV, and 2 rows of the hidden size (a convolution over 3 positions) each."""
     lfm2 = header("lfm2", 8, attention__head_count_kv=[0, 0, 2, 0, 0, 2, 0, 2], attention__key_length=64,
-                  attention__value_length=64)
-    assert gguf_facts(lfm2).kv_bytes_per_token == 3 * 2 * 128 * 2
+                  attention__value_length=64, shortconv__l_cache=3)
+    facts = gguf_facts(lfm2)
+    assert facts.kv_bytes_per_token == 3 * 2 * 128 * 2
+    assert facts.state_bytes_per_sequence == 5 * 128 * 2 * 4
+
+
+@pytest.mark.parametrize(("architecture", "keys", "state_bytes"), [
+    # RWKV 7: 2 shifted tokens and a 64-wide WKV state of each of the 128 channels, every layer.
+    ("rwkv7", {"wkv__head_size": 64}, 8 * (2 * 128 + 128 * 64) * 4),
+    # Mamba 2: a 4-wide convolution over the inner size and the groups' B and C, and a state per inner channel.
+    ("mamba2", {"ssm__conv_kernel": 4, "ssm__inner_size": 256, "ssm__state_size": 16, "ssm__group_count": 1},
+     8 * (3 * (256 + 2 * 16) + 16 * 256) * 4),
+    # Nemotron-H: of its layers of 0 KV heads, those with a feed-forward size are MLPs, with no state.
+    ("nemotron_h", {"attention__head_count_kv": [0, 2, 0, 0, 0, 2, 0, 0], "feed_forward_length": [0, 0, 512, 0, 512, 0, 0, 512],
+                    "ssm__conv_kernel": 4, "ssm__inner_size": 256, "ssm__state_size": 16, "ssm__group_count": 1},
+     3 * (3 * (256 + 2 * 16) + 16 * 256) * 4),
+    ("llama", {}, 0),
+])
+def test_recurrent_states_as_each_family_shapes_them(architecture: str, keys: dict[str, Any], state_bytes: int) -> None:
+    assert gguf_facts(header(architecture, 8, **keys)).state_bytes_per_sequence == state_bytes
 
 
 @pytest.mark.parametrize(("architecture", "keys", "named"), [

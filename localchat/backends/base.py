@@ -45,6 +45,8 @@ class ModelFacts:
     # The most UTF-8 bytes its chat template (its own, else localchat's fallback) writes around one reply's
     # messages beside their text (localchat.templates.chat_overhead_bytes): what sizes a context for one reply.
     chat_overhead_bytes: int = 0
+    # A recurrent state's size for each sequence, whatever its length (Mamba, a hybrid's recurrent layers).
+    state_bytes_per_sequence: int = 0
 
     @property
     def weight_bytes(self) -> int:
