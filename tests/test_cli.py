@@ -237,6 +237,8 @@ def test_info_explains_the_plan(localchat_home: Path) -> None:
     assert result.returncode == 0, result.stderr
     for expected in ("model", "cpu", "ram", "build", "plan", "llama.cpp", "context"):
         assert expected in result.stdout
+    # SmolLM2-135M: 30 layers x 3 KV heads x (64 + 64) x f16 a token, for the 8192 tokens of its training context.
+    assert "KV cache 180.0 MiB for the plan's 8192 tokens, 22.5 KiB a token (f16)" in result.stdout
 
 
 @pytest.mark.parametrize("command", [[], ["run"], ["bench"], ["info"], ["chat"], ["serve"], ["convert"]])
