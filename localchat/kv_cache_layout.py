@@ -1,10 +1,12 @@
-"""The KV cache a GGUF model keeps per token, layer by layer, as llama.cpp lays it out.
+"""The KV cache a GGUF model keeps per token, layer by layer, and its recurrent state per sequence, as
+llama.cpp lays them out.
 
 Not every layer keeps K and V rows of its own size: a hybrid's recurrent layers keep none (Qwen 3.5
 attends every 4th layer), Gemma 3n's and Gemma 4's last layers read an earlier layer's, Gemma 4's
 sliding-window layers have smaller heads than its full ones, and an MLA model (DeepSeek V3, Kimi K2)
-keeps its compressed K alone. Counting every layer as a full one put Gemma 4 31B's cache at twice its
-size and Qwen 3.5's at four times, which cost them GPU layers and context.
+keeps its compressed K alone. Counting every layer as a full one put Qwen 3.5's cache at four times its
+size (and a Gemma 4 of 35 layers, 20 of them sharing, at 3.9 times: tests/test_kv_cache_layout.py),
+which cost such models GPU layers and context.
 
 Checked against llama.cpp's src/models/*.cpp (which layers are recurrent, which share) and
 llama-kv-cache.cpp (the rows each layer keeps), for contexts as localchat makes them: a sliding-window

@@ -105,8 +105,8 @@ def header(architecture: str, n_layers: int, **keys: Any) -> GgufHeader:
 
 
 def test_gemma4_shares_its_last_layers_kv_and_sizes_sliding_heads_apart() -> None:
-    """Shaped like Gemma 4 E2B: 35 layers, each 5th a full one, the last 20 reading earlier layers' KV;
-    sliding layers' heads of 256, full ones' of 512, one KV head."""
+    """35 layers (E2B's count in llama.cpp's gemma4 graph), each 5th a full one, the last 20 reading earlier
+    layers' KV; sliding layers' heads of 256, full ones' of 512, one KV head."""
     sliding = [layer % 5 != 4 for layer in range(35)]
     gemma4 = header("gemma4", 35, attention__head_count_kv=1, attention__key_length=512, attention__value_length=512,
                     attention__key_length_swa=256, attention__value_length_swa=256,
