@@ -243,28 +243,30 @@ class PrefixCache:
                 self._enforce_budgets()
             return state
 
-    def covers(self, tokens: Sequence[int], variant: str = "") -> bool:
-        """Whether some entry of `variant` already holds all of `tokens` (saving them again is pointless)."""
+    def covers(self, tokens: Sequence[int], variant: str = "", *, exactly: bool = False) -> bool:
+        """Whether some entry of `variant` already holds all of `tokens` (saving them again is pointless);
+        `exactly`: and no more (a recurrent state serves the prompts it holds whole alone)."""
         array = np.asarray(tokens, dtype=np.int32)
         # Such an entry shares all of `tokens`' whole blocks.
         prefix_hash = prefix_hashes(array, variant)[-1]
         with self._lock:
             return any(
-                entry.variant == variant and len(entry.tokens) >= len(array)
+                entry.variant == variant and (len(entry.tokens) == len(array) if exactly else len(entry.tokens) >= len(array))
                 and common_prefix_length(entry.tokens, array) == len(array)
                 for entry in (self._entries[key] for key in self._index.holding(prefix_hash))
             )
 
     # -- insertion -----------------------------------------------------------------
 
-    def put(self, tokens: Sequence[int], state: bytes, variant: str = "") -> None:
-        """Save `state`, the KV cache holding exactly `tokens` computed as `variant`; entries of
-        that variant it extends are dropped."""
+    def put(self, tokens: Sequence[int], state: bytes, variant: str = "", *, supersede: bool = True) -> None:
+        """Save `state`, the KV cache holding exactly `tokens` computed as `variant`. With `supersede`, the
+        entries of that variant it extends are dropped: cut back, it serves their prompts too, which a
+        recurrent state cannot (localchat.backends.base.Backend.rewinds)."""
         array = np.asarray(tokens, dtype=np.int32)
         key = hashlib.sha1(self.model_key.encode() + variant.encode() + array.tobytes()).hexdigest()
         hashes = prefix_hashes(array, variant)
         with self._lock:
-            extended = self._prefixes_of(array, variant, hashes)
+            extended = self._prefixes_of(array, variant, hashes) if supersede else [key] if key in self._entries else []
             for other_key in extended:
                 self._remove(other_key)
             self._add(key, _Entry(array, state, None, len(state), variant, hashes))

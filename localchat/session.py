@@ -189,12 +189,12 @@ class Session:
 
     def save_live_state(self) -> None:
         """Keep what the sequence holds in the prefix cache (when long enough and not there yet)."""
-        cache, variant = self.prefix_cache, self._variant
-        if cache is not None and len(self.tokens) >= MIN_SAVE_TOKENS and not cache.covers(self.tokens, variant):
+        cache, variant, rewinds = self.prefix_cache, self._variant, self.backend.rewinds
+        if cache is not None and len(self.tokens) >= MIN_SAVE_TOKENS and not cache.covers(self.tokens, variant, exactly=not rewinds):
             # An evaluation interrupted after llama_decode (Ctrl-C) leaves positions that
             # `tokens` does not list; a state saved with them would not restore.
             self.backend.truncate(self.seq, len(self.tokens))
-            cache.put(self.tokens, self.backend.save_state(self.seq), variant)
+            cache.put(self.tokens, self.backend.save_state(self.seq), variant, supersede=rewinds)
 
     def share(self, length: int) -> None:
         """Save what the sequence holds to the prefix cache for other sequences to restore its first
@@ -263,21 +263,29 @@ class Session:
         evaluated by then stay in the KV cache."""
         self.use_loras(loras)
         reused, restored = self.prepare(prompt)
-        for start in range(reused, len(prompt), PREFILL_CHUNK):
+        if self.backend.rewinds:
+            self._evaluate(prompt, reused, len(prompt), cancelled)
+        elif self._evaluate(prompt, reused, len(prompt) - 1, cancelled):
+            # A recurrent state cannot go back once the reply is written, and the next prompt often parts
+            # from the reply as sampled (a template that drops its thinking, text that tokenizes otherwise) or
+            # asks the same again: kept short of the last token, that prompt evaluates only what follows.
+            self.save_live_state()
+            self._evaluate(prompt, len(prompt) - 1, len(prompt), cancelled)
+        return reused, restored
+
+    def _evaluate(self, prompt: Sequence[int], start: int, end: int, cancelled: Callable[[], bool]) -> bool:
+        """Evaluate `prompt[start:end]` in chunks, unless `cancelled` says to stop between two; whether it
+        got to `end`."""
+        for begin in range(start, end, PREFILL_CHUNK):
             if cancelled():
-                break
-            chunk = prompt[start : start + PREFILL_CHUNK]
+                return False
+            chunk = prompt[begin : min(begin + PREFILL_CHUNK, end)]
             started = time.perf_counter()
-            self.backend.evaluate(self.seq, chunk, start)
+            self.backend.evaluate(self.seq, chunk, begin)
             if self.prefix_cache is not None:
                 self.prefix_cache.costs.prefilled(len(chunk), time.perf_counter() - started)
             self.tokens.extend(chunk)
-        if not self.backend.rewinds and len(self.tokens) == len(prompt):
-            # A recurrent state cannot go back to the prompt's end once the reply is written, and the next turn's
-            # prompt often parts from the reply as sampled (a template that drops its thinking, text that
-            # tokenizes otherwise): kept now, that turn evaluates only what follows this prompt.
-            self.save_live_state()
-        return reused, restored
+        return True
 
     def reset(self) -> None:
         self.backend.truncate(self.seq, 0)

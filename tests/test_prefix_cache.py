@@ -53,6 +53,17 @@ def test_an_entry_extending_another_replaces_it() -> None:
     assert cache.covers(SYSTEM) and cache.covers(SYSTEM + [5]) and not cache.covers(SYSTEM + [7])
 
 
+def test_a_recurrent_state_keeps_the_entries_it_extends() -> None:
+    """A recurrent state cannot be cut back to serve a shorter prompt: each is kept, and covers its tokens alone."""
+    cache = PrefixCache("model", ram_budget_bytes=1 << 20)
+    cache.put(SYSTEM, b"short", supersede=False)
+    cache.put(SYSTEM + [5, 6], b"long", supersede=False)
+    cache.put(SYSTEM + [5, 6], b"again", supersede=False)
+    assert len(cache) == 2
+    assert cache.covers(SYSTEM, exactly=True) and cache.covers(SYSTEM + [5, 6], exactly=True)
+    assert not cache.covers(SYSTEM + [5], exactly=True) and cache.covers(SYSTEM + [5])
+
+
 def test_the_block_index_finds_what_comparing_every_entry_finds() -> None:
     """Lookups, `covers` and the entries a `put` replaces, through the prefix index, against comparing
     the tokens of every entry, over conversations that branch inside and at the edges of blocks."""

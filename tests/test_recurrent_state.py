@@ -11,6 +11,7 @@ import queue
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 from kv_layout_models import qwen35_hybrid, write_tiny_model
 
@@ -82,20 +83,32 @@ def test_a_saved_state_is_taken_whole(hybrid: Engine) -> None:
 
 
 def test_the_next_turn_goes_on_from_the_last_prompt(hybrid: Engine) -> None:
-    """The state at the end of each prompt is kept: a next prompt that parts from the reply as sampled
-    (a template that drops the thinking, text that tokenizes otherwise) evaluates only what follows it."""
+    """The state short of each prompt's last token is kept: a next prompt that parts from the reply as
+    sampled (a template that drops the thinking, text that tokenizes otherwise) evaluates only what follows
+    it, to the logits of a sequence that evaluates it all."""
     greedy(hybrid, PROMPT)
     cache = hybrid.sessions[0].prefix_cache
-    assert cache is not None and cache.covers(PROMPT)
+    assert cache is not None and cache.covers(PROMPT[:-1], exactly=True)
     # The tiny model computes faster than it restores, which the cache would learn: measured afresh, as a
     # real model's restores pay.
     cache.costs = RestoreCosts()
     next_turn = PROMPT + list(range(700, 720))
-    going_on = hybrid.sessions[0].generate(next_turn, GREEDY)
-    going_on.text()
-    assert going_on.stats is not None and going_on.stats.prefix_cache_tokens == len(PROMPT)
-    hybrid.sessions[1].prefill(PROMPT)
-    assert greedy(hybrid, next_turn, seq=1) == list(going_on.completion_ids)
+    assert hybrid.sessions[0].prefill(next_turn) == (len(PROMPT) - 1, len(PROMPT) - 1)
+    going_on = hybrid.backend.logits(0).copy()
+    whole = hybrid.sessions[1]
+    whole.prefix_cache = None
+    assert whole.prefill(next_turn) == (0, 0)
+    np.testing.assert_allclose(going_on, hybrid.backend.logits(1), atol=1e-3)
+
+
+def test_the_same_prompt_asked_again_is_answered_again(hybrid: Engine) -> None:
+    """Asked again (the chat app's regenerate), the prompt's state short of its last token is restored:
+    the reply is the first one, token for token."""
+    first = greedy(hybrid, PROMPT)
+    again = hybrid.sessions[0].generate(PROMPT, GREEDY)
+    again.text()
+    assert again.stats is not None and again.stats.prefix_cache_tokens == len(PROMPT) - 1
+    assert list(again.completion_ids) == first
 
 
 def test_batched_replies_take_no_throwaway_row(hybrid: Engine) -> None:
