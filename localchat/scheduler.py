@@ -315,12 +315,15 @@ class Scheduler:
 
     def _slot_for(self, free: list[_Slot], request: ScheduledReply) -> _Slot:
         """The free slot already holding the longest start of the prompt computed with the request's
-        adapters; else an empty one; else the least recently used (its KV is saved to the prefix
-        cache before it is overwritten)."""
+        adapters (a recurrent state: all it holds, Backend.rewinds); else an empty one; else the least
+        recently used (its KV is saved to the prefix cache before it is overwritten)."""
+        rewinds = self._backend.rewinds
+
         def reuse(slot: _Slot) -> int:
             session = slot.session
             wanted = session.default_loras if request.settings.loras is None else request.settings.loras
-            return common_prefix_length(session.tokens, request.prompt) if session.loras == wanted else 0
+            shared = common_prefix_length(session.tokens, request.prompt) if session.loras == wanted else 0
+            return shared if rewinds or shared == len(session.tokens) else 0
 
         return max(free, key=lambda slot: (reuse(slot), not slot.session.tokens, -slot.last_used))
 

@@ -129,6 +129,23 @@ def test_batched_replies_take_no_throwaway_row(hybrid: Engine) -> None:
     assert [end.stats.finish_reason if isinstance(end, ReplyDone) else end.message for end in ends] == ["length"] * 3
 
 
+def test_a_request_leaves_a_slot_it_shares_a_part_with(hybrid: Engine) -> None:
+    """Slot 0 holds a reply to PROMPT; a prompt sharing its first 60 tokens alone cannot go on from it, and
+    takes an empty slot, leaving slot 0's state for a prompt that continues it."""
+    greedy(hybrid, PROMPT)
+    held = list(hybrid.sessions[0].tokens)
+    scheduler = Scheduler(hybrid, max_waiting=0)
+    scheduler.start()
+    try:
+        sink: queue.SimpleQueue[ReplyEvent] = queue.SimpleQueue()
+        scheduler.submit(PROMPT[:60] + list(range(800, 830)), GREEDY, sink.put)
+        while not isinstance(sink.get(timeout=60), (ReplyDone, ReplyFailed)):
+            pass
+    finally:
+        scheduler.close()
+    assert hybrid.sessions[0].tokens == held
+
+
 def test_a_draft_model_is_refused_in_one_line(hybrid_model: Path, default_model: Path, settings: Settings) -> None:
     with pytest.raises(ModelError, match="keeps a recurrent state, which cannot take back drafted tokens"):
         Engine.load(str(hybrid_model), settings, PlanRequest(n_ctx=256, n_threads=2), draft_model=str(default_model))
