@@ -7,6 +7,7 @@ uint16 and widened with a bit shift.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import mmap
@@ -167,8 +168,8 @@ def _transformers_defaults(values: dict[str, Any], config_class: str, what: str,
         ) from None
     from huggingface_hub.errors import StrictDataclassError  # what transformers 5's config classes raise on a bad field
 
-    try:
-        return getattr(transformers, config_class)(**values).to_dict()
+    try:  # a copy: Gemma 4's class rewrites the lists it is given
+        return getattr(transformers, config_class)(**copy.deepcopy(values)).to_dict()
     except (TypeError, ValueError, KeyError, AttributeError, StrictDataclassError) as error:
         detail = " ".join(str(error).split())
         raise ModelError(f"{source}: {what} is malformed ({detail}); the config.json is corrupt") from None
