@@ -116,7 +116,7 @@ class Architecture:
     # Checkpoint tensors saved without a .weight suffix (Gemma 4's layer_scalar buffers), given one in the GGUF.
     bare_tensors: tuple[str, ...] = ()
     # llama.cpp's tokenizer model when the architecture has its own (tokenizer.ggml.model), else read from the files.
-    tokenizer: str | None = None
+    tokenizer_model: str | None = None
 
     @property
     def gguf_name(self) -> str:
@@ -196,9 +196,11 @@ def _check_gemma4(config: ModelConfig) -> None:
         if len({config.head_dim_of(i) for i, t in enumerate(config.layer_types) if t == kind}) > 1:
             raise UnsupportedModelError(f"this Gemma 4 checkpoint's {kind} layers differ in head size; llama.cpp's gemma4 graph has one per attention type")
     first_shared = config.n_layers - config.kv_shared_layers
+    if first_shared < 2:
+        raise UnsupportedModelError(f"this Gemma 4 checkpoint has {first_shared} layer computing keys and values; llama.cpp's gemma4 graph needs two")
     # llama.cpp's shared layers read layer first_shared - 1 (global) or first_shared - 2 (sliding); transformers
     # the last one of their own type that computes keys and values: the two agree when those are the last two.
-    if first_shared < 2 or (config.kv_shared_layers and config.layer_types[first_shared - 2:first_shared] != ("sliding_attention", "full_attention")):
+    if config.kv_shared_layers and config.layer_types[first_shared - 2:first_shared] != ("sliding_attention", "full_attention"):
         raise UnsupportedModelError(
             f"this Gemma 4 checkpoint's last {config.kv_shared_layers} layers share keys and values, but the layers before them "
             "are not a sliding-window layer then a global one; llama.cpp's gemma4 graph would share other layers' keys and values"
@@ -319,7 +321,7 @@ GEMMA4 = Architecture(
     metadata=_gemma4_metadata,
     extra_tensors=_proportional_rope_factors,
     bare_tensors=("layer_scalar",),
-    tokenizer="gemma4",
+    tokenizer_model="gemma4",
 )
 # llama.cpp's MoE graphs route every layer (no dense layers between routed ones).
 EVERY_LAYER_ROUTED = (FixedSetting("decoder_sparse_step", 1, 1), FixedSetting("mlp_only_layers", [], []))

@@ -178,3 +178,28 @@ def test_gemma4_checkpoint_llama_cpp_would_run_differently_is_refused(case: str,
         convert_checkpoint(folder, tmp_path / "out.gguf", "f16", threads=2)
     assert "\n" not in str(raised.value)
     assert not list(tmp_path.glob("out.gguf*"))
+
+
+# A config.json in the shape Google ships Gemma 4 E2B: global_head_dim instead of per_layer_config, the text
+# model's settings nested, the rest left to transformers' defaults (its RoPE among them).
+E2B_CONFIG = {
+    "architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4", "eos_token_id": [1, 106],
+    "text_config": {"model_type": "gemma4_text", "hidden_size": 1536, "intermediate_size": 6144, "num_hidden_layers": 35,
+                    "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 256, "global_head_dim": 512,
+                    "hidden_size_per_layer_input": 256, "num_kv_shared_layers": 20, "use_double_wide_mlp": True,
+                    "sliding_window": 512, "final_logit_softcapping": 30.0,
+                    "layer_types": (["sliding_attention"] * 4 + ["full_attention"]) * 7},
+}
+
+
+def test_gemma4_e2b_config_reads_per_layer_sizes() -> None:
+    from localchat.converters.architectures import architecture_for
+    from localchat.converters.checkpoint import ModelConfig
+
+    config = ModelConfig.from_dict(json.loads(json.dumps(E2B_CONFIG)), Path("config.json"))
+    assert architecture_for(config).gguf_name == "gemma4"
+    assert [config.head_dim_of(i) for i in (0, 3, 4, 34)] == [256, 256, 512, 512] and config.global_head_dim == 512
+    assert [config.intermediate_size_of(i) for i in (0, 14, 15, 34)] == [6144, 6144, 12288, 12288]
+    assert (config.kv_shared_layers, config.per_layer_input_size, config.has_kv(14), config.has_kv(15)) == (20, 256, True, False)
+    assert (config.rope.scaling_type, config.rope.theta, config.rope_dimensions) == ("proportional", 1_000_000.0, 512)
+    assert config.rope_local is not None and config.rope_local.theta == 10_000.0
