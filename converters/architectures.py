@@ -51,6 +51,14 @@ GEMMA2_SWA_PATTERN = 2
 GEMMA2_DEFAULT_WINDOW = 4096
 # llama.cpp's SmolLM3 graph leaves RoPE out of every 4th layer.
 SMOLLM3_NO_ROPE_STEP = 4
+# Gemma 4's layer tensors. Its last layers may keep no keys and values of its own (no k_proj, k_norm,
+# v_proj) and its global layers may take their values from the keys (no v_proj): only these are in every layer.
+GEMMA4_LAYER = ("input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.q_norm.weight", "self_attn.o_proj.weight",
+                "post_attention_layernorm.weight", "pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight",
+                *GATED_MLP)
+# A frequency divisor that stops a RoPE pair turning: Gemma 4's proportional RoPE leaves the pairs past its
+# share of the head unrotated, and llama.cpp's rotation reads that as a per-pair factor (rope_freqs).
+UNROTATED_FREQ_FACTOR = 1e30
 
 
 class UnsupportedModelError(ModelError):
@@ -105,6 +113,10 @@ class Architecture:
     check: Callable[[ModelConfig], None] | None = None
     metadata: Metadata | None = None
     extra_tensors: ExtraTensors | None = None
+    # Checkpoint tensors saved without a .weight suffix (Gemma 4's layer_scalar buffers), given one in the GGUF.
+    bare_tensors: tuple[str, ...] = ()
+    # llama.cpp's tokenizer model when the architecture has its own (tokenizer.ggml.model), else read from the files.
+    tokenizer_model: str | None = None
 
     @property
     def gguf_name(self) -> str:
@@ -168,6 +180,64 @@ def _gemma2_metadata(config: ModelConfig, writer: GGUFWriter) -> None:
     writer.add_attn_logit_softcapping(float(config.raw["attn_logit_softcapping"]))
     if softcap := config.raw.get("final_logit_softcapping"):
         writer.add_final_logit_softcapping(float(softcap))
+
+
+def _check_gemma4(config: ModelConfig) -> None:
+    """What llama.cpp's gemma4 graph fixes: causal text attention, one head size per attention type,
+    shared keys and values taken from the last layers that compute them, per-layer inputs for every token."""
+    if config.raw.get("use_bidirectional_attention") == "all":
+        raise UnsupportedModelError("this Gemma 4 checkpoint attends both ways over all tokens (an embedding model); convert a causal LM")
+    if set(config.layer_types) - {"sliding_attention", "full_attention"} or config.layer_types[-1] != "full_attention":
+        raise UnsupportedModelError(
+            "this Gemma 4 checkpoint's layer_types are not sliding_attention and full_attention ending with a full one, "
+            "as transformers runs Gemma 4; llama.cpp cannot run it as written"
+        )
+    for kind in ("sliding_attention", "full_attention"):
+        if len({config.head_dim_of(i) for i, t in enumerate(config.layer_types) if t == kind}) > 1:
+            raise UnsupportedModelError(f"this Gemma 4 checkpoint's {kind} layers differ in head size; llama.cpp's gemma4 graph has one per attention type")
+    first_shared = config.n_layers - config.kv_shared_layers
+    if first_shared < 2:
+        raise UnsupportedModelError(f"this Gemma 4 checkpoint has {first_shared} layer computing keys and values; llama.cpp's gemma4 graph needs two")
+    # llama.cpp's shared layers read layer first_shared - 1 (global) or first_shared - 2 (sliding); transformers
+    # the last one of their own type that computes keys and values: the two agree when those are the last two.
+    if config.kv_shared_layers and config.layer_types[first_shared - 2:first_shared] != ("sliding_attention", "full_attention"):
+        raise UnsupportedModelError(
+            f"this Gemma 4 checkpoint's last {config.kv_shared_layers} layers share keys and values, but the layers before them "
+            "are not a sliding-window layer then a global one; llama.cpp's gemma4 graph would share other layers' keys and values"
+        )
+    if config.per_layer_input_size and config.raw.get("vocab_size_per_layer_input", config.vocab_size) != config.vocab_size:
+        raise UnsupportedModelError(
+            f"this Gemma 4 checkpoint's per-layer embeddings have {config.raw['vocab_size_per_layer_input']} rows for "
+            f"{config.vocab_size} tokens; llama.cpp's gemma4 graph needs one per token"
+        )
+    if config.rope_local is not None and config.rope_local.scaling_type != "default":
+        raise UnsupportedModelError(f"this Gemma 4 checkpoint scales its sliding-window RoPE ('{config.rope_local.scaling_type}'); llama.cpp's gemma4 graph does not")
+    if config.rope.scaling.get("factor", 1.0) != 1.0:
+        raise UnsupportedModelError(f"this Gemma 4 checkpoint slows its global RoPE by a factor {config.rope.scaling['factor']}; llama.cpp's gemma4 graph does not")
+
+
+def _gemma4_metadata(config: ModelConfig, writer: GGUFWriter) -> None:
+    writer.add_sliding_window(int(config.sliding_window or 0))
+    if config.rope_local is not None:
+        writer.add_rope_freq_base_swa(config.rope_local.theta)
+    # llama.cpp's gemma4 graph soft-caps the logits at 30 unless told otherwise: 0 says not at all.
+    writer.add_final_logit_softcapping(float(config.raw.get("final_logit_softcapping") or 0.0))
+    writer.add_sliding_window_pattern([kind == "sliding_attention" for kind in config.layer_types])
+    sliding = next((config.head_dim_of(i) for i, kind in enumerate(config.layer_types) if kind == "sliding_attention"), config.head_dim)
+    writer.add_key_length_swa(sliding)
+    writer.add_value_length_swa(sliding)
+    writer.add_rope_dimension_count_swa(sliding)
+    writer.add_shared_kv_layers(config.kv_shared_layers)
+    writer.add_embedding_length_per_layer_input(config.per_layer_input_size)
+
+
+def _proportional_rope_factors(config: ModelConfig) -> list[PlannedTensor]:
+    """The global layers' rope_freqs: 1 for the pairs proportional RoPE turns, a huge divisor for the rest
+    (all turn with default RoPE). llama.cpp's gemma4 graph needs the tensor either way."""
+    head = config.global_head_dim
+    turned = int(config.rope.scaling.get("partial_rotary_factor", 1.0) * head // 2)
+    factors = np.array([1.0] * turned + [UNROTATED_FREQ_FACTOR] * (head // 2 - turned), dtype=np.float32)
+    return [PlannedTensor("rope_freqs.weight", factors.shape, data=factors)]
 
 
 def _check_granite(config: ModelConfig) -> None:
@@ -240,6 +310,19 @@ def _longrope_factors(config: ModelConfig) -> list[PlannedTensor]:
 
 LLAMA = Architecture(MODEL_ARCH.LLAMA, permute_qk=True)
 GEMMA3 = Architecture(MODEL_ARCH.GEMMA3, norm_offset=1.0, check=_check_gemma3, metadata=_gemma3_metadata)
+# Gemma 4's dense models (E2B, E4B, 31B). Its norms multiply by the weight itself; its mixture of experts (26B-A4B) is not converted yet.
+GEMMA4 = Architecture(
+    MODEL_ARCH.GEMMA4,
+    layer_tensors=GEMMA4_LAYER,
+    fixed=(FixedSetting("enable_moe_block", False, False), FixedSetting("attention_bias", False, False),
+           FixedSetting("hidden_activation", "gelu_pytorch_tanh", "gelu_pytorch_tanh")),
+    rope_scalings=("default", "proportional"),
+    check=_check_gemma4,
+    metadata=_gemma4_metadata,
+    extra_tensors=_proportional_rope_factors,
+    bare_tensors=("layer_scalar",),
+    tokenizer_model="gemma4",
+)
 # llama.cpp's MoE graphs route every layer (no dense layers between routed ones).
 EVERY_LAYER_ROUTED = (FixedSetting("decoder_sparse_step", 1, 1), FixedSetting("mlp_only_layers", [], []))
 # Qwen's switch for sliding-window attention in its upper layers (off in Qwen's releases).
@@ -254,6 +337,9 @@ ARCHITECTURES: dict[str, Architecture] = {
     "Gemma3ForCausalLM": GEMMA3,
     # Gemma 3 4B and up, which also read images: their text model (checkpoint.WRAPPERS finds it).
     "Gemma3ForConditionalGeneration": GEMMA3,
+    "Gemma4ForCausalLM": GEMMA4,
+    # Gemma 4 that also sees (and E2B, E4B hear): its text model, as for Gemma 3.
+    "Gemma4ForConditionalGeneration": GEMMA4,
     # llama.cpp's gemma2 graph has no output matrix of its own: it reads the embeddings.
     "Gemma2ForCausalLM": Architecture(
         MODEL_ARCH.GEMMA2, norm_offset=1.0, fixed=(FixedSetting("tie_word_embeddings", True, True),), check=_check_gemma2,
@@ -396,16 +482,22 @@ def _add_expert_metadata(config: ModelConfig, writer: GGUFWriter) -> None:
         writer.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
 
 
+def _one_or_per_layer(values: list[int]) -> int | list[int]:
+    """One GGUF value where every layer has the same, else one per layer (llama.cpp reads either)."""
+    return values[0] if len(set(values)) == 1 else values
+
+
 def add_hparams(config: ModelConfig, arch: Architecture, writer: GGUFWriter) -> list[PlannedTensor]:
     """The model's hyperparameters as GGUF keys; returns any tensors they imply."""
     writer.add_context_length(config.context_length)
     writer.add_embedding_length(config.hidden_size)
     writer.add_block_count(config.n_layers)
-    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_feed_forward_length(_one_or_per_layer([config.intermediate_size_of(i) for i in range(config.n_layers)]))
     writer.add_head_count(config.n_heads)
-    writer.add_head_count_kv(config.n_kv_heads)
-    writer.add_key_length(config.head_dim)
-    writer.add_value_length(config.head_dim)
+    writer.add_head_count_kv(_one_or_per_layer([config.kv_heads_of(i) for i in range(config.n_layers)]))
+    # The global layers' head size (llama.cpp's key_length_swa gives the others' where they differ).
+    writer.add_key_length(config.global_head_dim)
+    writer.add_value_length(config.global_head_dim)
     writer.add_rope_dimension_count(config.rope_dimensions)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_vocab_size(config.vocab_size)
@@ -447,7 +539,8 @@ def plan_tensors(checkpoint: Checkpoint, arch: Architecture) -> list[PlannedTens
             continue
         if config.tie_word_embeddings and ref.name == "lm_head.weight":
             continue  # the same matrix as the embeddings; llama.cpp reuses token_embd
-        groups.setdefault(EXPERT_INDEX.sub(".experts.", ref.name), []).append(ref)
+        name = ref.name + ".weight" if ref.name.endswith(arch.bare_tensors) else ref.name
+        groups.setdefault(EXPERT_INDEX.sub(".experts.", name), []).append(ref)
     planned = []
     for name, refs in groups.items():
         gguf_name = name_map.get_name(name, try_suffixes=(".weight", ".bias"))
@@ -456,7 +549,7 @@ def plan_tensors(checkpoint: Checkpoint, arch: Architecture) -> list[PlannedTens
                 f"tensor '{refs[0].name}' has no {arch.gguf_name} counterpart in llama.cpp; "
                 f"is this a plain {config.architecture} checkpoint?"
             )
-        if stacked := name != refs[0].name:
+        if stacked := EXPERT_INDEX.search(refs[0].name) is not None:
             refs = _stacking_order(refs)
         heads = rope_permuted_heads(arch, config, gguf_name)
         add = arch.norm_offset if gguf_name.endswith("norm.weight") else 0.0

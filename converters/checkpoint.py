@@ -7,6 +7,7 @@ uint16 and widened with a bit shift.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import mmap
@@ -42,7 +43,10 @@ MAX_HEADER_BYTES = 100 * 1024 * 1024
 # Optional config.json numbers the converters read (Gemma's soft-capping and attention scale).
 OPTIONAL_NUMBERS = ("final_logit_softcapping", "attn_logit_softcapping", "query_pre_attn_scalar")
 # RoPE settings the converters read as numbers.
-ROPE_NUMBERS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+ROPE_NUMBERS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings", "partial_rotary_factor")
+# What each RoPE scaling must give, beyond its base; the others need a `factor`.
+ROPE_NEEDS = {"longrope": ("long_factor", "short_factor"), "su": ("long_factor", "short_factor"),
+              "proportional": ("partial_rotary_factor",)}
 # One global layer in every this many, the others sliding-window, where a config.json lists no layer_types.
 GLOBAL_LAYER_EVERY = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 6, "Gemma3ForConditionalGeneration": 6}
 # transformers' max_window_layers when a Qwen config.json gives none.
@@ -76,7 +80,18 @@ WRAPPERS: dict[str, Wrapper] = {
         ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector."),
         "its vision tower and image projector",
     ),
+    # Gemma 4 exists in transformers 5's layout only; E2B and E4B also hear (an audio tower).
+    "Gemma4ForConditionalGeneration": Wrapper(
+        "text_config", "Gemma4TextConfig", (("model.language_model.", "model."),),
+        ("model.vision_tower.", "model.embed_vision.", "model.audio_tower.", "model.embed_audio."),
+        "its vision and audio towers and their projections",
+    ),
 }
+# Text models whose config.json transformers completes with defaults that shape the model (Gemma 4's
+# global head size and RoPE), filled in by the named config class as for a wrapper's text_config.
+FILLED_BY_TRANSFORMERS: dict[str, str] = {"Gemma4ForCausalLM": "Gemma4TextConfig"}
+# Per-layer overrides (transformers 5's `per_layer_config`) the converters read; any other is refused.
+PER_LAYER_KEYS = ("head_dim", "num_key_value_heads")
 
 
 def bf16_to_float32(raw: np.ndarray) -> np.ndarray:
@@ -98,8 +113,8 @@ class RopeSettings:
         extra = {k: v for k, v in values.items() if k not in ("rope_theta", "rope_type", "type")}
         rope = cls(float(values.get("rope_theta", default_theta)), str(scaling_type), extra)
         numbers = [rope.theta, *(extra[k] for k in ROPE_NUMBERS if k in extra)]
-        # LongRoPE (Phi-3, Phi-4 mini) gives per-dimension factors instead of one.
-        needed = ("long_factor", "short_factor") if scaling_type in LONGROPE_TYPES else ("factor",)
+        # LongRoPE (Phi-3, Phi-4 mini) gives per-dimension factors instead of one, proportional RoPE (Gemma 4) its share of the head.
+        needed = ROPE_NEEDS.get(str(scaling_type), ("factor",))
         if scaling_type != "default" and not all(key in extra for key in needed):
             raise ValueError(f"RoPE scaling '{scaling_type}' without {' and '.join(needed)}")
         if not all(isinstance(n, (int, float)) and not isinstance(n, bool) and math.isfinite(n) and n > 0 for n in numbers):
@@ -142,29 +157,51 @@ def _default_layer_types(read: ConfigReader, architecture: str, n_layers: int) -
     return ["sliding_attention" if i >= first else "full_attention" for i in range(n_layers)]
 
 
-def _text_config(config: dict[str, Any], wrapper: Wrapper, source: Path) -> dict[str, Any]:
-    """A wrapper's config.json as its text model's: the nested object, with the keys it omits
-    (Gemma 3 4B's gives only its sizes, and llama.cpp's converter reads them from transformers too) as
-    transformers' config class has them; the outer keys (name, dtype, tied embeddings) over those."""
-    text = config.get(wrapper.config_key)
-    if not isinstance(text, dict):
-        raise ModelError(f"{source} describes {config['architectures'][0]} but has no '{wrapper.config_key}' object; the config.json is corrupt")
+def _transformers_defaults(values: dict[str, Any], config_class: str, what: str, source: Path, architecture: str) -> dict[str, Any]:
+    """`values` as transformers' config class `config_class` completes them (llama.cpp's converter reads
+    configs through transformers too); `what` names the object in errors."""
     try:
         import transformers
     except ImportError:
         raise ModelError(
-            f"{source} describes {config['architectures'][0]}, whose '{wrapper.config_key}' omits settings that transformers "
-            "supplies: pip install 'localchat[convert]'"
+            f"{source} describes {architecture}, whose {what} omits settings that transformers supplies: pip install 'localchat[convert]'"
         ) from None
     from huggingface_hub.errors import StrictDataclassError  # what transformers 5's config classes raise on a bad field
 
-    try:
-        filled = getattr(transformers, wrapper.config_class)(**text).to_dict()
+    try:  # a copy: Gemma 4's class rewrites the lists it is given
+        return getattr(transformers, config_class)(**copy.deepcopy(values)).to_dict()
     except (TypeError, ValueError, KeyError, AttributeError, StrictDataclassError) as error:
         detail = " ".join(str(error).split())
-        raise ModelError(f"{source}: '{wrapper.config_key}' is malformed ({detail}); the config.json is corrupt") from None
+        raise ModelError(f"{source}: {what} is malformed ({detail}); the config.json is corrupt") from None
+
+
+def _text_config(config: dict[str, Any], wrapper: Wrapper, source: Path) -> dict[str, Any]:
+    """A wrapper's config.json as its text model's: the nested object, with the keys it omits
+    (Gemma 3 4B's gives only its sizes, and llama.cpp's converter reads them from transformers too) as
+    transformers' config class has them; the outer keys (name, dtype, tied embeddings) over those."""
+    architecture = config["architectures"][0]
+    text = config.get(wrapper.config_key)
+    if not isinstance(text, dict):
+        raise ModelError(f"{source} describes {architecture} but has no '{wrapper.config_key}' object; the config.json is corrupt")
+    filled = _transformers_defaults(text, wrapper.config_class, f"'{wrapper.config_key}'", source, architecture)
     outer = {k: v for k, v in config.items() if not k.endswith("_config")}
     return {**filled, **outer, **text}
+
+
+def _per_layer(read: ConfigReader, n_layers: int, key: str, default: int) -> tuple[int, ...]:
+    """One value of `key` per layer: transformers 5's sparse `per_layer_config` overrides over `default`."""
+    overrides = read.config.get("per_layer_config") or {}
+    if not isinstance(overrides, dict) or not all(isinstance(o, dict) for o in overrides.values()):
+        raise ModelError(f"{read.source}: 'per_layer_config' is not an object of per-layer objects; the config.json is corrupt")
+    values = [default] * n_layers
+    for layer, override in overrides.items():
+        if not str(layer).isdigit() or int(layer) >= n_layers:
+            raise ModelError(f"{read.source}: 'per_layer_config' names layer {layer!r} of {n_layers}; the config.json is corrupt")
+        if unknown := sorted(set(override) - set(PER_LAYER_KEYS)):
+            raise ModelError(f"{read.source}: 'per_layer_config' overrides {unknown[0]} in layer {layer}; localchat converts per-layer {' and '.join(PER_LAYER_KEYS)} only")
+        if key in override:
+            values[int(layer)] = ConfigReader(override, read.source).int(key)
+    return tuple(values)
 
 
 class ConfigReader:
@@ -221,10 +258,40 @@ class ModelConfig:
     n_experts_used: int = 0
     expert_intermediate_size: int = 0
     shared_expert_intermediate_size: int = 0
+    # Per layer where layers differ (Gemma 4: larger heads and fewer key/value heads in its global
+    # layers, double-wide MLPs in the layers that share keys and values); empty where all are alike.
+    layer_head_dims: tuple[int, ...] = ()
+    layer_kv_heads: tuple[int, ...] = ()
+    layer_intermediate_sizes: tuple[int, ...] = ()
+    # The last layers that attend with an earlier layer's keys and values, keeping none of their own (Gemma 4).
+    kv_shared_layers: int = 0
+    # Width of each layer's own token embedding (Gemma 4's per-layer inputs); 0 for none.
+    per_layer_input_size: int = 0
+
+    def head_dim_of(self, layer: int) -> int:
+        return self.layer_head_dims[layer] if self.layer_head_dims else self.head_dim
+
+    def kv_heads_of(self, layer: int) -> int:
+        return self.layer_kv_heads[layer] if self.layer_kv_heads else self.n_kv_heads
+
+    def intermediate_size_of(self, layer: int) -> int:
+        return self.layer_intermediate_sizes[layer] if self.layer_intermediate_sizes else self.intermediate_size
+
+    def has_kv(self, layer: int) -> bool:
+        """Whether the layer computes keys and values of its own."""
+        return layer < self.n_layers - self.kv_shared_layers
+
+    @property
+    def global_head_dim(self) -> int:
+        """Head size of the full-attention layers (Gemma 4's differs from its sliding-window layers')."""
+        return next((self.head_dim_of(i) for i, kind in enumerate(self.layer_types) if kind == "full_attention"), self.head_dim)
 
     @property
     def rope_dimensions(self) -> int:
-        """Dimensions of a head that RoPE rotates (Phi-4 mini rotates 3/4 of them)."""
+        """Dimensions of a head that RoPE rotates (Phi-4 mini rotates 3/4 of them). Proportional RoPE
+        (Gemma 4's global layers) spans the whole head, its unrotated pairs given zero frequencies."""
+        if self.rope.scaling_type == "proportional":
+            return self.global_head_dim
         factor = self.rope.scaling.get("partial_rotary_factor", self.raw.get("partial_rotary_factor", 1.0))
         return int(self.head_dim * factor)
 
@@ -239,6 +306,8 @@ class ModelConfig:
             raise ModelError(f"{source}: 'architectures' is {architectures!r}, expected a list of class names; the config.json is corrupt")
         if (wrapper := WRAPPERS.get(architectures[0])) is not None:
             config = _text_config(config, wrapper, source)
+        elif (config_class := FILLED_BY_TRANSFORMERS.get(architectures[0])) is not None:
+            config = {**_transformers_defaults(config, config_class, "config.json", source, architectures[0]), **config}
         # Mistral 3, Llama 4: the language model's sizes are nested beside a vision or audio part's.
         elif config.get("hidden_size") is None and isinstance(config.get("text_config"), dict):
             raise ModelError(
@@ -269,6 +338,17 @@ class ModelConfig:
         layer_types = config.get("layer_types") or _default_layer_types(read, architectures[0], n_layers)
         if not isinstance(layer_types, list) or len(layer_types) != n_layers or not all(isinstance(t, str) for t in layer_types):
             raise ModelError(f"{source}: 'layer_types' does not name one type for each of the {n_layers} layers; the config.json is corrupt")
+        head_dim = read.int("head_dim", hidden // n_heads)
+        kv_shared = read.int("num_kv_shared_layers", 0, minimum=0)
+        if kv_shared >= n_layers:
+            raise ModelError(f"{source}: num_kv_shared_layers {kv_shared} leaves none of the {n_layers} layers to compute keys and values; the config.json is corrupt")
+        intermediate = read.int("intermediate_size")
+        # Gemma 4's double-wide MLP widens the layers that share keys and values, as transformers builds them.
+        wide = 2 if config.get("use_double_wide_mlp") else 1
+        layer_head_dims = _per_layer(read, n_layers, "head_dim", head_dim)
+        layer_kv_heads = _per_layer(read, n_layers, "num_key_value_heads", n_kv_heads)
+        if bad := next((h for h in layer_kv_heads if n_heads % h), None):
+            raise ModelError(f"{source}: {n_heads} attention heads cannot share {bad} key/value heads evenly; the config.json is corrupt")
         return cls(
             architecture=architectures[0],
             vocab_size=read.int("vocab_size"),
@@ -276,8 +356,8 @@ class ModelConfig:
             n_layers=n_layers,
             n_heads=n_heads,
             n_kv_heads=n_kv_heads,
-            head_dim=read.int("head_dim", hidden // n_heads),
-            intermediate_size=read.int("intermediate_size"),
+            head_dim=head_dim,
+            intermediate_size=intermediate,
             rms_norm_eps=read.float("rms_norm_eps", 1e-6),
             context_length=read.int("max_position_embeddings", 0, minimum=0),
             rope=rope,
@@ -290,6 +370,12 @@ class ModelConfig:
             n_experts_used=n_experts_used,
             expert_intermediate_size=read.int("moe_intermediate_size", read.int("intermediate_size")) if n_experts else 0,
             shared_expert_intermediate_size=read.int("shared_expert_intermediate_size", 0, minimum=0) if n_experts else 0,
+            layer_head_dims=layer_head_dims if len(set(layer_head_dims)) > 1 else (),
+            layer_kv_heads=layer_kv_heads if len(set(layer_kv_heads)) > 1 else (),
+            layer_intermediate_sizes=tuple(intermediate * (wide if i >= n_layers - kv_shared else 1) for i in range(n_layers))
+            if wide > 1 and kv_shared else (),
+            kv_shared_layers=kv_shared,
+            per_layer_input_size=read.int("hidden_size_per_layer_input", 0, minimum=0),
         )
 
 
@@ -394,11 +480,13 @@ def read_json(path: Path) -> dict[str, Any]:
 
 
 # Tensors of the decoders localchat converts, by their name after "model.layers.N." for a layer's
-# (an expert's index written "*"): the shapes the config implies, any one of them.
-def expected_shapes(config: ModelConfig) -> dict[str, tuple[tuple[int, ...], ...]]:
-    hidden, ffn, vocab, head = config.hidden_size, config.intermediate_size, config.vocab_size, config.head_dim
-    q, kv = config.n_heads * head, config.n_kv_heads * head
+# (an expert's index written "*"): the shapes the config implies for layer `layer`, any one of them.
+def expected_shapes(config: ModelConfig, layer: int = 0) -> dict[str, tuple[tuple[int, ...], ...]]:
+    hidden, ffn, vocab = config.hidden_size, config.intermediate_size_of(layer), config.vocab_size
+    head = config.head_dim_of(layer)
+    q, kv = config.n_heads * head, config.kv_heads_of(layer) * head
     expert_ffn, shared_ffn = config.expert_intermediate_size, config.shared_expert_intermediate_size
+    per_layer = config.per_layer_input_size
     shapes: dict[str, tuple[int, ...] | tuple[tuple[int, ...], ...]] = {
         "model.embed_tokens.weight": (vocab, hidden),
         "lm_head.weight": (vocab, hidden),
@@ -422,6 +510,14 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[tuple[int, ...], ...
         "mlp.up_proj.weight": (ffn, hidden),
         "mlp.gate_up_proj.weight": (2 * ffn, hidden),
         "mlp.down_proj.weight": (hidden, ffn),
+        # Gemma 4: each layer's scale and its per-layer inputs (one embedding row of every layer's, per token).
+        "layer_scalar": (1,),
+        "per_layer_input_gate.weight": (per_layer, hidden),
+        "per_layer_projection.weight": (hidden, per_layer),
+        "post_per_layer_input_norm.weight": (hidden,),
+        "model.embed_tokens_per_layer.weight": (vocab, config.n_layers * per_layer),
+        "model.per_layer_model_projection.weight": (config.n_layers * per_layer, hidden),
+        "model.per_layer_projection_norm.weight": (per_layer,),
     }
     if config.n_experts:
         shapes |= {
@@ -457,9 +553,9 @@ def layer_key(name: str) -> tuple[int | None, str]:
 
 
 def _check_tensors(folder: Path, config: ModelConfig, tensors: dict[str, TensorRef]) -> None:
-    """Known tensors have the config's shapes and a float dtype; every layer has the same tensors.
-    Which tensors an architecture needs is its converter's to say."""
-    expected = expected_shapes(config)
+    """Known tensors have the config's shapes and a float dtype; layers of one kind (attention type, own
+    keys and values or not) have the same tensors. Which tensors an architecture needs is its converter's to say."""
+    shapes = [expected_shapes(config, layer) for layer in range(max(config.n_layers, 1))]
     layers: dict[int, set[str]] = {i: set() for i in range(config.n_layers)}
     for name, ref in tensors.items():
         index, key = layer_key(name)
@@ -471,6 +567,7 @@ def _check_tensors(folder: Path, config: ModelConfig, tensors: dict[str, TensorR
             if int(expert[1]) >= config.n_experts:
                 raise ModelError(f"{folder} has tensor '{name}' but config.json says {config.n_experts} experts; the checkpoint is inconsistent")
             key = EXPERT_INDEX.sub(".experts.*.", key)
+        expected = shapes[index or 0]
         if key not in expected:
             continue  # the converters refuse or ignore tensors they do not know
         if ref.dtype not in FLOAT_DTYPES:
@@ -483,8 +580,9 @@ def _check_tensors(folder: Path, config: ModelConfig, tensors: dict[str, TensorR
             )
     if "model.embed_tokens.weight" not in tensors:
         raise ModelError(f"{folder} has no token embeddings (model.embed_tokens.weight); are all weight files there?")
-    first = layers.get(0, set())
+    first_of_kind: dict[tuple[str, bool], set[str]] = {}
     for index, names in layers.items():
+        first = first_of_kind.setdefault((config.layer_types[index], config.has_kv(index)), names)
         if missing := sorted(first - names):
             raise ModelError(f"{folder} lacks {LAYER_PREFIX}{index}.{missing[0]}; are all weight files there?")
 

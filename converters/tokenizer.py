@@ -12,7 +12,7 @@ pre-tokenizer regex, which must be one llama.cpp implements.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gguf import GGUFWriter, SpecialVocab, TokenType
@@ -41,6 +41,11 @@ GPT2_PRE_TOKENIZER = "gpt-2"
 ACCEPTED_NORMALIZERS = (None, "NFC")
 # JSON files gguf's SpecialVocab reads (with json.load, which would raise a traceback).
 SPECIAL_VOCAB_FILES = ("tokenizer.json", "tokenizer_config.json", "config.json", "chat_template.json")
+# Gemma 4's markers of reasoning, tool calls and quoted strings: special tokens that llama.cpp's converter
+# makes USER_DEFINED, so that they are always rendered and the chat parser reads them.
+GEMMA4_VISIBLE_TOKENS = frozenset({"<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", "<|tool_response>", "<tool_response|>", '<|"|>'})
+# Tokenizer models (tokenizer.ggml.model) that merge by BPE ranks: their merges go into the GGUF.
+MERGING_MODELS = ("gpt2", "gemma4")
 # SentencePiece's stand-in for a space, and its byte-fallback pieces.
 SPM_SPACE = "\u2581"
 BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
@@ -54,7 +59,7 @@ class TokenizerError(ModelError):
 class Vocabulary:
     """Tokens in id order, as llama.cpp wants them."""
 
-    model: str  # tokenizer.ggml.model: "gpt2" or "llama"
+    model: str  # tokenizer.ggml.model: "gpt2", "llama" or "gemma4"
     pre: str  # tokenizer.ggml.pre
     tokens: list[str]
     types: list[int]
@@ -227,6 +232,14 @@ def _spm_bpe_vocabulary(tokenizer_json: dict[str, Any], n_vocab: int) -> Vocabul
     )
 
 
+def _gemma4_vocabulary(tokenizer_json: dict[str, Any], n_vocab: int) -> Vocabulary:
+    """Gemma 4's SentencePiece-style BPE as llama.cpp's "gemma4" model, which merges by rank over "▁"-spaced
+    text (its merges come from tokenizer.json); the chat markers visible."""
+    vocab = _spm_bpe_vocabulary(tokenizer_json, n_vocab)
+    types = [int(TokenType.USER_DEFINED) if token in GEMMA4_VISIBLE_TOKENS else kind for token, kind in zip(vocab.tokens, vocab.types)]
+    return replace(vocab, model="gemma4", pre="gemma4", types=types)
+
+
 def _in_id_order(by_id: dict[int, tuple[str, int]], n_vocab: int, **fields: Any) -> Vocabulary:
     if not by_id:
         raise TokenizerError("the tokenizer has no tokens; download the model's tokenizer files again")
@@ -278,9 +291,16 @@ def _sentencepiece_vocabulary(checkpoint: Checkpoint, n_vocab: int) -> Vocabular
     )
 
 
-def read_vocabulary(checkpoint: Checkpoint, n_vocab: int) -> Vocabulary:
-    """The checkpoint's tokenizer: tokenizer.model if present (as llama.cpp prefers), else tokenizer.json."""
+def read_vocabulary(checkpoint: Checkpoint, n_vocab: int, model_name: str | None = None) -> Vocabulary:
+    """The checkpoint's tokenizer: tokenizer.model if present (as llama.cpp prefers), else tokenizer.json;
+    as llama.cpp's tokenizer model `model_name` where the architecture has its own (Gemma 4's)."""
     folder = checkpoint.folder
+    if model_name == "gemma4":
+        tokenizer_json = checkpoint.json_file("tokenizer.json") or {}
+        model = tokenizer_json.get("model")
+        if not isinstance(model, dict) or model.get("type") != "BPE" or not model.get("byte_fallback"):
+            raise TokenizerError(f"{folder} has no Gemma 4 tokenizer.json (a BPE with byte fallback); download the model's tokenizer files")
+        return _gemma4_vocabulary(tokenizer_json, n_vocab)
     if (folder / "tokenizer.model").is_file():
         return _sentencepiece_vocabulary(checkpoint, n_vocab)
     tokenizer_json = checkpoint.json_file("tokenizer.json")
@@ -302,9 +322,9 @@ def _end_of_turn_ids(checkpoint: Checkpoint, eos_id: int | None, n_vocab: int) -
     return [i for i in ids if isinstance(i, int) and not isinstance(i, bool) and 0 <= i < n_vocab and i != eos_id]
 
 
-def add_tokenizer(writer: GGUFWriter, checkpoint: Checkpoint, n_vocab: int) -> Vocabulary:
-    """Write the tokenizer keys; returns the vocabulary written."""
-    vocab = read_vocabulary(checkpoint, n_vocab)
+def add_tokenizer(writer: GGUFWriter, checkpoint: Checkpoint, n_vocab: int, model_name: str | None = None) -> Vocabulary:
+    """Write the tokenizer keys (as llama.cpp's tokenizer model `model_name`, if given); returns the vocabulary written."""
+    vocab = read_vocabulary(checkpoint, n_vocab, model_name)
     writer.add_tokenizer_model(vocab.model)
     writer.add_tokenizer_pre(vocab.pre)
     writer.add_token_list(vocab.tokens)
@@ -316,12 +336,12 @@ def add_tokenizer(writer: GGUFWriter, checkpoint: Checkpoint, n_vocab: int) -> V
     for name in SPECIAL_VOCAB_FILES:
         checkpoint.json_file(name)  # a corrupt one is a ModelError naming it, before gguf reads it
     try:
-        special = SpecialVocab(checkpoint.folder, load_merges=vocab.model == "gpt2", n_vocab=n_vocab)
+        special = SpecialVocab(checkpoint.folder, load_merges=vocab.model in MERGING_MODELS, n_vocab=n_vocab)
     except (ValueError, TypeError, AttributeError, KeyError) as error:  # gguf's ad-hoc parsing of these files
         raise TokenizerError(
             f"{checkpoint.folder}'s tokenizer files have a malformed entry ({error}); download tokenizer_config.json and tokenizer.json again"
         ) from None
-    if vocab.model == "gpt2" and not special.merges:
+    if vocab.model in MERGING_MODELS and not special.merges:
         raise TokenizerError(f"{checkpoint.folder}/tokenizer.json has no BPE merges; download the model's tokenizer again")
     special.add_to_gguf(writer, quiet=True)
     eot = _end_of_turn_ids(checkpoint, special.special_token_ids.get("eos"), n_vocab)

@@ -4,6 +4,7 @@ PEFT LoRA adapters on some, and Gemma 3 270M (a pytest plugin loaded by tests/co
 from __future__ import annotations
 
 import importlib.resources
+import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -71,6 +72,15 @@ def _randomize(model, seed: int) -> None:
             parameter.copy_(parameter.half().float())
 
 
+def _randomize_layer_scalars(model, seed: int) -> None:
+    """Gemma 4's per-layer output scales (buffers, saved with the weights) off their 1 default, as trained ones are."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if name.endswith("layer_scalar"):
+                buffer.copy_((0.5 + torch.rand(buffer.shape, generator=generator)).half().float())
+
+
 TINY_SIZES = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048)
 # Mixtures of experts 256 wide, so that llama.cpp's K-quants (blocks of 256) apply to the experts' rows.
 TINY_MOE_SIZES = dict(TINY_SIZES, hidden_size=256, intermediate_size=256, num_experts_per_tok=2)
@@ -79,6 +89,13 @@ TINY_EXPERTS = 4
 # beyond the tests' contexts, so llama.cpp and transformers both take the short factors.
 TINY_LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
                  "long_factor": [1.0 + i / 4 for i in range(6)], "short_factor": [1.0 + i / 8 for i in range(6)]}
+
+
+# Gemma 4's two attention types, with different RoPE, and its global layers' proportional RoPE (a quarter of each head turns).
+GEMMA4_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+               "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0}}
+# Gemma's special token ids (its tokenizer's <pad>, <eos>, <bos>).
+GEMMA_TOKEN_IDS = dict(pad_token_id=0, eos_token_id=1, bos_token_id=2)
 
 
 def _tiny_configs(vocab_size: int) -> dict[str, Callable[[], object]]:
@@ -115,6 +132,27 @@ def _tiny_configs(vocab_size: int) -> dict[str, Callable[[], object]]:
                 hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=14
             ).to_dict(),
             mm_tokens_per_image=4,
+        ),
+        # Gemma 4 E2B's kind: sliding-window heads half the global layers' (16, 32), the last two layers
+        # reusing the keys and values of the two before them with double-wide MLPs, per-layer inputs, soft-capped logits.
+        "gemma4": lambda: transformers.Gemma4TextConfig(
+            **dict(common, num_hidden_layers=5, **GEMMA_TOKEN_IDS), head_dim=16, global_head_dim=32, sliding_window=TINY_SLIDING_WINDOW,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+            num_kv_shared_layers=2, use_double_wide_mlp=True, hidden_size_per_layer_input=8, vocab_size_per_layer_input=vocab_size,
+            final_logit_softcapping=30.0, rope_parameters=GEMMA4_ROPE,
+        ),
+        # Gemma 4 31B's kind, with a (tiny) vision tower: global layers with one key/value head whose values are
+        # its keys (attention_k_eq_v), no per-layer inputs, images attended both ways (text is causal).
+        "gemma4-vision": lambda: transformers.Gemma4Config(
+            text_config=dict(
+                common, num_hidden_layers=4, **GEMMA_TOKEN_IDS, head_dim=16, global_head_dim=32, num_global_key_value_heads=1,
+                attention_k_eq_v=True, sliding_window=TINY_SLIDING_WINDOW, hidden_size_per_layer_input=0,
+                layer_types=["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+                use_bidirectional_attention="vision", rope_parameters=GEMMA4_ROPE,
+            ),
+            vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                               head_dim=8, patch_size=4, position_embedding_size=64, pooling_kernel_size=2),
+            audio_config=None,
         ),
         "phi3": lambda: transformers.Phi3Config(**common, pad_token_id=None),
         "phi4-mini": lambda: transformers.Phi3Config(
@@ -157,6 +195,27 @@ TINY_TOKENIZER_REGEX = {"llama": LLAMA3_REGEX, "llama-attention-bias": LLAMA3_RE
                         "olmo2": None, "mixtral": None, "qwen2moe": QWEN2_REGEX, "qwen3moe": QWEN2_REGEX, "olmoe": None}
 
 
+# Gemma 4's tokenizer is Gemma 3's kind (a SentencePiece-style BPE in tokenizer.json) with chat markers of its
+# own: the tests' is Gemma 3's, some of its unused tokens renamed to those markers.
+GEMMA4_MARKERS = {"<unused0>": "<|channel>", "<unused1>": "<channel|>", "<unused2>": "<|tool_call>", "<unused3>": "<tool_call|>",
+                  "<unused4>": '<|"|>'}
+
+
+def gemma4_tokenizer_files(gemma3: Path, folder: Path) -> None:
+    """Gemma 3's tokenizer.json and tokenizer_config.json with Gemma 4's markers, into `folder` (no tokenizer.model: Gemma 4 has none)."""
+    tokenizer = json.loads((gemma3 / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab = tokenizer["model"]["vocab"]
+    for old, new in GEMMA4_MARKERS.items():
+        vocab[new] = vocab.pop(old)
+    for entry in tokenizer["added_tokens"]:
+        entry["content"] = GEMMA4_MARKERS.get(entry["content"], entry["content"])
+    settings = json.loads((gemma3 / "tokenizer_config.json").read_text(encoding="utf-8"))
+    for entry in settings.get("added_tokens_decoder", {}).values():
+        entry["content"] = GEMMA4_MARKERS.get(entry["content"], entry["content"])
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False), encoding="utf-8")
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings, ensure_ascii=False), encoding="utf-8")
+
+
 @pytest.fixture(scope="session")
 def reference_stack() -> None:
     """Skips a test unless torch and transformers (the `convert` extra) are installed."""
@@ -182,7 +241,12 @@ def tiny_checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.Tem
         if name in made:
             return made[name]
         folder = tmp_path_factory.mktemp(f"tiny-{name}")
-        if name in ("gemma3", "gemma3-vision"):
+        gemma4 = name in ("gemma4", "gemma4-vision")
+        if gemma4:
+            gemma4_tokenizer_files(request.getfixturevalue("gemma_checkpoint"), folder)
+            tokenizer = None
+            vocab_size = 262144
+        elif name in ("gemma3", "gemma3-vision"):
             # Gemma's own SentencePiece tokenizer, with a 262k-row embedding to match it.
             gemma_checkpoint = request.getfixturevalue("gemma_checkpoint")
             tokenizer = transformers.AutoTokenizer.from_pretrained(gemma_checkpoint)
@@ -195,10 +259,13 @@ def tiny_checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.Tem
         torch.manual_seed(0)
         model = transformers.AutoModelForCausalLM.from_config(config)
         _randomize(model, seed=TINY_SEEDS.get(name, len(made)))
-        if name in ("gemma3", "gemma3-vision"):
+        if gemma4:
+            _randomize_layer_scalars(model, seed=TINY_SEEDS.get(name, len(made)))
+        if gemma4 or name in ("gemma3", "gemma3-vision"):
             model = model.to(torch.bfloat16)  # as Google ships it; bf16 -> f16 is exact
         model.save_pretrained(folder)
-        tokenizer.save_pretrained(folder)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(folder)
         made[name] = folder
         return folder
 

@@ -42,7 +42,7 @@ def reference_run(checkpoint: Path) -> ReferenceRun:
     import torch
 
     reference = ReferenceModel(checkpoint)
-    bos = [int(reference.model.config.bos_token_id)]
+    bos = [int(reference.model.config.get_text_config().bos_token_id)]
     prompt = bos + reference_tokenize(checkpoint, verify_text().splitlines()[0])
     tokens, gaps = [], []
     with torch.inference_mode():
