@@ -86,8 +86,8 @@ class BenchResult:
     shipped_sampler: str
     ttft_turns_reuse: tuple[float, ...]
     ttft_turns_cold: tuple[float, ...]
-    # None for a model with a recurrent state, which restores a saved state only whole (Backend.rewinds):
-    # the hit shares the saved chat's system prompt alone.
+    # None for a model whose saved states are restored whole alone (a recurrent state, sliding-window
+    # layers: Backend.saved_states_rewind): the hit shares the saved chat's system prompt alone.
     prefix_hit_ttft: float | None
     prefix_cold_ttft: float | None
     prefix_restored: bool  # the hit restored the saved state (else computing was measured faster)
@@ -183,8 +183,9 @@ def measure_turns(engine: Engine) -> tuple[list[float], list[float]]:
 def measure_prefix_cache(engine: Engine) -> tuple[float | None, float | None, bool]:
     """TTFT of a new chat sharing a ~1k-token system prompt with an earlier, since displaced, chat
     (a prefix-cache hit, restored unless computing is measured faster), and of the same chat with
-    nothing cached; and whether the hit was restored. None for a backend that does not rewind."""
-    if not engine.backend.rewinds:
+    nothing cached; and whether the hit was restored. None where saved states are restored whole alone
+    (Backend.saved_states_rewind)."""
+    if not engine.backend.saved_states_rewind:
         return None, None, False
     system = _text_of_tokens(engine, PREFIX_SYSTEM_TOKENS)
     session = engine.sessions[0]

@@ -316,8 +316,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def _prefix_cache_rows(result: BenchResult) -> list[tuple[str, str]]:
     hit, cold = result.prefix_hit_ttft, result.prefix_cold_ttft
     if hit is None or cold is None:
-        return [("prefix-cache hit TTFT", "not measured: the model keeps a recurrent state, restored only whole, "
-                                          "and the hit shares a system prompt alone")]
+        return [("prefix-cache hit TTFT", "not measured: the model's saved states are restored whole alone (a recurrent "
+                                          "state, sliding-window layers), and the hit shares a system prompt alone")]
     return [("prefix-cache hit TTFT", f"{hit * 1000:.0f} ms"
                                       f"{'' if result.prefix_restored else ' (computed: measured faster than restoring)'}"),
             ("prefix cold TTFT", f"{cold * 1000:.0f} ms"),

@@ -189,7 +189,7 @@ class Session:
 
     def save_live_state(self) -> None:
         """Keep what the sequence holds in the prefix cache (when long enough and not there yet)."""
-        cache, variant, rewinds = self.prefix_cache, self._variant, self.backend.rewinds
+        cache, variant, rewinds = self.prefix_cache, self._variant, self.backend.saved_states_rewind
         if cache is not None and len(self.tokens) >= MIN_SAVE_TOKENS and not cache.covers(self.tokens, variant, exactly=not rewinds):
             # An evaluation interrupted after llama_decode (Ctrl-C) leaves positions that
             # `tokens` does not list; a state saved with them would not restore.
@@ -220,8 +220,8 @@ class Session:
         restored = 0
         cache = self.prefix_cache
         match = cache.longest_match(prompt, self._variant) if cache is not None else None
-        if match is not None and not self.backend.rewinds and not match.length == len(match.tokens) < len(prompt):
-            match = None  # a recurrent state is taken whole, short of the prompt's last token, or not at all
+        if match is not None and not self.backend.saved_states_rewind and not match.length == len(match.tokens) < len(prompt):
+            match = None  # taken whole, short of the prompt's last token, or not at all (Backend.saved_states_rewind)
         if cache is not None and match is not None and match.length > live \
                 and not cache.costs.restore_pays(match.state_bytes, match.length - live):
             cache.skipped += 1

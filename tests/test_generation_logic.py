@@ -29,6 +29,7 @@ class ScriptedBackend:
     name = "scripted"
     even_rows = False
     rewinds = True
+    saved_states_rewind = True
     first_shape_steps = 0.0
     n_seq = 1
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from checkpoint_fixtures import TINY_SLIDING_WINDOW
 from kv_layout_models import deepseek2_mla, qwen35_hybrid, write_tiny_model
 
 from localchat.backends.llamacpp import LlamaCppBackend
@@ -33,25 +34,26 @@ TINY_MODELS: dict[str, Callable[[], tuple[dict[str, object], dict[str, tuple[int
 STATE_HEADER_BYTES_MOST = 256
 
 
-def saved_state(model: Path) -> tuple[ModelFacts, float, float]:
+def saved_state(model: Path, first: int = 16, last: int = 64) -> tuple[ModelFacts, float, float]:
     """The planner's facts of `model`, how much llama.cpp's saved state of a sequence grows per token
-    from 16 tokens to 64, on the context the plan makes, and what it holds beside its tokens' rows."""
+    from `first` tokens to `last`, on the context the plan makes, and what it holds beside its tokens' rows.
+    A sliding-window layer's state holds its window's tokens alone, though the cache keeps room for all."""
     model_plan = plan_model(str(model), Settings(prefix_cache_disk_bytes=0), PlanRequest(n_ctx=256, n_threads=2))
     backend = LlamaCppBackend(open_model(model, model_plan.plan.load_params))
     try:
-        tokens = list(range(10, 74))
-        backend.evaluate(0, tokens[:16], 0)
+        tokens = list(range(10, 10 + last))
+        backend.evaluate(0, tokens[:first], 0)
         before = len(backend.save_state(0))
-        backend.evaluate(0, tokens[16:], 16)
-        growth = (len(backend.save_state(0)) - before) / 48
+        backend.evaluate(0, tokens[first:], first)
+        growth = (len(backend.save_state(0)) - before) / (last - first)
     finally:
         backend.close()
-    return model_plan.facts, growth, before - 16 * growth
+    return model_plan.facts, growth, before - first * growth
 
 
-def state_bytes_per_token(model: Path) -> tuple[int, float]:
+def state_bytes_per_token(model: Path, first: int = 16, last: int = 64) -> tuple[int, float]:
     """The planner's KV bytes per token for `model`, and what llama.cpp keeps per token (`saved_state`)."""
-    facts, growth, _ = saved_state(model)
+    facts, growth, _ = saved_state(model, first, last)
     return facts.kv_bytes_per_token, growth
 
 
@@ -169,3 +171,21 @@ def test_a_damaged_layout_is_one_line(architecture: str, keys: dict[str, Any], n
     damaged = header(architecture, 8, **keys)
     with pytest.raises(ModelError, match=f"invalid '{architecture}.[a-z_.]*{named}'"):
         gguf_facts(damaged)
+
+
+@pytest.mark.parametrize(("name", "counted"), [
+    # 5 layers, the last 2 reading the keys and values of those before them: 2 sliding layers of 2 KV heads of
+    # 16 and a full one of 32 keep their own.
+    ("gemma4", (2 * 2 * (16 + 16) + 2 * (32 + 32)) * 2),
+    # 3 sliding layers of 2 KV heads of 16, and a full one of 1 KV head of 32 whose values are its keys (both kept).
+    ("gemma4-vision", (3 * 2 * (16 + 16) + 1 * (32 + 32)) * 2),
+])
+def test_gemma4_keeps_what_the_planner_counts(name: str, counted: int, tiny_checkpoint: Callable[[str], Path],
+                                              tmp_path: Path) -> None:
+    """Tiny Gemma 4 checkpoints converted by localchat, in real llama.cpp, within their sliding window of 8."""
+    from localchat.converters.gguf import convert_checkpoint
+
+    model = convert_checkpoint(tiny_checkpoint(name), tmp_path / f"{name}.gguf", "f32", threads=2).output
+    planned, kept = state_bytes_per_token(model, 2, TINY_SLIDING_WINDOW)
+    assert planned == counted
+    assert counted <= kept <= counted + CELL_BYTES_MOST

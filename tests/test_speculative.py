@@ -84,6 +84,7 @@ class MarkovBackend:
     name = "markov"
     even_rows = False
     rewinds = True
+    saved_states_rewind = True
     first_shape_steps = 0.0
     n_seq = 1
     n_ctx = 256

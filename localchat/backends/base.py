@@ -346,6 +346,10 @@ class Backend(Protocol):
     # position to go back to, and can only be cleared: such a model drafts nothing, and a prompt that
     # does not continue what its sequence holds is evaluated again whole (or from a saved state).
     rewinds: bool
+    # Whether a state restored from `save_state` can be cut back like a live sequence: llama.cpp saves
+    # a sliding-window layer's last window of positions alone (Gemma 2 and 3, gpt-oss), which cut back
+    # lacks the positions before it. Such a state is restored whole, or not at all.
+    saved_states_rewind: bool
 
     def new_shapes(self, rows: np.ndarray) -> np.ndarray:
         """For each count in `rows`: whether the context has yet to evaluate a step of that many rows,

@@ -168,6 +168,7 @@ class LlamaCppBackend:
         self.n_seq = opened.load.n_seq
         model = opened.model.pointer
         self.rewinds = not (llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model))
+        self.saved_states_rewind = self.rewinds and llama_cpp.llama_model_n_swa(model) == 0
         # The CPU kernels take longer for an odd count of rows with logits than for one more, whether
         # the rows are one sequence's draft or a batch of sequences (benchmarks/speculative.py
         # --step-cost; default model, AMD EPYC, 2 threads: 3 tokens 60 ms, 4 tokens 51; 9 tokens 108,

@@ -154,6 +154,7 @@ class OnnxBackend:
     name = "onnxruntime"
     even_rows = False
     rewinds = True  # its KV cache is arrays of K and V rows, cut at any position
+    saved_states_rewind = True
     # Not measured on onnxruntime's GPU providers; on a CPU a new count of rows costs nothing more.
     first_shape_steps = 0.0
 

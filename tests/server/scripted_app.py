@@ -69,6 +69,7 @@ class ScriptedBackend:
     name: str = "scripted"
     even_rows: bool = False
     rewinds: bool = True
+    saved_states_rewind: bool = True
     first_shape_steps: float = 0.0
     replies: deque[str] = field(default_factory=deque)
     prompts: list[str] = field(default_factory=list)
