@@ -1,16 +1,24 @@
 """transformers as the reference for llama.cpp's greedy tokens: its continuation of the verify text's
-first line, with the gap between its top two logits at each step, compared up to its first near tie."""
+first line, with the gap between its top two logits at each step, compared up to its first near tie; and
+the checks every converted family takes (it runs like transformers, a setting llama.cpp runs otherwise is refused)."""
 
 from __future__ import annotations
 
+import json
+import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 import numpy as np
+import pytest
 
-from localchat.converters.verify import ReferenceModel, reference_tokenize, verify_text
+from localchat.backends.base import TokenScores
+from localchat.converters.gguf import convert_checkpoint
+from localchat.converters.verify import BOUNDS, ReferenceModel, greedy_continuation, reference_tokenize, verify_text
 from localchat.engine import Engine
+from localchat.errors import ModelError
 from localchat.planner import PlanRequest
 from localchat.settings import Settings
 
@@ -73,3 +81,33 @@ def logprob_distance(a: np.ndarray, b: np.ndarray) -> float:
 def load(path: Path, **kwargs: object) -> Engine:
     """A converted model in llama.cpp, as the comparisons run it."""
     return Engine.load(str(path), Settings(prefix_cache_disk_bytes=0), PlanRequest(n_ctx=CONTEXT, n_threads=2), **kwargs)
+
+
+def converted_runs_like_transformers(checkpoint: Path, output: Path, quant: str) -> tuple[ReferenceRun, TokenScores]:
+    """`checkpoint` converted to `output` at `quant` and run by llama.cpp: its tokenizer as transformers', its
+    greedy tokens as transformers' up to the first near tie, its perplexity within the type's bounds. Returns
+    transformers' run and llama.cpp's scores of the text, for a closer look."""
+    convert_checkpoint(checkpoint, output, quant, threads=2)
+    reference = reference_run(checkpoint)
+    with load(output) as engine:
+        backend = engine.backend
+        assert backend.tokenize(verify_text(), add_bos=False, special=False) == reference.text_tokens[1:]
+        ours = greedy_continuation(backend, reference.prompt, GREEDY_TOKENS)
+        scores = backend.score(0, reference.text_tokens)
+    compared_until_near_tie(reference, ours)
+    assert abs(scores.perplexity / reference.perplexity - 1) <= BOUNDS[quant].perplexity, (scores.perplexity, reference.perplexity)
+    return reference, scores
+
+
+def assert_conversion_refused(checkpoint: Path, edit: Callable[[dict], None], message: str, tmp_path: Path) -> None:
+    """A copy of `checkpoint` with its config.json edited by `edit` is refused in one line matching `message`,
+    leaving no output file."""
+    folder = tmp_path / checkpoint.name
+    shutil.copytree(checkpoint, folder)
+    config = json.loads((folder / "config.json").read_text())
+    edit(config)
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelError, match=message) as raised:
+        convert_checkpoint(folder, tmp_path / "out.gguf", "f16", threads=2)
+    assert "\n" not in str(raised.value)
+    assert not list(tmp_path.glob("out.gguf*"))

@@ -14,10 +14,8 @@ import pytest
 from gguf import GGUFReader, TokenType
 
 from checkpoint_fixtures import GEMMA4_MARKERS
-from greedy_reference import GREEDY_TOKENS, compared_until_near_tie, load, logprob_distance, reference_run
+from greedy_reference import assert_conversion_refused, converted_runs_like_transformers, load, logprob_distance
 from localchat.converters.gguf import convert_checkpoint
-from localchat.converters.verify import BOUNDS, greedy_continuation, verify_text
-from localchat.errors import ModelError
 
 GEMMA4 = ("gemma4", "gemma4-vision")
 
@@ -29,30 +27,10 @@ def _field(reader: GGUFReader, key: str) -> object:
 @pytest.mark.parametrize("quant", ["f32", "f16"])
 @pytest.mark.parametrize("name", GEMMA4)
 def test_gemma4_greedy_and_logprobs_equal_transformers(name: str, quant: str, tiny_checkpoint: Callable[[str], Path], tmp_path: Path) -> None:
-    checkpoint = tiny_checkpoint(name)
-    output = convert_checkpoint(checkpoint, tmp_path / f"{name}.gguf", quant, threads=2).output
-    reference = reference_run(checkpoint)
-    with load(output) as engine:
-        backend = engine.backend
-        assert backend.tokenize(verify_text(), add_bos=False, special=False) == reference.text_tokens[1:]
-        ours = greedy_continuation(backend, reference.prompt, GREEDY_TOKENS)
-        scores = backend.score(0, reference.text_tokens)
-    compared_until_near_tie(reference, ours)
-    assert abs(scores.perplexity / reference.perplexity - 1) <= BOUNDS[quant].perplexity
+    """Its quantized kinds answer as the other families' (test_more_families.py)."""
+    reference, scores = converted_runs_like_transformers(tiny_checkpoint(name), tmp_path / f"{name}.gguf", quant)
     # Per token, not only on average: every layer kind (shared, global, sliding past its window) is in the text.
     assert logprob_distance(np.asarray(scores.logprobs), reference.logprobs) < 0.01
-
-
-@pytest.mark.parametrize("quant", ["q8_0", "q4_k_m"])
-def test_gemma4_quantized_loads_and_answers(quant: str, tiny_checkpoint: Callable[[str], Path], tmp_path: Path) -> None:
-    checkpoint = tiny_checkpoint("gemma4")
-    output = convert_checkpoint(checkpoint, tmp_path / f"gemma4-{quant}.gguf", quant, threads=2).output
-    reference = reference_run(checkpoint)
-    with load(output) as engine:
-        answer = greedy_continuation(engine.backend, reference.prompt, GREEDY_TOKENS)
-        perplexity = engine.backend.score(0, reference.text_tokens).perplexity
-    assert len(answer) == GREEDY_TOKENS and all(0 <= token < engine.backend.info.n_vocab for token in answer)
-    assert abs(perplexity / reference.perplexity - 1) <= BOUNDS[quant].perplexity, (perplexity, reference.perplexity)
 
 
 # The keys llama.cpp's converter writes for these checkpoints (conversion/gemma.py, Gemma4Model), and the
@@ -168,16 +146,7 @@ REFUSED: dict[str, tuple[Callable[[dict], None], str]] = {
 
 @pytest.mark.parametrize("case", REFUSED)
 def test_gemma4_checkpoint_llama_cpp_would_run_differently_is_refused(case: str, tiny_checkpoint: Callable[[str], Path], tmp_path: Path) -> None:
-    edit, message = REFUSED[case]
-    folder = tmp_path / "gemma4"
-    shutil.copytree(tiny_checkpoint("gemma4"), folder)
-    config = json.loads((folder / "config.json").read_text())
-    edit(config)
-    (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ModelError, match=message) as raised:
-        convert_checkpoint(folder, tmp_path / "out.gguf", "f16", threads=2)
-    assert "\n" not in str(raised.value)
-    assert not list(tmp_path.glob("out.gguf*"))
+    assert_conversion_refused(tiny_checkpoint("gemma4"), *REFUSED[case], tmp_path)
 
 
 # A config.json in the shape Google ships Gemma 4 E2B: global_head_dim instead of per_layer_config, the text

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from checkpoint_fixtures import TINY_EXPERTS, TINY_MORE_FAMILIES, TINY_MOE
-from greedy_reference import GREEDY_TOKENS, compared_until_near_tie, load, reference_run
+from greedy_reference import GREEDY_TOKENS, assert_conversion_refused, converted_runs_like_transformers, load, reference_run
 from localchat.converters.gguf import convert_checkpoint
 from localchat.converters.verify import BOUNDS, ReferenceModel, greedy_continuation, verify_text
 from localchat.errors import ModelError
@@ -50,20 +50,11 @@ K_QUANTS = (12, 14)
 def test_family_greedy_and_tokens_equal_transformers(
     name: str, quant: str, tiny_checkpoint: Callable[[str], Path], tmp_path: Path
 ) -> None:
-    checkpoint = tiny_checkpoint(name)
-    output = convert_checkpoint(checkpoint, tmp_path / f"{name}.gguf", quant, threads=2).output
-    reference = reference_run(checkpoint)
-    with load(output) as engine:
-        backend = engine.backend
-        assert backend.tokenize(verify_text(), add_bos=False, special=False) == reference.text_tokens[1:]
-        ours = greedy_continuation(backend, reference.prompt, GREEDY_TOKENS)
-        perplexity = backend.score(0, reference.text_tokens).perplexity
-    compared_until_near_tie(reference, ours)
-    assert abs(perplexity / reference.perplexity - 1) <= BOUNDS[quant].perplexity
+    converted_runs_like_transformers(tiny_checkpoint(name), tmp_path / f"{name}.gguf", quant)
 
 
 @pytest.mark.parametrize("quant", ["q8_0", "q4_k_m"])
-@pytest.mark.parametrize("name", TINY_MORE_FAMILIES)
+@pytest.mark.parametrize("name", [*TINY_MORE_FAMILIES, "gemma4"])
 def test_family_quantized_loads_and_answers(name: str, quant: str, tiny_checkpoint: Callable[[str], Path], tmp_path: Path) -> None:
     checkpoint = tiny_checkpoint(name)
     output = convert_checkpoint(checkpoint, tmp_path / f"{name}-{quant}.gguf", quant, threads=2).output
@@ -155,15 +146,7 @@ def test_checkpoint_llama_cpp_would_run_differently_is_refused(
     case: str, tiny_checkpoint: Callable[[str], Path], tmp_path: Path
 ) -> None:
     name, edit, message = REFUSED[case]
-    folder = tmp_path / name
-    shutil.copytree(tiny_checkpoint(name), folder)
-    config = json.loads((folder / "config.json").read_text())
-    edit(config)
-    (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ModelError, match=message) as raised:
-        convert_checkpoint(folder, tmp_path / "out.gguf", "f16", threads=2)
-    assert "\n" not in str(raised.value)
-    assert not list(tmp_path.glob("out.gguf*"))
+    assert_conversion_refused(tiny_checkpoint(name), edit, message, tmp_path)
 
 
 # save_pretrained writes an image-reading Gemma 3's text model under "language_model.model." (transformers
