@@ -197,13 +197,21 @@ class PrefixCache:
 
     # -- lookup --------------------------------------------------------------------
 
-    def longest_match(self, tokens: Sequence[int], variant: str = "") -> PrefixMatch | None:
+    def longest_match(self, tokens: Sequence[int], variant: str = "", *, whole: bool = False) -> PrefixMatch | None:
         """The saved state of `variant` sharing the longest prefix with `tokens` (at least MIN_MATCH_TOKENS), or
-        where many share as many whole blocks, the longest of the most recently used of them (`_compared`)."""
+        where many share as many whole blocks, the longest of the most recently used of them (`_compared`).
+        `whole`: the longest that `tokens` short of their last one hold whole (a state that cannot be cut back,
+        localchat.backends.base.Backend.saved_states_rewind)."""
         prompt = np.asarray(tokens, dtype=np.int32)
         with self._lock:
             best: PrefixMatch | None = None
-            for key in self._compared(self._index.sharing_most_blocks(prefix_hashes(prompt, variant))[1]):
+            candidates: Iterable[str]
+            if whole:
+                held = prompt[:-1]
+                candidates = self._prefixes_of(held, variant, prefix_hashes(held, variant))
+            else:
+                candidates = self._compared(self._index.sharing_most_blocks(prefix_hashes(prompt, variant))[1])
+            for key in candidates:
                 entry = self._entries[key]
                 length = common_prefix_length(entry.tokens, prompt)
                 if entry.variant == variant and length >= MIN_MATCH_TOKENS and (best is None or length > best.length):
@@ -245,7 +253,7 @@ class PrefixCache:
 
     def covers(self, tokens: Sequence[int], variant: str = "", *, exactly: bool = False) -> bool:
         """Whether some entry of `variant` already holds all of `tokens` (saving them again is pointless);
-        `exactly`: and no more (a recurrent state serves the prompts it holds whole alone)."""
+        `exactly`: and no more (a state that cannot be cut back serves only prompts that hold it whole)."""
         array = np.asarray(tokens, dtype=np.int32)
         # Such an entry shares all of `tokens`' whole blocks.
         prefix_hash = prefix_hashes(array, variant)[-1]
@@ -261,7 +269,7 @@ class PrefixCache:
     def put(self, tokens: Sequence[int], state: bytes, variant: str = "", *, supersede: bool = True) -> None:
         """Save `state`, the KV cache holding exactly `tokens` computed as `variant`. With `supersede`, the
         entries of that variant it extends are dropped: cut back, it serves their prompts too, which a
-        recurrent state cannot (localchat.backends.base.Backend.rewinds)."""
+        state that cannot be cut back does not (localchat.backends.base.Backend.saved_states_rewind)."""
         array = np.asarray(tokens, dtype=np.int32)
         key = hashlib.sha1(self.model_key.encode() + variant.encode() + array.tobytes()).hexdigest()
         hashes = prefix_hashes(array, variant)

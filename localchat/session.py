@@ -219,9 +219,8 @@ class Session:
             live = 0  # a recurrent state cannot go back to the part it shares
         restored = 0
         cache = self.prefix_cache
-        match = cache.longest_match(prompt, self._variant) if cache is not None else None
-        if match is not None and not self.backend.saved_states_rewind and not match.length == len(match.tokens) < len(prompt):
-            match = None  # taken whole, short of the prompt's last token, or not at all (Backend.saved_states_rewind)
+        whole = not self.backend.saved_states_rewind  # taken whole, short of the prompt's last token, or not at all
+        match = cache.longest_match(prompt, self._variant, whole=whole) if cache is not None else None
         if cache is not None and match is not None and match.length > live \
                 and not cache.costs.restore_pays(match.state_bytes, match.length - live):
             cache.skipped += 1

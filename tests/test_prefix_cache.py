@@ -64,6 +64,20 @@ def test_a_recurrent_state_keeps_the_entries_it_extends() -> None:
     assert not cache.covers(SYSTEM + [5], exactly=True) and cache.covers(SYSTEM + [5])
 
 
+def test_a_whole_match_is_held_by_the_prompt_short_of_its_last_token() -> None:
+    """A longer entry sharing more of the prompt, and one the prompt equals, cannot serve a state that is not
+    cut back: the longest entry the prompt holds whole before its last token does."""
+    cache = PrefixCache("model", ram_budget_bytes=1 << 20)
+    cache.put(SYSTEM, b"system", supersede=False)
+    cache.put(SYSTEM + [1, 2, 3, 4], b"longer", supersede=False)
+    cache.put(SYSTEM + [1, 2, 9], b"equal", supersede=False)
+    prompt = SYSTEM + [1, 2, 9]
+    assert len(cache.longest_match(prompt).tokens) == len(SYSTEM) + 3  # type: ignore[union-attr]
+    match = cache.longest_match(prompt, whole=True)
+    assert match is not None and list(match.tokens) == SYSTEM and match.length == len(SYSTEM)
+    assert cache.longest_match(SYSTEM[:-1], whole=True) is None
+
+
 def test_the_block_index_finds_what_comparing_every_entry_finds() -> None:
     """Lookups, `covers` and the entries a `put` replaces, through the prefix index, against comparing
     the tokens of every entry, over conversations that branch inside and at the edges of blocks."""

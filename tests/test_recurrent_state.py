@@ -101,6 +101,19 @@ def test_the_next_turn_goes_on_from_the_last_prompt(hybrid: Engine) -> None:
     np.testing.assert_allclose(going_on, hybrid.backend.logits(1), atol=1e-3)
 
 
+def test_a_longer_state_sharing_more_does_not_hide_the_one_held_whole(hybrid: Engine) -> None:
+    """The reply saved with its prompt shares the next prompt's first reply token too, but parts after it:
+    the state short of the prompt's last token is the one restored."""
+    greedy(hybrid, PROMPT)
+    held = list(hybrid.sessions[0].tokens)
+    hybrid.sessions[0].release()  # saves PROMPT and the reply
+    cache = hybrid.sessions[0].prefix_cache
+    assert cache is not None
+    cache.costs = RestoreCosts()  # as in test_the_next_turn_goes_on_from_the_last_prompt
+    parting = held[: len(PROMPT) + 1] + [7, 8, 9]
+    assert hybrid.sessions[0].prefill(parting) == (len(PROMPT) - 1, len(PROMPT) - 1)
+
+
 def test_the_same_prompt_asked_again_is_answered_again(hybrid: Engine) -> None:
     """Asked again (the chat app's regenerate), the prompt's state short of its last token is restored:
     the reply is the first one, token for token."""
