@@ -52,21 +52,31 @@ def _flags(header: GgufHeader, key: str, n_layers: int) -> list[bool] | None:
     return [bool(v) for v in values]
 
 
+def _trunk(header: GgufHeader, n_layers: int) -> list[bool]:
+    """The layers the context that decodes computes: all but those that predict further tokens
+    (`nextn_predict_layers`, DeepSeek V3's and GLM 4.5's MTP), for which it keeps nothing."""
+    trunk = n_layers - header.arch_int("nextn_predict_layers", 0, 0, n_layers)
+    return [layer < trunk for layer in range(n_layers)]
+
+
+def _recurrent_by_interval(header: GgufHeader, n_layers: int) -> list[bool]:
+    """An ATTENTION_INTERVALS hybrid's recurrent layers: listed, or all but each Nth."""
+    recurrent = _flags(header, "attention.recurrent_layers", n_layers)
+    if recurrent is None:
+        every = header.arch_int("full_attention_interval", ATTENTION_INTERVALS[header.architecture], 1)
+        recurrent = [(layer + 1) % every != 0 for layer in range(n_layers)]
+    return recurrent
+
+
 def layers_with_kv(header: GgufHeader, n_layers: int) -> list[bool]:
-    """Which of the model's `n_layers` layers keep KV rows of their own. A layer with 0 KV heads keeps
-    none either way, and neither do the layers that predict further tokens (`nextn_predict_layers`,
-    DeepSeek V3's and GLM 4.5's MTP): the context that decodes keeps none for them."""
+    """Which of the model's `n_layers` layers of the trunk (`_trunk`) keep KV rows of their own. A layer with
+    0 KV heads keeps none either way."""
     architecture = header.architecture or ""
     if architecture in RECURRENT_ARCHITECTURES:
         return [False] * n_layers
-    trunk = n_layers - header.arch_int("nextn_predict_layers", 0, 0, n_layers)
-    keeps = [layer < trunk for layer in range(n_layers)]
+    keeps = _trunk(header, n_layers)
     if architecture in ATTENTION_INTERVALS:
-        recurrent = _flags(header, "attention.recurrent_layers", n_layers)
-        if recurrent is None:
-            every = header.arch_int("full_attention_interval", ATTENTION_INTERVALS[architecture], 1)
-            recurrent = [(layer + 1) % every != 0 for layer in range(n_layers)]
-        keeps = [keep and not flag for keep, flag in zip(keeps, recurrent)]
+        keeps = [keep and not flag for keep, flag in zip(keeps, _recurrent_by_interval(header, n_layers))]
     shared_from = KV_SHARED_FROM.get(architecture)
     if architecture in SHARED_KV_ARCHITECTURES:
         shared_from = n_layers - header.arch_int("attention.shared_kv_layers", 0, 0, n_layers)
@@ -103,19 +113,18 @@ def kv_bytes_per_token(header: GgufHeader, n_layers: int, head_kv: Sequence[int]
 
 
 def _recurrent_layers(header: GgufHeader, n_layers: int) -> list[bool]:
-    """Which layers keep a recurrent state (llama.cpp's is_recr)."""
+    """Which layers of the trunk (`_trunk`) keep a recurrent state (llama.cpp's is_recr)."""
     architecture = header.architecture or ""
-    trunk = n_layers - header.arch_int("nextn_predict_layers", 0, 0, n_layers)
+    trunk = _trunk(header, n_layers)
     if architecture in RECURRENT_ARCHITECTURES or architecture in EVERY_LAYER_BOTH:
-        return [layer < trunk for layer in range(n_layers)]
+        return trunk
     if architecture in ATTENTION_INTERVALS:
-        keeps_kv = layers_with_kv(header, n_layers)
-        return [layer < trunk and not keeps_kv[layer] for layer in range(n_layers)]
+        return [keep and flag for keep, flag in zip(trunk, _recurrent_by_interval(header, n_layers))]
     if architecture in RECURRENT_BY_HEADS:
         head_kv = header.per_layer("attention.head_count_kv", n_layers, 1)
         feed_forward = header.per_layer("feed_forward_length", n_layers, 0) if architecture.startswith("nemotron_h") \
             else [0] * n_layers
-        return [layer < trunk and head_kv[layer] == 0 and feed_forward[layer] == 0 for layer in range(n_layers)]
+        return [keep and head_kv[layer] == 0 and feed_forward[layer] == 0 for layer, keep in enumerate(trunk)]
     return [False] * n_layers
 
 
