@@ -21,7 +21,7 @@ from localchat.backends.base import SamplerSettings
 from localchat.errors import InvalidSettingError, LocalchatError, ModelError
 from localchat.hardware import MIB, peak_rss_bytes
 from localchat.interrupts import INTERRUPTED_EXIT, Terminated, interruptible
-from localchat.planner import ONE_REPLY_TOKENS, ModelFacts, OneReply, Plan, PlanRequest
+from localchat.planner import ONE_REPLY_TOKENS, ModelFacts, OneReply, Plan, PlanRequest, kv_cache_bytes
 from localchat.settings import DEFAULT_LOOKUP_DRAFT, Settings
 from localchat.unicode_text import well_formed
 
@@ -326,8 +326,6 @@ def _prefix_cache_rows(result: BenchResult) -> list[tuple[str, str]]:
 
 def _memory_line(facts: ModelFacts, plan: Plan) -> str:
     """What the plan's context keeps beside the weights: its KV cache, and any recurrent state."""
-    from localchat.planner import kv_cache_bytes
-
     per_token = f"{facts.kv_bytes_per_token / 1024:.1f} KiB a token (f16)"
     line = f"KV cache {_size(kv_cache_bytes(facts, plan.n_ctx, plan.kv_type))} for the plan's {plan.n_ctx} tokens, {per_token}"
     if facts.state_bytes_per_sequence:
