@@ -51,8 +51,13 @@ TIME = ToolCall("call_xyz789", "get_time", {"city": "東京"})
 
 
 @cache
+def template_text(name: str) -> str:
+    """The real template `name` of tests/data/chat_templates."""
+    return (TEMPLATES / f"{name}.jinja").read_text(encoding="utf-8")
+
+
 def template(name: str) -> ChatTemplate:
-    return ChatTemplate((TEMPLATES / f"{name}.jinja").read_text(encoding="utf-8"))
+    return ChatTemplate(template_text(name))
 
 
 @cache

@@ -14,10 +14,10 @@ import pytest
 from chat_format_cases import (
     QWEN3,
     QWEN3_CALLS,
-    TEMPLATES,
     TOOLS,
     TOOLS_QUESTION,
     WEATHER_TOOL,
+    template_text,
 )
 from scripted_app import ScriptedBackend, scripted_client
 
@@ -70,14 +70,14 @@ def test_calls_and_reasoning_come_back_whole_and_streamed(qwen3: tuple[openai.Op
 def test_markers_that_are_control_tokens_are_read(tmp_path: Path) -> None:
     """Mistral's [TOOL_CALLS]/[ARGS] and gpt-oss's channels are control tokens that print nothing:
     the server has the reply show them, reads them, and none reaches the client."""
-    mistral = ScriptedBackend((TEMPLATES / "mistral_small3_2.jinja").read_text(encoding="utf-8"), ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"))
+    mistral = ScriptedBackend(template_text("mistral_small3_2"), ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"))
     mistral.replies.append('[TOOL_CALLS]get_weather[ARGS]{"city": "Bern"}[TOOL_CALLS]get_time[ARGS]{"city": "Bern"}')
     with scripted_client(mistral, tmp_path) as (client, _):
         reply = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=TOOLS)
     assert _calls(reply.choices[0].message) == [("get_weather", {"city": "Bern"}), ("get_time", {"city": "Bern"})]
 
     harmony = ("<|channel|>", "<|message|>", "<|end|>", "<|start|>", "<|constrain|>", "<|call|>", "<|return|>")
-    gpt_oss = ScriptedBackend((TEMPLATES / "gpt_oss.jinja").read_text(encoding="utf-8"), harmony)
+    gpt_oss = ScriptedBackend(template_text("gpt_oss"), harmony)
     gpt_oss.replies.extend(["<|channel|>analysis<|message|>Simple.<|end|><|start|>assistant<|channel|>final<|message|>Sunny.<|return|>"] * 2)
     with scripted_client(gpt_oss, tmp_path) as (client, _):
         whole = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, extra_body={"reasoning_effort": "low"})
@@ -188,35 +188,35 @@ HISTORY: list[dict[str, Any]] = [
                                                                    "deepseek_v3_1", "kimi_k2", "minicpm5", "lfm2", "gemma4", "gemma_fallback"], argvalues=[
     (QWEN3, (), ['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n</tool_call>',
                  "<tool_response>\n21 °C, clear\n</tool_response>"]),
-    ((TEMPLATES / "mistral_small3_2.jinja").read_text(encoding="utf-8"), (),
+    (template_text("mistral_small3_2"), (),
      ['[TOOL_CALLS]get_weather[CALL_ID]', '[ARGS]{"city": "Zürich"}', "[TOOL_CONTENT]21 °C, clear[/TOOL_RESULTS]"]),
-    ((TEMPLATES / "llama3_1.jinja").read_text(encoding="utf-8"), (),
+    (template_text("llama3_1"), (),
      ['{"name": "get_weather", "parameters": {"city": "Zürich"}}', "ipython<|end_header_id|>\n\n\"21 °C, clear\""]),
-    ((TEMPLATES / "qwen3_coder.jinja").read_text(encoding="utf-8"), (),
+    (template_text("qwen3_coder"), (),
      ["<tool_call>\n<function=get_weather>\n<parameter=city>\nZürich\n</parameter>\n</function>\n</tool_call>",
       "<tool_response>\n21 °C, clear\n</tool_response>"]),
-    ((TEMPLATES / "glm4_6.jinja").read_text(encoding="utf-8"), (),
+    (template_text("glm4_6"), (),
      ["<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Zürich</arg_value>\n</tool_call>",
       "<|observation|>\n<tool_response>\n21 °C, clear\n</tool_response>"]),
-    ((TEMPLATES / "nemotron_nano_v2.jinja").read_text(encoding="utf-8"), (),
+    (template_text("nemotron_nano_v2"), (),
      ['<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Zürich"}}]</TOOLCALL>', "<TOOL_RESPONSE>[21 °C, clear]</TOOL_RESPONSE>"]),
-    ((TEMPLATES / "seed_oss.jinja").read_text(encoding="utf-8"), (),
+    (template_text("seed_oss"), (),
      ["<seed:tool_call>\n<function=get_weather>\n<parameter=city>Zürich</parameter>\n</function>\n</seed:tool_call>",
       "<seed:bos>tool\n21 °C, clear<seed:eos>"]),
-    ((TEMPLATES / "minimax_m2.jinja").read_text(encoding="utf-8"), (),
+    (template_text("minimax_m2"), (),
      ['<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Zürich</parameter>\n</invoke>\n</minimax:tool_call>',
       "<response>21 °C, clear</response>"]),
-    ((TEMPLATES / "deepseek_v3_1.jinja").read_text(encoding="utf-8"), (),
+    (template_text("deepseek_v3_1"), (),
      ['<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Zürich"}<｜tool▁call▁end｜>',
       "<｜tool▁output▁begin｜>21 °C, clear<｜tool▁output▁end｜>"]),
-    ((TEMPLATES / "kimi_k2.jinja").read_text(encoding="utf-8"), (),
+    (template_text("kimi_k2"), (),
      ['<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{"city": "Zürich"}<|tool_call_end|>',
       "21 °C, clear<|im_end|>"]),
-    ((TEMPLATES / "minicpm5.jinja").read_text(encoding="utf-8"), (),
+    (template_text("minicpm5"), (),
      ['<function name="get_weather"><param name="city">Zürich</param></function>', "<tool_response>\n21 °C, clear\n</tool_response>"]),
-    ((TEMPLATES / "lfm2.jinja").read_text(encoding="utf-8"), (),
+    (template_text("lfm2"), (),
      ['<|tool_call_start|>[get_weather(city="Zürich")]<|tool_call_end|>', "<|im_start|>tool\n<|tool_response_start|>21 °C, clear<|tool_response_end|>"]),
-    ((TEMPLATES / "gemma4.jinja").read_text(encoding="utf-8"), GEMMA4_CONTROL,
+    (template_text("gemma4"), GEMMA4_CONTROL,
      ['<|tool_call>call:get_weather{city:<|"|>Zürich<|"|>}<tool_call|>',
       '<|tool_response>response:get_weather{value:<|"|>21 °C, clear<|"|>}<tool_response|>']),
     (fallback_template("gemma3"), (), ["reply with only a JSON object", '{"name": "get_weather", "arguments": {"city": "Zürich"}}',
@@ -311,7 +311,7 @@ CODER_CALLS = ("I'll look.\n<tool_call>\n<function=forecast>\n<parameter=city>\n
 
 @pytest.fixture
 def coder(tmp_path: Path) -> Iterator[tuple[openai.OpenAI, ScriptedBackend]]:
-    backend = ScriptedBackend((TEMPLATES / "qwen3_coder.jinja").read_text(encoding="utf-8"))
+    backend = ScriptedBackend(template_text("qwen3_coder"))
     with scripted_client(backend, tmp_path) as (client, _):
         yield client, backend
 
@@ -396,7 +396,7 @@ def test_qwen3_coder_forced_calls_follow_the_parameters_grammar(coder: tuple[ope
 
 def test_glm_markup_calls_and_forced_calls(tmp_path: Path) -> None:
     """GLM-4.5/4.6 through the same machinery: typed calls, and a named call forced by its opening and grammar."""
-    backend = ScriptedBackend((TEMPLATES / "glm4_6.jinja").read_text(encoding="utf-8"))
+    backend = ScriptedBackend(template_text("glm4_6"))
     backend.replies.extend([("\n<think>Look it up.</think>\n<tool_call>forecast\n<arg_key>city</arg_key>\n<arg_value>Zürich</arg_value>\n"
                              "<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>"),
                             "<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n<arg_key>days</arg_key>\n<arg_value>two</arg_value>\n</tool_call>"])
@@ -417,7 +417,7 @@ GEMMA4_CALLS = ('<|channel>thought\nThe forecast tool.<channel|>I\'ll look.<|too
 
 @pytest.fixture
 def gemma4(tmp_path: Path) -> Iterator[tuple[openai.OpenAI, ScriptedBackend]]:
-    backend = ScriptedBackend((TEMPLATES / "gemma4.jinja").read_text(encoding="utf-8"), GEMMA4_CONTROL)
+    backend = ScriptedBackend(template_text("gemma4"), GEMMA4_CONTROL)
     with scripted_client(backend, tmp_path) as (client, _):
         yield client, backend
 
@@ -456,7 +456,7 @@ def test_gemma4_forced_calls_follow_its_notation_s_grammar(tmp_path: Path, quote
     """Named: the server writes `<|tool_call>call:NAME`; a grammar holds the object to the schema in Gemma's
     notation (a model that would write a word for a number still makes a call whose values parse)."""
     control = tuple(marker for marker in GEMMA4_CONTROL if quote_token or marker != '<|"|>')
-    backend = ScriptedBackend((TEMPLATES / "gemma4.jinja").read_text(encoding="utf-8"), control)
+    backend = ScriptedBackend(template_text("gemma4"), control)
     with scripted_client(backend, tmp_path) as (client, _):
         _gemma4_forced_calls(client, backend)
 
@@ -503,7 +503,7 @@ def test_more_families_calls_come_back_whole_and_streamed(tmp_path: Path, templa
                                                           reasoning: str | None) -> None:
     """Nemotron Nano 2 (a JSON list), Seed-OSS and MiniMax-M2 (markup), DeepSeek V3.1 and Kimi K2 (a call per header):
     each family's calls come back as OpenAI's, with its thinking apart, whole and streamed."""
-    backend = ScriptedBackend((TEMPLATES / f"{template}.jinja").read_text(encoding="utf-8"), control)
+    backend = ScriptedBackend(template_text(template), control)
     backend.replies.extend([reply] * 2)
     expected = [("forecast", {"city": "Zürich", "days": 3}), ("get_time", {"city": "Zürich"})]
     with scripted_client(backend, tmp_path) as (client, _):
@@ -522,7 +522,7 @@ def test_more_families_calls_come_back_whole_and_streamed(tmp_path: Path, templa
 def test_lfm2_forced_calls_follow_the_keywords_grammar(tmp_path: Path) -> None:
     """Named: the server writes `<|tool_call_start|>[NAME(`; a grammar holds the keywords to the schema (a word for a
     number still makes a call whose values parse)."""
-    backend = ScriptedBackend((TEMPLATES / "lfm2.jinja").read_text(encoding="utf-8"), ("<|tool_call_start|>", "<|tool_call_end|>"))
+    backend = ScriptedBackend(template_text("lfm2"), ("<|tool_call_start|>", "<|tool_call_end|>"))
     backend.replies.extend(['city="Oslo", days=2)]<|tool_call_end|>', 'forecast(city="Oslo", days=several)]<|tool_call_end|>'])
     named = {"type": "function", "function": {"name": "forecast"}}
     with scripted_client(backend, tmp_path) as (client, _):
@@ -539,7 +539,7 @@ def test_lfm2_forced_calls_follow_the_keywords_grammar(tmp_path: Path) -> None:
 def test_minicpm5_forced_calls_open_a_section_without_wrapper(tmp_path: Path) -> None:
     """MiniCPM 5's call has no wrapper: the server's opening `<function name="NAME">` is the section's start and
     a grammar holds the parameter blocks."""
-    backend = ScriptedBackend((TEMPLATES / "minicpm5.jinja").read_text(encoding="utf-8"))
+    backend = ScriptedBackend(template_text("minicpm5"))
     backend.replies.extend(['<param name="city">Oslo</param><param name="days">2</param></function>',
                             'forecast"><param name="city">Oslo</param><param name="days">two</param></function>'])
     named = {"type": "function", "function": {"name": "forecast"}}
