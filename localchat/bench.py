@@ -32,9 +32,9 @@ GREEDY = ARGMAX
 # prompt (fixing a text's spelling) and one that does not (a story).
 GROUNDED_PROMPT_TOKENS = 500
 OPEN_ENDED_PROMPT = "Write a long story about a dragon who learns to bake bread.\n\nOnce upon a time"
-# The prefix cache is measured on a chat with a long system prompt, displaced by another and asked again.
+# The prefix cache is measured on a chat with a long system prompt after two others with it, displaced by another.
 PREFIX_SYSTEM_TOKENS = 1000
-PREFIX_FIRST_QUESTION = "Summarise the story in one sentence."
+PREFIX_EARLIER_QUESTIONS = ("Summarise the story in one sentence.", "Where does the story take place?")
 PREFIX_HIT_QUESTION = "Who built the tower?"
 PREFIX_REPLY_TOKENS = 8
 
@@ -86,10 +86,8 @@ class BenchResult:
     shipped_sampler: str
     ttft_turns_reuse: tuple[float, ...]
     ttft_turns_cold: tuple[float, ...]
-    # None for a model whose saved states are restored whole alone (a recurrent state, sliding-window
-    # layers: Backend.saved_states_rewind): the hit shares the saved chat's system prompt alone.
-    prefix_hit_ttft: float | None
-    prefix_cold_ttft: float | None
+    prefix_hit_ttft: float
+    prefix_cold_ttft: float
     prefix_restored: bool  # the hit restored the saved state (else computing was measured faster)
     speculation: tuple[SpeculationResult, ...]
     peak_rss_mb: float
@@ -180,21 +178,19 @@ def measure_turns(engine: Engine) -> tuple[list[float], list[float]]:
     return reuse, cold
 
 
-def measure_prefix_cache(engine: Engine) -> tuple[float | None, float | None, bool]:
-    """TTFT of a new chat sharing a ~1k-token system prompt with an earlier, since displaced, chat
+def measure_prefix_cache(engine: Engine) -> tuple[float, float, bool]:
+    """TTFT of a new chat sharing a ~1k-token system prompt with two earlier, since displaced, chats
     (a prefix-cache hit, restored unless computing is measured faster), and of the same chat with
-    nothing cached; and whether the hit was restored. None where saved states are restored whole alone
-    (Backend.saved_states_rewind)."""
-    if not engine.backend.saved_states_rewind:
-        return None, None, False
+    nothing cached; and whether the hit was restored. Two: where saved states are restored whole alone
+    (Backend.saved_states_rewind), the second saves the part it shares with the first on its way."""
     system = _text_of_tokens(engine, PREFIX_SYSTEM_TOKENS)
     session = engine.sessions[0]
     engine.prefix_cache.clear()
     session.reset()
     reply = GenerationSettings(max_tokens=PREFIX_REPLY_TOKENS, sampler=GREEDY)
-    first = engine.new_chat(system)
-    first.send(PREFIX_FIRST_QUESTION, reply).text()
-    # Another conversation takes the KV cache; the first one is saved to the prefix cache.
+    for question in PREFIX_EARLIER_QUESTIONS:
+        engine.new_chat(system).send(question, reply).text()
+    # Another conversation takes the KV cache; the last one is saved to the prefix cache.
     other = engine.new_chat()
     other.send("Write a haiku about autumn.", reply).text()
     hit = Chat(session, engine.template, [Message("system", system), Message("user", PREFIX_HIT_QUESTION)])
@@ -217,7 +213,7 @@ def context_needed(engine: Engine) -> int:
     turns = [Message("system", _text_of_tokens(engine, TURN_SYSTEM_TOKENS))]
     for question in TURN_QUESTIONS:
         turns += [Message("user", question), Message("assistant", _text_of_tokens(engine, TURN_REPLY_TOKENS))]
-    prefix = [Message("system", _text_of_tokens(engine, PREFIX_SYSTEM_TOKENS)), Message("user", PREFIX_FIRST_QUESTION)]
+    prefix = [Message("system", _text_of_tokens(engine, PREFIX_SYSTEM_TOKENS)), Message("user", PREFIX_EARLIER_QUESTIONS[0])]
     return max(
         PREFILL_TOKENS + DECODE_TOKENS,
         len(grounded) + DECODE_TOKENS,

@@ -28,7 +28,6 @@ from localchat.unicode_text import well_formed
 if TYPE_CHECKING:
     from localchat.constraints import Constraint
     from localchat.adapters import LoraSpec
-    from localchat.bench import BenchResult
     from localchat.engine import Engine
     from localchat.hub import HubModelName
     from localchat.model_loading import ModelLoading
@@ -304,24 +303,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
         ("TTFT per turn, recomputed (ms)", " ".join(f"{t * 1000:.0f}" for t in cold)),
         ("turn 6 / turn 1 (reuse)", f"{reuse[-1] / reuse[0]:.2f}x"),
         ("turn 6 recomputed / reused", f"{cold[-1] / reuse[-1]:.1f}x"),
-        *_prefix_cache_rows(result),
+        ("prefix-cache hit TTFT", f"{result.prefix_hit_ttft * 1000:.0f} ms"
+                                  f"{'' if result.prefix_restored else ' (computed: measured faster than restoring)'}"),
+        ("prefix cold TTFT", f"{result.prefix_cold_ttft * 1000:.0f} ms"),
+        ("hit / cold", f"{result.prefix_hit_ttft / result.prefix_cold_ttft:.2f}x"),
         ("peak RSS", f"{result.peak_rss_mb:.0f} MiB"),
     ]
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
     return 0
-
-
-def _prefix_cache_rows(result: BenchResult) -> list[tuple[str, str]]:
-    hit, cold = result.prefix_hit_ttft, result.prefix_cold_ttft
-    if hit is None or cold is None:
-        return [("prefix-cache hit TTFT", "not measured: the model's saved states are restored whole alone (a recurrent "
-                                          "state, sliding-window layers), and the hit shares a system prompt alone")]
-    return [("prefix-cache hit TTFT", f"{hit * 1000:.0f} ms"
-                                      f"{'' if result.prefix_restored else ' (computed: measured faster than restoring)'}"),
-            ("prefix cold TTFT", f"{cold * 1000:.0f} ms"),
-            ("hit / cold", f"{hit / cold:.2f}x")]
 
 
 def _memory_line(facts: ModelFacts, plan: Plan) -> str:

@@ -204,23 +204,37 @@ class PrefixCache:
         localchat.backends.base.Backend.saved_states_rewind)."""
         prompt = np.asarray(tokens, dtype=np.int32)
         with self._lock:
-            best: PrefixMatch | None = None
-            candidates: Iterable[str]
             if whole:
                 held = prompt[:-1]
-                candidates = self._prefixes_of(held, variant, prefix_hashes(held, variant))
+                best = self._best_of(self._prefixes_of(held, variant, prefix_hashes(held, variant)), prompt, variant)
             else:
-                candidates = self._compared(self._index.sharing_most_blocks(prefix_hashes(prompt, variant))[1])
-            for key in candidates:
-                entry = self._entries[key]
-                length = common_prefix_length(entry.tokens, prompt)
-                if entry.variant == variant and length >= MIN_MATCH_TOKENS and (best is None or length > best.length):
-                    best = PrefixMatch(key, entry.tokens, length, entry.size)
+                best = self._sharing_most(prompt, variant)
             if best is None:
                 self.misses += 1
             else:
                 self.hits += 1
             return best
+
+    def shared_length(self, tokens: Sequence[int], variant: str = "") -> int:
+        """How many of `tokens` the saved state of `variant` sharing the most with them shares (0 for fewer than
+        MIN_MATCH_TOKENS), whether or not it holds more: where a prompt parts from the earlier ones. Not a lookup
+        (no hit or miss counted)."""
+        with self._lock:
+            best = self._sharing_most(np.asarray(tokens, dtype=np.int32), variant)
+        return 0 if best is None else best.length
+
+    def _sharing_most(self, prompt: np.ndarray, variant: str) -> PrefixMatch | None:
+        return self._best_of(self._compared(self._index.sharing_most_blocks(prefix_hashes(prompt, variant))[1]), prompt, variant)
+
+    def _best_of(self, keys: Iterable[str], prompt: np.ndarray, variant: str) -> PrefixMatch | None:
+        """Of the entries `keys`, the one of `variant` sharing the longest prefix with `prompt`, at least MIN_MATCH_TOKENS."""
+        best: PrefixMatch | None = None
+        for key in keys:
+            entry = self._entries[key]
+            length = common_prefix_length(entry.tokens, prompt)
+            if entry.variant == variant and length >= MIN_MATCH_TOKENS and (best is None or length > best.length):
+                best = PrefixMatch(key, entry.tokens, length, entry.size)
+        return best
 
     def _compared(self, keys: set[str]) -> Iterable[str]:
         """Of entries sharing the same whole blocks with a prompt, those compared with it: all, or the

@@ -262,15 +262,37 @@ class Session:
         evaluated by then stay in the KV cache."""
         self.use_loras(loras)
         reused, restored = self.prepare(prompt)
-        if self.backend.rewinds:
-            self._evaluate(prompt, reused, len(prompt), cancelled)
-        elif self._evaluate(prompt, reused, len(prompt) - 1, cancelled):
-            # A recurrent state cannot go back once the reply is written, and the next prompt often parts
-            # from the reply as sampled (a template that drops its thinking, text that tokenizes otherwise) or
-            # asks the same again: kept short of the last token, that prompt evaluates only what follows.
+        start = reused
+        for stop in self._saves_on_the_way(prompt, reused):
+            if not self._evaluate(prompt, start, stop, cancelled):
+                return reused, restored
             self.save_live_state()
-            self._evaluate(prompt, len(prompt) - 1, len(prompt), cancelled)
+            start = stop
+        self._evaluate(prompt, start, len(prompt), cancelled)
         return reused, restored
+
+    def _saves_on_the_way(self, prompt: Sequence[int], reused: int) -> list[int]:
+        """Where the evaluation of `prompt` (from `reused`) stops to save the state, for a model whose saved states
+        are restored whole alone (Backend.saved_states_rewind), ascending:
+
+        - where the prompt parts from the saved ones sharing the most with it, unless it takes more from elsewhere:
+          a second chat with an earlier one's system prompt saves what they share (computed, restored or kept from
+          the live sequence), and the chats after it restore that whole (llama-server makes such checkpoints at the
+          starts of user messages; where prompts part needs no template);
+        - for a recurrent state, which cannot go back once the reply is written, short of the last token: the next
+          prompt often parts from the reply as sampled (a template that drops its thinking, text that tokenizes
+          otherwise) or asks the same again, and then evaluates only what follows."""
+        if self.backend.saved_states_rewind:
+            return []
+        last = len(prompt) - 1
+        stops = []
+        if self.prefix_cache is not None:
+            parting = self.prefix_cache.shared_length(prompt[:last], self._variant)
+            if parting >= max(reused, MIN_SAVE_TOKENS):
+                stops.append(parting)
+        if not self.backend.rewinds and last not in stops:
+            stops.append(last)
+        return stops
 
     def _evaluate(self, prompt: Sequence[int], start: int, end: int, cancelled: Callable[[], bool]) -> bool:
         """Evaluate `prompt[start:end]` in chunks, unless `cancelled` says to stop between two; whether it

@@ -23,6 +23,7 @@ FAMILY_OF_TEMPLATE = {
     "llama3_2": "llama-3",
     "mistral_nemo": "mistral",
     "mistral_small3_2": "mistral-v11",
+    "ministral3_reasoning": "mistral-v11",
     "mistral_v0_3": "mistral",
     "phi3_5": "generic",
     "phi4": "generic",

@@ -45,6 +45,7 @@ SPECIAL_TOKENS: dict[str, tuple[str, str]] = {
     "llama3_2": ("<|begin_of_text|>", "<|eot_id|>"),
     "minicpm5": ("<s>", ""),  # its template writes no EOS
     "minimax_m2": ("", ""),  # its template writes neither
+    "ministral3_reasoning": ("<s>", "</s>"),
     "mistral_nemo": ("<s>", "</s>"),
     "mistral_small3_2": ("<s>", "</s>"),
     "mistral_v0_3": ("<s>", "</s>"),

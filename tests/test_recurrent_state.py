@@ -16,6 +16,7 @@ import pytest
 from kv_layout_models import qwen35_hybrid, write_tiny_model
 
 from localchat.backends.base import ARGMAX
+from localchat.bench import measure_prefix_cache
 from localchat.engine import Engine
 from localchat.errors import ModelError
 from localchat.planner import PlanRequest
@@ -56,7 +57,7 @@ def test_the_backend_says_it_cannot_rewind(hybrid: Engine) -> None:
 
 def test_a_prompt_that_leaves_the_sequence_is_evaluated_again_whole(hybrid: Engine) -> None:
     """The second prompt shares the first's first 60 tokens, then parts: the sequence is cleared and the
-    second prompt evaluated in one go, as on a fresh sequence."""
+    second prompt evaluated from its start, as on a fresh sequence."""
     other = PROMPT[:60] + list(range(500, 530))
     greedy(hybrid, PROMPT)
     after = greedy(hybrid, other)
@@ -112,6 +113,34 @@ def test_a_longer_state_sharing_more_does_not_hide_the_one_held_whole(hybrid: En
     cache.costs = RestoreCosts()  # as in test_the_next_turn_goes_on_from_the_last_prompt
     parting = held[: len(PROMPT) + 1] + [7, 8, 9]
     assert hybrid.sessions[0].prefill(parting) == (len(PROMPT) - 1, len(PROMPT) - 1)
+
+
+def test_a_third_chat_restores_what_the_first_two_share(hybrid: Engine) -> None:
+    """A second prompt sharing an earlier one's first 40 tokens alone (a system prompt) saves the state there
+    on its way; a third prompt sharing them restores it whole and evaluates only what follows, to the logits
+    of a sequence that evaluates it all."""
+    shared = PROMPT[:40]
+    greedy(hybrid, shared + list(range(500, 520)))
+    cache = hybrid.sessions[0].prefix_cache
+    assert cache is not None and not cache.covers(shared, exactly=True)
+    greedy(hybrid, shared + list(range(600, 620)))
+    assert cache.covers(shared, exactly=True)
+    cache.costs = RestoreCosts()  # as in test_the_next_turn_goes_on_from_the_last_prompt
+    third = shared + list(range(700, 720))
+    assert hybrid.sessions[1].prefill(third) == (len(shared), len(shared))
+    restored = hybrid.backend.logits(1).copy()
+    whole = hybrid.sessions[2]
+    whole.prefix_cache = None
+    assert whole.prefill(third) == (0, 0)
+    np.testing.assert_allclose(restored, hybrid.backend.logits(2), atol=1e-3)
+
+
+def test_the_benchmark_measures_a_new_chat_restoring_its_system_prompt(hybrid_model: Path, settings: Settings) -> None:
+    """`localchat bench`'s prefix-cache hit: a chat sharing a 1k-token system prompt with two earlier ones."""
+    with Engine.load(str(hybrid_model), dataclasses.replace(settings, prefix_cache_disk_bytes=0),
+                     PlanRequest(n_ctx=2048, n_threads=2)) as engine:
+        _, _, restored = measure_prefix_cache(engine)
+    assert restored
 
 
 def test_the_same_prompt_asked_again_is_answered_again(hybrid: Engine) -> None:

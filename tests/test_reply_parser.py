@@ -183,6 +183,9 @@ CASES: dict[str, Case] = {
     "mistral_v03": Case("mistral_v0_3", ' [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Zürich"}}]', reply(calls=ONE_CALL)),
     "mistral_v11": Case("mistral_small3_2", '[TOOL_CALLS]get_weather[ARGS]{"city": "Zürich"}[TOOL_CALLS]get_time[CALL_ID]a1b2c3d4e[ARGS]'
                                             '{"city": "東京"}', reply(calls=TWO_CALLS)),
+    "ministral3_reasoning": Case("ministral3_reasoning", '[THINK]Both cities.[/THINK][TOOL_CALLS]get_weather[ARGS]{"city": "Zürich"}'
+                                                         '[TOOL_CALLS]get_time[ARGS]{"city": "東京"}', reply(reasoning="Both cities.", calls=TWO_CALLS)),
+    "ministral3_answer": Case("ministral3_reasoning", "[THINK]Easy.[/THINK]Sunny.", reply("Sunny.", "Easy.")),
     # DeepSeek R1: the prompt leaves the reply inside <think>.
     "deepseek_r1": Case("deepseek_r1_distill", "Weather and time.\n</think>\n\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>"
                                                'get_weather\n```json\n{"city": "Zürich"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function'

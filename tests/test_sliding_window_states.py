@@ -57,3 +57,34 @@ def test_the_live_sequence_is_cut_back(gemma: Engine) -> None:
     session.prefill(tokens)
     reused, restored = session.prefill(tokens[:1000] + [tokens[5]])
     assert (reused, restored) == (1000, 0)
+
+
+@pytest.mark.parametrize("displaced", [True, False], ids=["saved", "live"])
+def test_a_third_chat_restores_what_the_first_two_share(gemma: Engine, displaced: bool) -> None:
+    """A second prompt sharing an earlier one's first 300 tokens alone (a system prompt) saves the state
+    there on its way, held whole, whether it computes them again (the first was saved and displaced) or keeps
+    them from the live sequence; a third prompt sharing them restores it, to the logits of computing it all."""
+    tokenize = gemma.backend.tokenize
+    shared = tokenize(TEXT, add_bos=True, special=False)[:300]
+
+    def chat(question: str) -> list[int]:
+        return shared + tokenize(question, add_bos=False, special=False)
+
+    first, second = gemma.sessions
+    # Its question is long enough to be saved when the second parts from it (MIN_SAVE_TOKENS), as a reply is.
+    first.prefill(chat(" Which animal is it, and what do the lines say about the weather on that day and the next?"))
+    if displaced:
+        first.release()
+    cache = first.prefix_cache
+    assert cache is not None and not cache.covers(shared, exactly=True)
+    assert first.prefill(chat(" What is the weather?")) == ((0, 0) if displaced else (300, 0))
+    assert cache.covers(shared, exactly=True)
+    cache.costs = RestoreCosts()  # restoring is tried where it may be
+    third = chat(" Who wrote these lines?")
+    assert second.prefill(third) == (300, 300)
+    restored = second.backend.logits(1).copy()
+    first.prefix_cache = None
+    first.reset()
+    assert first.prefill(third) == (0, 0)
+    # As in test_a_state_is_not_cut_back_past_its_window: apart by tenths, as two sequences' cells are.
+    assert float(np.max(np.abs(restored - gemma.backend.logits(0)))) < 2.0
