@@ -215,13 +215,11 @@ class PrefixCache:
                 self.hits += 1
             return best
 
-    def shared_length(self, tokens: Sequence[int], variant: str = "") -> int:
-        """How many of `tokens` the saved state of `variant` sharing the most with them shares (0 for fewer than
-        MIN_MATCH_TOKENS), whether or not it holds more: where a prompt parts from the earlier ones. Not a lookup
-        (no hit or miss counted)."""
+    def sharing_most(self, tokens: Sequence[int], variant: str = "") -> PrefixMatch | None:
+        """The saved state of `variant` sharing the most with `tokens` (at least MIN_MATCH_TOKENS), whether or not
+        it holds more: where a prompt parts from the earlier ones. Not a lookup (no hit or miss counted)."""
         with self._lock:
-            best = self._sharing_most(np.asarray(tokens, dtype=np.int32), variant)
-        return 0 if best is None else best.length
+            return self._sharing_most(np.asarray(tokens, dtype=np.int32), variant)
 
     def _sharing_most(self, prompt: np.ndarray, variant: str) -> PrefixMatch | None:
         return self._best_of(self._compared(self._index.sharing_most_blocks(prefix_hashes(prompt, variant))[1]), prompt, variant)

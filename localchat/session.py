@@ -286,10 +286,13 @@ class Session:
             return []
         last = len(prompt) - 1
         stops = []
-        if self.prefix_cache is not None:
-            parting = self.prefix_cache.shared_length(prompt[:last], self._variant)
-            if parting >= max(reused, MIN_SAVE_TOKENS):
-                stops.append(parting)
+        cache = self.prefix_cache
+        if cache is not None and (match := cache.sharing_most(prompt[:last], self._variant)) is not None:
+            # Unless the state, as large as the match's for as many tokens, would not fit in the cache's RAM (on
+            # disk, a large model's is seconds to write).
+            fits = match.state_bytes * match.length <= len(match.tokens) * cache.ram_budget_bytes
+            if match.length >= max(reused, MIN_SAVE_TOKENS) and fits:
+                stops.append(match.length)
         if not self.backend.rewinds and last not in stops:
             stops.append(last)
         return stops

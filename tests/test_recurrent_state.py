@@ -135,6 +135,19 @@ def test_a_third_chat_restores_what_the_first_two_share(hybrid: Engine) -> None:
     np.testing.assert_allclose(restored, hybrid.backend.logits(2), atol=1e-3)
 
 
+def test_no_state_is_saved_on_the_way_that_the_cache_s_ram_cannot_hold(hybrid_model: Path, settings: Settings) -> None:
+    """With RAM for no state, the first prompt's go to disk; the second does not stop to save what it shares
+    with them, which would be written to disk before its reply (seconds for a large model's)."""
+    with Engine.load(str(hybrid_model), dataclasses.replace(settings, prefix_cache_ram_bytes=1),
+                     PlanRequest(n_ctx=512, n_threads=2)) as engine:
+        shared = PROMPT[:40]
+        greedy(engine, shared + list(range(500, 520)))
+        cache = engine.sessions[0].prefix_cache
+        assert cache is not None and cache.sharing_most(shared) is not None
+        greedy(engine, shared + list(range(600, 620)))
+        assert not cache.covers(shared, exactly=True)
+
+
 def test_the_benchmark_measures_a_new_chat_restoring_its_system_prompt(hybrid_model: Path, settings: Settings) -> None:
     """`localchat bench`'s prefix-cache hit: a chat sharing a 1k-token system prompt with two earlier ones."""
     with Engine.load(str(hybrid_model), dataclasses.replace(settings, prefix_cache_disk_bytes=0),
