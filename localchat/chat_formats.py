@@ -60,6 +60,8 @@ class Section:
     header: Header | None = None
     # Its start and end markers belong to its body: markup calls written without their wrapper.
     inclusive: bool = False
+    # "calls": each call an object whose one key is the function's name, its value the arguments (Apertus).
+    named_by_key: bool = False
 
 
 @dataclass(frozen=True)
@@ -227,6 +229,12 @@ FAMILIES: tuple[ChatFormat, ...] = (
         (Section("markup", '<function name="', ("</function>",), inclusive=True),),
         CallSyntax('<function name="', '">', "</function>", markup=MINICPM_MARKUP),
     ),
+    # Apertus: `<|tools_prefix|>[{"name": {...}}, ...]<|tools_suffix|>`, each call keyed by its function's name.
+    ChatFormat(
+        "apertus", ("<|tools_prefix|>", "<|tools_suffix|>"),
+        (Section("calls", "<|tools_prefix|>", ("<|tools_suffix|>",), named_by_key=True),),
+        CallSyntax('<|tools_prefix|>[{"', '": ', "}]<|tools_suffix|>"),
+    ),
     # Nemotron Nano 2: a JSON list of calls inside `<TOOLCALL>`.
     ChatFormat(
         "nemotron", ("<TOOLCALL>",),
@@ -254,6 +262,7 @@ REASONING: tuple[Section, ...] = (
     Section("reasoning", "[THINK]", ("[/THINK]",)),
     Section("reasoning", "<|channel>thought", ("<channel|>",)),  # Gemma 4
     Section("reasoning", "<seed:think>", ("</seed:think>",)),  # Seed-OSS
+    Section("reasoning", "<|inner_prefix|>", ("<|inner_suffix|>",)),  # Apertus
 )
 
 # What the server adds to the system prompt when the template shows no tools to the model.

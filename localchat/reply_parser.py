@@ -259,7 +259,7 @@ class ReplyParser:
         elif section.kind == "markup":
             self._mode, self._markup = "markup", ""
         elif section.kind == "calls":
-            self._mode, self._reader = "json", CallsReader(self)
+            self._mode, self._reader = "json", CallsReader(self, named_by_key=section.named_by_key)
         else:
             self._mode, self._kind = "text", section.kind
 

@@ -113,10 +113,12 @@ class ArgumentsReader:
 class CallsReader:
     """Calls written as JSON, a character at a time: an object naming the function and holding its
     arguments, or an array of them, maybe fenced. A call begins once its name is read; arguments
-    read before the name wait for it."""
+    read before the name wait for it. `named_by_key`: an object's one key is the name, its value
+    the arguments (Apertus's `{"get_weather": {"city": "Bern"}}`)."""
 
-    def __init__(self, calls: CallSink) -> None:
+    def __init__(self, calls: CallSink, *, named_by_key: bool = False) -> None:
         self.calls = calls
+        self.named_by_key = named_by_key
         self.state = "top"
         self.fence: str | None = None  # the fence's opening text while it is read, then its label
         self.fenced = False
@@ -211,12 +213,27 @@ class CallsReader:
                 self.key = str(json.loads(f'"{self.text}"'))
             except json.JSONDecodeError:
                 return "error"
+            if self.named_by_key:
+                return self._named_by_key()
             if self.keys_seen == 0 and self.key not in CALL_KEYS:
                 return "error"  # not a call: some other JSON
             self.keys_seen += 1
             self.state = "colon"
             return "more"
         self.text += char
+        return "more"
+
+    def _named_by_key(self) -> Step:
+        """The object's first key names the function and its value is the arguments; a later key is skipped,
+        as one a call object of names and arguments does not know."""
+        if not self.keys_seen:
+            if not self.key:
+                return "error"
+            self.name, self.started, self.open = self.key, True, True
+            self.calls.start(self.key)
+        self.key = "" if self.keys_seen else "arguments"
+        self.keys_seen += 1
+        self.state = "colon"
         return "more"
 
     def _colon(self, char: str) -> Step:

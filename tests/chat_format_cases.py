@@ -11,6 +11,7 @@ from localchat.templates import ChatTemplate, Message, ToolCall
 
 TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
 FAMILY_OF_TEMPLATE = {
+    "apertus": "apertus",
     "command_r7b_tool_use": "command-r7b",
     "command_r_plus_tool_use": "command-r",
     "deepseek_r1_distill": "deepseek-r1",

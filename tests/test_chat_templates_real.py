@@ -27,6 +27,7 @@ FAMILIES = sorted(path.stem for path in TEMPLATES.glob("*.jinja"))
 
 # The BOS and EOS text each family's tokenizer passes to its template (special_tokens_map).
 SPECIAL_TOKENS: dict[str, tuple[str, str]] = {
+    "apertus": ("<s>", "</s>"),
     "command_r7b_tool_use": ("<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>"),
     "command_r_plus_tool_use": ("<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>"),
     "deepseek_r1_distill": ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"),

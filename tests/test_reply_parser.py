@@ -183,6 +183,15 @@ CASES: dict[str, Case] = {
     "mistral_v03": Case("mistral_v0_3", ' [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Zürich"}}]', reply(calls=ONE_CALL)),
     "mistral_v11": Case("mistral_small3_2", '[TOOL_CALLS]get_weather[ARGS]{"city": "Zürich"}[TOOL_CALLS]get_time[CALL_ID]a1b2c3d4e[ARGS]'
                                             '{"city": "東京"}', reply(calls=TWO_CALLS)),
+    # Apertus: a list of calls each keyed by its function's name; thoughts between <|inner_prefix|> and <|inner_suffix|>.
+    "apertus": Case("apertus", '<|tools_prefix|>[{"get_weather": {"city": "Zürich"}}, {"get_time": {"city": "東京"}}]<|tools_suffix|>',
+                    reply(calls=TWO_CALLS)),
+    "apertus_reasoning": Case("apertus", '<|inner_prefix|>Need the weather.<|inner_suffix|><|tools_prefix|>[{"get_weather": '
+                                         '{"city": "Zürich"}}]<|tools_suffix|>', reply(reasoning="Need the weather.", calls=ONE_CALL)),
+    "apertus_more_keys": Case("apertus", '<|tools_prefix|>[{"get_weather": {"city": "Zürich"}, "id": "a1"}]<|tools_suffix|>',
+                              reply(calls=ONE_CALL)),
+    "apertus_not_a_call": Case("apertus", "Write <|tools_prefix|>[1, 2]<|tools_suffix|> so.",
+                               reply("Write <|tools_prefix|>[1, 2]<|tools_suffix|> so.")),
     "ministral3_reasoning": Case("ministral3_reasoning", '[THINK]Both cities.[/THINK][TOOL_CALLS]get_weather[ARGS]{"city": "Zürich"}'
                                                          '[TOOL_CALLS]get_time[ARGS]{"city": "東京"}', reply(reasoning="Both cities.", calls=TWO_CALLS)),
     "ministral3_answer": Case("ministral3_reasoning", "[THINK]Easy.[/THINK]Sunny.", reply("Sunny.", "Easy.")),

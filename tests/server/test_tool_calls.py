@@ -185,7 +185,7 @@ HISTORY: list[dict[str, Any]] = [
 
 
 @pytest.mark.parametrize(("template", "control", "expected"), ids=["qwen3", "mistral_small3_2", "llama3_1", "qwen3_coder", "glm4_6", "nemotron_nano_v2", "seed_oss", "minimax_m2",
-                                                                   "deepseek_v3_1", "kimi_k2", "minicpm5", "lfm2", "gemma4", "gemma_fallback"], argvalues=[
+                                                                   "deepseek_v3_1", "kimi_k2", "minicpm5", "lfm2", "gemma4", "apertus", "gemma_fallback"], argvalues=[
     (QWEN3, (), ['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n</tool_call>',
                  "<tool_response>\n21 °C, clear\n</tool_response>"]),
     (template_text("mistral_small3_2"), (),
@@ -219,6 +219,7 @@ HISTORY: list[dict[str, Any]] = [
     (template_text("gemma4"), GEMMA4_CONTROL,
      ['<|tool_call>call:get_weather{city:<|"|>Zürich<|"|>}<tool_call|>',
       '<|tool_response>response:get_weather{value:<|"|>21 °C, clear<|"|>}<tool_response|>']),
+    (template_text("apertus"), (), ['<|tools_prefix|>[{"get_weather": {"city": "Zürich"}}]<|tools_suffix|>[21 °C, clear]']),
     (fallback_template("gemma3"), (), ["reply with only a JSON object", '{"name": "get_weather", "arguments": {"city": "Zürich"}}',
                                        "<start_of_turn>user\n21 °C, clear<end_of_turn>"]),
 ])
