@@ -8,6 +8,7 @@ log-probabilities: greedy replies are compared up to its first near tie (greedy_
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -167,11 +168,14 @@ def test_response_fields_answer_those_fields_alone(fim_server: LiveServer) -> No
     assert warm.status_code == 200 and warm.json() == {}
 
 
-def test_n_indent_ends_the_reply_at_a_less_indented_line(fim_server: LiveServer, reference: tuple[int, str]) -> None:
-    """The chat turn's reply is "assistant\n" then an unindented line: with n_indent it ends before it."""
-    _, agreed = reference
-    first_line, rest = agreed.split("\n", 1)
-    assert rest and not rest[0].isspace()
+def test_n_indent_ends_the_reply_at_a_less_indented_line(fim_server: LiveServer) -> None:
+    """The chat turn's reply is "assistant\n" then an unindented line: with n_indent it ends before it. The line
+    is the same infill's without n_indent: the reference reply's second line can start at a near tie (its first
+    token 0.36 ahead of the next on an AMD EPYC without AVX-512), where the two paths may part."""
+    plain = _infill(fim_server, n_predict=16, **GREEDY_STAGES).json()["content"]
+    unindented = re.search(r"\n(?=\S)", plain)
+    assert unindented is not None, plain
+    first_line = plain[: unindented.start()]
     whole = _infill(fim_server, n_predict=16, n_indent=1, **GREEDY_STAGES).json()
     assert whole["content"] == first_line + "\n" and whole["stop_type"] == "limit"
     with _infill(fim_server, n_predict=16, n_indent=1, stream=True, **GREEDY_STAGES) as answer:
