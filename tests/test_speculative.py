@@ -24,7 +24,7 @@ from localchat.bench import measure_speculation
 from localchat.engine import Engine
 from localchat.errors import ModelError
 from localchat.planner import PlanRequest
-from localchat.session import Decoder, Generation, GenerationSettings, Reply, Session
+from localchat.session import Decoder, Generation, GenerationSettings, GenerationStats, Reply, Session
 from localchat.settings import Settings
 from localchat.speculative import (
     DRAFT_RETRY,
@@ -578,22 +578,25 @@ def test_greedy_replies_are_the_same_with_drafting(engine: Engine) -> None:
 
 
 def test_a_banned_token_stays_out_of_a_reply_that_lookup_drafts(engine: Engine) -> None:
-    """The reply copies the prompt's passage, whose tokens lookup drafts; one of them banned (" narrow", which the
-    copy reaches within 16 tokens) is drafted and refused at every step that verifies it, and never comes."""
+    """The reply copies the prompt's passage, whose tokens lookup drafts; the third token of the plain copy banned
+    (" narrow" on AMD EPYC with AVX-512; " stairs" with AVX2 alone, where the greedy copy drops " narrow") never
+    comes while drafts are taken (how many are drafted, and so refused, the measured step costs decide)."""
     session = engine.sessions[0]
     prompt = engine.backend.tokenize(PROMPTS[0], add_bos=True, special=False)
-    (narrow,) = engine.backend.tokenize(" narrow", add_bos=False, special=False)
-    replies = []
-    for sampler, lookup_draft in ((ARGMAX, 0), (dataclasses.replace(ARGMAX, logit_bias=((narrow, -100.0),)), 8)):
+
+    def reply(sampler: SamplerSettings, lookup_draft: int) -> GenerationStats:
         session.reset()
         generation = session.generate(prompt, GenerationSettings(max_tokens=16, sampler=sampler, lookup_draft=lookup_draft))
         generation.text()
         assert generation.stats is not None
-        replies.append(generation.stats)
+        return generation.stats
+
+    plain = reply(ARGMAX, 0)
+    banned = plain.completion_ids[2]
+    assert engine.backend.token_text(banned) in PASSAGE
+    drafted = reply(dataclasses.replace(ARGMAX, logit_bias=((banned, -100.0),)), 8)
     session.reset()
-    plain, drafted = replies
-    assert narrow in plain.completion_ids
-    assert narrow not in drafted.completion_ids and drafted.drafted_tokens > drafted.accepted_tokens > 0
+    assert banned not in drafted.completion_ids and drafted.accepted_tokens > 0
 
 
 def test_a_draft_model_drafts_and_the_reply_stays_the_same(settings: Settings, default_model: Path) -> None:
