@@ -24,7 +24,7 @@ from localchat.bench import measure_speculation
 from localchat.engine import Engine
 from localchat.errors import ModelError
 from localchat.planner import PlanRequest
-from localchat.session import Decoder, Generation, GenerationSettings, GenerationStats, Reply, Session
+from localchat.session import Decoder, Generation, GenerationSettings, Reply, Session
 from localchat.settings import Settings
 from localchat.speculative import (
     DRAFT_RETRY,
@@ -578,25 +578,28 @@ def test_greedy_replies_are_the_same_with_drafting(engine: Engine) -> None:
 
 
 def test_a_banned_token_stays_out_of_a_reply_that_lookup_drafts(engine: Engine) -> None:
-    """The reply copies the prompt's passage, whose tokens lookup drafts; the third token of the plain copy banned
-    (" narrow" on AMD EPYC with AVX-512; " stairs" with AVX2 alone, where the greedy copy drops " narrow") never
-    comes while drafts are taken (how many are drafted, and so refused, the measured step costs decide)."""
+    """The reply copies the prompt's passage, whose tokens lookup drafts at every step; the third token of the plain
+    copy banned (" narrow" on AMD EPYC with AVX-512; " stairs" with AVX2 alone, where the greedy copy drops
+    " narrow") is drafted and refused at every step that verifies it, and never comes."""
     session = engine.sessions[0]
     prompt = engine.backend.tokenize(PROMPTS[0], add_bos=True, special=False)
-
-    def reply(sampler: SamplerSettings, lookup_draft: int) -> GenerationStats:
-        session.reset()
-        generation = session.generate(prompt, GenerationSettings(max_tokens=16, sampler=sampler, lookup_draft=lookup_draft))
-        generation.text()
-        assert generation.stats is not None
-        return generation.stats
-
-    plain = reply(ARGMAX, 0)
+    session.reset()
+    plain = session.generate(prompt, GenerationSettings(max_tokens=16, sampler=ARGMAX))
+    plain.text()
     banned = plain.completion_ids[2]
     assert engine.backend.token_text(banned) in PASSAGE
-    drafted = reply(dataclasses.replace(ARGMAX, logit_bias=((banned, -100.0),)), 8)
+    settings = GenerationSettings(max_tokens=16, sampler=dataclasses.replace(ARGMAX, logit_bias=((banned, -100.0),)),
+                                  lookup_draft=8)
     session.reset()
-    assert banned not in drafted.completion_ids and drafted.accepted_tokens > 0
+    reply = Reply(engine.backend, settings, len(prompt))
+    decoder = Decoder(session, reply, settings.sampler, prompt, settings.lookup_draft)
+    session.prefill(prompt)
+    decoder.lookup = AlwaysDraftLookup(settings.lookup_draft, session.step_costs, engine.backend.even_rows)
+    decoder.sample()
+    finish_reply(decoder)
+    decoder.close()
+    session.reset()
+    assert banned not in reply.token_ids and reply.drafted_tokens > reply.accepted_tokens > 0
 
 
 def test_a_draft_model_drafts_and_the_reply_stays_the_same(settings: Settings, default_model: Path) -> None:
