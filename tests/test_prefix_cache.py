@@ -80,7 +80,8 @@ def test_a_whole_match_is_held_by_the_prompt_short_of_its_last_token() -> None:
 
 def test_the_block_index_finds_what_comparing_every_entry_finds() -> None:
     """Lookups, `covers` and the entries a `put` replaces, through the prefix index, against comparing
-    the tokens of every entry, over conversations that branch inside and at the edges of blocks."""
+    the tokens of every entry, over conversations that branch inside and at the edges of blocks (each one's
+    hashes partly taken from the one before: PrefixCache._hashes)."""
     rng = np.random.default_rng(7)
     trunk = rng.integers(0, 50, 300).tolist()
     cache = PrefixCache("model", ram_budget_bytes=1 << 30)

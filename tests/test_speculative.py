@@ -153,18 +153,20 @@ class AlwaysDraftLookup(LookupDrafting):
         return len(draft)
 
 
-def start_reply(backend: MarkovBackend, prompt: list[int], settings: GenerationSettings,
-                draft_model: DraftModel | None = None) -> Decoder:
+def start_reply(session: Session, prompt: list[int], settings: GenerationSettings) -> Decoder:
     """A reply begun the way `Generation` begins it: the prompt prefilled, its first token sampled."""
-    session = Session(backend)  # type: ignore[arg-type]
-    session.draft_model = draft_model
-    backend.truncate(0, 0)
-    backend.evaluate(0, prompt, 0)
-    session.tokens = list(prompt)
-    reply = Reply(backend, settings, len(prompt))  # type: ignore[arg-type]
+    session.reset()
+    session.prefill(prompt)
+    reply = Reply(session.backend, settings, len(prompt))
     decoder = Decoder(session, reply, settings.sampler, prompt, settings.lookup_draft)
     decoder.sample()
     return decoder
+
+
+def markov_session(backend: MarkovBackend, draft_model: DraftModel | None = None) -> Session:
+    session = Session(backend)  # type: ignore[arg-type]
+    session.draft_model = draft_model
+    return session
 
 
 def finish_reply(decoder: Decoder) -> int:
@@ -178,7 +180,7 @@ def finish_reply(decoder: Decoder) -> int:
 
 def decode(backend: MarkovBackend, prompt: list[int], settings: GenerationSettings) -> Reply:
     """One reply the way `Generation` makes it, drafting at every step that has a draft."""
-    decoder = start_reply(backend, prompt, settings)
+    decoder = start_reply(markov_session(backend), prompt, settings)
     # Drafting from the first step, whatever the predictions so far and the stand-in's steps take.
     decoder.lookup = AlwaysDraftLookup(settings.lookup_draft, decoder.session.step_costs, backend.even_rows)
     finish_reply(decoder)
@@ -373,7 +375,7 @@ def test_a_drafting_step_is_told_new_by_the_rows_it_evaluates() -> None:
     """A step verifying k drafted tokens evaluates k + 1 rows (the pending token's first): it is charged as the
     context's first of a count exactly when no earlier step evaluated that many rows."""
     backend = ShapeCountingMarkovBackend(even_rows=False)
-    decoder = start_reply(backend, [0, 1, 2, 3, 0, 1, 2, 3, 0, 1], GenerationSettings(max_tokens=40, sampler=ARGMAX,
+    decoder = start_reply(markov_session(backend), [0, 1, 2, 3, 0, 1, 2, 3, 0, 1], GenerationSettings(max_tokens=40, sampler=ARGMAX,
                                                                                        lookup_draft=8))
     decoder.lookup = AlwaysDraftLookup(8, decoder.session.step_costs, backend.even_rows)
     told: list[tuple[int, bool, bool]] = []
@@ -510,7 +512,7 @@ def test_lookup_drafts_only_while_they_pay(row_delay: float, pays: bool) -> None
     plain step (4 ms) end drafting once a few drafting steps have shown what they cost."""
     tokens = 80
     settings = GenerationSettings(max_tokens=tokens, sampler=ARGMAX, lookup_draft=8)
-    decoder = start_reply(SlowMarkovBackend(0.004, row_delay), [0, 1, 2, 3, 0, 1, 2, 3, 0, 1], settings)
+    decoder = start_reply(markov_session(SlowMarkovBackend(0.004, row_delay)), [0, 1, 2, 3, 0, 1, 2, 3, 0, 1], settings)
     finish_reply(decoder)
     reply = decoder.reply
     # Greedy decoding of this table soon repeats a 5-token cycle: the drafts are taken.
@@ -528,7 +530,7 @@ def test_the_decoder_drafts_with_a_draft_model_while_it_pays(target_delay: float
     prompt, tokens = [0, 1, 2], 120
     settings = GenerationSettings(max_tokens=tokens, sampler=ARGMAX)
     draft_model = DraftModel(SlowMarkovBackend(draft_delay))  # type: ignore[arg-type]
-    decoder = start_reply(SlowMarkovBackend(target_delay), prompt, settings, draft_model)
+    decoder = start_reply(markov_session(SlowMarkovBackend(target_delay), draft_model), prompt, settings)
     steps = finish_reply(decoder)
     reply = decoder.reply
     plain = decode(MarkovBackend(), prompt, settings)
@@ -590,15 +592,12 @@ def test_a_banned_token_stays_out_of_a_reply_that_lookup_drafts(engine: Engine) 
     assert engine.backend.token_text(banned) in PASSAGE
     settings = GenerationSettings(max_tokens=16, sampler=dataclasses.replace(ARGMAX, logit_bias=((banned, -100.0),)),
                                   lookup_draft=8)
-    session.reset()
-    reply = Reply(engine.backend, settings, len(prompt))
-    decoder = Decoder(session, reply, settings.sampler, prompt, settings.lookup_draft)
-    session.prefill(prompt)
+    decoder = start_reply(session, prompt, settings)
     decoder.lookup = AlwaysDraftLookup(settings.lookup_draft, session.step_costs, engine.backend.even_rows)
-    decoder.sample()
     finish_reply(decoder)
     decoder.close()
     session.reset()
+    reply = decoder.reply
     assert banned not in reply.token_ids and reply.drafted_tokens > reply.accepted_tokens > 0
 
 
