@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from localchat.constraints import JSON_LAYOUT
 from localchat.markup_calls import (
+    DSML_MARKUP,
     GEMMA4_MARKUP,
     GLM_MARKUP,
     LFM2_MARKUP,
@@ -60,7 +61,7 @@ class Section:
     header: Header | None = None
     # Its start and end markers belong to its body: markup calls written without their wrapper.
     inclusive: bool = False
-    # "calls": each call an object whose one key is the function's name, its value the arguments (Apertus).
+    # "calls": each call an object whose first key is the function's name, its value the arguments (Apertus).
     named_by_key: bool = False
 
 
@@ -138,6 +139,20 @@ FAMILIES: tuple[ChatFormat, ...] = (
         (Section("call", "<｜tool▁call▁begin｜>", ("<｜tool▁call▁end｜>",), Header("<｜tool▁sep｜>", r"^\s*([^\s<]+)")),),
         CallSyntax("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
         dropped=("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"),
+    ),
+    # DeepSeek V3.2: `<｜DSML｜function_calls>` around `<｜DSML｜invoke name="...">` blocks (DSML markup); its
+    # template writes the markers by concatenation, so it is detected by their pieces.
+    ChatFormat(
+        "deepseek-v3.2", ("｜DSML｜", "function_calls>"),
+        (Section("markup", "<｜DSML｜function_calls>", ("</｜DSML｜function_calls>",)),),
+        CallSyntax('<｜DSML｜function_calls>\n<｜DSML｜invoke name="', '">\n', "</｜DSML｜invoke>\n</｜DSML｜function_calls>",
+                   markup=DSML_MARKUP),
+    ),
+    # DeepSeek V4: V3.2's markup inside `<｜DSML｜tool_calls>`.
+    ChatFormat(
+        "deepseek-v4", ("｜DSML｜", "tool_calls>"),
+        (Section("markup", "<｜DSML｜tool_calls>", ("</｜DSML｜tool_calls>",)),),
+        CallSyntax('<｜DSML｜tool_calls>\n<｜DSML｜invoke name="', '">\n', "</｜DSML｜invoke>\n</｜DSML｜tool_calls>", markup=DSML_MARKUP),
     ),
     # Kimi K2: `<|tool_call_begin|>functions.name:0<|tool_call_argument_begin|>{...}<|tool_call_end|>`.
     ChatFormat(

@@ -10,8 +10,10 @@ notation. Qwen3-Coder and GLM-4.5/4.6 write a block per argument holding its val
 
 A block's text becomes a JSON value by the type the function's schema gives that parameter, as vLLM's
 and llama.cpp's parsers read it: strings stay text, other types are read as JSON, falling back to
-the text. localchat.reply_parser finds the section; this module reads its body, writes calls for a
-history, and gives the Lark grammar (llguidance's) of a forced call's arguments."""
+the text. DeepSeek's DSML marks each block (`string="true"`: text, `"false"`: JSON) and its mark
+decides, as DeepSeek's own decoder reads it. localchat.reply_parser finds the section; this module
+reads its body, writes calls for a history, and gives the Lark grammar (llguidance's) of a forced
+call's arguments."""
 
 from __future__ import annotations
 
@@ -49,8 +51,8 @@ class ArgumentNotation(Protocol):
 @dataclass(frozen=True)
 class MarkupSyntax:
     """One family's markup. `function` finds a function's block in a section's body (group 1 its
-    name, 2 its arguments); `opened` a function's start at a body's beginning (1 the name so far,
-    2 non-empty once the name has ended). `lead`: what a body begins with, after whitespace.
+    name, 2 its arguments); `opened` a function's start at a body's beginning, its name cut short or not
+    (1 the name so far, 2 non-empty once the name has ended). `lead`: what a body begins with, after whitespace.
     `shown`: control tokens the arguments hold, which the reply must show."""
 
     function: re.Pattern[str]
@@ -93,6 +95,21 @@ def parameter_value(text: str, schema: Mapping[str, Any]) -> Any:
     return reader(text)
 
 
+def marked_value(text: str, string: str | None, schema: Mapping[str, Any]) -> Any:
+    """A parameter's text by its `string="true|false"` mark (DeepSeek's DSML): the text as written, or JSON;
+    unmarked, or marked JSON that does not parse, as `parameter_value` reads it."""
+    if string == "true":
+        return text
+    if string == "false":
+        with contextlib.suppress(json.JSONDecodeError):
+            return json.loads(text)
+    return parameter_value(text, schema)
+
+
+def _string_mark(is_string: bool) -> str:
+    return "true" if is_string else "false"
+
+
 def _regex_text(text: str) -> str:
     """`text` as a Lark regex literal's body that matches it."""
     return re.escape(text).replace("\\\n", "\\n").replace("/", "\\/")
@@ -109,7 +126,8 @@ CDATA = ("<![CDATA[", "]]>")
 @dataclass(frozen=True)
 class ParameterBlocks:
     """Arguments as one block per parameter holding its value as text (Qwen3-Coder, GLM): `parameter`
-    finds one (group 1 its key, 2 its value's text); `key_open` (formatted with the key) and
+    finds one (named groups: `key`; `value`, its text; `string`, where the family marks a value a string
+    or not, "true" or "false"); `key_open` (formatted with the `key` and that `string` mark) and
     `value_close` write one; `trim`: the text the family puts on each side of a value, removed once."""
 
     parameter: re.Pattern[str]
@@ -125,12 +143,12 @@ class ParameterBlocks:
         for found in self.parameter.finditer(inner):
             rest += inner[position : found.start()]
             position = found.end()
-            key, text = found.group(1).strip(), found.group(2)
+            key, text = found.group("key").strip(), found.group("value")
             if self.trim:
                 text = text.removeprefix(self.trim).removesuffix(self.trim)
             if self.cdata and text.startswith(CDATA[0]) and text.endswith(CDATA[1]):
                 text = text[len(CDATA[0]) : -len(CDATA[1])]
-            arguments[key] = parameter_value(text, properties.get(key, {}))
+            arguments[key] = marked_value(text, found.groupdict().get("string"), properties.get(key, {}))
         return arguments if not (rest + inner[position:]).strip() else None
 
     def read_open(self, written: str, parameters: Parameters) -> dict[str, Any]:
@@ -145,7 +163,8 @@ class ParameterBlocks:
                 return json.dumps(value, ensure_ascii=False)
             return f"{CDATA[0]}{value}{CDATA[1]}" if self.cdata and any(c in value for c in "<&\n") else value
 
-        return "".join(self.key_open.format(key=key) + text(value) + self.value_close for key, value in arguments.items())
+        return "".join(self.key_open.format(key=key, string=_string_mark(isinstance(value, str))) + text(value) + self.value_close
+                       for key, value in arguments.items())
 
     def grammar(self, rule: str, parameters: Parameters, layout: Mapping[str, Any], literal: Callable[[str], str]) -> list[str]:
         """The schema's properties in its order, the required ones present. A string's text is lazy: it
@@ -162,12 +181,26 @@ class ParameterBlocks:
             if enum:
                 rules.append(f"{value}: {' | '.join(literal(item + closing) for item in enum)}")
             elif "string" in _types(schema):
-                rules.append(f"{value}[lazy]: /(?s:.*){_regex_text(closing)}/")
+                rules.append(_text_rule(value, closing, literal))
             else:
                 rules.append(f"{value}: {_json_rule(schema, layout)} {literal(closing)}")
-            parts.append(f"({literal(self.key_open.format(key=key))} {value} {after})" + ("" if key in required else "?"))
+            opening = self.key_open.format(key=key, string=_string_mark("string" in _types(schema)))
+            parts.append(f"({literal(opening)} {value} {after})" + ("" if key in required else "?"))
         empty = '""'
         return [f"{rule}: {' '.join(parts) or empty}", *rules]
+
+
+def _text_rule(rule: str, closing: str, literal: Callable[[str], str]) -> str:
+    """A Lark rule for text up to its `closing` tag. Lazy, it ends where the tag first follows; where the tag
+    holds a control token (DeepSeek's `｜DSML｜`), which no text can spell, the text runs to the tag's text before
+    that token, and the token ends it."""
+    written = literal(closing)
+    if not written.startswith("<["):
+        head, end = json.JSONDecoder().raw_decode(written)
+        if not written[end:].strip():
+            return f"{rule}[lazy]: /(?s:.*){_regex_text(closing)}/"
+        return f"{rule}: /(?s:.*){_regex_text(head)}/ {written[end:].strip()}"
+    return f"{rule}: /(?s:.*)/ {written}"
 
 
 def _json_rule(schema: Mapping[str, Any], layout: Mapping[str, Any]) -> str:
@@ -396,7 +429,7 @@ class PythonKeywords:
 
 
 # A value ends at its closing tag; vLLM also ends one left open at the next parameter.
-QWEN3_CODER_PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", re.DOTALL)
+QWEN3_CODER_PARAMETER = re.compile(r"<parameter=(?P<key>[^>\n]+)>(?P<value>.*?)(?:</parameter>|(?=<parameter=)|\Z)", re.DOTALL)
 QWEN3_CODER_MARKUP = MarkupSyntax(
     re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL),
     re.compile(r"\s*<function=([^>\n]*)(>?)"),
@@ -410,17 +443,28 @@ SEED_OSS_MARKUP = dataclasses.replace(
 # MiniMax-M2: `<invoke name="...">` and `<parameter name="...">` inside `<minimax:tool_call>`.
 MINIMAX_MARKUP = MarkupSyntax(
     re.compile(r'<invoke name="([^"\n]+)">(.*?)</invoke>', re.DOTALL),
-    re.compile(r'\s*<invoke name="([^"\n]*)(">?)'),
-    ParameterBlocks(re.compile(r'<parameter name="([^"\n]+)">(.*?)</parameter>', re.DOTALL), '<parameter name="{key}">',
+    re.compile(r'\s*<invoke name="([^"\n]*)((?:">?)?)'),
+    ParameterBlocks(re.compile(r'<parameter name="(?P<key>[^"\n]+)">(?P<value>.*?)</parameter>', re.DOTALL), '<parameter name="{key}">',
                     "</parameter>\n"),
     lead="<invoke name=",
 )
 # MiniCPM 5: `<function name="...">` blocks of `<param name="...">`, with no wrapper around them.
 MINICPM_MARKUP = MarkupSyntax(
     re.compile(r'<function name="([^"\n]+)">(.*?)</function>', re.DOTALL),
-    re.compile(r'\s*<function name="([^"\n]*)(">?)'),
-    ParameterBlocks(re.compile(r'<param name="([^"\n]+)">(.*?)</param>', re.DOTALL), '<param name="{key}">', "</param>", cdata=True),
+    re.compile(r'\s*<function name="([^"\n]*)((?:">?)?)'),
+    ParameterBlocks(re.compile(r'<param name="(?P<key>[^"\n]+)">(?P<value>.*?)</param>', re.DOTALL), '<param name="{key}">', "</param>",
+                    cdata=True),
     lead='<function name="',
+)
+# DeepSeek V3.2 and V4 (DSML): `<｜DSML｜invoke name="...">` blocks of `<｜DSML｜parameter name="..." string="true|false">`.
+DSML_TOKEN = "｜DSML｜"
+DSML_MARKUP = MarkupSyntax(
+    re.compile(rf'<{DSML_TOKEN}invoke name="([^"\n]+)">(.*?)</{DSML_TOKEN}invoke>', re.DOTALL),
+    re.compile(rf'\s*<{DSML_TOKEN}invoke name="([^"\n]*)((?:">?)?)'),
+    ParameterBlocks(re.compile(rf'<{DSML_TOKEN}parameter name="(?P<key>[^"\n]+)"(?: string="(?P<string>true|false)")?>'
+                               rf"(?P<value>.*?)</{DSML_TOKEN}parameter>", re.DOTALL),
+                    f'<{DSML_TOKEN}parameter name="{{key}}" string="{{string}}">', f"</{DSML_TOKEN}parameter>\n"),
+    lead=f'<{DSML_TOKEN}invoke name=',
 )
 # LFM2 and LFM2.5: a Python list of calls, `[name(key=value, ...), ...]`.
 LFM2_MARKUP = MarkupSyntax(
@@ -433,7 +477,7 @@ LFM2_MARKUP = MarkupSyntax(
 GLM_MARKUP = MarkupSyntax(
     re.compile(r"\A\s*([^\s<]+)\n(.*)\Z", re.DOTALL),
     re.compile(r"\s*([^\s<]*)(\s?)"),
-    ParameterBlocks(re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL),
+    ParameterBlocks(re.compile(r"<arg_key>(?P<key>.*?)</arg_key>\s*<arg_value>(?P<value>.*?)</arg_value>", re.DOTALL),
                     "<arg_key>{key}</arg_key>\n<arg_value>", "</arg_value>\n"),
 )
 # Gemma 4: `call:NAME{...}`, one call a section.

@@ -113,8 +113,8 @@ class ArgumentsReader:
 class CallsReader:
     """Calls written as JSON, a character at a time: an object naming the function and holding its
     arguments, or an array of them, maybe fenced. A call begins once its name is read; arguments
-    read before the name wait for it. `named_by_key`: an object's one key is the name, its value
-    the arguments (Apertus's `{"get_weather": {"city": "Bern"}}`)."""
+    read before the name wait for it. `named_by_key`: an object's first key is the name, its value
+    the arguments (Apertus's `{"get_weather": {"city": "Bern"}}`); later keys are skipped."""
 
     def __init__(self, calls: CallSink, *, named_by_key: bool = False) -> None:
         self.calls = calls
@@ -229,8 +229,7 @@ class CallsReader:
         if not self.keys_seen:
             if not self.key:
                 return "error"
-            self.name, self.started, self.open = self.key, True, True
-            self.calls.start(self.key)
+            self._start_call(self.key)
         self.key = "" if self.keys_seen else "arguments"
         self.keys_seen += 1
         self.state = "colon"
@@ -269,14 +268,17 @@ class CallsReader:
                 return "error"
             if not name:
                 return "error"
-            self.name, self.started, self.open = name, True, True
-            self.calls.start(name)
+            self._start_call(name)
             if self.waiting_arguments:
                 self.calls.arguments(self.waiting_arguments)
             self.state = "after_value"
             return "more"
         self.text += char
         return "more"
+
+    def _start_call(self, name: str) -> None:
+        self.name, self.started, self.open = name, True, True
+        self.calls.start(name)
 
     def _arguments(self, char: str) -> Step:
         assert self.span is not None

@@ -15,6 +15,8 @@ FAMILY_OF_TEMPLATE = {
     "command_r7b_tool_use": "command-r7b",
     "command_r_plus_tool_use": "command-r",
     "deepseek_r1_distill": "deepseek-r1",
+    "deepseek_v3_2": "deepseek-v3.2",
+    "deepseek_v4": "deepseek-v4",
     "gemma2": "generic",
     "gemma3": "generic",
     "glm4": "generic",
@@ -67,5 +69,6 @@ def fmt(name: str) -> ChatFormat:
     return detect_format(template(name).source)
 
 
+@cache
 def prompt_of(name: str) -> str:
     return template(name).render([ASK], tools=[WEATHER_TOOL, TIME_TOOL])

@@ -127,7 +127,7 @@ def test_phi4_mini_reads_the_tools_from_the_system_message() -> None:
 
 
 @pytest.mark.parametrize("name", ["qwen3", "qwen3_coder", "glm4_6", "llama3_1", "mistral_nemo", "mistral_small3_2", "deepseek_r1_distill", "gpt_oss", "granite3_3",
-                                  "ministral3_reasoning", "apertus", "phi4_mini", "command_r7b_tool_use", "command_r_plus_tool_use", "gemma3"])
+                                  "ministral3_reasoning", "apertus", "deepseek_v3_2", "deepseek_v4", "phi4_mini", "command_r7b_tool_use", "command_r_plus_tool_use", "gemma3"])
 def test_a_forced_call_opening_reads_as_that_call(name: str) -> None:
     """The server writes a call's opening after the prompt; with the model's continuation the
     reply reads as the call (DeepSeek's opening first closes the reasoning the prompt opened)."""
@@ -144,7 +144,7 @@ def test_a_forced_call_opening_reads_as_that_call(name: str) -> None:
         assert parsed.calls == [ParsedCall("get_weather", '{"city": "Zürich"}')] and parsed.content == "", whole
 
 
-SPECIAL_LOOKING = re.compile(r"<\|[^|>]+\|>|\[[A-Z_]+\]|<｜[^｜]+｜>")
+SPECIAL_LOOKING = re.compile(r"<\|[^|>]+\|>|\[[A-Z_]+\]|<｜[^｜]+｜>|｜DSML｜")
 
 
 class _ByteVocabulary:
@@ -245,3 +245,40 @@ def test_qwen3_coder_forced_call_grammar_types_each_parameter() -> None:
     for wrong in ({"city": "Bern"}, {"city": "Bern", "days": "three"}, {"city": "Bern", "days": 3, "unit": "K"},
                   {"days": 3, "city": "Bern"}, {"city": "x\n</parameter>", "days": 1}):
         assert not accepts(wrong), wrong
+
+
+@pytest.mark.parametrize("name", ["deepseek_v3_2", "deepseek_v4"])
+def test_dsml_typed_calls_in_a_history_read_back_by_their_marks(name: str) -> None:
+    """DeepSeek's templates mark each value a string (written as is) or not (JSON): read by those marks, with no
+    schema to type them, the call's arguments come back as they were."""
+    support = template_support(template(name), fmt(name))
+    call = Message("assistant", "", tool_calls=(ToolCall("call_1", "forecast", CODER_ARGS),))
+    prompt, written = _assistant_text(name, [ASK, call], fmt(name), support)
+    assert '<｜DSML｜parameter name="days" string="false">3</｜DSML｜parameter>' in written
+    parsed = parse_reply(fmt(name), written, prompt=prompt)
+    assert [(c.name, json.loads(c.arguments)) for c in parsed.calls] == [("forecast", CODER_ARGS)]
+
+
+@pytest.mark.parametrize("name", ["deepseek_v3_2", "deepseek_v4"])
+def test_dsml_forced_call_grammar_marks_each_parameter_by_its_type(name: str) -> None:
+    """The forced call's grammar: string="true" and free text for a string parameter, string="false" and the
+    schema's JSON for the others."""
+    llguidance = pytest.importorskip("llguidance")
+    vocabulary = _ByteVocabulary([])
+    tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(vocabulary), n_vocab=len(vocabulary.tokens), eos_token=256)
+    syntax = fmt(name).call
+    grammar = call_grammar(fmt(name), [CODER_TOOL], "forecast")
+
+    def accepts(text: str) -> bool:
+        matcher = llguidance.LLMatcher(tokenizer, llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0)
+        return matcher.consume_tokens(vocabulary(text)) and matcher.is_accepting()
+
+    def blocks(days_mark: str) -> str:
+        return ('<｜DSML｜parameter name="city" string="true">Bern</b></｜DSML｜parameter>\n'
+                f'<｜DSML｜parameter name="days" string="{days_mark}">3</｜DSML｜parameter>\n' + syntax.closing)
+
+    assert accepts(blocks("false")) and not accepts(blocks("true"))
+    opening = syntax.prefix + "forecast" + syntax.before_arguments
+    assert accepts(syntax.write("forecast", CODER_ARGS)[len(opening):])
+    for wrong in ({"city": "Bern", "days": "3"}, {"city": 7, "days": 3}, {"city": "Bern", "days": 3, "unit": "K"}):
+        assert not accepts(syntax.write("forecast", wrong)[len(opening):]), wrong

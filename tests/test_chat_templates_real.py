@@ -32,6 +32,8 @@ SPECIAL_TOKENS: dict[str, tuple[str, str]] = {
     "command_r_plus_tool_use": ("<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>"),
     "deepseek_r1_distill": ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"),
     "deepseek_v3_1": ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"),
+    "deepseek_v3_2": ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"),
+    "deepseek_v4": ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"),
     "gemma2": ("<bos>", "<eos>"),
     "gemma3": ("<bos>", "<eos>"),
     "gemma4": ("<bos>", "<eos>"),

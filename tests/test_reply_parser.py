@@ -57,6 +57,28 @@ def bare_call(name: str, **parameters: str) -> str:
     return f"<function={name}>\n{blocks}</function>"
 
 
+def dsml_parameter(key: str, text: str, string: str | None = "true") -> str:
+    """A parameter as DeepSeek V3.2 and V4 write it, its text marked a string ("true"), JSON ("false"), or not at all."""
+    mark = "" if string is None else f' string="{string}"'
+    return f'<｜DSML｜parameter name="{key}"{mark}>{text}</｜DSML｜parameter>\n'
+
+
+def dsml_calls(wrapper: str, *calls: tuple[str, str]) -> str:
+    """Calls (a name and its parameters' blocks) as DeepSeek V3.2 (`function_calls`) and V4 (`tool_calls`) write them."""
+    invokes = "".join(f'<｜DSML｜invoke name="{name}">\n{blocks}</｜DSML｜invoke>\n' for name, blocks in calls)
+    return f"<｜DSML｜{wrapper}>\n{invokes}</｜DSML｜{wrapper}>"
+
+
+DSML_WEATHER = ("get_weather", dsml_parameter("city", "Zürich"))
+DSML_TIME = ("get_time", dsml_parameter("city", "東京"))
+# Values marked a string or JSON whatever their schema's type (TYPED): the mark decides; marked JSON that does not
+# parse, and an unmarked value, are read by the schema.
+DSML_MARKED = dsml_calls("function_calls", ("forecast", "".join((
+    dsml_parameter("city", "007"), dsml_parameter("scale", "1.5"), dsml_parameter("metric", "true", "false"),
+    dsml_parameter("hours", "[6, 18]", "false"), dsml_parameter("note", "line <two>", "false"), dsml_parameter("extra", "12", "false"),
+    dsml_parameter("days", "3", None)))))
+
+
 def markup_call(name: str, **parameters: str) -> str:
     """A call as Qwen3-Coder writes it, each parameter's value as text."""
     return f"<tool_call>\n{bare_call(name, **parameters)}\n</tool_call>"
@@ -192,6 +214,20 @@ CASES: dict[str, Case] = {
                               reply(calls=ONE_CALL)),
     "apertus_not_a_call": Case("apertus", "Write <|tools_prefix|>[1, 2]<|tools_suffix|> so.",
                                reply("Write <|tools_prefix|>[1, 2]<|tools_suffix|> so.")),
+    # DeepSeek V3.2 and V4: DSML markup in <｜DSML｜function_calls> (V3.2) or <｜DSML｜tool_calls> (V4), each value marked a
+    # string (as written) or not (JSON), an unmarked one read by its schema; reasoning in <think> when the prompt opened it.
+    "deepseek_v3_2": Case("deepseek_v3_2", "On it.\n\n" + dsml_calls("function_calls", DSML_WEATHER, DSML_TIME), reply("On it.\n\n", calls=TWO_CALLS)),
+    "deepseek_v3_2_thinking": Case("deepseek_v3_2", "Need the weather.</think>\n\n" + dsml_calls("function_calls", DSML_WEATHER),
+                                   reply(reasoning="Need the weather.", calls=ONE_CALL), prompt=template("deepseek_v3_2").render([ASK], enable_thinking=True)),
+    "deepseek_v3_2_marked": Case("deepseek_v3_2", DSML_MARKED, tools=TYPED, expected=reply(calls=[ParsedCall(
+        "forecast", '{"city": "007", "scale": "1.5", "metric": true, "hours": [6, 18], "note": "line <two>", "extra": 12, "days": 3}')])),
+    "deepseek_v3_2_other_wrapper": Case("deepseek_v3_2", dsml_calls("tool_calls", DSML_TIME), reply(dsml_calls("tool_calls", DSML_TIME))),
+    "deepseek_v4": Case("deepseek_v4", "On it.\n\n" + dsml_calls("tool_calls", DSML_WEATHER, DSML_TIME), reply("On it.\n\n", calls=TWO_CALLS)),
+    "deepseek_v4_thinking": Case("deepseek_v4", "Both cities.</think>" + dsml_calls("tool_calls", DSML_WEATHER, DSML_TIME),
+                                 reply(reasoning="Both cities.", calls=TWO_CALLS), prompt=template("deepseek_v4").render([ASK], enable_thinking=True)),
+    "deepseek_v4_no_arguments": Case("deepseek_v4", dsml_calls("tool_calls", ("get_time", "\n")), reply(calls=[ParsedCall("get_time", "{}")])),
+    "deepseek_v4_not_a_call": Case("deepseek_v4", "Wrap calls in <｜DSML｜tool_calls> tags.</｜DSML｜tool_calls>",
+                                   reply("Wrap calls in <｜DSML｜tool_calls> tags.</｜DSML｜tool_calls>")),
     "ministral3_reasoning": Case("ministral3_reasoning", '[THINK]Both cities.[/THINK][TOOL_CALLS]get_weather[ARGS]{"city": "Zürich"}'
                                                          '[TOOL_CALLS]get_time[ARGS]{"city": "東京"}', reply(reasoning="Both cities.", calls=TWO_CALLS)),
     "ministral3_answer": Case("ministral3_reasoning", "[THINK]Easy.[/THINK]Sunny.", reply("Sunny.", "Easy.")),
@@ -315,10 +351,12 @@ def test_text_that_only_looks_like_a_marker_start_is_released() -> None:
 FRAGMENTS = ["<tool_call>", "</tool_call>", "<think>", "</think>", "<|start|>assistant", "<|channel|>analysis", "<|channel|>final",
              " to=functions.f", "<|message|>", "<|end|>", "[TOOL_CALLS]", "[ARGS]", '{"name": "f"', '"arguments": ', '{"a": [1, "}"]}',
              "{", "}", "[", "]", ",", ":", '"', "\\", " ", "\n", "```json\n", "```", "x", "é", "<", "<tool",
-             "<function=f>", "</function>", "<parameter=a>", "</parameter>", "<arg_key>a</arg_key>", "<arg_value>", "</arg_value>"]
+             "<function=f>", "</function>", "<parameter=a>", "</parameter>", "<arg_key>a</arg_key>", "<arg_value>", "</arg_value>",
+             "<｜DSML｜tool_calls>", "</｜DSML｜tool_calls>", '<｜DSML｜invoke name="f">', "</｜DSML｜invoke>", '<｜DSML｜parameter name="a" string="false">',
+             "</｜DSML｜parameter>"]
 
 
-@pytest.mark.parametrize("name", ["qwen3", "qwen3_coder", "glm4_6", "gpt_oss", "mistral_small3_2", "llama3_1", "gemma3"])
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_coder", "glm4_6", "gpt_oss", "mistral_small3_2", "llama3_1", "gemma3", "deepseek_v4"])
 def test_any_reply_parses_the_same_however_it_is_split(name: str) -> None:
     """Random replies made of markers and JSON pieces: never an error, the same parts for any split."""
     hypothesis = pytest.importorskip("hypothesis")
@@ -355,6 +393,10 @@ FORCED = ("get_weather", "get_time")
     ("glm4_6", "get_ti", [ParsedCall("get_time")]),
     ("glm4_6", "get_time\n<arg_key>city</arg_key>\n<arg_value>Bern</arg_value>\n<arg_key>da", [ParsedCall("get_time", '{"city": "Bern"}')]),
     ("qwen3_coder", "get_time>\n<parameter=city>\nBern\n</parameter>\n<parameter=days>\n3", [ParsedCall("get_time", '{"city": "Bern"}')]),
+    ("deepseek_v3_2", "get_wea", [ParsedCall("get_weather")]),
+    ("minimax_m2", "get_wea", [ParsedCall("get_weather")]),
+    ("minicpm5", "get_ti", [ParsedCall("get_time")]),
+    ("deepseek_v4", 'get_time">\n' + dsml_parameter("city", "Bern") + '<｜DSML｜parameter name="da', [ParsedCall("get_time", '{"city": "Bern"}')]),
 ])
 def test_a_forced_call_cut_short_is_a_call_or_none_never_content(name: str, written: str, expected: list[ParsedCall]) -> None:
     """tool_choice required, cut by max_tokens: the server wrote the call's opening, the model part of the rest."""

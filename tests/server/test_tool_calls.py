@@ -185,7 +185,8 @@ HISTORY: list[dict[str, Any]] = [
 
 
 @pytest.mark.parametrize(("template", "control", "expected"), ids=["qwen3", "mistral_small3_2", "llama3_1", "qwen3_coder", "glm4_6", "nemotron_nano_v2", "seed_oss", "minimax_m2",
-                                                                   "deepseek_v3_1", "kimi_k2", "minicpm5", "lfm2", "gemma4", "apertus", "gemma_fallback"], argvalues=[
+                                                                   "deepseek_v3_1", "deepseek_v3_2", "deepseek_v4", "kimi_k2", "minicpm5", "lfm2", "gemma4",
+                                                                   "apertus", "gemma_fallback"], argvalues=[
     (QWEN3, (), ['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n</tool_call>',
                  "<tool_response>\n21 °C, clear\n</tool_response>"]),
     (template_text("mistral_small3_2"), (),
@@ -209,6 +210,12 @@ HISTORY: list[dict[str, Any]] = [
     (template_text("deepseek_v3_1"), (),
      ['<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Zürich"}<｜tool▁call▁end｜>',
       "<｜tool▁output▁begin｜>21 °C, clear<｜tool▁output▁end｜>"]),
+    (template_text("deepseek_v3_2"), (),
+     [('<｜DSML｜function_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">Zürich</｜DSML｜parameter>\n'
+       "</｜DSML｜invoke>\n</｜DSML｜function_calls>"), "<function_results>\n<result>21 °C, clear</result>\n</function_results>"]),
+    (template_text("deepseek_v4"), (),
+     [('<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">Zürich</｜DSML｜parameter>\n'
+       "</｜DSML｜invoke>\n</｜DSML｜tool_calls>"), "<｜User｜><tool_result>21 °C, clear</tool_result><｜Assistant｜>"]),
     (template_text("kimi_k2"), (),
      ['<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{"city": "Zürich"}<|tool_call_end|>',
       "21 °C, clear<|im_end|>"]),
@@ -476,12 +483,16 @@ def _gemma4_forced_calls(client: openai.OpenAI, backend: ScriptedBackend) -> Non
 
 
 DEEPSEEK_CONTROL = ("<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>")
+# DeepSeek V3.2's and V4's calls (DSML), each value marked a string or not.
+DSML_FORECAST = ('<｜DSML｜invoke name="forecast">\n<｜DSML｜parameter name="city" string="true">Zürich</｜DSML｜parameter>\n'
+                 '<｜DSML｜parameter name="days" string="false">3</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke name="get_time">\n'
+                 '<｜DSML｜parameter name="city" string="true">Zürich</｜DSML｜parameter>\n</｜DSML｜invoke>\n')
 KIMI_CONTROL = ("<|tool_calls_section_begin|>", "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>",
                 "<|tool_calls_section_end|>")
 
 
-@pytest.mark.parametrize(("template", "control", "reply", "reasoning"), ids=["nemotron_nano_v2", "seed_oss", "minimax_m2", "deepseek_v3_1", "kimi_k2",
-                                                                          "minicpm5", "lfm2"], argvalues=[
+@pytest.mark.parametrize(("template", "control", "reply", "reasoning"), ids=["nemotron_nano_v2", "seed_oss", "minimax_m2", "deepseek_v3_1", "deepseek_v3_2",
+                                                                          "deepseek_v4", "kimi_k2", "minicpm5", "lfm2"], argvalues=[
     ("nemotron_nano_v2", (), ('Weather.</think>I\'ll look.<TOOLCALL>[{"name": "forecast", "arguments": {"city": "Zürich", "days": 3}}, '
      '{"name": "get_time", "arguments": {"city": "Zürich"}}]</TOOLCALL>'), "Weather."),
     ("seed_oss", (), ("<seed:think>Weather.</seed:think>I'll look.<seed:tool_call>\n<function=forecast>\n<parameter=city>Zürich</parameter>\n"
@@ -492,6 +503,9 @@ KIMI_CONTROL = ("<|tool_calls_section_begin|>", "<|tool_call_begin|>", "<|tool_c
      "</minimax:tool_call>"), "Weather."),
     ("deepseek_v3_1", DEEPSEEK_CONTROL, ('I\'ll look.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>forecast<｜tool▁sep｜>{"city": "Zürich", "days": 3}'
      '<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{"city": "Zürich"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>'), None),
+    ("deepseek_v3_2", (), ("I'll look.<｜DSML｜function_calls>\n" + DSML_FORECAST + "</｜DSML｜function_calls>"), None),
+    # V4 with `｜DSML｜` a control token: its markers read alike whether a vocabulary makes it one or not.
+    ("deepseek_v4", ("｜DSML｜",), ("I'll look.<｜DSML｜tool_calls>\n" + DSML_FORECAST + "</｜DSML｜tool_calls>"), None),
     ("kimi_k2", KIMI_CONTROL, ('I\'ll look.<|tool_calls_section_begin|><|tool_call_begin|>functions.forecast:0<|tool_call_argument_begin|>'
      '{"city": "Zürich", "days": 3}<|tool_call_end|><|tool_call_begin|>functions.get_time:1<|tool_call_argument_begin|>{"city": "Zürich"}'
      "<|tool_call_end|><|tool_calls_section_end|>"), None),
@@ -502,7 +516,7 @@ KIMI_CONTROL = ("<|tool_calls_section_begin|>", "<|tool_call_begin|>", "<|tool_c
 ])
 def test_more_families_calls_come_back_whole_and_streamed(tmp_path: Path, template: str, control: tuple[str, ...], reply: str,
                                                           reasoning: str | None) -> None:
-    """Nemotron Nano 2 (a JSON list), Seed-OSS and MiniMax-M2 (markup), DeepSeek V3.1 and Kimi K2 (a call per header):
+    """Nemotron Nano 2 (a JSON list), Seed-OSS, MiniMax-M2 and DeepSeek V3.2/V4 (markup), DeepSeek V3.1 and Kimi K2 (a call per header):
     each family's calls come back as OpenAI's, with its thinking apart, whole and streamed."""
     backend = ScriptedBackend(template_text(template), control)
     backend.replies.extend([reply] * 2)
@@ -550,5 +564,28 @@ def test_minicpm5_forced_calls_open_a_section_without_wrapper(tmp_path: Path) ->
         assert _calls(reply.choices[0].message) == [("forecast", {"city": "Oslo", "days": 2})]
         required = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS, tool_choice="required",
                                                   max_tokens=200)
+    [(name, arguments)] = _calls(required.choices[0].message)
+    assert name == "forecast" and arguments["city"] == "Oslo" and isinstance(arguments["days"], int)
+
+
+@pytest.mark.parametrize(("template", "wrapper"), [("deepseek_v3_2", "function_calls"), ("deepseek_v4", "tool_calls")])
+def test_dsml_forced_calls_follow_the_marked_parameters_grammar(tmp_path: Path, template: str, wrapper: str) -> None:
+    """Named: the server writes `<｜DSML｜WRAPPER>\\n<｜DSML｜invoke name="NAME">\\n`; a grammar holds the parameter blocks
+    to the schema, each marked by its type (a model that would mark a number a string still makes a call whose values parse)."""
+    backend = ScriptedBackend(template_text(template))
+    closing = f"</｜DSML｜invoke>\n</｜DSML｜{wrapper}>"
+    backend.replies.extend([
+        '<｜DSML｜parameter name="city" string="true">Oslo</｜DSML｜parameter>\n<｜DSML｜parameter name="days" string="false">2</｜DSML｜parameter>\n'
+        + closing,
+        'forecast">\n<｜DSML｜parameter name="city" string="true">Oslo</｜DSML｜parameter>\n<｜DSML｜parameter name="days" string="true">two'
+        "</｜DSML｜parameter>\n" + closing])
+    named = {"type": "function", "function": {"name": "forecast"}}
+    with scripted_client(backend, tmp_path) as (client, _):
+        reply = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS, tool_choice=named)  # type: ignore[arg-type]
+        assert backend.prompts[-1].endswith(f'</think><｜DSML｜{wrapper}>\n<｜DSML｜invoke name="forecast">\n')
+        assert _calls(reply.choices[0].message) == [("forecast", {"city": "Oslo", "days": 2})]
+        required = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS, tool_choice="required",
+                                                  max_tokens=200)
+    assert backend.prompts[-1].endswith(f'<｜DSML｜{wrapper}>\n<｜DSML｜invoke name="')
     [(name, arguments)] = _calls(required.choices[0].message)
     assert name == "forecast" and arguments["city"] == "Oslo" and isinstance(arguments["days"], int)
