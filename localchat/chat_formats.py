@@ -24,6 +24,7 @@ from localchat.markup_calls import (
     DSML_MARKUP,
     GEMMA4_MARKUP,
     GLM_MARKUP,
+    HY3_MARKUP,
     LFM2_MARKUP,
     MINICPM_MARKUP,
     MINIMAX_MARKUP,
@@ -162,6 +163,25 @@ FAMILIES: tuple[ChatFormat, ...] = (
         CallSyntax("<|tool_calls_section_begin|><|tool_call_begin|>functions.", ":0<|tool_call_argument_begin|>",
                    "<|tool_call_end|><|tool_calls_section_end|>"),
         dropped=("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"),
+    ),
+    # Upstage Solar Open: `<|begin|>assistant<|tool_calls|>`, then `<|tool_call:begin|>ID<|tool_call:name|>name<|tool_call:args|>{...}
+    # <|tool_call:end|>` per call and `<|calls|>`; thinking is a turn of its own, `<|begin|>assistant<|think|>...<|end|>`.
+    ChatFormat(
+        "solar-open", ("<|tool_call:begin|>", "<|tool_call:args|>"),
+        (Section("reasoning", "<|think|>", ("<|end|>",)),
+         Section("call", "<|tool_call:begin|>", ("<|tool_call:end|>",), Header("<|tool_call:args|>", r"<\|tool_call:name\|>\s*([^\s<]+)"))),
+        # The call's id: 10 lowercase letters or digits, as the template asks, its own example.
+        CallSyntax("<|tool_calls|><|tool_call:begin|>a1b2c3d4e5<|tool_call:name|>", "<|tool_call:args|>", "<|tool_call:end|><|calls|>"),
+        dropped=("<|begin|>assistant", "<|content|>", "<|tool_calls|>", "<|calls|>"), read_in_headers=("<|tool_call:name|>",),
+    ),
+    # Tencent Hy3: `<tool_call:opensource>name<tool_sep:opensource>` blocks, GLM's markup in `:opensource` tokens, inside
+    # `<tool_calls:opensource>`; its template builds each token by `.format(HYTK)`, so it is detected by their pieces.
+    ChatFormat(
+        "hy3", ("<tool_sep{}>", "<arg_key{}>", "':opensource'"),
+        (Section("reasoning", "<think:opensource>", ("</think:opensource>",)),
+         Section("markup", "<tool_calls:opensource>", ("</tool_calls:opensource>",))),
+        CallSyntax("<tool_calls:opensource>\n<tool_call:opensource>", "<tool_sep:opensource>\n",
+                   "</tool_call:opensource>\n</tool_calls:opensource>", markup=HY3_MARKUP),
     ),
     # Mistral v11+ (Small 3.2, Magistral, Devstral): `[TOOL_CALLS]name[CALL_ID]id[ARGS]{...}`.
     ChatFormat(

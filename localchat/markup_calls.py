@@ -480,6 +480,17 @@ GLM_MARKUP = MarkupSyntax(
     ParameterBlocks(re.compile(r"<arg_key>(?P<key>.*?)</arg_key>\s*<arg_value>(?P<value>.*?)</arg_value>", re.DOTALL),
                     "<arg_key>{key}</arg_key>\n<arg_value>", "</arg_value>\n"),
 )
+# Tencent Hy3: GLM's markup in tokens of its own (`<arg_key:opensource>`), a call's name ended by `<tool_sep:opensource>`.
+HY3_TOKEN = ":opensource"
+HY3_MARKUP = MarkupSyntax(
+    re.compile(rf"<tool_call{HY3_TOKEN}>\s*([^\s<]+)<tool_sep{HY3_TOKEN}>(.*?)</tool_call{HY3_TOKEN}>", re.DOTALL),
+    re.compile(rf"\s*<tool_call{HY3_TOKEN}>([^\s<]*)((?:<tool_sep{HY3_TOKEN}>)?)"),
+    ParameterBlocks(re.compile(rf"<arg_key{HY3_TOKEN}>(?P<key>.*?)</arg_key{HY3_TOKEN}>\s*<arg_value{HY3_TOKEN}>(?P<value>.*?)"
+                               rf"</arg_value{HY3_TOKEN}>", re.DOTALL),
+                    f"<arg_key{HY3_TOKEN}>{{key}}</arg_key{HY3_TOKEN}>\n<arg_value{HY3_TOKEN}>", f"</arg_value{HY3_TOKEN}>\n"),
+    lead=f"<tool_call{HY3_TOKEN}>",
+    shown=tuple(f"<{tag}{HY3_TOKEN}>" for tag in ("tool_call", "/tool_call", "tool_sep", "arg_key", "/arg_key", "arg_value", "/arg_value")),
+)
 # Gemma 4: `call:NAME{...}`, one call a section.
 GEMMA4_MARKUP = MarkupSyntax(
     re.compile(r"\A\s*call:([^{\s]+)(\{.*\})\s*\Z", re.DOTALL),

@@ -22,6 +22,7 @@ FAMILY_OF_TEMPLATE = {
     "glm4": "generic",
     "gpt_oss": "gpt-oss",
     "granite3_3": "granite",
+    "hy3": "hy3",
     "llama3_1": "llama-3",
     "llama3_2": "llama-3",
     "mistral_nemo": "mistral",
@@ -36,6 +37,7 @@ FAMILY_OF_TEMPLATE = {
     "qwen3_coder": "qwen3-coder",
     "glm4_6": "glm-4.5",
     "smollm3": "hermes",
+    "solar_open": "solar-open",
 }
 WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "The current weather in a city.",

@@ -127,7 +127,7 @@ def test_phi4_mini_reads_the_tools_from_the_system_message() -> None:
 
 
 @pytest.mark.parametrize("name", ["qwen3", "qwen3_coder", "glm4_6", "llama3_1", "mistral_nemo", "mistral_small3_2", "deepseek_r1_distill", "gpt_oss", "granite3_3",
-                                  "ministral3_reasoning", "apertus", "deepseek_v3_2", "deepseek_v4", "phi4_mini", "command_r7b_tool_use", "command_r_plus_tool_use", "gemma3"])
+                                  "ministral3_reasoning", "apertus", "deepseek_v3_2", "deepseek_v4", "solar_open", "hy3", "phi4_mini", "command_r7b_tool_use", "command_r_plus_tool_use", "gemma3"])
 def test_a_forced_call_opening_reads_as_that_call(name: str) -> None:
     """The server writes a call's opening after the prompt; with the model's continuation the
     reply reads as the call (DeepSeek's opening first closes the reasoning the prompt opened)."""

@@ -41,6 +41,7 @@ SPECIAL_TOKENS: dict[str, tuple[str, str]] = {
     "glm4_6": ("", "<|endoftext|>"),
     "gpt_oss": ("<|startoftext|>", "<|return|>"),
     "granite3_3": ("<|end_of_text|>", "<|end_of_text|>"),
+    "hy3": ("", ""),  # its template sets its own
     "kimi_k2": ("", ""),  # its template writes neither
     "lfm2": ("<|startoftext|>", "<|im_end|>"),
     "lfm2_5": ("<|startoftext|>", "<|im_end|>"),
@@ -61,6 +62,7 @@ SPECIAL_TOKENS: dict[str, tuple[str, str]] = {
     "qwen3_coder": ("", "<|im_end|>"),
     "seed_oss": ("<seed:bos>", "<seed:eos>"),
     "smollm3": ("", "<|im_end|>"),
+    "solar_open": ("", ""),  # its template writes neither
 }
 
 WEATHER_TOOL = {

@@ -79,6 +79,18 @@ DSML_MARKED = dsml_calls("function_calls", ("forecast", "".join((
     dsml_parameter("days", "3", None)))))
 
 
+def solar_call(call_id: str, name: str, arguments: str) -> str:
+    """One call as Upstage Solar Open writes it."""
+    return f"<|tool_call:begin|>{call_id}<|tool_call:name|>{name}<|tool_call:args|>{arguments}<|tool_call:end|>"
+
+
+def hy3_calls(*calls: tuple[str, str, str]) -> str:
+    """Calls of one argument each (a name, its key and value) as Tencent Hy3 writes them."""
+    written = "".join(f"<tool_call:opensource>{name}<tool_sep:opensource>\n<arg_key:opensource>{key}</arg_key:opensource>\n"
+                      f"<arg_value:opensource>{value}</arg_value:opensource>\n</tool_call:opensource>\n" for name, key, value in calls)
+    return f"<tool_calls:opensource>\n{written}</tool_calls:opensource>"
+
+
 def markup_call(name: str, **parameters: str) -> str:
     """A call as Qwen3-Coder writes it, each parameter's value as text."""
     return f"<tool_call>\n{bare_call(name, **parameters)}\n</tool_call>"
@@ -214,6 +226,21 @@ CASES: dict[str, Case] = {
                               reply(calls=ONE_CALL)),
     "apertus_not_a_call": Case("apertus", "Write <|tools_prefix|>[1, 2]<|tools_suffix|> so.",
                                reply("Write <|tools_prefix|>[1, 2]<|tools_suffix|> so.")),
+    # Upstage Solar Open: thinking a turn of its own (`<|think|>...<|end|>`), then `<|begin|>assistant` and `<|content|>` or
+    # `<|tool_calls|>`, a call per `<|tool_call:begin|>ID<|tool_call:name|>NAME<|tool_call:args|>{...}<|tool_call:end|>`.
+    "solar_open": Case("solar_open", "<|think|>Both cities.<|end|><|begin|>assistant<|tool_calls|>" + solar_call("a1b2c3d4e5", "get_weather", WEATHER_ARGS)
+                       + solar_call("f6g7h8i9j0", "get_time", TIME_ARGS) + "<|calls|>", reply(reasoning="Both cities.", calls=TWO_CALLS)),
+    "solar_open_answer": Case("solar_open", "<|think|>Easy.<|end|><|begin|>assistant<|content|>Sunny.", reply("Sunny.", "Easy.")),
+    "solar_open_not_a_call": Case("solar_open", "<|content|>Calls open with <|tool_call:begin|> and end so.",
+                                  reply("Calls open with <|tool_call:begin|> and end so.")),
+    # Tencent Hy3: GLM's markup in `:opensource` tokens inside <tool_calls:opensource>; thinking in <think:opensource> when
+    # the prompt opened it (reasoning_effort low or high).
+    "hy3": Case("hy3", "On it." + hy3_calls(("get_weather", "city", "Zürich"), ("get_time", "city", "東京")), reply("On it.", calls=TWO_CALLS)),
+    "hy3_thinking": Case("hy3", "Need the weather.</think:opensource>" + hy3_calls(("get_weather", "city", "Zürich")),
+                         reply(reasoning="Need the weather.", calls=ONE_CALL), prompt=template("hy3").render([ASK], reasoning_effort="high")),
+    "hy3_typed": Case("hy3", hy3_calls(("forecast", "days", "3")), tools=TYPED, expected=reply(calls=[ParsedCall("forecast", '{"days": 3}')])),
+    "hy3_not_a_call": Case("hy3", "Use <tool_call:opensource>tags</tool_call:opensource> like this.",
+                           reply("Use <tool_call:opensource>tags</tool_call:opensource> like this.")),
     # DeepSeek V3.2 and V4: DSML markup in <｜DSML｜function_calls> (V3.2) or <｜DSML｜tool_calls> (V4), each value marked a
     # string (as written) or not (JSON), an unmarked one read by its schema; reasoning in <think> when the prompt opened it.
     "deepseek_v3_2": Case("deepseek_v3_2", "On it.\n\n" + dsml_calls("function_calls", DSML_WEATHER, DSML_TIME), reply("On it.\n\n", calls=TWO_CALLS)),

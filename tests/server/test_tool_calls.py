@@ -175,6 +175,11 @@ def test_a_reply_held_to_a_response_format_is_never_read_as_a_call(tmp_path: Pat
     assert reply.choices[0].message.content == '{"name": "Bob"}' and reply.choices[0].message.tool_calls is None
 
 
+# Upstage Solar Open's and Tencent Hy3's markers, control tokens in their vocabularies.
+SOLAR_CONTROL = ("<|begin|>", "<|end|>", "<|think|>", "<|content|>", "<|tool_calls|>", "<|tool_call:begin|>", "<|tool_call:name|>",
+                 "<|tool_call:args|>", "<|tool_call:end|>", "<|calls|>")
+HY3_CONTROL = tuple(f"<{tag}:opensource>" for tag in ("think", "/think", "tool_calls", "/tool_calls", "tool_call", "/tool_call", "tool_sep",
+                                                       "arg_key", "/arg_key", "arg_value", "/arg_value"))
 GEMMA4_CONTROL = ("<|tool_call>", "<tool_call|>", '<|"|>', "<|channel>", "<channel|>", "<|turn>", "<turn|>")
 HISTORY: list[dict[str, Any]] = [
     *TOOLS_QUESTION,
@@ -186,7 +191,7 @@ HISTORY: list[dict[str, Any]] = [
 
 @pytest.mark.parametrize(("template", "control", "expected"), ids=["qwen3", "mistral_small3_2", "llama3_1", "qwen3_coder", "glm4_6", "nemotron_nano_v2", "seed_oss", "minimax_m2",
                                                                    "deepseek_v3_1", "deepseek_v3_2", "deepseek_v4", "kimi_k2", "minicpm5", "lfm2", "gemma4",
-                                                                   "apertus", "gemma_fallback"], argvalues=[
+                                                                   "apertus", "solar_open", "hy3", "gemma_fallback"], argvalues=[
     (QWEN3, (), ['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n</tool_call>',
                  "<tool_response>\n21 °C, clear\n</tool_response>"]),
     (template_text("mistral_small3_2"), (),
@@ -227,6 +232,14 @@ HISTORY: list[dict[str, Any]] = [
      ['<|tool_call>call:get_weather{city:<|"|>Zürich<|"|>}<tool_call|>',
       '<|tool_response>response:get_weather{value:<|"|>21 °C, clear<|"|>}<tool_response|>']),
     (template_text("apertus"), (), ['<|tools_prefix|>[{"get_weather": {"city": "Zürich"}}]<|tools_suffix|>[21 °C, clear]']),
+    (template_text("solar_open"), SOLAR_CONTROL,
+     [('<|begin|>assistant<|tool_calls|><|tool_call:begin|>call_7f3a9b2c<|tool_call:name|>get_weather<|tool_call:args|>{"city": "Zürich"}'
+      "<|tool_call:end|><|calls|>"), ("<|tool_response:begin|>call_7f3a9b2c<|tool_response:name|>get_weather<|tool_response:result|>"
+      "21 °C, clear<|tool_response:end|><|end|><|begin|>assistant")]),
+    (template_text("hy3"), HY3_CONTROL,
+     [("<tool_calls:opensource>\n<tool_call:opensource>get_weather<tool_sep:opensource>\n<arg_key:opensource>city</arg_key:opensource>\n"
+      "<arg_value:opensource>Zürich</arg_value:opensource>\n</tool_call:opensource>\n</tool_calls:opensource>"),
+      "<tool_responses:opensource>\n<tool_response:opensource>\n21 °C, clear\n</tool_response:opensource>\n</tool_responses:opensource>"]),
     (fallback_template("gemma3"), (), ["reply with only a JSON object", '{"name": "get_weather", "arguments": {"city": "Zürich"}}',
                                        "<start_of_turn>user\n21 °C, clear<end_of_turn>"]),
 ])
@@ -492,7 +505,7 @@ KIMI_CONTROL = ("<|tool_calls_section_begin|>", "<|tool_call_begin|>", "<|tool_c
 
 
 @pytest.mark.parametrize(("template", "control", "reply", "reasoning"), ids=["nemotron_nano_v2", "seed_oss", "minimax_m2", "deepseek_v3_1", "deepseek_v3_2",
-                                                                          "deepseek_v4", "kimi_k2", "minicpm5", "lfm2"], argvalues=[
+                                                                          "deepseek_v4", "kimi_k2", "minicpm5", "lfm2", "solar_open", "hy3"], argvalues=[
     ("nemotron_nano_v2", (), ('Weather.</think>I\'ll look.<TOOLCALL>[{"name": "forecast", "arguments": {"city": "Zürich", "days": 3}}, '
      '{"name": "get_time", "arguments": {"city": "Zürich"}}]</TOOLCALL>'), "Weather."),
     ("seed_oss", (), ("<seed:think>Weather.</seed:think>I'll look.<seed:tool_call>\n<function=forecast>\n<parameter=city>Zürich</parameter>\n"
@@ -513,10 +526,19 @@ KIMI_CONTROL = ("<|tool_calls_section_begin|>", "<|tool_call_begin|>", "<|tool_c
                       '<function name="get_time"><param name="city">Zürich</param></function>'), None),
     ("lfm2", ("<|tool_call_start|>", "<|tool_call_end|>"), ('I\'ll look.<|tool_call_start|>[forecast(city="Zürich", days=3), '
      'get_time(city="Zürich")]<|tool_call_end|>'), None),
+    ("solar_open", SOLAR_CONTROL, ('<|think|>Weather.<|end|><|begin|>assistant<|content|>I\'ll look.<|tool_calls|><|tool_call:begin|>a1b2c3d4e5'
+     '<|tool_call:name|>forecast<|tool_call:args|>{"city": "Zürich", "days": 3}<|tool_call:end|><|tool_call:begin|>f6g7h8i9j0'
+     '<|tool_call:name|>get_time<|tool_call:args|>{"city": "Zürich"}<|tool_call:end|><|calls|>'), "Weather."),
+    ("hy3", HY3_CONTROL, ("I'll look.<tool_calls:opensource>\n<tool_call:opensource>forecast<tool_sep:opensource>\n<arg_key:opensource>city"
+     "</arg_key:opensource>\n<arg_value:opensource>Zürich</arg_value:opensource>\n<arg_key:opensource>days</arg_key:opensource>\n"
+     "<arg_value:opensource>3</arg_value:opensource>\n</tool_call:opensource>\n<tool_call:opensource>get_time<tool_sep:opensource>\n"
+     "<arg_key:opensource>city</arg_key:opensource>\n<arg_value:opensource>Zürich</arg_value:opensource>\n</tool_call:opensource>\n"
+     "</tool_calls:opensource>"), None),
 ])
 def test_more_families_calls_come_back_whole_and_streamed(tmp_path: Path, template: str, control: tuple[str, ...], reply: str,
                                                           reasoning: str | None) -> None:
-    """Nemotron Nano 2 (a JSON list), Seed-OSS, MiniMax-M2 and DeepSeek V3.2/V4 (markup), DeepSeek V3.1 and Kimi K2 (a call per header):
+    """Nemotron Nano 2 (a JSON list), Seed-OSS, MiniMax-M2, DeepSeek V3.2/V4 and Hy3 (markup), DeepSeek V3.1, Kimi K2 and Solar Open
+    (a call per header):
     each family's calls come back as OpenAI's, with its thinking apart, whole and streamed."""
     backend = ScriptedBackend(template_text(template), control)
     backend.replies.extend([reply] * 2)
