@@ -351,10 +351,8 @@ class GemmaObject:
             enum = _string_enum(schema)
             if enum:
                 rules = [f"{value}: {' | '.join(quote + ' ' + literal(item) + ' ' + quote for item in enum)}"]
-            elif "string" in _types(schema) and quote.startswith("<["):  # a control token ends the text
-                rules = [f"{value}: {quote} /(?s:.*)/ {quote}"]
             elif "string" in _types(schema):
-                rules = [f"{value}: {quote} {value}_text", f"{value}_text[lazy]: /(?s:.*){_regex_text(GEMMA_QUOTE)}/"]
+                rules = [f"{value}: {quote} {value}_text", _text_rule(f"{value}_text", GEMMA_QUOTE, literal)]
             else:
                 rules = [f"{value}: {_json_rule(schema, layout)}"]
             return f"{literal(key + ':')} {value}", rules
