@@ -177,14 +177,14 @@ class ParameterBlocks:
         parts, rules = [], []
         for number, (key, schema) in enumerate(properties.items()):
             value = f"{rule}_{number}"
-            enum = _string_enum(schema)
+            enum, is_string = _string_enum(schema), "string" in _types(schema)
             if enum:
                 rules.append(f"{value}: {' | '.join(literal(item + closing) for item in enum)}")
-            elif "string" in _types(schema):
+            elif is_string:
                 rules.append(_text_rule(value, closing, literal))
             else:
                 rules.append(f"{value}: {_json_rule(schema, layout)} {literal(closing)}")
-            opening = self.key_open.format(key=key, string=_string_mark("string" in _types(schema)))
+            opening = self.key_open.format(key=key, string=_string_mark(is_string))
             parts.append(f"({literal(opening)} {value} {after})" + ("" if key in required else "?"))
         empty = '""'
         return [f"{rule}: {' '.join(parts) or empty}", *rules]
@@ -195,12 +195,13 @@ def _text_rule(rule: str, closing: str, literal: Callable[[str], str]) -> str:
     holds a control token (DeepSeek's `｜DSML｜`), which no text can spell, the text runs to the tag's text before
     that token, and the token ends it."""
     written = literal(closing)
-    if not written.startswith("<["):
-        head, end = json.JSONDecoder().raw_decode(written)
-        if not written[end:].strip():
-            return f"{rule}[lazy]: /(?s:.*){_regex_text(closing)}/"
-        return f"{rule}: /(?s:.*){_regex_text(head)}/ {written[end:].strip()}"
-    return f"{rule}: /(?s:.*)/ {written}"
+    if written.startswith("<["):
+        return f"{rule}: /(?s:.*)/ {written}"
+    head, end = json.JSONDecoder().raw_decode(written)  # `literal`'s first piece, a JSON string
+    after_head = written[end:].strip()
+    if not after_head:
+        return f"{rule}[lazy]: /(?s:.*){_regex_text(closing)}/"
+    return f"{rule}: /(?s:.*){_regex_text(head)}/ {after_head}"
 
 
 def _json_rule(schema: Mapping[str, Any], layout: Mapping[str, Any]) -> str:

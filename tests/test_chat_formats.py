@@ -3,6 +3,7 @@ wants them (probed), calls forced by an opening and a grammar (pure logic, real 
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 
@@ -171,22 +172,30 @@ class _ByteVocabulary:
                 position += 1
         return tokens
 
+    @functools.cached_property
+    def _tokenizer(self) -> object:
+        import llguidance
+
+        return llguidance.LLTokenizer(llguidance.TokenizerWrapper(self), n_vocab=len(self.tokens), eos_token=256)
+
+    def accepts(self, grammar: str, text: str) -> bool:
+        """Whether llguidance, held to the Lark `grammar`, takes `text` whole."""
+        import llguidance
+
+        matcher = llguidance.LLMatcher(self._tokenizer, llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0)
+        return matcher.consume_tokens(self(text)) and matcher.is_accepting()
+
 
 @pytest.mark.parametrize("name", list(FAMILY_OF_TEMPLATE))
 def test_a_forced_call_grammar_accepts_the_family_call_and_refuses_others(name: str) -> None:
     """The grammar that constrains a forced call (after its opening) takes the call as the family
     writes it, arguments following the schema, and nothing else."""
-    llguidance = pytest.importorskip("llguidance")
+    pytest.importorskip("llguidance")
     conversation = conversation_format(fmt(name), template_support(template(name), fmt(name)))
     syntax = conversation.call
     texts = (*conversation.markers, syntax.prefix, syntax.before_arguments, syntax.closing)
     vocabulary = _ByteVocabulary(sorted({m for text in texts for m in SPECIAL_LOOKING.findall(text)}))
-    tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(vocabulary), n_vocab=len(vocabulary.tokens), eos_token=256)
-
-    def accepts(grammar: str, text: str) -> bool:
-        matcher = llguidance.LLMatcher(tokenizer, llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0)
-        return matcher.consume_tokens(vocabulary(text)) and matcher.is_accepting()
-
+    accepts = vocabulary.accepts
     for forced in ("get_weather", None):
         grammar = call_grammar(conversation, [WEATHER_TOOL, TIME_TOOL], forced, vocabulary.control)
         opening = syntax.prefix + ("get_weather" + syntax.before_arguments if forced else "")
@@ -230,16 +239,13 @@ def test_qwen3_coder_typed_calls_in_a_history_read_back_by_their_schema() -> Non
 def test_qwen3_coder_forced_call_grammar_types_each_parameter() -> None:
     """The forced call's grammar: the schema's parameters in its order, required ones present,
     strings as free text up to their closing tag, enums and other types by their schema."""
-    llguidance = pytest.importorskip("llguidance")
+    pytest.importorskip("llguidance")
     vocabulary = _ByteVocabulary([])
-    tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(vocabulary), n_vocab=len(vocabulary.tokens), eos_token=256)
     syntax = fmt("qwen3_coder").call
     grammar = call_grammar(fmt("qwen3_coder"), [CODER_TOOL], "forecast")
 
     def accepts(arguments: dict[str, object]) -> bool:
-        text = syntax.write("forecast", arguments)[len(syntax.prefix + "forecast" + syntax.before_arguments):]
-        matcher = llguidance.LLMatcher(tokenizer, llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0)
-        return matcher.consume_tokens(vocabulary(text)) and matcher.is_accepting()
+        return vocabulary.accepts(grammar, syntax.write("forecast", arguments)[len(syntax.prefix + "forecast" + syntax.before_arguments):])
 
     assert accepts(CODER_ARGS) and accepts({"city": "a</b>", "days": 0})
     for wrong in ({"city": "Bern"}, {"city": "Bern", "days": "three"}, {"city": "Bern", "days": 3, "unit": "K"},
@@ -263,15 +269,13 @@ def test_dsml_typed_calls_in_a_history_read_back_by_their_marks(name: str) -> No
 def test_dsml_forced_call_grammar_marks_each_parameter_by_its_type(name: str) -> None:
     """The forced call's grammar: string="true" and free text for a string parameter, string="false" and the
     schema's JSON for the others."""
-    llguidance = pytest.importorskip("llguidance")
+    pytest.importorskip("llguidance")
     vocabulary = _ByteVocabulary([])
-    tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(vocabulary), n_vocab=len(vocabulary.tokens), eos_token=256)
     syntax = fmt(name).call
     grammar = call_grammar(fmt(name), [CODER_TOOL], "forecast")
 
     def accepts(text: str) -> bool:
-        matcher = llguidance.LLMatcher(tokenizer, llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0)
-        return matcher.consume_tokens(vocabulary(text)) and matcher.is_accepting()
+        return vocabulary.accepts(grammar, text)
 
     def blocks(days_mark: str) -> str:
         return ('<｜DSML｜parameter name="city" string="true">Bern</b></｜DSML｜parameter>\n'
