@@ -25,8 +25,11 @@ from localchat.markup_calls import (
     GEMMA4_MARKUP,
     GLM_MARKUP,
     HY3_MARKUP,
+    KIMI_K3_MARKUP,
     LFM2_MARKUP,
     MINICPM_MARKUP,
+    MINIMAX_M3_MARKUP,
+    MINIMAX_M3_TOKEN,
     MINIMAX_MARKUP,
     QWEN3_CODER_MARKUP,
     SEED_OSS_MARKUP,
@@ -164,6 +167,17 @@ FAMILIES: tuple[ChatFormat, ...] = (
                    "<|tool_call_end|><|tool_calls_section_end|>"),
         dropped=("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"),
     ),
+    # Kimi K3 (XTML: `<|open|>tag<|sep|>` ... `<|close|>tag<|sep|>`, of control tokens): a message is a think section, a response
+    # and a tools section of call blocks, then `<|close|>message<|sep|><|end_of_msg|>`; its generation prompt opens the think
+    # section (the response with thinking off). Reasoning ends at the response's opening too, as llama.cpp's parser reads it.
+    ChatFormat(
+        "kimi-k3", ("<|open|>", "<|close|>", "<|end_of_msg|>"),
+        (Section("reasoning", "<|open|>think<|sep|>", ("<|close|>think<|sep|>", "<|open|>response<|sep|>")),
+         Section("markup", "<|open|>tools<|sep|>", ("<|close|>tools<|sep|>",))),
+        CallSyntax('<|open|>tools<|sep|><|open|>call tool="', '" index="1"<|sep|>', "<|close|>call<|sep|><|close|>tools<|sep|>",
+                   markup=KIMI_K3_MARKUP),
+        dropped=("<|open|>response<|sep|>", "<|close|>response<|sep|>", "<|close|>message<|sep|>", "<|end_of_msg|>"),
+    ),
     # Upstage Solar Open: `<|begin|>assistant<|tool_calls|>`, then `<|tool_call:begin|>ID<|tool_call:name|>name<|tool_call:args|>{...}
     # <|tool_call:end|>` per call and `<|calls|>`; thinking is a turn of its own, `<|begin|>assistant<|think|>...<|end|>`.
     ChatFormat(
@@ -252,6 +266,17 @@ FAMILIES: tuple[ChatFormat, ...] = (
         (Section("markup", "<minimax:tool_call>", ("</minimax:tool_call>",)),),
         CallSyntax('<minimax:tool_call>\n<invoke name="', '">\n', "</invoke>\n</minimax:tool_call>", markup=MINIMAX_MARKUP),
     ),
+    # MiniMax-M3: M2's markup with each tag after its namespace token, `]<]minimax[>[<tool_call>` around `<invoke name="...">`
+    # blocks of elements named by the arguments' keys (nested for objects and arrays); its thinking in `<mm:think>`, a turn
+    # without it begun by a bare `</mm:think>`.
+    ChatFormat(
+        "minimax-m3", (MINIMAX_M3_TOKEN, "<invoke name="),
+        (Section("reasoning", "<mm:think>", ("</mm:think>",)),
+         Section("markup", f"{MINIMAX_M3_TOKEN}<tool_call>", (f"{MINIMAX_M3_TOKEN}</tool_call>",))),
+        CallSyntax(f'{MINIMAX_M3_TOKEN}<tool_call>\n{MINIMAX_M3_TOKEN}<invoke name="', '">',
+                   f"{MINIMAX_M3_TOKEN}</invoke>\n{MINIMAX_M3_TOKEN}</tool_call>", markup=MINIMAX_M3_MARKUP),
+        dropped=("</mm:think>",),
+    ),
     # LFM2 and LFM2.5: a Python list of calls inside `<|tool_call_start|>`; their templates write no calls of a history.
     ChatFormat(
         "lfm2", ("List of tools: ",),
@@ -270,6 +295,22 @@ FAMILIES: tuple[ChatFormat, ...] = (
         (Section("calls", "<|tools_prefix|>", ("<|tools_suffix|>",), named_by_key=True),),
         CallSyntax('<|tools_prefix|>[{"', '": ', "}]<|tools_suffix|>"),
     ),
+    # GigaChat 3.1: the reply's text, then `<|function_call|>{"name": ..., "arguments": {...}}`, one call a message. The
+    # message ends with `<|message_sep|>\n\n`, one token (its newlines too), dropped where the model writes it.
+    ChatFormat(
+        "gigachat-3.1", ("<|role_sep|>", "<|message_sep|>", "<|function_call|>"),
+        (Section("calls", "<|function_call|>"),),
+        CallSyntax('<|function_call|>{"name": "', '", "arguments": ', "}"),
+        dropped=("<|message_sep|>\n\n",), one_call_per_message=True,
+    ),
+    # GigaChat 3: the call a message of its own role after the reply's, `<|message_sep|>\n\nfunction call<|role_sep|>\n{...}`
+    # (the separators tokens with their newlines); its template names that role in its text, as 3.1's does (first, above).
+    ChatFormat(
+        "gigachat-3", ("<|role_sep|>", "<|message_sep|>", "function call"),
+        (Section("calls", "function call<|role_sep|>\n"),),
+        CallSyntax('<|message_sep|>\n\nfunction call<|role_sep|>\n{"name": "', '", "arguments": ', "}"),
+        dropped=("<|message_sep|>\n\n",), one_call_per_message=True,
+    ),
     # Nemotron Nano 2: a JSON list of calls inside `<TOOLCALL>`.
     ChatFormat(
         "nemotron", ("<TOOLCALL>",),
@@ -281,6 +322,15 @@ FAMILIES: tuple[ChatFormat, ...] = (
         "glm-4.5", ("<tool_call>", "<arg_key>", "<arg_value>"),
         (Section("markup", "<tool_call>", ("</tool_call>",)),),
         CallSyntax("<tool_call>", "\n", "</tool_call>", markup=GLM_MARKUP),
+    ),
+    # ServiceNow Apriel 1.5 and 1.6: a JSON list of calls inside `<tool_calls>`. Its reasoning opens with "Here are my reasoning
+    # steps:" (1.6's generation prompt writes it) and ends at `[BEGIN FINAL RESPONSE]`; 1.5 asks for `<thinking>` before calls.
+    ChatFormat(
+        "apriel", ("<tool_calls>[",),
+        (Section("reasoning", "Here are my reasoning steps:", ("[BEGIN FINAL RESPONSE]",)), Section("reasoning", "<thinking>", ("</thinking>",)),
+         Section("calls", "<tool_calls>", ("</tool_calls>",))),
+        CallSyntax('<tool_calls>[{"name": "', '", "arguments": ', "}]</tool_calls>"),
+        dropped=("[END FINAL RESPONSE]",),
     ),
     ChatFormat(
         "hermes", ("<tool_call>",),

@@ -11,7 +11,8 @@ notation. Qwen3-Coder and GLM-4.5/4.6 write a block per argument holding its val
 A block's text becomes a JSON value by the type the function's schema gives that parameter, as vLLM's
 and llama.cpp's parsers read it: strings stay text, other types are read as JSON, falling back to
 the text. DeepSeek's DSML marks each block (`string="true"`: text, `"false"`: JSON) and its mark
-decides, as DeepSeek's own decoder reads it. localchat.reply_parser finds the section; this module
+decides, as DeepSeek's own decoder reads it. MiniMax-M3 writes an object's members and an array's items
+as nested elements, read by the schema too. localchat.reply_parser finds the section; this module
 reads its body, writes calls for a history, and gives the Lark grammar (llguidance's) of a forced
 call's arguments."""
 
@@ -62,6 +63,9 @@ class MarkupSyntax:
     shown: tuple[str, ...] = ()
     # Reads a whole body of calls that no pattern can find one by one (LFM2's Python list); `function` is then unused.
     read_body: Callable[[str], list[MarkupCall] | None] | None = None
+    # A body that is a function's name alone calls it without arguments: only a function the request offers, since
+    # prose writes a tag around a word so too (`<tool_call>tags</tool_call>`), and a forced call cut short in its name.
+    named_alone: bool = False
 
 
 def _types(schema: Mapping[str, Any]) -> tuple[str, ...]:
@@ -110,6 +114,21 @@ def _string_mark(is_string: bool) -> str:
     return "true" if is_string else "false"
 
 
+# A value's JSON type as Kimi K3's template names it (`bool` first: it is an `int` too); anything else is an array.
+VALUE_TYPES: tuple[tuple[type | tuple[type, ...], str], ...] = (
+    (bool, "boolean"), (type(None), "null"), ((int, float), "number"), (str, "string"), (Mapping, "object"))
+
+
+def _value_type(value: Any) -> str:
+    return next((name for kinds, name in VALUE_TYPES if isinstance(value, kinds)), "array")
+
+
+def _schema_type(schema: Mapping[str, Any]) -> str:
+    """The JSON type of the values a parameter's schema allows, as `_value_type` names it (a string if it may be one)."""
+    types = _types(schema)
+    return "string" if "string" in types else "number" if types[0] == "integer" else types[0]
+
+
 def _regex_text(text: str) -> str:
     """`text` as a Lark regex literal's body that matches it."""
     return re.escape(text).replace("\\\n", "\\n").replace("/", "\\/")
@@ -127,7 +146,7 @@ CDATA = ("<![CDATA[", "]]>")
 class ParameterBlocks:
     """Arguments as one block per parameter holding its value as text (Qwen3-Coder, GLM): `parameter`
     finds one (named groups: `key`; `value`, its text; `string`, where the family marks a value a string
-    or not, "true" or "false"); `key_open` (formatted with the `key` and that `string` mark) and
+    or not, "true" or "false"); `key_open` (formatted with the `key`, that `string` mark and the value's JSON `type`) and
     `value_close` write one; `trim`: the text the family puts on each side of a value, removed once."""
 
     parameter: re.Pattern[str]
@@ -163,8 +182,8 @@ class ParameterBlocks:
                 return json.dumps(value, ensure_ascii=False)
             return f"{CDATA[0]}{value}{CDATA[1]}" if self.cdata and any(c in value for c in "<&\n") else value
 
-        return "".join(self.key_open.format(key=key, string=_string_mark(isinstance(value, str))) + text(value) + self.value_close
-                       for key, value in arguments.items())
+        return "".join(self.key_open.format(key=key, string=_string_mark(isinstance(value, str)), type=_value_type(value))
+                       + text(value) + self.value_close for key, value in arguments.items())
 
     def grammar(self, rule: str, parameters: Parameters, layout: Mapping[str, Any], literal: Callable[[str], str]) -> list[str]:
         """The schema's properties in its order, the required ones present. A string's text is lazy: it
@@ -177,17 +196,23 @@ class ParameterBlocks:
         parts, rules = [], []
         for number, (key, schema) in enumerate(properties.items()):
             value = f"{rule}_{number}"
-            enum, is_string = _string_enum(schema), "string" in _types(schema)
-            if enum:
-                rules.append(f"{value}: {' | '.join(literal(item + closing) for item in enum)}")
-            elif is_string:
-                rules.append(_text_rule(value, closing, literal))
-            else:
-                rules.append(f"{value}: {_json_rule(schema, layout)} {literal(closing)}")
-            opening = self.key_open.format(key=key, string=_string_mark(is_string))
+            is_string = "string" in _types(schema)
+            rules.append(_value_rule(value, schema, closing, layout, literal))
+            opening = self.key_open.format(key=key, string=_string_mark(is_string), type=_schema_type(schema))
             parts.append(f"({literal(opening)} {value} {after})" + ("" if key in required else "?"))
         empty = '""'
         return [f"{rule}: {' '.join(parts) or empty}", *rules]
+
+
+def _value_rule(rule: str, schema: Mapping[str, Any], closing: str, layout: Mapping[str, Any], literal: Callable[[str], str]) -> str:
+    """A Lark rule for a value written as text, then its `closing` tag: a string enum one of its values, a string
+    free text, another type its JSON schema."""
+    enum = _string_enum(schema)
+    if enum:
+        return f"{rule}: {' | '.join(literal(item + closing) for item in enum)}"
+    if "string" in _types(schema):
+        return _text_rule(rule, closing, literal)
+    return f"{rule}: {_json_rule(schema, layout)} {literal(closing)}"
 
 
 def _text_rule(rule: str, closing: str, literal: Callable[[str], str]) -> str:
@@ -206,6 +231,104 @@ def _text_rule(rule: str, closing: str, literal: Callable[[str], str]) -> str:
 
 def _json_rule(schema: Mapping[str, Any], layout: Mapping[str, Any]) -> str:
     return f"%json {json.dumps({**schema, 'x-guidance': dict(layout)}, ensure_ascii=False)}"
+
+
+def _nested(schema: Mapping[str, Any]) -> str | None:
+    """"object" or "array" where a schema's value is written as elements (MiniMax-M3), None where as text."""
+    types = _types(schema)
+    return None if "string" in types or types[0] not in ("object", "array") else types[0]
+
+
+@dataclass(frozen=True)
+class XmlElements:
+    """Arguments as elements named by their keys, each tag after the family's `namespace` token (MiniMax-M3's
+    `]<]minimax[>[<city>Bern]<]minimax[>[</city>`): an object's members nest so too and an array's values as `item`
+    elements, as its template's to_xml writes them. Read by the schema, as llama.cpp reads them: a string is its text,
+    an object or array its elements (or JSON, where it holds none), another type JSON."""
+
+    namespace: str
+
+    def _tag(self, name: str, *, closing: bool = False) -> str:
+        return f"{self.namespace}<{'/' if closing else ''}{name}>"
+
+    def _elements(self, text: str) -> tuple[list[tuple[str, str]], int]:
+        """The elements `text` begins with, whitespace between them (each its name and inner text), and where they end."""
+        elements: list[tuple[str, str]] = []
+        end = depth = start = 0
+        name = ""
+        for tag in re.finditer(rf"{re.escape(self.namespace)}<(/?)([^>\s/]+)>", text):
+            closing = bool(tag.group(1))
+            if depth == 0:
+                if closing or text[end : tag.start()].strip():
+                    break
+                name, start = tag.group(2), tag.end()
+            depth += -1 if closing else 1
+            if depth == 0:
+                if tag.group(2) != name:
+                    break
+                elements.append((name, text[start : tag.start()]))
+                end = tag.end()
+        return elements, end
+
+    def _members(self, elements: list[tuple[str, str]], schema: Mapping[str, Any]) -> dict[str, Any]:
+        properties = schema.get("properties") or {}
+        return {name: self._value(inner, properties.get(name, {})) for name, inner in elements}
+
+    def _value(self, text: str, schema: Mapping[str, Any]) -> Any:
+        kind = _nested(schema)
+        elements, end = self._elements(text)
+        if kind is None or text[end:].strip() or (kind == "array" and any(name != "item" for name, _ in elements)):
+            return parameter_value(text, schema)
+        if kind == "object":
+            return self._members(elements, schema)
+        return [self._value(inner, schema.get("items") or {}) for _, inner in elements]
+
+    def read(self, inner: str, parameters: Parameters) -> dict[str, Any] | None:
+        elements, end = self._elements(inner)
+        return None if inner[end:].strip() else self._members(elements, parameters)
+
+    def read_open(self, written: str, parameters: Parameters) -> dict[str, Any]:
+        return self._members(self._elements(written)[0], parameters)
+
+    def write(self, arguments: Mapping[str, Any]) -> str:
+        return self._text(arguments)
+
+    def _text(self, value: Any) -> str:
+        """A value as the template's to_xml writes it: None omitted, booleans as JSON, other scalars as text."""
+        if isinstance(value, Mapping):
+            return "".join(self._tag(key) + self._text(item) + self._tag(key, closing=True) for key, item in value.items() if item is not None)
+        if isinstance(value, (list, tuple)):
+            return "".join(self._tag("item") + self._text(item) + self._tag("item", closing=True) for item in value)
+        return value if isinstance(value, str) else "" if value is None else json.dumps(value, ensure_ascii=False)
+
+    def grammar(self, rule: str, parameters: Parameters, layout: Mapping[str, Any], literal: Callable[[str], str]) -> list[str]:
+        """The schema's properties in its order, the required ones present, with no space between elements (as the
+        template writes them); an object with properties or an array as elements, as llama.cpp's grammar has them."""
+        members, rules = self._members_grammar(rule, parameters, layout, literal)
+        empty = '""'
+        return [f"{rule}: {members or empty}", *rules]
+
+    def _members_grammar(self, rule: str, schema: Mapping[str, Any], layout: Mapping[str, Any],
+                         literal: Callable[[str], str]) -> tuple[str, list[str]]:
+        required = set(schema.get("required") or ())
+        parts, rules = [], []
+        for number, (key, member) in enumerate((schema.get("properties") or {}).items()):
+            value = f"{rule}_{number}"
+            rules += self._value_grammar(value, member, self._tag(key, closing=True), layout, literal)
+            parts.append(f"({literal(self._tag(key))} {value})" + ("" if key in required else "?"))
+        return " ".join(parts), rules
+
+    def _value_grammar(self, rule: str, schema: Mapping[str, Any], closing: str, layout: Mapping[str, Any],
+                       literal: Callable[[str], str]) -> list[str]:
+        kind = _nested(schema)
+        if kind == "object" and schema.get("properties"):
+            members, rules = self._members_grammar(rule, schema, layout, literal)
+            return [f"{rule}: {members} {literal(closing)}", *rules]
+        if kind == "array":
+            item = f"{rule}_item"
+            return [f"{rule}: ({literal(self._tag('item'))} {item})* {literal(closing)}",
+                    *self._value_grammar(item, schema.get("items") or {}, self._tag("item", closing=True), layout, literal)]
+        return [_value_rule(rule, schema, closing, layout, literal)]
 
 
 def _members_grammar(rule: str, parameters: Parameters, separator: str,
@@ -447,6 +570,15 @@ MINIMAX_MARKUP = MarkupSyntax(
                     "</parameter>\n"),
     lead="<invoke name=",
 )
+# MiniMax-M3: M2's `<invoke name="...">` blocks, each tag after its namespace token (a special token), of elements named
+# by the arguments' keys (XmlElements).
+MINIMAX_M3_TOKEN = "]<]minimax[>["
+MINIMAX_M3_MARKUP = MarkupSyntax(
+    re.compile(rf'{re.escape(MINIMAX_M3_TOKEN)}<invoke name="([^"\n]+)">(.*?){re.escape(MINIMAX_M3_TOKEN)}</invoke>', re.DOTALL),
+    re.compile(rf'\s*{re.escape(MINIMAX_M3_TOKEN)}<invoke name="([^"\n]*)((?:">?)?)'),
+    XmlElements(MINIMAX_M3_TOKEN),
+    lead=f"{MINIMAX_M3_TOKEN}<invoke name=",
+)
 # MiniCPM 5: `<function name="...">` blocks of `<param name="...">`, with no wrapper around them.
 MINICPM_MARKUP = MarkupSyntax(
     re.compile(r'<function name="([^"\n]+)">(.*?)</function>', re.DOTALL),
@@ -472,12 +604,15 @@ LFM2_MARKUP = MarkupSyntax(
     PythonKeywords(),
     read_body=read_python_calls,
 )
-# GLM's name is the body's first word; its section holds one call.
+# GLM's name is the body's first word, then its arguments' blocks: after a newline (GLM-4.5 and 4.6, and what
+# localchat writes) or directly (GLM-4.7, which writes a call without arguments as the name alone); its section
+# holds one call.
 GLM_MARKUP = MarkupSyntax(
-    re.compile(r"\A\s*([^\s<]+)\n(.*)\Z", re.DOTALL),
+    re.compile(r"\A\s*([^\s<]+)(?:[^\S\n]*\n|(?=<))(.*)\Z", re.DOTALL),
     re.compile(r"\s*([^\s<]*)(\s?)"),
     ParameterBlocks(re.compile(r"<arg_key>(?P<key>.*?)</arg_key>\s*<arg_value>(?P<value>.*?)</arg_value>", re.DOTALL),
                     "<arg_key>{key}</arg_key>\n<arg_value>", "</arg_value>\n"),
+    named_alone=True,
 )
 # Tencent Hy3: GLM's markup in tokens of its own (`<arg_key:opensource>`), a call's name ended by `<tool_sep:opensource>`.
 HY3_TOKEN = ":opensource"
@@ -489,6 +624,16 @@ HY3_MARKUP = MarkupSyntax(
                     f"<arg_key{HY3_TOKEN}>{{key}}</arg_key{HY3_TOKEN}>\n<arg_value{HY3_TOKEN}>", f"</arg_value{HY3_TOKEN}>\n"),
     lead=f"<tool_call{HY3_TOKEN}>",
     shown=tuple(f"<{tag}{HY3_TOKEN}>" for tag in ("tool_call", "/tool_call", "tool_sep", "arg_key", "/arg_key", "arg_value", "/arg_value")),
+)
+# Kimi K3 (XTML, tags of control tokens: `<|open|>tag attributes<|sep|>` ... `<|close|>tag<|sep|>`): `<|open|>call tool="..."
+# index="N"<|sep|>` blocks of `<|open|>argument key="..." type="..."<|sep|>`, the type the value's JSON type; read by the schema,
+# as llama.cpp reads them. The calls' other attributes (index) are skipped.
+KIMI_K3_MARKUP = MarkupSyntax(
+    re.compile(r'<\|open\|>call tool="([^"\n]+)"[^<]*?<\|sep\|>(.*?)<\|close\|>call<\|sep\|>', re.DOTALL),
+    re.compile(r'\s*<\|open\|>call tool="([^"\n]*)((?:"[^<]*?<\|sep\|>)?)'),
+    ParameterBlocks(re.compile(r'<\|open\|>argument key="(?P<key>[^"\n]+)"[^<]*?<\|sep\|>(?P<value>.*?)<\|close\|>argument<\|sep\|>', re.DOTALL),
+                    '<|open|>argument key="{key}" type="{type}"<|sep|>', "<|close|>argument<|sep|>"),
+    lead='<|open|>call tool="',
 )
 # Gemma 4: `call:NAME{...}`, one call a section.
 GEMMA4_MARKUP = MarkupSyntax(
@@ -511,6 +656,8 @@ def read_markup_calls(syntax: MarkupSyntax, body: str, tools: Mapping[str, Param
     """The calls a section's body holds; None unless it is function blocks only. `open_call`: a last
     function block left open (a forced call cut short) counts, with the arguments it finished."""
     calls: list[MarkupCall] = []
+    if syntax.named_alone and body.strip() in tools:
+        return [(body.strip(), {})]
     if syntax.read_body is not None:
         whole = syntax.read_body(body)
         if whole is not None:

@@ -12,6 +12,8 @@ from localchat.templates import ChatTemplate, Message, ToolCall
 TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
 FAMILY_OF_TEMPLATE = {
     "apertus": "apertus",
+    "apriel1_5": "apriel",
+    "apriel1_6": "apriel",
     "command_r7b_tool_use": "command-r7b",
     "command_r_plus_tool_use": "command-r",
     "deepseek_r1_distill": "deepseek-r1",
@@ -19,12 +21,16 @@ FAMILY_OF_TEMPLATE = {
     "deepseek_v4": "deepseek-v4",
     "gemma2": "generic",
     "gemma3": "generic",
+    "gigachat3": "gigachat-3",
+    "gigachat3_1": "gigachat-3.1",
     "glm4": "generic",
     "gpt_oss": "gpt-oss",
     "granite3_3": "granite",
     "hy3": "hy3",
+    "kimi_k3": "kimi-k3",
     "llama3_1": "llama-3",
     "llama3_2": "llama-3",
+    "minimax_m3": "minimax-m3",
     "mistral_nemo": "mistral",
     "mistral_small3_2": "mistral-v11",
     "ministral3_reasoning": "mistral-v11",
@@ -36,6 +42,7 @@ FAMILY_OF_TEMPLATE = {
     "qwen3": "hermes",
     "qwen3_coder": "qwen3-coder",
     "glm4_6": "glm-4.5",
+    "glm4_7_flash": "glm-4.5",
     "smollm3": "hermes",
     "solar_open": "solar-open",
 }

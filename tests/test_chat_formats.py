@@ -127,8 +127,8 @@ def test_phi4_mini_reads_the_tools_from_the_system_message() -> None:
     assert text.startswith('<|system|><|tool|>[{"name": "get_weather"')
 
 
-@pytest.mark.parametrize("name", ["qwen3", "qwen3_coder", "glm4_6", "llama3_1", "mistral_nemo", "mistral_small3_2", "deepseek_r1_distill", "gpt_oss", "granite3_3",
-                                  "ministral3_reasoning", "apertus", "deepseek_v3_2", "deepseek_v4", "solar_open", "hy3", "phi4_mini", "command_r7b_tool_use", "command_r_plus_tool_use", "gemma3"])
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_coder", "glm4_6", "glm4_7_flash", "apriel1_5", "apriel1_6", "llama3_1", "mistral_nemo", "mistral_small3_2", "deepseek_r1_distill", "gpt_oss", "granite3_3",
+                                  "ministral3_reasoning", "apertus", "deepseek_v3_2", "deepseek_v4", "solar_open", "hy3", "kimi_k3", "minimax_m3", "gigachat3", "gigachat3_1", "phi4_mini", "command_r7b_tool_use", "command_r_plus_tool_use", "gemma3"])
 def test_a_forced_call_opening_reads_as_that_call(name: str) -> None:
     """The server writes a call's opening after the prompt; with the model's continuation the
     reply reads as the call (DeepSeek's opening first closes the reasoning the prompt opened)."""
@@ -145,7 +145,7 @@ def test_a_forced_call_opening_reads_as_that_call(name: str) -> None:
         assert parsed.calls == [ParsedCall("get_weather", '{"city": "Zürich"}')] and parsed.content == "", whole
 
 
-SPECIAL_LOOKING = re.compile(r"<\|[^|>]+\|>|\[[A-Z_]+\]|<｜[^｜]+｜>|｜DSML｜")
+SPECIAL_LOOKING = re.compile(r"<\|[^|>]+\|>|\[[A-Z_]+\]|<｜[^｜]+｜>|｜DSML｜|\]<\]minimax\[>\[")
 
 
 class _ByteVocabulary:
@@ -286,3 +286,78 @@ def test_dsml_forced_call_grammar_marks_each_parameter_by_its_type(name: str) ->
     assert accepts(syntax.write("forecast", CODER_ARGS)[len(opening):])
     for wrong in ({"city": "Bern", "days": "3"}, {"city": 7, "days": 3}, {"city": "Bern", "days": 3, "unit": "K"}):
         assert not accepts(syntax.write("forecast", wrong)[len(opening):]), wrong
+
+
+def _kimi_k3_call() -> tuple[str, str]:
+    """The prompt and what Kimi K3's template writes for an assistant's call of `forecast` with CODER_ARGS."""
+    support = template_support(template("kimi_k3"), fmt("kimi_k3"))
+    call = Message("assistant", "", tool_calls=(ToolCall("call_1", "forecast", CODER_ARGS),))
+    return _assistant_text("kimi_k3", [ASK, call], fmt("kimi_k3"), support)
+
+
+def test_kimi_k3_typed_calls_in_a_history_read_back_by_their_schema() -> None:
+    """Kimi K3's template writes each argument as text with its JSON type beside it (an integer a number): read by the
+    tool's schema, as llama.cpp reads them, the call's arguments come back as they were."""
+    prompt, written = _kimi_k3_call()
+    assert '<|open|>argument key="days" type="number"<|sep|>3<|close|>argument<|sep|>' in written
+    parsed = parse_reply(fmt("kimi_k3"), written, prompt=prompt, tools={"forecast": CODER_TOOL["function"]["parameters"]})
+    assert [(c.name, json.loads(c.arguments)) for c in parsed.calls] == [("forecast", CODER_ARGS)]
+
+
+def test_kimi_k3_forced_call_grammar_takes_what_its_template_writes() -> None:
+    """With its tags' control tokens (which no text spells), the forced call's grammar takes the arguments and closing the
+    template writes after the call's opening, each block typed as the template types it, and refuses another type."""
+    pytest.importorskip("llguidance")
+    vocabulary = _ByteVocabulary(["<|open|>", "<|close|>", "<|sep|>"])
+    syntax = fmt("kimi_k3").call
+    _, written = _kimi_k3_call()
+    opening = syntax.prefix + "forecast" + syntax.before_arguments
+    arguments = written[written.index(opening) + len(opening) : written.index(syntax.closing) + len(syntax.closing)]
+    grammar = call_grammar(fmt("kimi_k3"), [CODER_TOOL], "forecast", vocabulary.control)
+    assert vocabulary.accepts(grammar, arguments)
+    assert not vocabulary.accepts(grammar, arguments.replace('"days" type="number"', '"days" type="string"'))
+
+
+MINIMAX_M3_NAMESPACE = "]<]minimax[>["
+ROUTE_TOOL = {"type": "function", "function": {"name": "route", "parameters": {"type": "object", "properties": {
+    "city": {"type": "string"}, "days": {"type": "integer"},
+    "stops": {"type": "array", "items": {"type": "object", "properties": {"city": {"type": "string"}, "nights": {"type": "integer"}},
+                                         "required": ["city"]}},
+    "options": {"type": "object", "properties": {"avoid": {"type": "array", "items": {"type": "string"}}, "fast": {"type": "boolean"}}},
+    "grid": {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}}, "required": ["city", "stops"]}}}
+ROUTE_ARGS = {"city": "Bern <b>", "days": 3, "stops": [{"city": "Zürich", "nights": 2}, {"city": "東京"}],
+              "options": {"avoid": ["tolls", "ferries"], "fast": True}, "grid": [[1.5, 2], []]}
+
+
+def _minimax_m3_call() -> tuple[str, str]:
+    """The prompt and what MiniMax-M3's template writes for an assistant's call of `route` with ROUTE_ARGS."""
+    support = template_support(template("minimax_m3"), fmt("minimax_m3"))
+    call = Message("assistant", "", tool_calls=(ToolCall("call_1", "route", ROUTE_ARGS),))
+    return _assistant_text("minimax_m3", [ASK, call], fmt("minimax_m3"), support)
+
+
+def test_minimax_m3_nested_calls_in_a_history_read_back_by_their_schema() -> None:
+    """MiniMax-M3's template writes objects' members and arrays' items as nested elements, scalars as text: read by the
+    tool's schema, as llama.cpp reads them, the call's arguments come back as they were, as localchat writes them too."""
+    prompt, written = _minimax_m3_call()
+    namespace = MINIMAX_M3_NAMESPACE
+    assert f"{namespace}<grid>{namespace}<item>{namespace}<item>1.5{namespace}</item>" in written
+    assert fmt("minimax_m3").call.write("route", ROUTE_ARGS) in written
+    parsed = parse_reply(fmt("minimax_m3"), written, prompt=prompt, tools={"route": ROUTE_TOOL["function"]["parameters"]})
+    assert [(c.name, json.loads(c.arguments)) for c in parsed.calls] == [("route", ROUTE_ARGS)]
+
+
+def test_minimax_m3_forced_call_grammar_takes_what_its_template_writes() -> None:
+    """With its namespace a control token, the forced call's grammar takes the nested elements and closing the template
+    writes after the call's opening, and refuses an array written as JSON, an item of another type or a missing member."""
+    pytest.importorskip("llguidance")
+    vocabulary = _ByteVocabulary([MINIMAX_M3_NAMESPACE])
+    syntax = fmt("minimax_m3").call
+    _, written = _minimax_m3_call()
+    opening = syntax.prefix + "route" + syntax.before_arguments
+    arguments = written[written.index(opening) + len(opening) : written.index(syntax.closing) + len(syntax.closing)]
+    grammar = call_grammar(fmt("minimax_m3"), [ROUTE_TOOL], "route", vocabulary.control)
+    assert vocabulary.accepts(grammar, arguments)
+    for wrong in ({**ROUTE_ARGS, "grid": "[[1.5, 2], []]"}, {**ROUTE_ARGS, "stops": [{"city": "Bern", "nights": "two"}]},
+                  {**ROUTE_ARGS, "stops": [{"nights": 2}]}, {"city": "Bern"}):
+        assert not vocabulary.accepts(grammar, syntax.write("route", wrong)[len(opening):]), wrong

@@ -28,6 +28,8 @@ FAMILIES = sorted(path.stem for path in TEMPLATES.glob("*.jinja"))
 # The BOS and EOS text each family's tokenizer passes to its template (special_tokens_map).
 SPECIAL_TOKENS: dict[str, tuple[str, str]] = {
     "apertus": ("<s>", "</s>"),
+    "apriel1_5": ("<s>", "</s>"),
+    "apriel1_6": ("<s>", "</s>"),
     "command_r7b_tool_use": ("<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>"),
     "command_r_plus_tool_use": ("<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>"),
     "deepseek_r1_distill": ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"),
@@ -37,18 +39,23 @@ SPECIAL_TOKENS: dict[str, tuple[str, str]] = {
     "gemma2": ("<bos>", "<eos>"),
     "gemma3": ("<bos>", "<eos>"),
     "gemma4": ("<bos>", "<eos>"),
+    "gigachat3": ("<s>", "</s>"),
+    "gigachat3_1": ("<s>", "</s>"),
     "glm4": ("", "<|endoftext|>"),
     "glm4_6": ("", "<|endoftext|>"),
+    "glm4_7_flash": ("", "<|endoftext|>"),
     "gpt_oss": ("<|startoftext|>", "<|return|>"),
     "granite3_3": ("<|end_of_text|>", "<|end_of_text|>"),
     "hy3": ("", ""),  # its template sets its own
     "kimi_k2": ("", ""),  # its template writes neither
+    "kimi_k3": ("", ""),  # its template writes neither
     "lfm2": ("<|startoftext|>", "<|im_end|>"),
     "lfm2_5": ("<|startoftext|>", "<|im_end|>"),
     "llama3_1": ("<|begin_of_text|>", "<|eot_id|>"),
     "llama3_2": ("<|begin_of_text|>", "<|eot_id|>"),
     "minicpm5": ("<s>", ""),  # its template writes no EOS
     "minimax_m2": ("", ""),  # its template writes neither
+    "minimax_m3": ("", ""),  # its template sets its own
     "ministral3_reasoning": ("<s>", "</s>"),
     "mistral_nemo": ("<s>", "</s>"),
     "mistral_small3_2": ("<s>", "</s>"),
@@ -99,6 +106,12 @@ WEATHER_CALL = ToolCall("call0zrch", "get_weather", {"city": "Zürich", "unit": 
 TIME_CALL = ToolCall("call1tkyo", "get_time", {"city": "東京"})
 CALLING = Message("assistant", "", tool_calls=(WEATHER_CALL,))
 RESULT = Message("tool", '{"temperature": 21, "sky": "clear"}', tool_call_id="call0zrch")
+# Arguments that nest an object and arrays (MiniMax-M3's template writes them as nested elements).
+ROUTE_TOOL = {"type": "function", "function": {"name": "route", "parameters": {"type": "object", "properties": {
+    "stops": {"type": "array", "items": {"type": "object", "properties": {"city": {"type": "string"}, "nights": {"type": "integer"}}}},
+    "options": {"type": "object", "properties": {"avoid": {"type": "array", "items": {"type": "string"}}, "fast": {"type": "boolean"}}}}}}}
+ROUTE_CALL = ToolCall("call2rout", "route", {"stops": [{"city": "Zürich", "nights": 2}, {"city": "東京", "nights": 1}],
+                                             "options": {"avoid": ["tolls"], "fast": True}})
 ANSWER = Message("assistant", "21 °C and clear.")
 
 
@@ -144,8 +157,11 @@ CONVERSATIONS: dict[str, Conversation] = {
         ),
         tools=(WEATHER_TOOL,),
     ),
+    "nested_arguments": Conversation((ASK, Message("assistant", "", tool_calls=(ROUTE_CALL,)), Message("tool", "ok", tool_call_id="call2rout")),
+                                     tools=(ROUTE_TOOL,)),
     "no_thinking": Conversation((SYSTEM, ASK), kwargs={"enable_thinking": False}),
     "thinking": Conversation((SYSTEM, ASK), kwargs={"enable_thinking": True}),
+    "thinking_mode": Conversation((SYSTEM, ASK), kwargs={"thinking_mode": "enabled"}),  # MiniMax-M3's switch
     # Conversations some templates refuse:
     "two_users": Conversation((ASK, Message("user", "Hello?"))),
     "openai_call_id": Conversation(

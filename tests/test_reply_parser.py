@@ -91,6 +91,63 @@ def hy3_calls(*calls: tuple[str, str, str]) -> str:
     return f"<tool_calls:opensource>\n{written}</tool_calls:opensource>"
 
 
+# GigaChat 3 writes a call as a message of the `function call` role after the reply's; 3.1 after a token of its own.
+GIGACHAT3_CALL = "<|message_sep|>\n\nfunction call<|role_sep|>\n"
+GIGACHAT3_1_CALL = "<|function_call|>"
+
+
+def gigachat_call(opening: str, name: str, arguments: str) -> str:
+    """One call as GigaChat 3 or 3.1 writes it after `opening`, and the end of its message."""
+    return f'{opening}{{"name": "{name}", "arguments": {arguments}}}<|message_sep|>\n\n'
+
+
+def k3_argument(key: str, kind: str, text: str) -> str:
+    """An argument's block as Kimi K3 writes it: its text, and its JSON type beside its key."""
+    return f'<|open|>argument key="{key}" type="{kind}"<|sep|>{text}<|close|>argument<|sep|>'
+
+
+def k3_reply(reasoning: str, content: str, *calls: tuple[str, str]) -> str:
+    """A reply as Kimi K3 writes it in the think section its generation prompt opened: the thinking, the response, the
+    calls (a name and its arguments' blocks) in a tools section, and the message's end."""
+    blocks = "".join(f'<|open|>call tool="{name}" index="{number}"<|sep|>{arguments}<|close|>call<|sep|>'
+                     for number, (name, arguments) in enumerate(calls, 1))
+    tools = f"<|open|>tools<|sep|>{blocks}<|close|>tools<|sep|>" if calls else ""
+    return f"{reasoning}<|close|>think<|sep|><|open|>response<|sep|>{content}<|close|>response<|sep|>{tools}<|close|>message<|sep|>"
+
+
+K3_WEATHER = ("get_weather", k3_argument("city", "string", "Zürich"))
+K3_TIME = ("get_time", k3_argument("city", "string", "東京"))
+MM3 = "]<]minimax[>["  # MiniMax-M3's namespace token, before each of its tags
+
+
+def mm3_element(key: str, text: str) -> str:
+    """An element as MiniMax-M3 writes an argument, an object's member or an array's item (`item`)."""
+    return f"{MM3}<{key}>{text}{MM3}</{key}>"
+
+
+def mm3_calls(*calls: tuple[str, str]) -> str:
+    """Calls (a name and its arguments' elements) as MiniMax-M3 writes them."""
+    invokes = "".join(f'{MM3}<invoke name="{name}">{elements}{MM3}</invoke>\n' for name, elements in calls)
+    return f"{MM3}<tool_call>\n{invokes}{MM3}</tool_call>"
+
+
+MM3_WEATHER = ("get_weather", mm3_element("city", "Zürich"))
+MM3_TIME = ("get_time", mm3_element("city", "東京"))
+# Objects and arrays as nested elements, typed by the schema (an object without elements read as JSON), spaced or not.
+MM3_TYPED = {"route": {"type": "object", "properties": {
+    "days": {"type": "integer"}, "where": {"type": "object"}, "options": {"type": "object", "properties": {
+        "avoid": {"type": "array", "items": {"type": "string"}}, "fast": {"type": "boolean"}}},
+    "stops": {"type": "array", "items": {"type": "object", "properties": {"city": {"type": "string"}, "nights": {"type": "integer"}}}},
+    "grid": {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}}}}
+MM3_NESTED = "\n".join((
+    mm3_element("days", "3"), mm3_element("where", '{"lat": 47.4}'), mm3_element("options", mm3_element("avoid", mm3_element("item", "tolls"))
+                                                                               + mm3_element("fast", "true")),
+    mm3_element("stops", mm3_element("item", mm3_element("city", "007") + "\n" + mm3_element("nights", "2")) + mm3_element("item", mm3_element("city", "東京"))),
+    mm3_element("grid", mm3_element("item", mm3_element("item", "1.5") + mm3_element("item", "2")) + mm3_element("item", "")), mm3_element("extra", "12")))
+MM3_NESTED_ARGS = ('{"days": 3, "where": {"lat": 47.4}, "options": {"avoid": ["tolls"], "fast": true}, '
+                   '"stops": [{"city": "007", "nights": 2}, {"city": "東京"}], "grid": [[1.5, 2], []], "extra": "12"}')
+
+
 def markup_call(name: str, **parameters: str) -> str:
     """A call as Qwen3-Coder writes it, each parameter's value as text."""
     return f"<tool_call>\n{bare_call(name, **parameters)}\n</tool_call>"
@@ -203,6 +260,24 @@ CASES: dict[str, Case] = {
     "glm_typed": Case("glm4_6", "<tool_call>forecast\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n<arg_key>city</arg_key>\n"
                                 "<arg_value>\nBern\n</arg_value>\n<arg_key>hours</arg_key>\n<arg_value>[6, 18]</arg_value>\n</tool_call>",
                       reply(calls=[ParsedCall("forecast", '{"days": 3, "city": "\\nBern\\n", "hours": [6, 18]}')]), tools=TYPED),
+    # Apriel 1.5 and 1.6: a JSON list of calls in <tool_calls>; reasoning from "Here are my reasoning steps:" (1.6's prompt ends so)
+    # to [BEGIN FINAL RESPONSE].
+    "apriel1_6": Case("apriel1_6", f'I\'m\nthinking\n[BEGIN FINAL RESPONSE]\n<tool_calls>[{{"name": "get_weather", "arguments": {WEATHER_ARGS}}}, '
+                                   f'{{"name": "get_time", "arguments": {TIME_ARGS}}}]</tool_calls>', reply(reasoning="I'm\nthinking", calls=TWO_CALLS)),
+    "apriel1_6_answer": Case("apriel1_6", "Easy.\n[BEGIN FINAL RESPONSE]\nSunny.", reply("Sunny.", "Easy.")),
+    "apriel1_5": Case("apriel1_5", "Here are my reasoning steps:\nBoth.\n[BEGIN FINAL RESPONSE]\nOn it.\n[END FINAL RESPONSE]\n"
+                                   f'<tool_calls>[{{"name": "get_weather", "arguments": {WEATHER_ARGS}}}]</tool_calls>', reply("On it.\n\n", "Both.", ONE_CALL)),
+    "apriel1_5_thinking": Case("apriel1_5", f'<thinking>Weather.</thinking><tool_calls>[{{"name": "get_weather", "arguments": {WEATHER_ARGS}}}]</tool_calls>',
+                               reply(reasoning="Weather.", calls=ONE_CALL)),
+    "apriel_not_a_call": Case("apriel1_5", "Wrap calls in <tool_calls>like this</tool_calls>.", reply("Wrap calls in <tool_calls>like this</tool_calls>.")),
+    # GLM-4.7: the same markup, the name followed by its first argument's tag (or the call's end) directly.
+    "glm4_7": Case("glm4_7_flash", "Both.</think><tool_call>get_weather<arg_key>city</arg_key><arg_value>Zürich</arg_value></tool_call>"
+                                   "<tool_call>get_time<arg_key>city</arg_key><arg_value>東京</arg_value></tool_call>",
+                   reply(reasoning="Both.", calls=TWO_CALLS)),
+    "glm4_7_no_arguments": Case("glm4_7_flash", "</think><tool_call>get_time</tool_call>", reply(calls=[ParsedCall("get_time", "{}")]),
+                                tools={"get_time": {}}),
+    "glm4_7_not_a_function": Case("glm4_7_flash", "</think>Use <tool_call>tags</tool_call> so.", reply("Use <tool_call>tags</tool_call> so."),
+                                  tools={"get_time": {}}),
     "glm_not_a_call": Case("glm4_6", "Use <tool_call>tags</tool_call> like this.", reply("Use <tool_call>tags</tool_call> like this.")),
     "glm_stray_text": Case("glm4_6", "<tool_call>get_time\nnow</tool_call>", reply("<tool_call>get_time\nnow</tool_call>")),
     # Llama 3.x: bare JSON with "parameters" where the reply begins, or after <|python_tag|>.
@@ -241,6 +316,42 @@ CASES: dict[str, Case] = {
     "hy3_typed": Case("hy3", hy3_calls(("forecast", "days", "3")), tools=TYPED, expected=reply(calls=[ParsedCall("forecast", '{"days": 3}')])),
     "hy3_not_a_call": Case("hy3", "Use <tool_call:opensource>tags</tool_call:opensource> like this.",
                            reply("Use <tool_call:opensource>tags</tool_call:opensource> like this.")),
+    # Kimi K3: XTML tags of control tokens; the generation prompt opens the think section (the response with thinking off),
+    # then come the response and a tools section of `<|open|>call tool="NAME" index="N"<|sep|>` blocks, arguments typed by
+    # the schema whatever type the block names; reasoning also ends where the response opens.
+    "kimi_k3": Case("kimi_k3", k3_reply("Both cities.", "On it.", K3_WEATHER, K3_TIME), reply("On it.", "Both cities.", TWO_CALLS)),
+    "kimi_k3_calls_only": Case("kimi_k3", k3_reply("", "", K3_WEATHER), reply(calls=ONE_CALL)),
+    "kimi_k3_typed": Case("kimi_k3", k3_reply("", "", ("forecast", "".join((
+        k3_argument("city", "string", "007"), k3_argument("days", "number", "3"), k3_argument("scale", "number", "1.5"),
+        k3_argument("metric", "boolean", "true"), k3_argument("hours", "array", "[6, 18]"), k3_argument("where", "object", '{"lat": 47.4}'),
+        k3_argument("note", "string", "line one\n\nline <two>"), k3_argument("nothing", "null", "null"), k3_argument("extra", "number", "12"))))),
+        tools=TYPED, expected=reply(calls=[ParsedCall("forecast", TYPED_ARGS)])),
+    "kimi_k3_no_thinking": Case("kimi_k3", "Sunny.<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>", reply("Sunny."),
+                                prompt=template("kimi_k3").render([ASK], thinking=False)),
+    "kimi_k3_think_unclosed": Case("kimi_k3", "Easy.<|open|>response<|sep|>Sunny.<|close|>response<|sep|>", reply("Sunny.", "Easy.")),
+    "kimi_k3_not_a_call": Case("kimi_k3", k3_reply("Hm.", "Calls go in <|open|>tools<|sep|> sections."),
+                               reply("Calls go in <|open|>tools<|sep|> sections.", "Hm.")),
+    # MiniMax-M3: M2's `<invoke name>` markup, every tag after its namespace token, arguments as elements named by their keys
+    # (nested for objects and arrays, typed by the schema); thinking in <mm:think>, a turn without it begun by a bare </mm:think>.
+    "minimax_m3": Case("minimax_m3", "<mm:think>Both cities.</mm:think>On it." + mm3_calls(MM3_WEATHER, MM3_TIME),
+                       reply("On it.", "Both cities.", TWO_CALLS)),
+    "minimax_m3_thinking": Case("minimax_m3", "Need the weather.</mm:think>" + mm3_calls(MM3_WEATHER), reply(reasoning="Need the weather.", calls=ONE_CALL),
+                                prompt=template("minimax_m3").render([ASK], thinking_mode="enabled")),
+    "minimax_m3_no_thinking": Case("minimax_m3", "</mm:think>Sunny.", reply("Sunny.")),
+    "minimax_m3_nested": Case("minimax_m3", "</mm:think>" + mm3_calls(("route", MM3_NESTED)), tools=MM3_TYPED,
+                              expected=reply(calls=[ParsedCall("route", MM3_NESTED_ARGS)])),
+    "minimax_m3_no_arguments": Case("minimax_m3", mm3_calls(("get_time", "")), reply(calls=[ParsedCall("get_time", "{}")])),
+    "minimax_m3_not_a_call": Case("minimax_m3", f"</mm:think>Wrap calls in {MM3}<tool_call>tags{MM3}</tool_call>.",
+                                  reply(f"Wrap calls in {MM3}<tool_call>tags{MM3}</tool_call>.")),
+    # GigaChat 3 and 3.1: the reply's text, then one call; each message ends with `<|message_sep|>\n\n`, one token.
+    "gigachat3": Case("gigachat3", "On it." + gigachat_call(GIGACHAT3_CALL, "get_weather", WEATHER_ARGS), reply("On it.", calls=ONE_CALL)),
+    "gigachat3_call_only": Case("gigachat3", gigachat_call(GIGACHAT3_CALL, "get_time", TIME_ARGS), reply(calls=[ParsedCall("get_time", TIME_ARGS)])),
+    "gigachat3_answer": Case("gigachat3", "Sunny.<|message_sep|>\n\n", reply("Sunny.")),
+    "gigachat3_not_a_call": Case("gigachat3", 'Its role is "function call<|role_sep|>\n", then a function call.',
+                                 reply('Its role is "function call<|role_sep|>\n", then a function call.')),
+    "gigachat3_1": Case("gigachat3_1", "On it." + gigachat_call(GIGACHAT3_1_CALL, "get_weather", WEATHER_ARGS), reply("On it.", calls=ONE_CALL)),
+    "gigachat3_1_answer": Case("gigachat3_1", "Sunny.<|message_sep|>\n\n", reply("Sunny.")),
+    "gigachat3_1_not_a_call": Case("gigachat3_1", "Calls follow <|function_call|> in a reply.", reply("Calls follow <|function_call|> in a reply.")),
     # DeepSeek V3.2 and V4: DSML markup in <｜DSML｜function_calls> (V3.2) or <｜DSML｜tool_calls> (V4), each value marked a
     # string (as written) or not (JSON), an unmarked one read by its schema; reasoning in <think> when the prompt opened it.
     "deepseek_v3_2": Case("deepseek_v3_2", "On it.\n\n" + dsml_calls("function_calls", DSML_WEATHER, DSML_TIME), reply("On it.\n\n", calls=TWO_CALLS)),
@@ -380,10 +491,15 @@ FRAGMENTS = ["<tool_call>", "</tool_call>", "<think>", "</think>", "<|start|>ass
              "{", "}", "[", "]", ",", ":", '"', "\\", " ", "\n", "```json\n", "```", "x", "é", "<", "<tool",
              "<function=f>", "</function>", "<parameter=a>", "</parameter>", "<arg_key>a</arg_key>", "<arg_value>", "</arg_value>",
              "<｜DSML｜tool_calls>", "</｜DSML｜tool_calls>", '<｜DSML｜invoke name="f">', "</｜DSML｜invoke>", '<｜DSML｜parameter name="a" string="false">',
-             "</｜DSML｜parameter>"]
+             "</｜DSML｜parameter>", "<|message_sep|>\n\n", "function call<|role_sep|>\n", "<|function_call|>",
+             "<|open|>think<|sep|>", "<|close|>think<|sep|>", "<|open|>response<|sep|>", "<|close|>response<|sep|>", "<|open|>tools<|sep|>",
+             "<|close|>tools<|sep|>", '<|open|>call tool="f" index="1"<|sep|>', "<|close|>call<|sep|>", '<|open|>argument key="a" type="number"<|sep|>',
+             "<|close|>argument<|sep|>", "<|close|>message<|sep|>", "<mm:think>", "</mm:think>", f"{MM3}<tool_call>", f"{MM3}</tool_call>",
+             f'{MM3}<invoke name="f">', f"{MM3}</invoke>", f"{MM3}<a>", f"{MM3}</a>", f"{MM3}<item>", f"{MM3}</item>"]
 
 
-@pytest.mark.parametrize("name", ["qwen3", "qwen3_coder", "glm4_6", "gpt_oss", "mistral_small3_2", "llama3_1", "gemma3", "deepseek_v4"])
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_coder", "glm4_6", "gpt_oss", "mistral_small3_2", "llama3_1", "gemma3", "deepseek_v4", "gigachat3",
+                                  "gigachat3_1", "kimi_k3", "minimax_m3"])
 def test_any_reply_parses_the_same_however_it_is_split(name: str) -> None:
     """Random replies made of markers and JSON pieces: never an error, the same parts for any split."""
     hypothesis = pytest.importorskip("hypothesis")
@@ -423,7 +539,14 @@ FORCED = ("get_weather", "get_time")
     ("deepseek_v3_2", "get_wea", [ParsedCall("get_weather")]),
     ("minimax_m2", "get_wea", [ParsedCall("get_weather")]),
     ("minicpm5", "get_ti", [ParsedCall("get_time")]),
+    ("gigachat3", "get_wea", [ParsedCall("get_weather")]),
+    ("gigachat3_1", 'get_time", "arguments": {"ci', [ParsedCall("get_time", '{"ci')]),
     ("deepseek_v4", 'get_time">\n' + dsml_parameter("city", "Bern") + '<｜DSML｜parameter name="da', [ParsedCall("get_time", '{"city": "Bern"}')]),
+    ("kimi_k3", "get_wea", [ParsedCall("get_weather")]),
+    ("minimax_m3", "get_wea", [ParsedCall("get_weather")]),
+    ("minimax_m3", 'get_time">' + mm3_element("city", "Bern") + f"{MM3}<da", [ParsedCall("get_time", '{"city": "Bern"}')]),
+    ("kimi_k3", 'get_time" index="1"<|sep|>' + k3_argument("city", "string", "Bern") + '<|open|>argument key="da',
+     [ParsedCall("get_time", '{"city": "Bern"}')]),
 ])
 def test_a_forced_call_cut_short_is_a_call_or_none_never_content(name: str, written: str, expected: list[ParsedCall]) -> None:
     """tool_choice required, cut by max_tokens: the server wrote the call's opening, the model part of the rest."""

@@ -36,6 +36,18 @@ def _calls(message: Any) -> list[tuple[str, dict[str, Any]]]:
     return [(call.function.name, json.loads(call.function.arguments)) for call in message.tool_calls or ()]
 
 
+def _assert_text_then_calls(whole: Any, chunks: list[Any], expected: list[tuple[str, dict[str, Any]]], reasoning: str | None) -> None:
+    """A reply of "I'll look." (after `reasoning`) and the calls `expected`, whole and as its stream's pieces."""
+    message = whole.choices[0].message
+    assert _calls(message) == expected and whole.choices[0].finish_reason == "tool_calls"
+    assert (message.content, getattr(message, "reasoning_content", None)) == ("I'll look.", reasoning)
+    pieces = [call for chunk in chunks for call in chunk.choices[0].delta.tool_calls or ()]
+    assert [call.function.name for call in pieces if call.id is not None] == [name for name, _ in expected]
+    streamed = ["".join(call.function.arguments or "" for call in pieces if call.index == index) for index in range(len(expected))]
+    assert [json.loads(arguments) for arguments in streamed] == [arguments for _, arguments in expected]
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks).strip() == "I'll look."
+
+
 def test_calls_and_reasoning_come_back_whole_and_streamed(qwen3: tuple[openai.OpenAI, ScriptedBackend]) -> None:
     client, backend = qwen3
     backend.replies.extend([QWEN3_CALLS] * 3)
@@ -180,6 +192,8 @@ SOLAR_CONTROL = ("<|begin|>", "<|end|>", "<|think|>", "<|content|>", "<|tool_cal
                  "<|tool_call:args|>", "<|tool_call:end|>", "<|calls|>")
 HY3_CONTROL = tuple(f"<{tag}:opensource>" for tag in ("think", "/think", "tool_calls", "/tool_calls", "tool_call", "/tool_call", "tool_sep",
                                                        "arg_key", "/arg_key", "arg_value", "/arg_value"))
+# GigaChat 3's separators (their newlines in the tokens) and 3.1's call token, control tokens in their vocabularies.
+GIGACHAT_CONTROL = ("<|role_sep|>\n", "<|message_sep|>\n\n", "<|function_call|>")
 GEMMA4_CONTROL = ("<|tool_call>", "<tool_call|>", '<|"|>', "<|channel>", "<channel|>", "<|turn>", "<turn|>")
 HISTORY: list[dict[str, Any]] = [
     *TOOLS_QUESTION,
@@ -505,7 +519,8 @@ KIMI_CONTROL = ("<|tool_calls_section_begin|>", "<|tool_call_begin|>", "<|tool_c
 
 
 @pytest.mark.parametrize(("template", "control", "reply", "reasoning"), ids=["nemotron_nano_v2", "seed_oss", "minimax_m2", "deepseek_v3_1", "deepseek_v3_2",
-                                                                          "deepseek_v4", "kimi_k2", "minicpm5", "lfm2", "solar_open", "hy3"], argvalues=[
+                                                                          "deepseek_v4", "kimi_k2", "minicpm5", "lfm2", "solar_open", "hy3",
+                                                                          "glm4_7_flash", "apriel1_6"], argvalues=[
     ("nemotron_nano_v2", (), ('Weather.</think>I\'ll look.<TOOLCALL>[{"name": "forecast", "arguments": {"city": "Zürich", "days": 3}}, '
      '{"name": "get_time", "arguments": {"city": "Zürich"}}]</TOOLCALL>'), "Weather."),
     ("seed_oss", (), ("<seed:think>Weather.</seed:think>I'll look.<seed:tool_call>\n<function=forecast>\n<parameter=city>Zürich</parameter>\n"
@@ -534,26 +549,23 @@ KIMI_CONTROL = ("<|tool_calls_section_begin|>", "<|tool_call_begin|>", "<|tool_c
      "<arg_value:opensource>3</arg_value:opensource>\n</tool_call:opensource>\n<tool_call:opensource>get_time<tool_sep:opensource>\n"
      "<arg_key:opensource>city</arg_key:opensource>\n<arg_value:opensource>Zürich</arg_value:opensource>\n</tool_call:opensource>\n"
      "</tool_calls:opensource>"), None),
+    ("glm4_7_flash", (), ("Weather.</think>I'll look.<tool_call>forecast<arg_key>city</arg_key><arg_value>Zürich</arg_value><arg_key>days"
+     "</arg_key><arg_value>3</arg_value></tool_call><tool_call>get_time<arg_key>city</arg_key><arg_value>Zürich</arg_value></tool_call>"),
+     "Weather."),
+    ("apriel1_6", (), ('Weather.\n[BEGIN FINAL RESPONSE]\nI\'ll look.<tool_calls>[{"name": "forecast", "arguments": {"city": "Zürich", "days": 3}}, '
+                       '{"name": "get_time", "arguments": {"city": "Zürich"}}]</tool_calls>'), "Weather."),
 ])
 def test_more_families_calls_come_back_whole_and_streamed(tmp_path: Path, template: str, control: tuple[str, ...], reply: str,
                                                           reasoning: str | None) -> None:
-    """Nemotron Nano 2 (a JSON list), Seed-OSS, MiniMax-M2, DeepSeek V3.2/V4 and Hy3 (markup), DeepSeek V3.1, Kimi K2 and Solar Open
+    """Nemotron Nano 2 (a JSON list), Seed-OSS, MiniMax-M2, DeepSeek V3.2/V4, Hy3 and GLM-4.7 (markup), Apriel (a JSON list), DeepSeek V3.1, Kimi K2 and Solar Open
     (a call per header):
     each family's calls come back as OpenAI's, with its thinking apart, whole and streamed."""
     backend = ScriptedBackend(template_text(template), control)
     backend.replies.extend([reply] * 2)
-    expected = [("forecast", {"city": "Zürich", "days": 3}), ("get_time", {"city": "Zürich"})]
     with scripted_client(backend, tmp_path) as (client, _):
         whole = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS)
         chunks = list(client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS, stream=True))
-    message = whole.choices[0].message
-    assert _calls(message) == expected and whole.choices[0].finish_reason == "tool_calls"
-    assert (message.content, getattr(message, "reasoning_content", None)) == ("I'll look.", reasoning)
-    pieces = [call for chunk in chunks for call in chunk.choices[0].delta.tool_calls or ()]
-    streamed = ["".join(call.function.arguments or "" for call in pieces if call.index == index) for index in (0, 1)]
-    assert [call.function.name for call in pieces if call.id is not None] == ["forecast", "get_time"]
-    assert [json.loads(arguments) for arguments in streamed] == [arguments for _, arguments in expected]
-    assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks).strip() == "I'll look."
+    _assert_text_then_calls(whole, chunks, [("forecast", {"city": "Zürich", "days": 3}), ("get_time", {"city": "Zürich"})], reasoning)
 
 
 def test_lfm2_forced_calls_follow_the_keywords_grammar(tmp_path: Path) -> None:
@@ -611,3 +623,115 @@ def test_dsml_forced_calls_follow_the_marked_parameters_grammar(tmp_path: Path, 
     assert backend.prompts[-1].endswith(f'<｜DSML｜{wrapper}>\n<｜DSML｜invoke name="')
     [(name, arguments)] = _calls(required.choices[0].message)
     assert name == "forecast" and arguments["city"] == "Oslo" and isinstance(arguments["days"], int)
+
+
+@pytest.mark.parametrize(("template", "opening"), ids=["gigachat3", "gigachat3_1"], argvalues=[
+    ("gigachat3", "<|message_sep|>\n\nfunction call<|role_sep|>\n"), ("gigachat3_1", "<|function_call|>")])
+def test_gigachat_calls_come_back_whole_streamed_forced_and_rendered(tmp_path: Path, template: str, opening: str) -> None:
+    """GigaChat 3 (a message of the `function call` role after the reply's) and 3.1 (`<|function_call|>`): the text, then
+    one call as a JSON object, whole and streamed; forced, the server writes the opening and a grammar holds the rest; a
+    past call and its result render through the template."""
+    backend = ScriptedBackend(template_text(template), GIGACHAT_CONTROL, n_ctx=8192)  # its system prompt: 5,000 characters, tokens here
+    call = f'{opening}{{"name": "forecast", "arguments": {{"city": "Zürich", "days": 3}}}}<|message_sep|>\n\n'
+    backend.replies.extend([f"I'll look.{call}"] * 2 + ['{"city": "Oslo", "days": 2}}', 'forecast", "arguments": {"city": "Oslo", "days": "two"}}',
+                                                         "It is 21 °C and clear.<|message_sep|>\n\n"])
+    named = {"type": "function", "function": {"name": "forecast"}}
+    with scripted_client(backend, tmp_path) as (client, _):
+        whole = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS)
+        chunks = list(client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS, stream=True))
+        reply = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS, tool_choice=named)  # type: ignore[arg-type]
+        assert backend.prompts[-1].endswith(f'assistant<|role_sep|>\n{opening}{{"name": "forecast", "arguments": ')
+        required = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS, tool_choice="required",
+                                                  max_tokens=200)
+        assert backend.prompts[-1].endswith(f'assistant<|role_sep|>\n{opening}{{"name": "')
+        answer = client.chat.completions.create(model="scripted", messages=HISTORY, tools=TOOLS)  # type: ignore[arg-type]
+    assert (f'assistant<|role_sep|>\n{opening}{{"name": "get_weather", "arguments": {{"city": "Zürich"}}}}<|message_sep|>\n\n'
+            "function result<|role_sep|>\n21 °C, clear<|message_sep|>\n\n") in backend.prompts[-1]
+    assert answer.choices[0].message.content == "It is 21 °C and clear." and answer.choices[0].finish_reason == "stop"
+    _assert_text_then_calls(whole, chunks, [("forecast", {"city": "Zürich", "days": 3})], None)
+    assert _calls(reply.choices[0].message) == [("forecast", {"city": "Oslo", "days": 2})]
+    [(name, arguments)] = _calls(required.choices[0].message)
+    assert name == "forecast" and arguments["city"] == "Oslo" and isinstance(arguments["days"], int)
+
+
+# Kimi K3's tag tokens, control tokens in its vocabulary, and an argument's block (its key, JSON type and text).
+K3_CONTROL = ("<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>")
+K3_ARGUMENT = '<|open|>argument key="{}" type="{}"<|sep|>{}<|close|>argument<|sep|>'
+
+
+def test_kimi_k3_calls_come_back_whole_streamed_forced_and_rendered(tmp_path: Path) -> None:
+    """Kimi K3 (XTML tags of control tokens): the thinking its prompt opened, the response and the typed calls come back
+    whole and streamed; forced, the server closes the thinking and writes the call's opening, a grammar types the
+    argument blocks (a model that would call a boolean a string still makes a call whose values parse); a past call and
+    its result render through the template."""
+    backend = ScriptedBackend(template_text("kimi_k3"), K3_CONTROL)
+    closing = "<|close|>call<|sep|><|close|>tools<|sep|>"
+    calls = ('<|open|>tools<|sep|><|open|>call tool="forecast" index="1"<|sep|>' + K3_ARGUMENT.format("city", "string", "Zürich")
+             + K3_ARGUMENT.format("days", "number", "3") + '<|close|>call<|sep|><|open|>call tool="get_time" index="2"<|sep|>'
+             + K3_ARGUMENT.format("city", "string", "Zürich") + closing + "<|close|>message<|sep|>")
+    backend.replies.extend(["Weather.<|close|>think<|sep|><|open|>response<|sep|>I'll look.<|close|>response<|sep|>" + calls] * 2 + [
+        K3_ARGUMENT.format("city", "string", "Oslo") + K3_ARGUMENT.format("days", "number", "2") + closing,
+        'forecast" index="1"<|sep|>' + K3_ARGUMENT.format("city", "string", "Oslo") + K3_ARGUMENT.format("days", "number", "2")
+        + K3_ARGUMENT.format("hourly", "string", "no") + closing,
+        "Done.<|close|>think<|sep|><|open|>response<|sep|>It is 21 °C and clear.<|close|>response<|sep|><|close|>message<|sep|>"])
+    named = {"type": "function", "function": {"name": "forecast"}}
+    with scripted_client(backend, tmp_path) as (client, _):
+        whole = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS)
+        chunks = list(client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS, stream=True))
+        reply = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS, tool_choice=named)  # type: ignore[arg-type]
+        assert backend.prompts[-1].endswith('<|open|>think<|sep|><|close|>think<|sep|>\n\n<|open|>tools<|sep|><|open|>call tool="forecast" index="1"<|sep|>')
+        required = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS, tool_choice="required",
+                                                  max_tokens=200)
+        assert backend.prompts[-1].endswith('<|open|>tools<|sep|><|open|>call tool="')
+        answer = client.chat.completions.create(model="scripted", messages=HISTORY, tools=TOOLS)  # type: ignore[arg-type]
+    assert ('<|open|>tools<|sep|><|open|>call tool="get_weather" index="1"<|sep|>' + K3_ARGUMENT.format("city", "string", "Zürich") + closing
+            + '<|close|>message<|sep|><|end_of_msg|><|open|>message role="tool" tool="get_weather" index="1"<|sep|>21 °C, clear') in backend.prompts[-1]
+    assert (answer.choices[0].message.content, getattr(answer.choices[0].message, "reasoning_content", None)) == ("It is 21 °C and clear.", "Done.")
+    _assert_text_then_calls(whole, chunks, [("forecast", {"city": "Zürich", "days": 3}), ("get_time", {"city": "Zürich"})], "Weather.")
+    assert _calls(reply.choices[0].message) == [("forecast", {"city": "Oslo", "days": 2})]
+    assert _calls(required.choices[0].message) == [("forecast", {"city": "Oslo", "days": 2, "hourly": False})]
+
+
+# MiniMax-M3's namespace token (before each tag of its calls) and thinking markers, control tokens in its vocabulary.
+MM3 = "]<]minimax[>["
+MM3_CONTROL = (MM3, "<mm:think>", "</mm:think>")
+ROUTE_TOOLS = [{"type": "function", "function": {"name": "route", "parameters": {"type": "object", "properties": {
+    "city": {"type": "string"}, "stops": {"type": "array", "items": {"type": "object", "properties": {
+        "city": {"type": "string"}, "nights": {"type": "integer"}}, "required": ["city", "nights"]}}}, "required": ["city", "stops"]}}}]
+
+
+def _mm3(key: str, text: str) -> str:
+    """An element as MiniMax-M3 writes an argument, an object's member or an array's item."""
+    return f"{MM3}<{key}>{text}{MM3}</{key}>"
+
+
+def test_minimax_m3_calls_come_back_whole_streamed_forced_and_rendered(tmp_path: Path) -> None:
+    """MiniMax-M3 (M2's markup, every tag after its namespace token): the thinking, the text and the typed calls come back
+    whole and streamed; forced, the server writes the call's opening and a grammar holds the nested elements to the schema
+    (a model that would write a number as a word still makes a call whose values parse); a past call and its result render
+    through the template."""
+    backend = ScriptedBackend(template_text("minimax_m3"), MM3_CONTROL)
+    closing = f"{MM3}</invoke>\n{MM3}</tool_call>"
+    calls = (f'{MM3}<tool_call>\n{MM3}<invoke name="forecast">' + _mm3("city", "Zürich") + _mm3("days", "3") + f"{MM3}</invoke>\n"
+             f'{MM3}<invoke name="get_time">' + _mm3("city", "Zürich") + closing)
+    backend.replies.extend(["<mm:think>Weather.</mm:think>I'll look." + calls] * 2 + [
+        _mm3("city", "Oslo") + _mm3("stops", _mm3("item", _mm3("city", "Bergen") + _mm3("nights", "2"))) + closing,
+        'route">' + _mm3("city", "Oslo") + _mm3("stops", _mm3("item", _mm3("city", "Bergen") + _mm3("nights", "two"))) + closing,
+        "</mm:think>It is 21 °C and clear."])
+    named = {"type": "function", "function": {"name": "route"}}
+    with scripted_client(backend, tmp_path) as (client, _):
+        whole = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS)
+        chunks = list(client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS, stream=True))
+        reply = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=ROUTE_TOOLS, tool_choice=named)  # type: ignore[arg-type]
+        assert backend.prompts[-1].endswith(f']~b]ai\n{MM3}<tool_call>\n{MM3}<invoke name="route">')
+        required = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=ROUTE_TOOLS, tool_choice="required",  # type: ignore[arg-type]
+                                                  max_tokens=200)
+        assert backend.prompts[-1].endswith(f'{MM3}<tool_call>\n{MM3}<invoke name="')
+        answer = client.chat.completions.create(model="scripted", messages=HISTORY, tools=TOOLS)  # type: ignore[arg-type]
+    assert (f'</mm:think>{MM3}<tool_call>\n{MM3}<invoke name="get_weather">' + _mm3("city", "Zürich") + closing
+            + "[e~[\n]~b]tool\n<response>21 °C, clear</response>") in backend.prompts[-1]
+    assert answer.choices[0].message.content == "It is 21 °C and clear." and answer.choices[0].finish_reason == "stop"
+    _assert_text_then_calls(whole, chunks, [("forecast", {"city": "Zürich", "days": 3}), ("get_time", {"city": "Zürich"})], "Weather.")
+    assert _calls(reply.choices[0].message) == [("route", {"city": "Oslo", "stops": [{"city": "Bergen", "nights": 2}]})]
+    [(name, arguments)] = _calls(required.choices[0].message)
+    assert name == "route" and arguments["stops"][0]["city"] == "Bergen" and isinstance(arguments["stops"][0]["nights"], int)
