@@ -20,9 +20,6 @@ from localchat.templates import Message
 if TYPE_CHECKING:
     from localchat.presets import ModelPreset
 
-# The template variable that turns a model's thinking off (Qwen 3, SmolLM3, DeepSeek V3.1 read it).
-THINKING_SWITCH = "enable_thinking"
-
 
 @dataclass(frozen=True)
 class ContextUse:

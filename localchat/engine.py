@@ -10,7 +10,7 @@ from dataclasses import replace
 from localchat.adapters import LoadedLora, LoraSpec, default_scales, requested_scales
 from localchat.backends.base import Backend
 from localchat.chat import Chat
-from localchat.chat_engine import THINKING_SWITCH, LocalChat
+from localchat.chat_engine import LocalChat
 from localchat.errors import ModelError
 from localchat.model_loading import ModelLoading, ModelPlan, open_backend, plan_model, start_loading
 from localchat.models import ModelRef
@@ -20,7 +20,7 @@ from localchat.sampling_defaults import sampler_defaults
 from localchat.session import Session
 from localchat.settings import Settings
 from localchat.speculative import DraftModel, check_same_vocabulary
-from localchat.templates import ChatTemplate, Message
+from localchat.templates import THINKING_SWITCH, ChatTemplate, Message
 
 logger = logging.getLogger(__name__)
 
@@ -185,15 +185,16 @@ class Engine:
 
     @property
     def can_switch_thinking(self) -> bool:
-        return THINKING_SWITCH in self.template.source
+        return bool(self.template.thinking_switches)
 
     thinking_switch_checked = True  # in the template it renders
 
     def open_chat(self, messages: list[Message], *, thinking: bool = True) -> LocalChat:
         """A conversation from `messages` on the first sequence (the prefix cache makes returning
         to an earlier one cheap)."""
-        switch: dict[str, object] = {} if thinking else {THINKING_SWITCH: False}
-        return LocalChat(self.sessions[0], self.template, self.opening(messages), template_kwargs=switch, preset=self.preset)
+        # Both ways: a template whose thinking is off unless asked (Granite 3.3's) is asked.
+        return LocalChat(self.sessions[0], self.template, self.opening(messages), template_kwargs={THINKING_SWITCH: thinking},
+                         preset=self.preset)
 
     def token_count(self, text: str) -> int:
         return len(self.backend.tokenize(text, add_bos=False, special=False))

@@ -125,7 +125,7 @@ def _value_type(value: Any) -> str:
 
 def _schema_type(schema: Mapping[str, Any]) -> str:
     """The JSON type of the values a parameter's schema allows, as `_value_type` names it (a string if it may be one)."""
-    types = _types(schema)
+    types = [kind for kind in _types(schema) if kind != "null"] or ["null"]
     return "string" if "string" in types else "number" if types[0] == "integer" else types[0]
 
 
@@ -146,7 +146,7 @@ CDATA = ("<![CDATA[", "]]>")
 class ParameterBlocks:
     """Arguments as one block per parameter holding its value as text (Qwen3-Coder, GLM): `parameter`
     finds one (named groups: `key`; `value`, its text; `string`, where the family marks a value a string
-    or not, "true" or "false"); `key_open` (formatted with the `key`, that `string` mark and the value's JSON `type`) and
+    or not, "true" or "false"; `type`, where it writes the value's JSON type, read where the schema gives none); `key_open` (formatted with the `key`, that `string` mark and the value's JSON `type`) and
     `value_close` write one; `trim`: the text the family puts on each side of a value, removed once."""
 
     parameter: re.Pattern[str]
@@ -167,7 +167,10 @@ class ParameterBlocks:
                 text = text.removeprefix(self.trim).removesuffix(self.trim)
             if self.cdata and text.startswith(CDATA[0]) and text.endswith(CDATA[1]):
                 text = text[len(CDATA[0]) : -len(CDATA[1])]
-            arguments[key] = marked_value(text, found.groupdict().get("string"), properties.get(key, {}))
+            schema, written_type = properties.get(key, {}), found.groupdict().get("type")
+            if written_type is not None and "type" not in _typed(schema):  # Kimi K3's type, where the schema gives none
+                schema = {"type": written_type}
+            arguments[key] = marked_value(text, found.groupdict().get("string"), schema)
         return arguments if not (rest + inner[position:]).strip() else None
 
     def read_open(self, written: str, parameters: Parameters) -> dict[str, Any]:
@@ -233,6 +236,15 @@ def _json_rule(schema: Mapping[str, Any], layout: Mapping[str, Any]) -> str:
     return f"%json {json.dumps({**schema, 'x-guidance': dict(layout)}, ensure_ascii=False)}"
 
 
+def _typed(schema: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`schema`, or where it types its value by `anyOf`/`oneOf` alone (pydantic's Optional), its first branch that is not
+    null; one that gives properties alone is an object's."""
+    if "type" in schema:
+        return schema
+    branches = [branch for branch in schema.get("anyOf") or schema.get("oneOf") or () if branch.get("type") != "null"]
+    return branches[0] if branches else {"type": "object", **schema} if "properties" in schema else schema
+
+
 def _nested(schema: Mapping[str, Any]) -> str | None:
     """"object" or "array" where a schema's value is written as elements (MiniMax-M3), None where as text."""
     types = _types(schema)
@@ -275,8 +287,12 @@ class XmlElements:
         return {name: self._value(inner, properties.get(name, {})) for name, inner in elements}
 
     def _value(self, text: str, schema: Mapping[str, Any]) -> Any:
-        kind = _nested(schema)
+        """A value by its schema; one the schema does not type that is elements alone, an object (an array where they
+        are all items), as the model wrote it."""
+        schema = _typed(schema)
         elements, end = self._elements(text)
+        untyped = "type" not in schema and bool(elements)
+        kind = ("array" if all(name == "item" for name, _ in elements) else "object") if untyped else _nested(schema)
         if kind is None or text[end:].strip() or (kind == "array" and any(name != "item" for name, _ in elements)):
             return parameter_value(text, schema)
         if kind == "object":
@@ -320,6 +336,7 @@ class XmlElements:
 
     def _value_grammar(self, rule: str, schema: Mapping[str, Any], closing: str, layout: Mapping[str, Any],
                        literal: Callable[[str], str]) -> list[str]:
+        schema = _typed(schema)
         kind = _nested(schema)
         if kind == "object" and schema.get("properties"):
             members, rules = self._members_grammar(rule, schema, layout, literal)
@@ -631,7 +648,8 @@ HY3_MARKUP = MarkupSyntax(
 KIMI_K3_MARKUP = MarkupSyntax(
     re.compile(r'<\|open\|>call tool="([^"\n]+)"[^<]*?<\|sep\|>(.*?)<\|close\|>call<\|sep\|>', re.DOTALL),
     re.compile(r'\s*<\|open\|>call tool="([^"\n]*)((?:"[^<]*?<\|sep\|>)?)'),
-    ParameterBlocks(re.compile(r'<\|open\|>argument key="(?P<key>[^"\n]+)"[^<]*?<\|sep\|>(?P<value>.*?)<\|close\|>argument<\|sep\|>', re.DOTALL),
+    ParameterBlocks(re.compile(r'<\|open\|>argument key="(?P<key>[^"\n]+)"(?: type="(?P<type>\w+)")?[^<]*?<\|sep\|>(?P<value>.*?)'
+                               r"<\|close\|>argument<\|sep\|>", re.DOTALL),
                     '<|open|>argument key="{key}" type="{type}"<|sep|>', "<|close|>argument<|sep|>"),
     lead='<|open|>call tool="',
 )

@@ -24,12 +24,12 @@ import httpx2
 import openai
 from openai import OpenAI
 
-from localchat.chat_engine import THINKING_SWITCH, ContextUse
+from localchat.chat_engine import ContextUse
 from localchat.chat_formats import GENERIC, REASONING, ChatFormat
 from localchat.remote_endpoint import API_KEY_VARIABLE, RemoteEndpoint, RemoteError
 from localchat.reply_parser import ReplyParser
 from localchat.session import GenerationSettings, GenerationStats
-from localchat.templates import Message
+from localchat.templates import THINKING_SWITCH, Message
 
 # Connecting and each read; a remote's first token may wait behind a long prompt or a model load.
 TIMEOUT_S = 600.0

@@ -11,7 +11,8 @@ non-ASCII text and takes indent/separators, `raise_exception`, `strftime_now`, a
 refuses underscore names, and Jinja's lenient Undefined (`{% if tools %}` without tools is false,
 `message.tool_calls` on a plain message is undefined, not an error). The template sees the same
 variables: messages, tools, documents, add_generation_prompt, bos_token/eos_token and any extra
-keyword (`enable_thinking=False`), all rebuilt from plain JSON types first.
+keyword (`enable_thinking=False`), all rebuilt from plain JSON types first. `enable_thinking` also sets the
+other thinking switch a template reads (THINKING_SWITCHES: Kimi K3's `thinking`, MiniMax-M3's `thinking_mode`).
 
 Fallback, for models that carry no template: Gemma-family architectures get Gemma's turn format
 (`<start_of_turn>user ... <end_of_turn>`), everything else ChatML (`<|im_start|>role ... <|im_end|>`).
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,6 +32,7 @@ from typing import Any, ClassVar, Literal, NoReturn
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 import numpy as np
 from jinja2 import nodes
 from jinja2.parser import Parser
@@ -160,6 +163,16 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+# The variables templates switch their thinking with, and each one's values for on and off. `enable_thinking` (Qwen 3,
+# SmolLM3, GLM...) is the one localchat and its clients set; a template that reads another gets it too, in its values.
+THINKING_SWITCHES: dict[str, tuple[object, object]] = {
+    "enable_thinking": (True, False),
+    "thinking": (True, False),  # Kimi K3, Granite 3.3, DeepSeek V3.1 as DeepSeek ships it
+    "thinking_mode": ("enabled", "disabled"),  # MiniMax-M3
+}
+THINKING_SWITCH = "enable_thinking"
+
+
 def _environment(template: str) -> ImmutableSandboxedEnvironment:
     """The sandbox transformers renders chat templates in; `template` names this one in refusals."""
 
@@ -228,6 +241,16 @@ class ChatTemplate:
         except jinja2.TemplateSyntaxError as error:
             raise TemplateError(f"{self._name} does not parse: {error}") from error
 
+    @functools.cached_property
+    def thinking_switches(self) -> frozenset[str]:
+        """The variables of THINKING_SWITCHES the template reads."""
+        read = jinja2.meta.find_undeclared_variables(self._template.environment.parse(self.source))
+        return frozenset(THINKING_SWITCHES).intersection(read)
+
+    def thinking_variables(self, thinking: bool) -> dict[str, object]:
+        """Each thinking switch the template reads, set for thinking on or off."""
+        return {name: THINKING_SWITCHES[name][0 if thinking else 1] for name in self.thinking_switches}
+
     @classmethod
     def for_model(cls, template: str | None, architecture: str, *, bos_token: str, eos_token: str) -> ChatTemplate:
         """The model's own template, or the documented fallback when it has none."""
@@ -254,6 +277,8 @@ class ChatTemplate:
         `tools` are OpenAI-style function schemas; `template_kwargs` reach the template as variables
         (`enable_thinking=False`) and override bos_token/eos_token, as in transformers.
         """
+        if isinstance(template_kwargs.get(THINKING_SWITCH), bool):
+            template_kwargs = {**self.thinking_variables(template_kwargs[THINKING_SWITCH]), **template_kwargs}
         variables = _plain({"bos_token": self.bos_token, "eos_token": self.eos_token, **template_kwargs})
         try:
             return self._template.render(

@@ -13,6 +13,7 @@ import jinja2
 import pytest
 
 from localchat.templates import (
+    THINKING_SWITCH,
     ChatMessage,
     ChatTemplate,
     Message,
@@ -179,9 +180,12 @@ def template_for(family: str) -> ChatTemplate:
 
 
 def render_both(render_hf: Callable[..., Any], family: str, conversation: Conversation, add_generation_prompt: bool) -> tuple[str | Exception, str | Exception]:
-    """transformers' rendering and localchat's, each a text or the exception it raised."""
+    """transformers' rendering and localchat's, each a text or the exception it raised. transformers is given the
+    thinking switch the template reads besides enable_thinking, as localchat sets it (templates.THINKING_SWITCHES)."""
     template = template_for(family)
     tools = None if conversation.tools is None else list(conversation.tools)
+    thinking = conversation.kwargs.get(THINKING_SWITCH)
+    switches = {} if thinking is None else template.thinking_variables(bool(thinking))
     try:
         rendered, _ = render_hf(
             conversations=[[m.as_template_dict() if isinstance(m, Message) else dict(m) for m in conversation.messages]],
@@ -190,7 +194,7 @@ def render_both(render_hf: Callable[..., Any], family: str, conversation: Conver
             add_generation_prompt=add_generation_prompt,
             bos_token=template.bos_token,
             eos_token=template.eos_token,
-            **conversation.kwargs,
+            **{**switches, **conversation.kwargs},
         )
         expected: str | Exception = rendered[0]
     except (jinja2.TemplateError, TypeError, ValueError, LookupError, AttributeError) as error:  # the template's own failure

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from chat_format_cases import template
 
 from localchat.templates import (
+    THINKING_SWITCHES,
     ChatTemplate,
     Message,
     TemplateError,
@@ -103,6 +105,27 @@ def test_tools_and_extra_keywords_reach_the_template() -> None:
     template = ChatTemplate(source, bos_token="<s>")
     assert template.render([], tools=tools, enable_thinking=False) == "get_weather,get_time/False/<s>"
     assert template.render([], tools=[], bos_token="<bos>") == "//<bos>"
+
+
+@pytest.mark.parametrize(("name", "enable_thinking", "own"), [
+    ("kimi_k3", False, {"thinking": False}),  # on by default
+    ("minimax_m3", False, {"thinking_mode": "disabled"}),
+    ("granite3_3", True, {"thinking": True}),  # off by default
+])
+def test_enable_thinking_sets_the_switch_a_template_reads(name: str, enable_thinking: bool, own: dict[str, object]) -> None:
+    """`serve --no-think`, reasoning_effort "none" and the chat app's switch set enable_thinking: a template that
+    reads another switch gets that one, in its own values; one set by the caller stays as given."""
+    chat, model_template = [Message("user", "Hi")], template(name)
+    assert model_template.render(chat, enable_thinking=enable_thinking) == model_template.render(chat, **own) != model_template.render(chat)
+    [switch] = own
+    opposite = {switch: THINKING_SWITCHES[switch][1 if enable_thinking else 0]}
+    assert model_template.render(chat, enable_thinking=enable_thinking, **opposite) == model_template.render(chat, **opposite)
+
+
+def test_a_template_without_a_thinking_switch_reads_none() -> None:
+    assert template("qwen3").thinking_switches == {"enable_thinking"}
+    assert template("llama3_1").thinking_switches == set()
+    assert ChatTemplate("{{ message.thinking }}{% set thinking = 1 %}{{ thinking }}").thinking_switches == set()
 
 
 def test_the_generation_block_writes_its_body() -> None:

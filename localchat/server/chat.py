@@ -13,9 +13,9 @@ a forced one's grammar takes the schema's parameters in order, the required ones
 streamed markup call comes as its name and whole arguments once its `</tool_call>` is read.
 
 Thinking: `reasoning_effort: "none"` passes `enable_thinking=false` to the template (Qwen 3 and
-SmolLM3 read it), other efforts pass `reasoning_effort` (gpt-oss reads it);
-`chat_template_kwargs` (llama.cpp's and vLLM's extension) passes any variable (Granite 3.3's
-`thinking`) and wins over both. Whatever the template, reasoning the reply holds comes back as
+SmolLM3 read it; a template reading another switch, Kimi K3's `thinking` or MiniMax-M3's `thinking_mode`,
+gets that one: templates.THINKING_SWITCHES), other efforts pass `reasoning_effort` (gpt-oss reads it);
+`chat_template_kwargs` (llama.cpp's and vLLM's extension) passes any variable and wins over both. Whatever the template, reasoning the reply holds comes back as
 reasoning_content.
 """
 

@@ -115,6 +115,17 @@ async def test_the_thinking_switch_reaches_the_template_and_is_kept(make_app: Ma
         await pilot.pause()
         assert not again.thinking and again.chat is not None and again.chat.template_kwargs == {"enable_thinking": False}
         await pilot.press("f3")
-        assert again.thinking and again.chat.template_kwargs == {}
+        assert again.thinking and again.chat.template_kwargs == {"enable_thinking": True}
         await send(pilot, "And another?")
         assert again.chat.prompt is not None and again.chat.prompt.text.endswith("<|im_start|>assistant\n")
+
+
+async def test_thinking_on_reaches_a_template_that_thinks_only_when_asked(make_app: MakeApp, with_template: Callable[[str], None]) -> None:
+    """Granite 3.3 thinks only when its own `thinking` switch is on: the app's switch, on by default, turns it on."""
+    with_template("granite3_3")
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        assert app.thinking
+        await send(pilot, "Name a colour.")
+        assert app.chat is not None and app.chat.prompt is not None
+        assert "Write your thoughts between <think></think>" in app.chat.prompt.text
