@@ -669,6 +669,15 @@ def may_open(syntax: MarkupSyntax, body: str) -> bool:
     return head.startswith(syntax.lead) or syntax.lead.startswith(head)
 
 
+_SPACE = re.compile(r"\s*")
+
+
+def _after_space(pattern: re.Pattern[str], text: str, position: int) -> re.Match[str] | None:
+    """`pattern` matched past the whitespace at `position`; None where there is none."""
+    start = _SPACE.match(text, position).end()  # type: ignore[union-attr]  # \s* always matches
+    return pattern.match(text, start) if start > position else None
+
+
 def read_markup_calls(syntax: MarkupSyntax, body: str, tools: Mapping[str, Parameters], *,
                       open_call: bool = False) -> list[MarkupCall] | None:
     """The calls a section's body holds; None unless it is function blocks only. `open_call`: a last
@@ -683,10 +692,13 @@ def read_markup_calls(syntax: MarkupSyntax, body: str, tools: Mapping[str, Param
         rest = body
     else:
         position = 0
-        for found in syntax.function.finditer(body):
+        # Each block where the last ended (GLM's and Gemma 4's patterns take the whitespace before it), or after the
+        # whitespace there: searching further would scan the rest of the body again from every block a looping model
+        # left open.
+        while (found := syntax.function.match(body, position) or _after_space(syntax.function, body, position)):
             name = found.group(1).strip()
             arguments = syntax.arguments.read(found.group(2), tools.get(name, {}))
-            if body[position : found.start()].strip() or arguments is None:
+            if arguments is None:
                 break
             calls.append((name, arguments))
             position = found.end()

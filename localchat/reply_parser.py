@@ -444,20 +444,22 @@ class ReplyParser:
         """The reply ended inside a markup section: the functions it closed are calls (a model may
         stop before `</tool_call>`); a forced call, or a wrapped one cut short, also counts with the
         parameters it finished; else its text is content."""
-        assert self._section is not None
-        # A call left open without its wrapper may as well be text that mentions one: only a wrapped one counts.
-        open_call = bool(self._forced) or (cut_short and not self._section.inclusive)
-        calls = self._read_markup(self._with_markers(self._markup), open_call=open_call)
-        if calls is not None:
-            self._markup_calls(calls)
-        elif self._forced:
-            self._end_forced_call()
-        else:
+        while True:  # a loop, not recursion: a looping model may leave thousands of sections open
+            assert self._section is not None
+            # A call left open without its wrapper may as well be text that mentions one: only a wrapped one counts.
+            open_call = bool(self._forced) or (cut_short and not self._section.inclusive)
+            calls = self._read_markup(self._with_markers(self._markup), open_call=open_call)
+            if calls is not None:
+                self._markup_calls(calls)
+                return
+            if self._forced:
+                self._end_forced_call()
+                return
             self._markup, self._pending = "", self._markup
             self._revert()
             self._run(final=True)
-            if self._mode == "markup":  # its text opened another section (a call without its wrapper)
-                self._end_markup(cut_short=cut_short)
+            if self._mode != "markup":  # else its text opened another section (a call without its wrapper)
+                return
 
 
 class CallScope:

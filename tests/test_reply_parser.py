@@ -559,6 +559,13 @@ def test_a_forced_call_cut_short_is_a_call_or_none_never_content(name: str, writ
     assert parse_reply(fmt(name), text, prompt=prompt, forced=FORCED, cut_short=True) == reply(calls=expected)
 
 
+def test_a_model_looping_on_an_unclosed_call_gets_its_text_back() -> None:
+    """Blocks never closed, to the end of the reply, are content; each was read again recursively, over the whole rest, which
+    raised RecursionError past about 1,000 blocks and took 20 s at 500."""
+    text = "<tool_call>\n" + "<function=get_weather>\n<parameter=city>\nZürich\n" * 1500
+    assert parse_reply(fmt("qwen3_coder"), text, prompt=prompt_of("qwen3_coder")) == reply(text)
+
+
 @pytest.mark.parametrize(("name", "written"), [
     ("qwen2_5", '<tool_call>\n{"name": "get_time", "arguments": '),
     ("mistral_small3_2", "[TOOL_CALLS]get_time[ARGS]"),
