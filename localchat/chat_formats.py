@@ -23,6 +23,7 @@ from localchat.constraints import JSON_LAYOUT
 from localchat.markup_calls import (
     DSML_MARKUP,
     GEMMA4_MARKUP,
+    GLM_4_7_MARKUP,
     GLM_MARKUP,
     HY3_MARKUP,
     KIMI_K3_MARKUP,
@@ -102,6 +103,8 @@ class ChatFormat:
     call_id_length: int | None = None  # Mistral: ids of exactly 9 letters and digits
     one_call_per_message: bool = False  # Llama 3.x refuses two calls in a message; gpt-oss drops the second
     tools_in_system: bool = False  # Phi-4-mini reads the tools from the system message, as JSON text
+    # Other ways the family's templates write a call: the one a template's rendering of a call shows is written for it.
+    call_layouts: tuple[CallSyntax, ...] = ()
 
     @property
     def reasons(self) -> bool:
@@ -317,11 +320,13 @@ FAMILIES: tuple[ChatFormat, ...] = (
         (Section("calls", "<TOOLCALL>", ("</TOOLCALL>",)),),
         CallSyntax('<TOOLCALL>[{"name": "', '", "arguments": ', "}]</TOOLCALL>"),
     ),
-    # GLM-4.5/4.6: `<tool_call>name`, then `<arg_key>key</arg_key>` and `<arg_value>value</arg_value>` per argument.
+    # GLM-4.5/4.6: `<tool_call>name`, then `<arg_key>key</arg_key>` and `<arg_value>value</arg_value>` per argument, each
+    # on a line; GLM-4.7 writes them with no newlines.
     ChatFormat(
         "glm-4.5", ("<tool_call>", "<arg_key>", "<arg_value>"),
         (Section("markup", "<tool_call>", ("</tool_call>",)),),
         CallSyntax("<tool_call>", "\n", "</tool_call>", markup=GLM_MARKUP),
+        call_layouts=(CallSyntax("<tool_call>", "", "</tool_call>", markup=GLM_4_7_MARKUP),),
     ),
     # ServiceNow Apriel 1.5 and 1.6: a JSON list of calls inside `<tool_calls>`. Its reasoning opens with "Here are my reasoning
     # steps:" (1.6's generation prompt writes it) and ends at `[BEGIN FINAL RESPONSE]`; 1.5 asks for `<thinking>` before calls.
@@ -388,6 +393,8 @@ class TemplateSupport:
     tools: bool = True
     calls: bool = True
     results: bool = True
+    # Of a family with several ways to write a call (`ChatFormat.call_layouts`), the one its rendering shows.
+    call: CallSyntax | None = None
 
 
 def template_support(template: ChatTemplate, fmt: ChatFormat) -> TemplateSupport:
@@ -406,17 +413,22 @@ def template_support(template: ChatTemplate, fmt: ChatFormat) -> TemplateSupport
             return ""
 
     answered = rendering([question, call, result])
+    called = answered or rendering([question, call], prompt=False)
+    layouts = (fmt.call, *fmt.call_layouts) if fmt.call_layouts else ()
     return TemplateSupport(
         system=PROBE_SYSTEM in rendering([Message("system", PROBE_SYSTEM), question]),
         tools=PROBE_TOOL in rendering([question]),
-        calls=PROBE_CALL in (answered or rendering([question, call], prompt=False)),
+        calls=PROBE_CALL in called,
         results=PROBE_RESULT in answered,
+        call=next((layout for layout in layouts if layout.write(PROBE_CALL, call.tool_calls[0].arguments) in called), None),
     )
 
 
 def conversation_format(fmt: ChatFormat, support: TemplateSupport) -> ChatFormat:
-    """The format of a conversation with tools: the family's, unless its template cannot show
-    the tools; then the generic tool prompt says how to call, and the replies are read so."""
+    """The format of a conversation with tools: the family's, written as its template writes a call, unless its
+    template cannot show the tools; then the generic tool prompt says how to call, and the replies are read so."""
+    if support.call is not None:
+        fmt = dataclasses.replace(fmt, call=support.call)
     if support.tools or fmt.tools_in_system:
         return fmt
     generic = tuple(section for section in GENERIC.sections if section not in fmt.sections)
@@ -541,13 +553,32 @@ def render_chat(template: ChatTemplate, fmt: ChatFormat, support: TemplateSuppor
                            **{**aliases, **(template_kwargs or {})})
 
 
-def call_opening(fmt: ChatFormat, prompt: str, name: str | None = None) -> str:
+def call_lead(template: ChatTemplate, fmt: ChatFormat, support: TemplateSupport, messages: Sequence[Message], prompt: str, *,
+              tools: Sequence[Mapping[str, Any]] = (), template_kwargs: Mapping[str, Any] | None = None) -> str | None:
+    """What the template writes between `prompt` (the messages' generation prompt) and a call, in a reply that is a call
+    alone: Kimi K3 closes its response section first, Qwen3 writes an empty think block. Read from the messages rendered
+    with such a reply; None where that rendering does not continue the prompt (a template that writes a past reply
+    otherwise than a new one, as thinking templates that drop past reasoning do)."""
+    reply = Message("assistant", "", tool_calls=(ToolCall("call_probe", PROBE_CALL, {}),))
+    try:
+        written = render_chat(template, fmt, support, [*messages, reply], tools=tools, add_generation_prompt=False,
+                              template_kwargs=template_kwargs)
+    except TemplateError:
+        return None
+    end = written.find(fmt.call.prefix + PROBE_CALL, len(prompt)) if written.startswith(prompt) else -1
+    return written[len(prompt) : end] if end >= 0 else None
+
+
+def call_opening(fmt: ChatFormat, prompt: str, name: str | None = None, lead: str | None = None) -> str:
     """What to write after `prompt` so that the reply is a call: of `name`, or of a function the
-    model picks. A prompt that leaves the reply inside reasoning closes it first."""
-    tail = prompt.rstrip()
-    thinking = next((s for s in fmt.sections if s.kind == "reasoning" and tail.endswith(s.start)), None)
+    model picks, after the template's `lead` (`call_lead`). Without one, a prompt that leaves the reply
+    inside reasoning closes it first."""
+    if lead is None:
+        tail = prompt.rstrip()
+        thinking = next((s for s in fmt.sections if s.kind == "reasoning" and tail.endswith(s.start)), None)
+        lead = f"{thinking.end[0]}\n\n" if thinking else ""
     call = fmt.call
-    return (f"{thinking.end[0]}\n\n" if thinking else "") + call.prefix + (f"{name}{call.before_arguments}" if name else "")
+    return lead + call.prefix + (f"{name}{call.before_arguments}" if name else "")
 
 
 # A function defined without parameters takes none, as OpenAI reads it: its arguments are {}.

@@ -192,19 +192,29 @@ class ParameterBlocks:
         """The schema's properties in its order, the required ones present. A string's text is lazy: it
         ends where its closing tag first follows; a string enum is one of its values; other types are
         their JSON schema."""
-        properties: Mapping[str, Any] = parameters.get("properties") or {}
-        required = set(parameters.get("required") or ())
         closing = self.value_close.rstrip("\n")
         after = literal(self.value_close[len(closing):])
-        parts, rules = [], []
-        for number, (key, schema) in enumerate(properties.items()):
-            value = f"{rule}_{number}"
-            is_string = "string" in _types(schema)
-            rules.append(_value_rule(value, schema, closing, layout, literal))
-            opening = self.key_open.format(key=key, string=_string_mark(is_string), type=_schema_type(schema))
-            parts.append(f"({literal(opening)} {value} {after})" + ("" if key in required else "?"))
+
+        def block(value: str, key: str, schema: Mapping[str, Any]) -> tuple[str, list[str]]:
+            opening = self.key_open.format(key=key, string=_string_mark("string" in _types(schema)), type=_schema_type(schema))
+            return f"{literal(opening)} {value} {after}", [_value_rule(value, schema, closing, layout, literal)]
+
+        blocks, rules = _blocks_grammar(rule, parameters, block)
         empty = '""'
-        return [f"{rule}: {' '.join(parts) or empty}", *rules]
+        return [f"{rule}: {blocks or empty}", *rules]
+
+
+def _blocks_grammar(rule: str, schema: Mapping[str, Any],
+                    block: Callable[[str, str, Mapping[str, Any]], tuple[str, list[str]]]) -> tuple[str, list[str]]:
+    """Lark text for the schema's properties in its order, one block each with nothing between them, the required ones
+    present ("" for none), and their rules. `block(value_rule, key, schema)` gives a property's text and its value's rules."""
+    required = set(schema.get("required") or ())
+    parts, rules = [], []
+    for number, (key, member) in enumerate((schema.get("properties") or {}).items()):
+        text, value_rules = block(f"{rule}_{number}", key, member)
+        rules += value_rules
+        parts.append(f"({text})" + ("" if key in required else "?"))
+    return " ".join(parts), rules
 
 
 def _value_rule(rule: str, schema: Mapping[str, Any], closing: str, layout: Mapping[str, Any], literal: Callable[[str], str]) -> str:
@@ -320,27 +330,26 @@ class XmlElements:
     def grammar(self, rule: str, parameters: Parameters, layout: Mapping[str, Any], literal: Callable[[str], str]) -> list[str]:
         """The schema's properties in its order, the required ones present, with no space between elements (as the
         template writes them); an object with properties or an array as elements, as llama.cpp's grammar has them."""
-        members, rules = self._members_grammar(rule, parameters, layout, literal)
+        elements, rules = self._elements_grammar(rule, parameters, layout, literal)
         empty = '""'
-        return [f"{rule}: {members or empty}", *rules]
+        return [f"{rule}: {elements or empty}", *rules]
 
-    def _members_grammar(self, rule: str, schema: Mapping[str, Any], layout: Mapping[str, Any],
-                         literal: Callable[[str], str]) -> tuple[str, list[str]]:
-        required = set(schema.get("required") or ())
-        parts, rules = [], []
-        for number, (key, member) in enumerate((schema.get("properties") or {}).items()):
-            value = f"{rule}_{number}"
-            rules += self._value_grammar(value, member, self._tag(key, closing=True), layout, literal)
-            parts.append(f"({literal(self._tag(key))} {value})" + ("" if key in required else "?"))
-        return " ".join(parts), rules
+    def _elements_grammar(self, rule: str, schema: Mapping[str, Any], layout: Mapping[str, Any],
+                          literal: Callable[[str], str]) -> tuple[str, list[str]]:
+        """An object's members as elements, one per property (see `_blocks_grammar`)."""
+        def element(value: str, key: str, member: Mapping[str, Any]) -> tuple[str, list[str]]:
+            return (f"{literal(self._tag(key))} {value}",
+                    self._value_grammar(value, member, self._tag(key, closing=True), layout, literal))
+
+        return _blocks_grammar(rule, schema, element)
 
     def _value_grammar(self, rule: str, schema: Mapping[str, Any], closing: str, layout: Mapping[str, Any],
                        literal: Callable[[str], str]) -> list[str]:
         schema = _typed(schema)
         kind = _nested(schema)
         if kind == "object" and schema.get("properties"):
-            members, rules = self._members_grammar(rule, schema, layout, literal)
-            return [f"{rule}: {members} {literal(closing)}", *rules]
+            elements, rules = self._elements_grammar(rule, schema, layout, literal)
+            return [f"{rule}: {elements} {literal(closing)}", *rules]
         if kind == "array":
             item = f"{rule}_item"
             return [f"{rule}: ({literal(self._tag('item'))} {item})* {literal(closing)}",
@@ -621,8 +630,8 @@ LFM2_MARKUP = MarkupSyntax(
     PythonKeywords(),
     read_body=read_python_calls,
 )
-# GLM's name is the body's first word, then its arguments' blocks: after a newline (GLM-4.5 and 4.6, and what
-# localchat writes) or directly (GLM-4.7, which writes a call without arguments as the name alone); its section
+# GLM's name is the body's first word, then its arguments' blocks: after a newline (GLM-4.5 and 4.6, as written
+# here) or directly (GLM-4.7, which writes a call without arguments as the name alone); its section
 # holds one call.
 GLM_MARKUP = MarkupSyntax(
     re.compile(r"\A\s*([^\s<]+)(?:[^\S\n]*\n|(?=<))(.*)\Z", re.DOTALL),
@@ -631,6 +640,10 @@ GLM_MARKUP = MarkupSyntax(
                     "<arg_key>{key}</arg_key>\n<arg_value>", "</arg_value>\n"),
     named_alone=True,
 )
+# GLM-4.7's way of writing the same (its template's, Spark 2.5's and Laguna S 2.1's): no newline after the name or between
+# blocks. A call is written so where the template's own rendering of one shows it (chat_formats.TemplateSupport).
+GLM_4_7_MARKUP = dataclasses.replace(GLM_MARKUP, arguments=dataclasses.replace(
+    GLM_MARKUP.arguments, key_open="<arg_key>{key}</arg_key><arg_value>", value_close="</arg_value>"))
 # Tencent Hy3: GLM's markup in tokens of its own (`<arg_key:opensource>`), a call's name ended by `<tool_sep:opensource>`.
 HY3_TOKEN = ":opensource"
 HY3_MARKUP = MarkupSyntax(

@@ -25,6 +25,7 @@ from localchat.chat_formats import (
     ChatFormat,
     TemplateSupport,
     call_grammar,
+    call_lead,
     call_opening,
     conversation_format,
     render_chat,
@@ -130,19 +131,35 @@ def test_phi4_mini_reads_the_tools_from_the_system_message() -> None:
 @pytest.mark.parametrize("name", ["qwen3", "qwen3_coder", "glm4_6", "glm4_7_flash", "apriel1_5", "apriel1_6", "llama3_1", "mistral_nemo", "mistral_small3_2", "deepseek_r1_distill", "gpt_oss", "granite3_3",
                                   "ministral3_reasoning", "apertus", "deepseek_v3_2", "deepseek_v4", "solar_open", "hy3", "kimi_k3", "minimax_m3", "gigachat3", "gigachat3_1", "phi4_mini", "command_r7b_tool_use", "command_r_plus_tool_use", "gemma3"])
 def test_a_forced_call_opening_reads_as_that_call(name: str) -> None:
-    """The server writes a call's opening after the prompt; with the model's continuation the
-    reply reads as the call (DeepSeek's opening first closes the reasoning the prompt opened)."""
+    """The server writes a call's opening after the prompt, led in as the template writes a reply that is a call
+    alone, or else past the reasoning the prompt opened (DeepSeek's); with the model's continuation the reply reads
+    as the call, and nothing else."""
     support = template_support(template(name), fmt(name))
     conversation = conversation_format(fmt(name), support)
     prompt = render_chat(template(name), conversation, support, [ASK], tools=[WEATHER_TOOL])
     syntax = conversation.call
     written = syntax.write("get_weather", {"city": "Zürich"})
-    named = call_opening(conversation, prompt, "get_weather")
-    required = call_opening(conversation, prompt)
+    lead = call_lead(template(name), conversation, support, [ASK], prompt, tools=[WEATHER_TOOL])
+    named = call_opening(conversation, prompt, "get_weather", lead)
+    required = call_opening(conversation, prompt, lead=lead)
     assert named.endswith(syntax.prefix + "get_weather" + syntax.before_arguments) and required.endswith(syntax.prefix)
     for whole in (named + written[len(syntax.prefix + "get_weather" + syntax.before_arguments):], required + written[len(syntax.prefix):]):
         parsed = parse_reply(conversation, whole, prompt=prompt)
-        assert parsed.calls == [ParsedCall("get_weather", '{"city": "Zürich"}')] and parsed.content == "", whole
+        assert parsed.calls == [ParsedCall("get_weather", '{"city": "Zürich"}')] and parsed.content == "" and not parsed.reasoning, whole
+
+
+@pytest.mark.parametrize(("thinking", "lead"), [
+    (True, "<|close|>think<|sep|><|open|>response<|sep|><|close|>response<|sep|>"), (False, "<|close|>response<|sep|>")])
+def test_a_kimi_k3_forced_call_follows_the_sections_its_template_writes(thinking: bool, lead: str) -> None:
+    """Kimi K3 writes every reply's response section, empty or not, before its tools: a forced call closes the section
+    the generation prompt opened (think, or response with thinking off) and writes the rest as the template does."""
+    conversation = fmt("kimi_k3")
+    support = template_support(template("kimi_k3"), conversation)
+    variables = template("kimi_k3").thinking_variables(thinking)
+    prompt = render_chat(template("kimi_k3"), conversation, support, [ASK], tools=[WEATHER_TOOL], template_kwargs=variables)
+    found = call_lead(template("kimi_k3"), conversation, support, [ASK], prompt, tools=[WEATHER_TOOL], template_kwargs=variables)
+    assert found == lead
+    assert call_opening(conversation, prompt, "get_weather", found) == lead + '<|open|>tools<|sep|><|open|>call tool="get_weather" index="1"<|sep|>'
 
 
 SPECIAL_LOOKING = re.compile(r"<\|[^|>]+\|>|\[[A-Z_]+\]|<｜[^｜]+｜>|｜DSML｜|\]<\]minimax\[>\[")
@@ -205,6 +222,32 @@ def test_a_forced_call_grammar_accepts_the_family_call_and_refuses_others(name: 
         assert not accepts(grammar, "I would rather not.")
     assert not accepts(call_grammar(conversation, [WEATHER_TOOL], "get_weather", vocabulary.control),
                        syntax.write("get_time", {"city": "Zürich"})[len(syntax.prefix):])
+
+
+GLM_CALLS = {
+    "glm4_7_flash": "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Zürich</arg_value></tool_call>",
+    "glm4_6": "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Zürich</arg_value>\n</tool_call>",
+}
+
+
+@pytest.mark.parametrize("name", list(GLM_CALLS))
+def test_a_glm_call_is_forced_as_its_template_writes_one(name: str) -> None:
+    """GLM-4.7's template writes a call with no newlines, GLM-4.6's one tag a line: a forced call is written as
+    the model's own template writes one, its grammar taking that form and not the other."""
+    pytest.importorskip("llguidance")
+    written, other = GLM_CALLS[name], next(call for key, call in GLM_CALLS.items() if key != name)
+    support = template_support(template(name), fmt(name))
+    conversation = conversation_format(fmt(name), support)
+    history = [ASK, Message("assistant", "", tool_calls=(ToolCall("call_1", "get_weather", {"city": "Zürich"}),))]
+    assert written in render_chat(template(name), fmt(name), support, history, tools=[WEATHER_TOOL], add_generation_prompt=False)
+    assert conversation.call.write("get_weather", {"city": "Zürich"}) == written
+    prompt = render_chat(template(name), conversation, support, [ASK], tools=[WEATHER_TOOL])
+    opening = call_opening(conversation, prompt, "get_weather")
+    assert opening.endswith("<tool_call>get_weather" + ("\n" if name == "glm4_6" else ""))
+    accepts = _ByteVocabulary([]).accepts
+    grammar = call_grammar(conversation, [WEATHER_TOOL], "get_weather")
+    assert accepts(grammar, written.removeprefix(conversation.call.prefix + "get_weather" + conversation.call.before_arguments))
+    assert not accepts(grammar, other.removeprefix(conversation.call.prefix + "get_weather" + conversation.call.before_arguments))
 
 
 def test_generic_is_used_when_a_template_cannot_show_tools() -> None:

@@ -32,6 +32,7 @@ from localchat.chat_formats import (
     ChatFormat,
     TemplateSupport,
     call_grammar,
+    call_lead,
     call_opening,
     conversation_format,
     detect_format,
@@ -185,8 +186,8 @@ def plan_chat(body: ChatCompletionRequest, chat: ModelChat, *, default_thinking:
         raise APIError(400, "tool_choice asks for a tool call but the request has no tools", param="tool_choice")
     shown = tools if choice != "none" else []
     messages = opening([_message(message, index) for index, message in enumerate(body.messages)])
-    prompt = render_chat(chat.template, chat.format, chat.support, messages, tools=shown,
-                         template_kwargs=_template_kwargs(body, default_thinking))
+    template_kwargs = _template_kwargs(body, default_thinking)
+    prompt = render_chat(chat.template, chat.format, chat.support, messages, tools=shown, template_kwargs=template_kwargs)
     max_calls = None if body.parallel_tool_calls else 1
     parameters = {tool["function"]["name"]: tool["function"].get("parameters", {}) for tool in shown}
     # A reply held to a response_format is that JSON, never a call (bare JSON calls would read it so).
@@ -200,7 +201,8 @@ def plan_chat(body: ChatCompletionRequest, chat: ModelChat, *, default_thinking:
         constraint = Constraint("lark", call_grammar(chat.format, shown, forced_name, chat.control))
     except InvalidSettingError as error:
         raise APIError(400, f"tools: {error}", param="tools") from None
-    forced = call_opening(chat.format, prompt, forced_name)
+    lead = call_lead(chat.template, chat.format, chat.support, messages, prompt, tools=shown, template_kwargs=template_kwargs)
+    forced = call_opening(chat.format, prompt, forced_name, lead)
     functions = (forced_name,) if forced_name is not None else tuple(names)
     return ChatPlan(prompt, forced, chat.format, read_calls=True, max_calls=max_calls, constraint=constraint,
                     forced_functions=functions, parameters=parameters)

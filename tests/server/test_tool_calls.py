@@ -107,7 +107,8 @@ def test_a_named_function_is_forced(qwen3: tuple[openai.OpenAI, ScriptedBackend]
     backend.replies.extend(['{"city": "Oslo"}}\n</tool_call>'] * 2)
     choice = {"type": "function", "function": {"name": "get_time"}}
     reply = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=TOOLS, tool_choice=choice)  # type: ignore[arg-type]
-    assert backend.prompts[-1].endswith('<|im_start|>assistant\n<tool_call>\n{"name": "get_time", "arguments": ')
+    # What Qwen3's template writes before a call in a reply of nothing else: an empty think block.
+    assert backend.prompts[-1].endswith('<|im_start|>assistant\n<think>\n\n</think>\n\n<tool_call>\n{"name": "get_time", "arguments": ')
     assert _calls(reply.choices[0].message) == [("get_time", {"city": "Oslo"})]
     chunks = list(client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=TOOLS, tool_choice=choice, stream=True))  # type: ignore[arg-type]
     first_call = chunks[1].choices[0].delta.tool_calls  # right after the role, before the model wrote a token
@@ -441,7 +442,7 @@ def test_glm_markup_calls_and_forced_calls(tmp_path: Path) -> None:
         assert reply.choices[0].message.reasoning_content == "Look it up."  # type: ignore[attr-defined]
         named = {"type": "function", "function": {"name": "forecast"}}
         forced = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS, tool_choice=named)  # type: ignore[arg-type]
-    assert backend.prompts[-1].endswith("<|assistant|><tool_call>forecast\n")
+    assert backend.prompts[-1].endswith("<|assistant|>\n<think></think>\n<tool_call>forecast\n")
     [(name, arguments)] = _calls(forced.choices[0].message)
     assert name == "forecast" and arguments["city"] == "Oslo" and isinstance(arguments["days"], int)
 
@@ -602,8 +603,8 @@ def test_minicpm5_forced_calls_open_a_section_without_wrapper(tmp_path: Path) ->
     assert name == "forecast" and arguments["city"] == "Oslo" and isinstance(arguments["days"], int)
 
 
-@pytest.mark.parametrize(("template", "wrapper"), [("deepseek_v3_2", "function_calls"), ("deepseek_v4", "tool_calls")])
-def test_dsml_forced_calls_follow_the_marked_parameters_grammar(tmp_path: Path, template: str, wrapper: str) -> None:
+@pytest.mark.parametrize(("template", "wrapper", "lead"), [("deepseek_v3_2", "function_calls", ""), ("deepseek_v4", "tool_calls", "\n\n")])
+def test_dsml_forced_calls_follow_the_marked_parameters_grammar(tmp_path: Path, template: str, wrapper: str, lead: str) -> None:
     """Named: the server writes `<｜DSML｜WRAPPER>\\n<｜DSML｜invoke name="NAME">\\n`; a grammar holds the parameter blocks
     to the schema, each marked by its type (a model that would mark a number a string still makes a call whose values parse)."""
     backend = ScriptedBackend(template_text(template))
@@ -616,7 +617,7 @@ def test_dsml_forced_calls_follow_the_marked_parameters_grammar(tmp_path: Path, 
     named = {"type": "function", "function": {"name": "forecast"}}
     with scripted_client(backend, tmp_path) as (client, _):
         reply = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS, tool_choice=named)  # type: ignore[arg-type]
-        assert backend.prompts[-1].endswith(f'</think><｜DSML｜{wrapper}>\n<｜DSML｜invoke name="forecast">\n')
+        assert backend.prompts[-1].endswith(f'</think>{lead}<｜DSML｜{wrapper}>\n<｜DSML｜invoke name="forecast">\n')
         assert _calls(reply.choices[0].message) == [("forecast", {"city": "Oslo", "days": 2})]
         required = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS, tool_choice="required",
                                                   max_tokens=200)
@@ -679,7 +680,9 @@ def test_kimi_k3_calls_come_back_whole_streamed_forced_and_rendered(tmp_path: Pa
         whole = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS)
         chunks = list(client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS, stream=True))
         reply = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS, tool_choice=named)  # type: ignore[arg-type]
-        assert backend.prompts[-1].endswith('<|open|>think<|sep|><|close|>think<|sep|>\n\n<|open|>tools<|sep|><|open|>call tool="forecast" index="1"<|sep|>')
+        # As the template writes a reply that is a call alone: the think section closed, an empty response, the tools.
+        assert backend.prompts[-1].endswith('<|open|>think<|sep|><|close|>think<|sep|><|open|>response<|sep|><|close|>response<|sep|>'
+                                            '<|open|>tools<|sep|><|open|>call tool="forecast" index="1"<|sep|>')
         required = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS, tool_choice="required",
                                                   max_tokens=200)
         assert backend.prompts[-1].endswith('<|open|>tools<|sep|><|open|>call tool="')
@@ -723,7 +726,8 @@ def test_minimax_m3_calls_come_back_whole_streamed_forced_and_rendered(tmp_path:
         whole = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS)
         chunks = list(client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=CODER_TOOLS, stream=True))
         reply = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=ROUTE_TOOLS, tool_choice=named)  # type: ignore[arg-type]
-        assert backend.prompts[-1].endswith(f']~b]ai\n{MM3}<tool_call>\n{MM3}<invoke name="route">')
+        # A reply without thinking begins after `</mm:think>`, as the template writes one.
+        assert backend.prompts[-1].endswith(f']~b]ai\n</mm:think>{MM3}<tool_call>\n{MM3}<invoke name="route">')
         required = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=ROUTE_TOOLS, tool_choice="required",  # type: ignore[arg-type]
                                                   max_tokens=200)
         assert backend.prompts[-1].endswith(f'{MM3}<tool_call>\n{MM3}<invoke name="')
