@@ -68,6 +68,8 @@ class Section:
     inclusive: bool = False
     # "calls": each call an object whose first key is the function's name, its value the arguments (Apertus).
     named_by_key: bool = False
+    # It opens only before the reply's content: its start is a phrase that prose says too (Apriel's reasoning).
+    leading: bool = False
 
 
 @dataclass(frozen=True)
@@ -332,7 +334,7 @@ FAMILIES: tuple[ChatFormat, ...] = (
     # steps:" (1.6's generation prompt writes it) and ends at `[BEGIN FINAL RESPONSE]`; 1.5 asks for `<thinking>` before calls.
     ChatFormat(
         "apriel", ("<tool_calls>[",),
-        (Section("reasoning", "Here are my reasoning steps:", ("[BEGIN FINAL RESPONSE]",)), Section("reasoning", "<thinking>", ("</thinking>",)),
+        (Section("reasoning", "Here are my reasoning steps:", ("[BEGIN FINAL RESPONSE]",), leading=True), Section("reasoning", "<thinking>", ("</thinking>",)),
          Section("calls", "<tool_calls>", ("</tool_calls>",))),
         CallSyntax('<tool_calls>[{"name": "', '", "arguments": ', "}]</tool_calls>"),
         dropped=("[END FINAL RESPONSE]",),

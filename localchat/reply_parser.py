@@ -295,6 +295,9 @@ class ReplyParser:
             self._content(text[:index])
             self._pending = text[index + len(marker):]
             section = self._openers[marker]
+            if section is not None and section.leading and self._content_seen:
+                self._content(marker)  # prose that says the phrase: it opens nothing after content
+                return True
             if section is not None:
                 self._enter(section, held=self._deferred + marker)
                 self._deferred = ""

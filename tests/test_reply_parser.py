@@ -272,6 +272,9 @@ CASES: dict[str, Case] = {
                                    f'<tool_calls>[{{"name": "get_weather", "arguments": {WEATHER_ARGS}}}]</tool_calls>', reply("On it.\n\n", "Both.", ONE_CALL)),
     "apriel1_5_thinking": Case("apriel1_5", f'<thinking>Weather.</thinking><tool_calls>[{{"name": "get_weather", "arguments": {WEATHER_ARGS}}}]</tool_calls>',
                                reply(reasoning="Weather.", calls=ONE_CALL)),
+    # The phrase opens reasoning only where the reply begins: prose that says it stays content.
+    "apriel_phrase_in_prose": Case("apriel1_5", "Sure. Here are my reasoning steps: first, the sky. [BEGIN FINAL RESPONSE] Blue.",
+                                   reply("Sure. Here are my reasoning steps: first, the sky. [BEGIN FINAL RESPONSE] Blue.")),
     "apriel_not_a_call": Case("apriel1_5", "Wrap calls in <tool_calls>like this</tool_calls>.", reply("Wrap calls in <tool_calls>like this</tool_calls>.")),
     # GLM-4.7: the same markup, the name followed by its first argument's tag (or the call's end) directly.
     "glm4_7": Case("glm4_7_flash", "Both.</think><tool_call>get_weather<arg_key>city</arg_key><arg_value>Zürich</arg_value></tool_call>"
