@@ -20,11 +20,14 @@ from gguf import MODEL_ARCH, MODEL_ARCH_NAMES, GGUFWriter, RopeScalingType, get_
 from localchat.converters.checkpoint import (
     EXPERT_INDEX,
     LAYER_PREFIX,
+    LINEAR_ATTENTION,
     LONGROPE_TYPES,
     Checkpoint,
+    DeltaNetSizes,
     ModelConfig,
     RopeSettings,
     TensorRef,
+    layer_key,
 )
 from localchat.errors import ModelError
 
@@ -40,8 +43,9 @@ MIXTRAL_EXPERTS = ("block_sparse_moe.gate.weight", "block_sparse_moe.experts.*.w
                    "block_sparse_moe.experts.*.w2.weight", "block_sparse_moe.experts.*.w3.weight")
 SHARED_EXPERT = ("mlp.shared_expert.gate_proj.weight", "mlp.shared_expert.up_proj.weight",
                  "mlp.shared_expert.down_proj.weight", "mlp.shared_expert_gate.weight")
-# The routers stay F32 at every quantization, as llama.cpp's converter and quantizer keep them.
-F32_TENSORS = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight")
+# The routers and LFM2's and Qwen 3.5's convolution kernels stay F32 at every quantization, as llama.cpp's converter and
+# quantizer keep them (its CPU convolution reads F32 kernels only).
+F32_TENSORS = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "shortconv.conv.weight", "ssm_conv1d.weight")
 # RoPE scalings llama.cpp applies to any architecture from GGUF keys (LongRoPE is Phi-3's own).
 ROPE_SCALINGS = ("default", "linear", "yarn", "llama3")
 # llama.cpp's Gemma 3 graph fixes these; a checkpoint that differs cannot run there.
@@ -51,6 +55,11 @@ GEMMA2_SWA_PATTERN = 2
 GEMMA2_DEFAULT_WINDOW = 4096
 # llama.cpp's SmolLM3 graph leaves RoPE out of every 4th layer.
 SMOLLM3_NO_ROPE_STEP = 4
+# transformers' YaRN ramp bounds where rope_parameters gives none (or 0).
+YARN_BETA_FAST = 32.0
+YARN_BETA_SLOW = 1.0
+# Ministral 3's rope_parameters beyond YaRN's factor and original context, each a number >= 0 where given.
+MINISTRAL3_ROPE_NUMBERS = ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "llama_4_scaling_beta")
 # Gemma 4's layer tensors. Its last layers may keep no keys and values of its own (no k_proj, k_norm,
 # v_proj) and its global layers may take their values from the keys (no v_proj): only these are in every layer.
 GEMMA4_LAYER = ("input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.q_norm.weight", "self_attn.o_proj.weight",
@@ -59,6 +68,19 @@ GEMMA4_LAYER = ("input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.
 # A frequency divisor that stops a RoPE pair turning: Gemma 4's proportional RoPE leaves the pairs past its
 # share of the head unrotated, and llama.cpp's rotation reads that as a per-pair factor (rope_freqs).
 UNROTATED_FREQ_FACTOR = 1e30
+# LFM2's layer tensors in every layer; its convolution layers' (conv.*) and attention layers' (self_attn.*) differ.
+LFM2_LAYER = ("operator_norm.weight", "ffn_norm.weight", "feed_forward.w1.weight", "feed_forward.w2.weight", "feed_forward.w3.weight")
+# The layer types transformers' LFM2 runs.
+LFM2_LAYER_TYPES = {"conv", "full_attention"}
+# llama.cpp's lfm2 graph keeps the last span - 1 inputs of each convolution, and asserts there is one.
+LFM2_MIN_CONV_KERNEL = 2
+# Qwen 3.5's layer tensors in every layer; its Gated DeltaNet layers' (linear_attn.*) and attention layers' (self_attn.*) differ.
+QWEN35_LAYER = ("input_layernorm.weight", "post_attention_layernorm.weight", *GATED_MLP)
+QWEN35_LAYER_TYPES = {LINEAR_ATTENTION, "full_attention"}
+# transformers' M-RoPE sections for Qwen 3.5 where rope_parameters give no mrope_section (pairs turned by time, height, width).
+QWEN35_MROPE_SECTIONS = [11, 11, 10]
+# llama.cpp's key listing a hybrid's recurrent layers (the gguf package here predates it).
+RECURRENT_LAYERS_KEY = "{arch}.attention.recurrent_layers"
 
 
 class UnsupportedModelError(ModelError):
@@ -86,6 +108,8 @@ class PlannedTensor:
     permute_heads: int = 0  # reorder rows of this many heads (LLaMA Q/K)
     add: float = 0.0  # Gemma norms
     data: np.ndarray | None = field(default=None, compare=False)  # generated tensors (rope_freqs)
+    # The values llama.cpp's graph reads, from the checkpoint tensor's in float32 (Qwen 3.5's reordered value heads).
+    rewrite: Callable[[np.ndarray], np.ndarray] | None = field(default=None, compare=False)
 
     @property
     def keeps_f32(self) -> bool:
@@ -93,8 +117,18 @@ class PlannedTensor:
         return len(self.shape) == 1 or self.gguf_name.endswith(F32_TENSORS)
 
 
+@dataclass(frozen=True)
+class TensorRewrite:
+    """A checkpoint tensor that llama.cpp's graph reads otherwise: its values, and the name gguf's map knows it by."""
+
+    values: Callable[[np.ndarray], np.ndarray]
+    renamed: str | None = None  # its name after "model.layers.N." for gguf's map, where that differs
+
+
 Metadata = Callable[[ModelConfig, GGUFWriter], None]
 ExtraTensors = Callable[[ModelConfig], list[PlannedTensor]]
+# A configuration's rewrites, by a layer tensor's name after "model.layers.N.".
+Rewrites = Callable[[ModelConfig], dict[str, TensorRewrite]]
 
 
 @dataclass(frozen=True)
@@ -106,6 +140,8 @@ class Architecture:
     permute_qk: bool = False
     # Gemma's RMSNorm multiplies by (1 + weight); llama.cpp by weight.
     norm_offset: float = 0.0
+    # GGUF norms the offset leaves as they are: those the checkpoint's model multiplies by the weight itself (Qwen 3.5's ssm_norm).
+    norms_without_offset: tuple[str, ...] = ()
     # Tensors every layer must have; an expert's tensors make the model a mixture of experts.
     layer_tensors: tuple[str, ...] = ATTENTION + GATED_MLP
     fixed: tuple[FixedSetting, ...] = ()
@@ -115,6 +151,10 @@ class Architecture:
     extra_tensors: ExtraTensors | None = None
     # Checkpoint tensors saved without a .weight suffix (Gemma 4's layer_scalar buffers), given one in the GGUF.
     bare_tensors: tuple[str, ...] = ()
+    # Checkpoint tensors whose axes of length 1 llama.cpp drops (LFM2's depthwise kernels, hidden x 1 x span); the bytes stay as they are.
+    squeezed_tensors: tuple[str, ...] = ()
+    # Checkpoint tensors llama.cpp's graph reads otherwise, for a configuration (Qwen 3.5's value heads reordered, A from A_log).
+    rewrites: Rewrites | None = None
     # llama.cpp's tokenizer model when the architecture has its own (tokenizer.ggml.model), else read from the files.
     tokenizer_model: str | None = None
 
@@ -240,6 +280,119 @@ def _proportional_rope_factors(config: ModelConfig) -> list[PlannedTensor]:
     return [PlannedTensor("rope_freqs.weight", factors.shape, data=factors)]
 
 
+def _check_lfm2(config: ModelConfig) -> None:
+    """What llama.cpp's lfm2 graph fixes: convolution and attention layers alone, heads as wide as the model
+    together (its attention output is square), convolutions over at least two positions."""
+    if unknown := sorted(set(config.layer_types) - LFM2_LAYER_TYPES):
+        raise UnsupportedModelError(f"this LFM2 checkpoint has layers of type '{unknown[0]}'; llama.cpp's lfm2 graph runs conv and full_attention layers only")
+    if config.n_heads * config.head_dim != config.hidden_size:
+        raise UnsupportedModelError(
+            f"this LFM2 checkpoint's {config.n_heads} heads of {config.head_dim} are not hidden_size ({config.hidden_size}) wide together; "
+            "llama.cpp's lfm2 graph needs them to be"
+        )
+    if config.conv_kernel < LFM2_MIN_CONV_KERNEL:
+        raise UnsupportedModelError(
+            f"this LFM2 checkpoint's convolutions span {config.conv_kernel} position (conv_L_cache); llama.cpp's lfm2 graph needs at least {LFM2_MIN_CONV_KERNEL}"
+        )
+
+
+def _lfm2_metadata(config: ModelConfig, writer: GGUFWriter) -> None:
+    writer.add_shortconv_l_cache(config.conv_kernel)
+
+
+def _delta_net(config: ModelConfig) -> DeltaNetSizes:
+    if config.delta_net is None:  # transformers' class gives them to every Qwen 3.5 config
+        raise ModelError(f"this {config.architecture} checkpoint's config.json lacks its linear attention's sizes (linear_num_key_heads...); it is incomplete")
+    return config.delta_net
+
+
+def _mrope_sections(config: ModelConfig) -> list[int]:
+    """Qwen 3.5's M-RoPE sections as llama.cpp's converter writes them: four, the last 0 where not given."""
+    sections = config.rope.scaling.get("mrope_section", QWEN35_MROPE_SECTIONS)
+    if not isinstance(sections, list) or not any(sections) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in sections):
+        raise ModelError(f"this Qwen 3.5 checkpoint's mrope_section is {sections!r}, expected a list of counts of pairs; the config.json is corrupt")
+    return (sections + [0] * 4)[:4]
+
+
+def _pairs_by_fourth_position(sections: list[int], pairs: int) -> list[int]:
+    """The rotated pairs that llama.cpp's interleaved M-RoPE turns by a token's fourth position, 0 for text (ggml's
+    rope_multi): pair p, p % sum(sections) = s, turns by time, height or width as s % 3 says, while s < 3 * that section."""
+    return [p for p in range(pairs) if (s := p % sum(sections)) >= 3 * sections[s % 3]]
+
+
+def _check_qwen35(config: ModelConfig) -> None:
+    """What llama.cpp's qwen35 graph fixes: Gated DeltaNet and full-attention layers alone, value heads as wide as key
+    heads, and an interleaved M-RoPE turning each rotated pair of a text token by its position, as transformers does."""
+    if unknown := sorted(set(config.layer_types) - QWEN35_LAYER_TYPES):
+        raise UnsupportedModelError(
+            f"this Qwen 3.5 checkpoint has layers of type '{unknown[0]}'; llama.cpp's qwen35 graph runs linear_attention and full_attention layers only"
+        )
+    delta = _delta_net(config)
+    if delta.key_head_dim != delta.value_head_dim:
+        raise UnsupportedModelError(
+            f"this Qwen 3.5 checkpoint's linear-attention value heads are {delta.value_head_dim} wide and its key heads "
+            f"{delta.key_head_dim}; llama.cpp's qwen35 graph makes both as wide (ssm.state_size)"
+        )
+    sections = _mrope_sections(config)
+    if sum(sections) > config.head_dim:
+        raise UnsupportedModelError(
+            f"this Qwen 3.5 checkpoint's mrope_section spans {sum(sections)} pairs of its {config.head_dim}-wide heads; llama.cpp's rotation needs no more than the head is wide"
+        )
+    if unturned := _pairs_by_fourth_position(sections, config.rope_dimensions // 2):
+        raise UnsupportedModelError(
+            f"this Qwen 3.5 checkpoint's mrope_section {sections[:3]} leaves rotated pairs {unturned} to llama.cpp's fourth "
+            "position, 0 for text, where transformers turns them by the token's position"
+        )
+
+
+def _qwen35_metadata(config: ModelConfig, writer: GGUFWriter) -> None:
+    """The Gated DeltaNet's sizes under llama.cpp's ssm.* names, which layers are recurrent, the M-RoPE sections."""
+    delta = _delta_net(config)
+    writer.add_ssm_conv_kernel(delta.conv_kernel)
+    writer.add_ssm_state_size(delta.key_head_dim)
+    writer.add_ssm_group_count(delta.key_heads)
+    writer.add_ssm_time_step_rank(delta.value_heads)
+    writer.add_ssm_inner_size(delta.value_dim)
+    writer.add_array(RECURRENT_LAYERS_KEY.format(arch=writer.arch), [kind == LINEAR_ATTENTION for kind in config.layer_types])
+    writer.add_rope_dimension_sections(_mrope_sections(config))
+
+
+def _tiled_value_heads(weights: np.ndarray, delta: DeltaNetSizes, head_size: int, axis: int = 0) -> np.ndarray:
+    """Value heads along `axis` in llama.cpp's order. transformers groups them by the key head they share
+    (k0: v0 v1, k1: v2 v3) and repeats each key head in place; ggml repeats the key heads tiled (k0 k1 k0 k1),
+    so value head j of key head k moves to j * key_heads + k."""
+    moved = np.moveaxis(weights, axis, 0)
+    per_key = delta.value_heads // delta.key_heads
+    tiled = moved.reshape(delta.key_heads, per_key, head_size, *moved.shape[1:]).swapaxes(0, 1).reshape(moved.shape)
+    return np.moveaxis(tiled, 0, axis)
+
+
+def _qwen35_rewrites(config: ModelConfig) -> dict[str, TensorRewrite]:
+    """Qwen 3.5's Gated DeltaNet as llama.cpp's qwen35 graph reads it: each value head's rows (out_proj's columns) in
+    its order, A as -exp(A_log), the time-step bias under the name gguf's map knows."""
+    delta = _delta_net(config)
+    qk_rows = 2 * delta.key_dim
+
+    def value_heads(head_size: int, axis: int = 0) -> Callable[[np.ndarray], np.ndarray]:
+        return lambda weights: _tiled_value_heads(weights, delta, head_size, axis)
+
+    def value_rows(weights: np.ndarray) -> np.ndarray:
+        """The q, k and v rows of the fused projection or the convolution, the v rows reordered."""
+        return np.concatenate([weights[:qk_rows], _tiled_value_heads(weights[qk_rows:], delta, delta.value_head_dim)])
+
+    one_per_head = value_heads(1)
+    return {
+        "linear_attn.in_proj_qkv.weight": TensorRewrite(value_rows),
+        "linear_attn.conv1d.weight": TensorRewrite(value_rows),
+        "linear_attn.in_proj_z.weight": TensorRewrite(value_heads(delta.value_head_dim)),
+        "linear_attn.out_proj.weight": TensorRewrite(value_heads(delta.value_head_dim, axis=1)),
+        "linear_attn.in_proj_a.weight": TensorRewrite(one_per_head),
+        "linear_attn.in_proj_b.weight": TensorRewrite(one_per_head),
+        "linear_attn.dt_bias": TensorRewrite(one_per_head, renamed="linear_attn.dt_proj.bias"),
+        "linear_attn.A_log": TensorRewrite(lambda weights: -np.exp(one_per_head(weights))),
+    }
+
+
 def _check_granite(config: ModelConfig) -> None:
     # llama.cpp's granite graph sizes heads as hidden / heads and ignores a head_dim.
     if config.head_dim != config.hidden_size // config.n_heads:
@@ -308,6 +461,41 @@ def _longrope_factors(config: ModelConfig) -> list[PlannedTensor]:
     return tensors
 
 
+def _check_ministral3(config: ModelConfig) -> None:
+    """What llama.cpp's mistral3 graph fixes of YaRN as transformers reads it from rope_parameters: the correction
+    range rounded outwards, the attention factor derived from the factor and mscale_all_dim with mscale 1."""
+    scaling = config.rope.scaling
+    for key in MINISTRAL3_ROPE_NUMBERS:
+        value = scaling.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0):
+            raise ModelError(f"this Ministral 3 checkpoint's rope_parameters give {key} {value!r}, expected a number >= 0; the config.json is corrupt")
+    if scaling.get("llama_4_scaling_beta") is None:
+        raise ModelError("this Ministral 3 checkpoint's rope_parameters lack llama_4_scaling_beta, which transformers needs; the config.json is incomplete")
+    if scaling.get("truncate", True) is not True:
+        raise UnsupportedModelError(
+            "this Ministral 3 checkpoint's YaRN keeps its correction range unrounded (truncate false); llama.cpp's mistral3 graph always rounds it"
+        )
+    if scaling.get("attention_factor") is not None:
+        raise UnsupportedModelError(
+            "this Ministral 3 checkpoint gives YaRN's attention_factor; llama.cpp's mistral3 graph derives it from the factor and mscale_all_dim"
+        )
+    if scaling.get("mscale") and scaling.get("mscale_all_dim") and scaling["mscale"] != 1:
+        raise UnsupportedModelError(f"this Ministral 3 checkpoint's YaRN mscale is {scaling['mscale']}; llama.cpp's mistral3 graph assumes 1")
+
+
+def _ministral3_metadata(config: ModelConfig, writer: GGUFWriter) -> None:
+    """YaRN's ramp and attention factor as llama.cpp's mistral3 graph reads them (add_rope_metadata writes the factor
+    and original context), and the attention temperature: queries times 1 + beta * log(1 + floor(position / original context))."""
+    scaling = config.rope.scaling
+    writer.add_rope_scaling_yarn_beta_fast(float(scaling.get("beta_fast") or YARN_BETA_FAST))
+    writer.add_rope_scaling_yarn_beta_slow(float(scaling.get("beta_slow") or YARN_BETA_SLOW))
+    # transformers' attention factor: mscale(factor, mscale) / mscale(factor, mscale_all_dim) where both are given, else
+    # mscale(factor); llama.cpp's: mscale(factor) / mscale(factor, log multiplier), or mscale(factor) without one.
+    if scaling.get("mscale") and scaling.get("mscale_all_dim"):
+        writer.add_rope_scaling_yarn_log_mul(float(scaling["mscale_all_dim"]))
+    writer.add_attn_temperature_scale(float(scaling["llama_4_scaling_beta"]))
+
+
 LLAMA = Architecture(MODEL_ARCH.LLAMA, permute_qk=True)
 GEMMA3 = Architecture(MODEL_ARCH.GEMMA3, norm_offset=1.0, check=_check_gemma3, metadata=_gemma3_metadata)
 # Gemma 4's dense models (E2B, E4B, 31B). Its norms multiply by the weight itself; its mixture of experts (26B-A4B) is not converted yet.
@@ -323,6 +511,27 @@ GEMMA4 = Architecture(
     bare_tensors=("layer_scalar",),
     tokenizer_model="gemma4",
 )
+# Ministral 3: LLaMA's layers with YaRN and an attention temperature by position, which transformers reads from
+# YaRN's settings (llama.cpp's converter takes YaRN only); llama.cpp's mistral3 graph attends over the whole context.
+MINISTRAL3 = Architecture(
+    MODEL_ARCH.MISTRAL3, permute_qk=True, fixed=(FixedSetting("sliding_window", None, None),), rope_scalings=("yarn",),
+    check=_check_ministral3, metadata=_ministral3_metadata,
+)
+# Qwen 3.5's dense models: Gated DeltaNet (linear attention) layers and gated full-attention ones (every 4th in its
+# releases), which the GGUF lists; its norms multiply by 1 + weight, but for the DeltaNet's gated one. llama.cpp's qwen35
+# graph reads no per-dimension RoPE factors (Llama 3's scaling) and no attention output bias. Its mixture of experts is not converted yet.
+QWEN35 = Architecture(
+    MODEL_ARCH.QWEN35,
+    norm_offset=1.0,
+    norms_without_offset=("ssm_norm.weight",),
+    layer_tensors=QWEN35_LAYER,
+    fixed=(FixedSetting("attention_bias", False, False), FixedSetting("hidden_act", "silu", "silu")),
+    rope_scalings=("default", "linear", "yarn"),
+    check=_check_qwen35,
+    metadata=_qwen35_metadata,
+    squeezed_tensors=("linear_attn.conv1d.weight",),
+    rewrites=_qwen35_rewrites,
+)
 # llama.cpp's MoE graphs route every layer (no dense layers between routed ones).
 EVERY_LAYER_ROUTED = (FixedSetting("decoder_sparse_step", 1, 1), FixedSetting("mlp_only_layers", [], []))
 # Qwen's switch for sliding-window attention in its upper layers (off in Qwen's releases).
@@ -331,9 +540,15 @@ ARCHITECTURES: dict[str, Architecture] = {
     "LlamaForCausalLM": LLAMA,
     # Mistral is LLaMA to llama.cpp; its sliding window is wider than any context it is run with.
     "MistralForCausalLM": LLAMA,
+    "Ministral3ForCausalLM": MINISTRAL3,
+    # Ministral 3 as Mistral ships it, with a vision tower: its text model, as for Gemma 3.
+    "Mistral3ForConditionalGeneration": MINISTRAL3,
     # llama.cpp's qwen2 and qwen3 graphs attend over the whole context in every layer.
     "Qwen2ForCausalLM": Architecture(MODEL_ARCH.QWEN2, fixed=(NO_SLIDING_WINDOW,)),
     "Qwen3ForCausalLM": Architecture(MODEL_ARCH.QWEN3, fixed=(NO_SLIDING_WINDOW,)),
+    "Qwen3_5ForCausalLM": QWEN35,
+    # Qwen 3.5 as Qwen ships it, with a vision tower: its text model, as for Gemma 3.
+    "Qwen3_5ForConditionalGeneration": QWEN35,
     "Gemma3ForCausalLM": GEMMA3,
     # Gemma 3 4B and up, which also read images: their text model (checkpoint.WRAPPERS finds it).
     "Gemma3ForConditionalGeneration": GEMMA3,
@@ -362,6 +577,18 @@ ARCHITECTURES: dict[str, Architecture] = {
     "Olmo2ForCausalLM": Architecture(
         MODEL_ARCH.OLMO2,
         layer_tensors=ATTENTION[1:] + GATED_MLP + ("post_attention_layernorm.weight", "post_feedforward_layernorm.weight"),
+    ),
+    # LFM2 and LFM2.5's dense models: gated short convolutions between attention layers, which the GGUF tells apart by
+    # their 0 key/value heads; the final norm is its embedding_norm. llama.cpp's lfm2 graph reads no per-dimension
+    # RoPE factors (Llama 3's scaling), nor convolution biases. Its mixture of experts (Lfm2Moe) is not converted yet.
+    "Lfm2ForCausalLM": Architecture(
+        MODEL_ARCH.LFM2,
+        layer_tensors=LFM2_LAYER,
+        fixed=(FixedSetting("conv_bias", False, False),),
+        rope_scalings=("default", "linear", "yarn"),
+        check=_check_lfm2,
+        metadata=_lfm2_metadata,
+        squeezed_tensors=("conv.conv.weight",),
     ),
     # Mixtures of experts. llama.cpp renormalises the chosen experts' weights for Mixtral and
     # Qwen3-MoE, not for Qwen2-MoE or OLMoE: a checkpoint's norm_topk_prob must say the same.
@@ -433,6 +660,8 @@ def transform(planned: PlannedTensor, weights: np.ndarray) -> np.ndarray:
         weights = _permute_for_llama_rope(weights, planned.permute_heads)
     if planned.add:
         weights = weights + np.float32(planned.add)
+    if planned.rewrite is not None:
+        weights = planned.rewrite(weights)
     return weights
 
 
@@ -533,6 +762,7 @@ def plan_tensors(checkpoint: Checkpoint, arch: Architecture) -> list[PlannedTens
     config = checkpoint.config
     _check_layer_tensors(checkpoint, arch)
     name_map = get_tensor_name_map(arch.gguf_arch, config.n_layers)
+    rewrites = arch.rewrites(config) if arch.rewrites is not None else {}
     groups: dict[str, list[TensorRef]] = {}
     for ref in checkpoint:
         if ref.name.endswith(IGNORED_SUFFIXES):
@@ -543,7 +773,10 @@ def plan_tensors(checkpoint: Checkpoint, arch: Architecture) -> list[PlannedTens
         groups.setdefault(EXPERT_INDEX.sub(".experts.", name), []).append(ref)
     planned = []
     for name, refs in groups.items():
-        gguf_name = name_map.get_name(name, try_suffixes=(".weight", ".bias"))
+        layer, key = layer_key(name)
+        rewrite = rewrites.get(key)
+        mapped = f"{LAYER_PREFIX}{layer}.{rewrite.renamed}" if rewrite is not None and rewrite.renamed else name
+        gguf_name = name_map.get_name(mapped, try_suffixes=(".weight", ".bias"))
         if gguf_name is None:
             raise UnsupportedModelError(
                 f"tensor '{refs[0].name}' has no {arch.gguf_name} counterpart in llama.cpp; "
@@ -552,7 +785,10 @@ def plan_tensors(checkpoint: Checkpoint, arch: Architecture) -> list[PlannedTens
         if stacked := EXPERT_INDEX.search(refs[0].name) is not None:
             refs = _stacking_order(refs)
         heads = rope_permuted_heads(arch, config, gguf_name)
-        add = arch.norm_offset if gguf_name.endswith("norm.weight") else 0.0
+        add = arch.norm_offset if gguf_name.endswith("norm.weight") and not gguf_name.endswith(arch.norms_without_offset) else 0.0
         shape = (len(refs), *refs[0].shape) if stacked else refs[0].shape
-        planned.append(PlannedTensor(gguf_name, shape, tuple(refs), stacked, permute_heads=heads, add=add))
+        if name.endswith(arch.squeezed_tensors):
+            shape = tuple(n for n in shape if n != 1)
+        planned.append(PlannedTensor(gguf_name, shape, tuple(refs), stacked, permute_heads=heads, add=add,
+                                     rewrite=rewrite.values if rewrite is not None else None))
     return planned

@@ -56,6 +56,15 @@ LONGROPE_TYPES = ("longrope", "su")
 # config.json keys giving the number of routed experts and of those used per token (mixtures of experts).
 EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts")
 EXPERTS_USED_KEYS = ("num_experts_per_tok",)
+# config.json keys giving the RMSNorm epsilon (LFM2's is `norm_eps`).
+RMS_NORM_EPS_KEYS = ("rms_norm_eps", "norm_eps")
+# Layer types that keep a recurrent state instead of keys and values (LFM2's short convolutions): llama.cpp
+# marks them with 0 key/value heads.
+RECURRENT_LAYER_TYPES = ("conv",)
+# The layer type of Qwen 3.5's Gated DeltaNet layers, which llama.cpp lists as recurrent (attention.recurrent_layers).
+LINEAR_ATTENTION = "linear_attention"
+# Architectures whose q_proj also gives each head's output gate (Qwen 3.5's full attention): twice the query rows.
+GATED_QUERY_ARCHITECTURES = ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration")
 
 
 @dataclass(frozen=True)
@@ -70,6 +79,8 @@ class Wrapper:
     prefixes: tuple[tuple[str, str], ...]
     skipped: tuple[str, ...]  # prefixes of the other part's tensors
     left_out: str  # what is not converted, for the notice
+    # The text model's model_type, where the class wraps others too (converted for this one only).
+    text_model_type: str | None = None
 
 
 GEMMA3_TEXT_PREFIXES = (("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
@@ -86,10 +97,29 @@ WRAPPERS: dict[str, Wrapper] = {
         ("model.vision_tower.", "model.embed_vision.", "model.audio_tower.", "model.embed_audio."),
         "its vision and audio towers and their projections",
     ),
+    # Ministral 3 (3B, 8B, 14B), its text model where Gemma 3's is; Mistral Small 3.1's ('mistral') is another.
+    "Mistral3ForConditionalGeneration": Wrapper(
+        "text_config", "Ministral3Config", GEMMA3_TEXT_PREFIXES,
+        ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector."),
+        "its vision tower and image projector", text_model_type="ministral3",
+    ),
+    # Qwen 3.5 (all its dense sizes ship so): its multi-token-prediction layer is left out too, which llama.cpp's
+    # converter keeps for drafting and its main graph never runs.
+    "Qwen3_5ForConditionalGeneration": Wrapper(
+        "text_config", "Qwen3_5TextConfig", (("model.language_model.", "model."),), ("model.visual.", "mtp."),
+        "its vision tower and its multi-token-prediction layer",
+    ),
 }
+# A wrapper's own keys that transformers reads, not its text model's: transformers 5 writes the text class's
+# tie_word_embeddings in text_config (false for Ministral 3) and ties the head as the outer one says (Mistral 3's default: true).
+WRAPPER_KEYS = ("tie_word_embeddings",)
 # Text models whose config.json transformers completes with defaults that shape the model (Gemma 4's
 # global head size and RoPE), filled in by the named config class as for a wrapper's text_config.
-FILLED_BY_TRANSFORMERS: dict[str, str] = {"Gemma4ForCausalLM": "Gemma4TextConfig"}
+# LFM2's first configs name its attention layers (full_attn_idxs) and MLP width (block_ff_dim) otherwise, and
+# leave its RoPE base (10^6) to the class. Ministral 3's class gives YaRN and the attention temperature where rope_parameters is absent.
+# Qwen 3.5's gives its layer types (from full_attention_interval), its linear attention's sizes and RoPE's share of the head.
+FILLED_BY_TRANSFORMERS: dict[str, str] = {"Gemma4ForCausalLM": "Gemma4TextConfig", "Lfm2ForCausalLM": "Lfm2Config",
+                                          "Ministral3ForCausalLM": "Ministral3Config", "Qwen3_5ForCausalLM": "Qwen3_5TextConfig"}
 # Per-layer overrides (transformers 5's `per_layer_config`) the converters read; any other is refused.
 PER_LAYER_KEYS = ("head_dim", "num_key_value_heads")
 
@@ -178,14 +208,19 @@ def _transformers_defaults(values: dict[str, Any], config_class: str, what: str,
 def _text_config(config: dict[str, Any], wrapper: Wrapper, source: Path) -> dict[str, Any]:
     """A wrapper's config.json as its text model's: the nested object, with the keys it omits
     (Gemma 3 4B's gives only its sizes, and llama.cpp's converter reads them from transformers too) as
-    transformers' config class has them; the outer keys (name, dtype, tied embeddings) over those."""
+    transformers' config class has them; the outer keys (name, dtype) over those, and the wrapper's own over all."""
     architecture = config["architectures"][0]
     text = config.get(wrapper.config_key)
     if not isinstance(text, dict):
         raise ModelError(f"{source} describes {architecture} but has no '{wrapper.config_key}' object; the config.json is corrupt")
+    if wrapper.text_model_type is not None and (model_type := text.get("model_type")) != wrapper.text_model_type:
+        raise ModelError(
+            f"{source} describes {architecture}, a model that also reads images, with a {model_type!r} text model; localchat "
+            f"converts its text model where it is {wrapper.text_model_type!r}: convert this one with llama.cpp's convert_hf_to_gguf.py"
+        )
     filled = _transformers_defaults(text, wrapper.config_class, f"'{wrapper.config_key}'", source, architecture)
     outer = {k: v for k, v in config.items() if not k.endswith("_config")}
-    return {**filled, **outer, **text}
+    return {**filled, **outer, **text, **{k: outer[k] for k in WRAPPER_KEYS if k in outer}}
 
 
 def _per_layer(read: ConfigReader, n_layers: int, key: str, default: int) -> tuple[int, ...]:
@@ -202,6 +237,17 @@ def _per_layer(read: ConfigReader, n_layers: int, key: str, default: int) -> tup
         if key in override:
             values[int(layer)] = ConfigReader(override, read.source).int(key)
     return tuple(values)
+
+
+def _adjusted_mlp_width(read: ConfigReader, intermediate: int) -> int:
+    """LFM2's MLP width where `block_auto_adjust_ff_dim` is set, as transformers builds it: two thirds of
+    `intermediate`, and given a `block_ffn_dim_multiplier`, times that, rounded up to a multiple of `block_multiple_of`."""
+    width = int(2 * intermediate / 3)
+    if read.config.get("block_ffn_dim_multiplier") is None:
+        return width
+    multiple = read.int("block_multiple_of", 256)
+    width = int(read.float("block_ffn_dim_multiplier", 1.0) * width)
+    return multiple * -(-width // multiple)
 
 
 class ConfigReader:
@@ -230,6 +276,33 @@ class ConfigReader:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
             raise self._bad(key, "a positive number")
         return float(value)
+
+
+@dataclass(frozen=True)
+class DeltaNetSizes:
+    """The sizes of a hybrid's Gated DeltaNet (linear attention) layers: Qwen 3.5's `linear_*` settings."""
+
+    key_heads: int
+    value_heads: int  # a multiple of key_heads, each key head shared by as many value heads
+    key_head_dim: int
+    value_head_dim: int
+    conv_kernel: int  # positions the causal convolution over q, k and v spans
+
+    @property
+    def key_dim(self) -> int:
+        return self.key_heads * self.key_head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.value_heads * self.value_head_dim
+
+    @classmethod
+    def read(cls, read: ConfigReader) -> DeltaNetSizes:
+        sizes = cls(read.int("linear_num_key_heads"), read.int("linear_num_value_heads"), read.int("linear_key_head_dim"),
+                    read.int("linear_value_head_dim"), read.int("linear_conv_kernel_dim"))
+        if sizes.value_heads % sizes.key_heads:
+            raise ModelError(f"{read.source}: {sizes.value_heads} linear-attention value heads cannot share {sizes.key_heads} key heads evenly; the config.json is corrupt")
+        return sizes
 
 
 @dataclass(frozen=True)
@@ -267,6 +340,10 @@ class ModelConfig:
     kv_shared_layers: int = 0
     # Width of each layer's own token embedding (Gemma 4's per-layer inputs); 0 for none.
     per_layer_input_size: int = 0
+    # Positions each short convolution spans (LFM2's conv_L_cache); 0 for none.
+    conv_kernel: int = 0
+    # The linear-attention layers' sizes (Qwen 3.5's Gated DeltaNet); None without such layers.
+    delta_net: DeltaNetSizes | None = None
 
     def head_dim_of(self, layer: int) -> int:
         return self.layer_head_dims[layer] if self.layer_head_dims else self.head_dim
@@ -308,7 +385,7 @@ class ModelConfig:
             config = _text_config(config, wrapper, source)
         elif (config_class := FILLED_BY_TRANSFORMERS.get(architectures[0])) is not None:
             config = {**_transformers_defaults(config, config_class, "config.json", source, architectures[0]), **config}
-        # Mistral 3, Llama 4: the language model's sizes are nested beside a vision or audio part's.
+        # Llama 4 and others: the language model's sizes are nested beside a vision or audio part's.
         elif config.get("hidden_size") is None and isinstance(config.get("text_config"), dict):
             raise ModelError(
                 f"{source} describes {architectures[0]}, a model that also reads images or audio (its language model in "
@@ -343,12 +420,15 @@ class ModelConfig:
         if kv_shared >= n_layers:
             raise ModelError(f"{source}: num_kv_shared_layers {kv_shared} leaves none of the {n_layers} layers to compute keys and values; the config.json is corrupt")
         intermediate = read.int("intermediate_size")
+        if config.get("block_auto_adjust_ff_dim"):
+            intermediate = _adjusted_mlp_width(read, intermediate)
         # Gemma 4's double-wide MLP widens the layers that share keys and values, as transformers builds them.
         wide = 2 if config.get("use_double_wide_mlp") else 1
         layer_head_dims = _per_layer(read, n_layers, "head_dim", head_dim)
         layer_kv_heads = _per_layer(read, n_layers, "num_key_value_heads", n_kv_heads)
         if bad := next((h for h in layer_kv_heads if n_heads % h), None):
             raise ModelError(f"{source}: {n_heads} attention heads cannot share {bad} key/value heads evenly; the config.json is corrupt")
+        layer_kv_heads = tuple(0 if kind in RECURRENT_LAYER_TYPES else heads for kind, heads in zip(layer_types, layer_kv_heads))
         return cls(
             architecture=architectures[0],
             vocab_size=read.int("vocab_size"),
@@ -358,7 +438,7 @@ class ModelConfig:
             n_kv_heads=n_kv_heads,
             head_dim=head_dim,
             intermediate_size=intermediate,
-            rms_norm_eps=read.float("rms_norm_eps", 1e-6),
+            rms_norm_eps=next((read.float(key, 1e-6) for key in RMS_NORM_EPS_KEYS if config.get(key) is not None), 1e-6),
             context_length=read.int("max_position_embeddings", 0, minimum=0),
             rope=rope,
             rope_local=rope_local,
@@ -376,6 +456,8 @@ class ModelConfig:
             if wide > 1 and kv_shared else (),
             kv_shared_layers=kv_shared,
             per_layer_input_size=read.int("hidden_size_per_layer_input", 0, minimum=0),
+            conv_kernel=read.int("conv_L_cache", 0, minimum=0),
+            delta_net=DeltaNetSizes.read(read) if LINEAR_ATTENTION in layer_types or "linear_num_key_heads" in config else None,
         )
 
 
@@ -495,7 +577,8 @@ def expected_shapes(config: ModelConfig, layer: int = 0) -> dict[str, tuple[tupl
         "post_attention_layernorm.weight": (hidden,),
         "pre_feedforward_layernorm.weight": (hidden,),
         "post_feedforward_layernorm.weight": (hidden,),
-        "self_attn.q_proj.weight": (q, hidden),
+        # Qwen 3.5's gives each head's output gate beside its query.
+        "self_attn.q_proj.weight": (2 * q if config.architecture in GATED_QUERY_ARCHITECTURES else q, hidden),
         "self_attn.k_proj.weight": (kv, hidden),
         "self_attn.v_proj.weight": (kv, hidden),
         "self_attn.qkv_proj.weight": (q + 2 * kv, hidden),
@@ -518,7 +601,33 @@ def expected_shapes(config: ModelConfig, layer: int = 0) -> dict[str, tuple[tupl
         "model.embed_tokens_per_layer.weight": (vocab, config.n_layers * per_layer),
         "model.per_layer_model_projection.weight": (config.n_layers * per_layer, hidden),
         "model.per_layer_projection_norm.weight": (per_layer,),
+        # LFM2: its norms, per-head query and key norms, SwiGLU MLP and gated short convolutions (a depthwise kernel).
+        "model.embedding_norm.weight": (hidden,),
+        "operator_norm.weight": (hidden,),
+        "ffn_norm.weight": (hidden,),
+        "self_attn.out_proj.weight": (hidden, q),
+        "self_attn.q_layernorm.weight": (head,),
+        "self_attn.k_layernorm.weight": (head,),
+        "feed_forward.w1.weight": (ffn, hidden),
+        "feed_forward.w3.weight": (ffn, hidden),
+        "feed_forward.w2.weight": (hidden, ffn),
+        "conv.in_proj.weight": (3 * hidden, hidden),
+        "conv.out_proj.weight": (hidden, hidden),
+        "conv.conv.weight": (hidden, 1, config.conv_kernel),
     }
+    if (delta := config.delta_net) is not None:
+        qkv = 2 * delta.key_dim + delta.value_dim
+        shapes |= {
+            "linear_attn.in_proj_qkv.weight": (qkv, hidden),
+            "linear_attn.in_proj_z.weight": (delta.value_dim, hidden),
+            "linear_attn.in_proj_a.weight": (delta.value_heads, hidden),
+            "linear_attn.in_proj_b.weight": (delta.value_heads, hidden),
+            "linear_attn.conv1d.weight": (qkv, 1, delta.conv_kernel),
+            "linear_attn.A_log": (delta.value_heads,),
+            "linear_attn.dt_bias": (delta.value_heads,),
+            "linear_attn.norm.weight": (delta.value_head_dim,),
+            "linear_attn.out_proj.weight": (hidden, delta.value_dim),
+        }
     if config.n_experts:
         shapes |= {
             "mlp.gate.weight": (config.n_experts, hidden),

@@ -139,6 +139,7 @@ def plan_adapter(files: TensorFiles, config: ModelConfig, arch: Architecture, ad
     name_map = get_tensor_name_map(arch.gguf_arch, config.n_layers)
     shapes = expected_shapes(config)
     another_base = f"the adapter was made for another base model than {config.architecture} ({config.raw.get('_name_or_path') or 'the one given'})"
+    rewritten = arch.rewrites(config) if arch.rewrites is not None else {}
     matrices = []
     for module, pair in factors.items():
         if set(pair) != {"a", "b"}:
@@ -150,6 +151,8 @@ def plan_adapter(files: TensorFiles, config: ModelConfig, arch: Architecture, ad
         tied = module == "lm_head" and config.tie_word_embeddings
         if (index is not None and index >= config.n_layers) or key not in shapes or gguf_name is None or tied:
             raise ModelError(f"{folder}: the adapter adapts {module}, which {config.architecture} has not; {another_base}")
+        if key in rewritten:  # the base tensor's heads reordered, or its values changed, on the way to GGUF
+            raise ModelError(f"{folder}: LoRA on {module} is not supported (llama.cpp reads that matrix reordered); target the attention and MLP layers")
         a, b = files.read_float32(pair["a"]), files.read_float32(pair["b"])
         out_features, in_features = shapes[key][0]
         if a.ndim != 2 or b.ndim != 2 or a.shape[1] != in_features or b.shape[0] != out_features or a.shape[0] != b.shape[1]:

@@ -146,15 +146,25 @@ def greedy_continuation(backend: Backend, prompt: Sequence[int], n: int) -> list
         sampler.close()
 
 
+def text_model_class(model_type: str) -> type:
+    """transformers' auto class that runs a model of `model_type` on text: its causal LM's, or for a model that
+    transformers lists as image-text only (Mistral 3), that one's, which runs text alone too."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return AutoModelForCausalLM if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES else AutoModelForImageTextToText
+
+
 class ReferenceModel:
     """The checkpoint in transformers, float32 on the CPU (needs the `convert` extra)."""
 
     def __init__(self, checkpoint: Path) -> None:
         import torch
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoConfig
 
         self.torch = torch
-        self.model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32, attn_implementation="eager")
+        auto = text_model_class(AutoConfig.from_pretrained(checkpoint).model_type)
+        self.model = auto.from_pretrained(checkpoint, dtype=torch.float32, attn_implementation="eager")
         self.model.eval()
 
     def logprobs_and_top1(self, tokens: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:

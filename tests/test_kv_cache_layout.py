@@ -189,3 +189,16 @@ def test_gemma4_keeps_what_the_planner_counts(name: str, counted: int, tiny_chec
     planned, kept = state_bytes_per_token(model, 2, TINY_SLIDING_WINDOW)
     assert planned == counted
     assert counted <= kept <= counted + CELL_BYTES_MOST
+
+
+def test_lfm2_keeps_what_the_planner_counts(tiny_checkpoint: Callable[[str], Path], tmp_path: Path) -> None:
+    """The tiny LFM2 converted by localchat, in real llama.cpp: KV rows in its 2 attention layers alone (2 KV heads
+    of 16), and the last 2 inputs of each of its 3 convolution layers (64 wide, f32) once a sequence."""
+    from localchat.converters.gguf import convert_checkpoint
+
+    model = convert_checkpoint(tiny_checkpoint("lfm2"), tmp_path / "lfm2.gguf", "f32", threads=2).output
+    facts, growth, beside = saved_state(model)
+    assert facts.kv_bytes_per_token == 2 * 2 * (16 + 16) * 2
+    assert facts.kv_bytes_per_token <= growth <= facts.kv_bytes_per_token + CELL_BYTES_MOST
+    assert facts.state_bytes_per_sequence == 3 * 2 * 64 * 4
+    assert facts.state_bytes_per_sequence <= beside <= facts.state_bytes_per_sequence + STATE_HEADER_BYTES_MOST

@@ -83,15 +83,19 @@ def load(path: Path, **kwargs: object) -> Engine:
     return Engine.load(str(path), Settings(prefix_cache_disk_bytes=0), PlanRequest(n_ctx=CONTEXT, n_threads=2), **kwargs)
 
 
-def converted_runs_like_transformers(checkpoint: Path, output: Path, quant: str) -> tuple[ReferenceRun, TokenScores]:
-    """`checkpoint` converted to `output` at `quant` and run by llama.cpp: its tokenizer as transformers', its
-    greedy tokens as transformers' up to the first near tie, its perplexity within the type's bounds. Returns
-    transformers' run and llama.cpp's scores of the text, for a closer look."""
+def converted_runs_like_transformers(
+    checkpoint: Path, output: Path, quant: str, tokenized: str | None = None
+) -> tuple[ReferenceRun, TokenScores]:
+    """`checkpoint` converted to `output` at `quant` and run by llama.cpp: its tokenizer as transformers' (on `tokenized`,
+    where llama.cpp's pre-tokenizer for it splits some of the verify text otherwise), its greedy tokens as transformers'
+    up to the first near tie, its perplexity within the type's bounds. Returns transformers' run and llama.cpp's scores
+    of the text, for a closer look."""
     convert_checkpoint(checkpoint, output, quant, threads=2)
     reference = reference_run(checkpoint)
+    text = verify_text() if tokenized is None else tokenized
     with load(output) as engine:
         backend = engine.backend
-        assert backend.tokenize(verify_text(), add_bos=False, special=False) == reference.text_tokens[1:]
+        assert backend.tokenize(text, add_bos=False, special=False) == reference_tokenize(checkpoint, text)
         ours = greedy_continuation(backend, reference.prompt, GREEDY_TOKENS)
         scores = backend.score(0, reference.text_tokens)
     compared_until_near_tie(reference, ours)

@@ -1,5 +1,5 @@
-"""The families beyond the first five (Phi-3/4, Gemma 2, Granite, SmolLM3, OLMo 2) and the mixtures
-of experts (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE): tiny random checkpoints made by transformers,
+"""The families beyond the first five (Phi-3/4, Gemma 2, Granite, SmolLM3, OLMo 2), the mixtures
+of experts (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE), LFM2's and Qwen 3.5's hybrids and Ministral 3: tiny random checkpoints made by transformers,
 converted, run by the real llama.cpp and compared with transformers."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import json
 import math
 import shutil
 import sys
+import unicodedata
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import pytest
 
 from checkpoint_fixtures import TINY_EXPERTS, TINY_MORE_FAMILIES, TINY_MOE
 from greedy_reference import GREEDY_TOKENS, assert_conversion_refused, converted_runs_like_transformers, load, reference_run
+from localchat.converters.architectures import F32_TENSORS
 from localchat.converters.gguf import convert_checkpoint
 from localchat.converters.verify import BOUNDS, ReferenceModel, greedy_continuation, verify_text
 from localchat.errors import ModelError
@@ -39,7 +41,35 @@ SIGNATURES: dict[str, tuple[tuple[str, ...], dict[str, object]]] = {
                  {"qwen2moe.expert_feed_forward_length": 256, "qwen2moe.expert_shared_feed_forward_length": 256}),
     "qwen3moe": (("blk.0.ffn_gate_exps.weight", "blk.0.attn_k_norm.weight"), {"qwen3moe.expert_count": TINY_EXPERTS}),
     "olmoe": (("blk.0.ffn_up_exps.weight", "blk.0.attn_q_norm.weight"), {"olmoe.expert_used_count": 2}),
+    # YaRN as llama.cpp's mistral3 graph reads it (mscale_all_dim as its log multiplier) and the attention temperature's beta;
+    # the 3B kind's heads wider than hidden_size / heads.
+    "ministral3": (("blk.0.attn_q.weight", "output.weight"),
+                   {"mistral3.rope.scaling.factor": 64.0, "mistral3.rope.scaling.original_context_length": 32,
+                    "mistral3.rope.scaling.yarn_log_multiplier": 1.0, "mistral3.rope.scaling.yarn_beta_fast": 32.0,
+                    "mistral3.rope.scaling.yarn_beta_slow": 1.0, "mistral3.attention.temperature_scale": 0.1}),
+    "ministral3-vision": (("blk.1.attn_k.weight",), {"mistral3.attention.key_length": 32, "mistral3.rope.dimension_count": 32,
+                                                      "mistral3.attention.temperature_scale": 0.1}),
+    # Convolution layers marked by 0 key/value heads, attention layers with per-head query and key norms; the MLP as wide as
+    # transformers makes it; the final norm under llama.cpp's token_embd_norm.
+    "lfm2": (("blk.0.shortconv.conv.weight", "blk.0.shortconv.in_proj.weight", "blk.2.attn_q_norm.weight", "blk.2.attn_output.weight",
+              "token_embd_norm.weight"),
+             {"lfm2.attention.head_count_kv": [0, 0, 2, 0, 2], "lfm2.shortconv.l_cache": 3, "lfm2.feed_forward_length": 96}),
+    # Gated DeltaNet layers (fused q, k, v and their gate, the convolution, A, the time-step bias, the gated norm), listed as
+    # recurrent, their sizes under llama.cpp's ssm.* names; then a gated full-attention layer, a quarter of its heads turned by
+    # M-RoPE (transformers' default sections, which the config omits).
+    "qwen35": (("blk.0.attn_qkv.weight", "blk.0.attn_gate.weight", "blk.0.ssm_conv1d.weight", "blk.0.ssm_a", "blk.0.ssm_dt.bias",
+                "blk.0.ssm_alpha.weight", "blk.0.ssm_norm.weight", "blk.0.ssm_out.weight", "blk.3.attn_q.weight", "blk.3.attn_q_norm.weight",
+                "blk.3.post_attention_norm.weight"),
+               {"qwen35.attention.recurrent_layers": [True, True, True, False], "qwen35.ssm.conv_kernel": 4, "qwen35.ssm.state_size": 16,
+                "qwen35.ssm.group_count": 2, "qwen35.ssm.time_step_rank": 4, "qwen35.ssm.inner_size": 64,
+                "qwen35.rope.dimension_count": 8, "qwen35.rope.dimension_sections": [11, 11, 10, 0]}),
 }
+# llama.cpp's tekken pre-tokenizer (Ministral 3's) splits a word before each combining mark, which Tekken's regex keeps
+# with its letter: the verify text's Hindi line tokenizes otherwise in llama.cpp, in its own converter's files too.
+TEKKEN_FAMILIES = ("ministral3", "ministral3-vision")
+WITHOUT_COMBINING_MARKS = "\n".join(
+    line for line in verify_text().splitlines() if not any(unicodedata.category(c).startswith("M") for c in line)
+)
 GGML_F32 = 0
 # Q4_K_M's types: Q4_K for most matrices, Q6_K for some down projections (ggml_type 12 and 14).
 K_QUANTS = (12, 14)
@@ -50,7 +80,8 @@ K_QUANTS = (12, 14)
 def test_family_greedy_and_tokens_equal_transformers(
     name: str, quant: str, tiny_checkpoint: Callable[[str], Path], tmp_path: Path
 ) -> None:
-    converted_runs_like_transformers(tiny_checkpoint(name), tmp_path / f"{name}.gguf", quant)
+    tokenized = WITHOUT_COMBINING_MARKS if name in TEKKEN_FAMILIES else None
+    converted_runs_like_transformers(tiny_checkpoint(name), tmp_path / f"{name}.gguf", quant, tokenized)
 
 
 @pytest.mark.parametrize("quant", ["q8_0", "q4_k_m"])
@@ -76,8 +107,8 @@ def test_family_gguf_has_llama_cpp_names_and_keys(name: str, tiny_checkpoint: Ca
     assert set(names) <= set(tensors)
     for key, value in keys.items():
         assert header.get(key) == pytest.approx(value), key
-    # Routers stay F32 at 4 bits, as llama.cpp's quantizer keeps them.
-    assert all(tensor.ggml_type == GGML_F32 for n, tensor in tensors.items() if n.endswith(("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight")))
+    # Routers and convolution kernels stay F32 at 4 bits, as llama.cpp's quantizer keeps them.
+    assert all(tensor.ggml_type == GGML_F32 for n, tensor in tensors.items() if n.endswith(F32_TENSORS))
 
 
 @pytest.mark.parametrize("name", TINY_MOE)
@@ -124,6 +155,8 @@ def test_moe_checkpoint_routes_to_every_expert(name: str, tiny_checkpoint: Calla
         assert shares.min() > 0.08 and shares.max() < 0.5, f"layer {layer}: {shares.tolist()}"
 
 
+# Llama 3's RoPE scaling (per-dimension factors, which llama.cpp's lfm2 and qwen35 graphs do not read).
+LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
 # Checkpoints llama.cpp would run differently from transformers: refused in one line naming why.
 REFUSED: dict[str, tuple[str, Callable[[dict], None], str]] = {
     "qwen3moe without renormalised experts": ("qwen3moe", lambda c: c.update(norm_topk_prob=False),
@@ -138,6 +171,33 @@ REFUSED: dict[str, tuple[str, Callable[[dict], None], str]] = {
     "gemma3 with another pattern in transformers 4's key": ("gemma3", lambda c: (c.pop("layer_types"), c.update(sliding_window_pattern=3)),
                                                              "one global layer in every 6"),
     "gemma2 with an output matrix of its own": ("gemma2", lambda c: c.update(tie_word_embeddings=False), "tie_word_embeddings=False"),
+    "ministral3 with a sliding window": ("ministral3", lambda c: c.update(sliding_window=8),
+                                         "sliding_window=8; llama.cpp's mistral3 graph implements only sliding_window=None"),
+    "ministral3 with YaRN's correction range unrounded": ("ministral3", lambda c: c["rope_parameters"].update(truncate=False),
+                                                          "truncate false"),
+    "ministral3 with YaRN's attention factor given": ("ministral3", lambda c: c["rope_parameters"].update(attention_factor=1.2),
+                                                      "gives YaRN's attention_factor"),
+    "ministral3 with another YaRN mscale": ("ministral3", lambda c: c["rope_parameters"].update(mscale=2.0), "YaRN mscale is 2.0"),
+    "ministral3 without YaRN": ("ministral3", lambda c: c["rope_parameters"].update(rope_type="default"),
+                                "RoPE scaling 'default' is not supported for Ministral3ForCausalLM"),
+    "ministral3 without its temperature's beta": ("ministral3", lambda c: c["rope_parameters"].pop("llama_4_scaling_beta"),
+                                                  "lack llama_4_scaling_beta"),
+    "lfm2 with convolution biases": ("lfm2", lambda c: c.update(conv_bias=True),
+                                     "conv_bias=True; llama.cpp's lfm2 graph implements only conv_bias=False"),
+    "lfm2 convolving one position": ("lfm2", lambda c: c.update(conv_L_cache=1), "convolutions span 1 position"),
+    "lfm2 with Llama 3's RoPE scaling": ("lfm2", lambda c: c.update(rope_parameters=dict(c["rope_parameters"], **LLAMA3_SCALING)),
+                                         "RoPE scaling 'llama3' is not supported for Lfm2ForCausalLM"),
+    "qwen35 with value heads wider than its key heads": ("qwen35", lambda c: c.update(linear_value_head_dim=32),
+                                                         "value heads are 32 wide and its key heads 16"),
+    # Pair 1 of 4 turns by height, of which the section has none: llama.cpp turns it by the fourth position (0 for text).
+    "qwen35 with M-RoPE sections missing a rotated pair": ("qwen35", lambda c: c["rope_parameters"].update(mrope_section=[2, 0, 2]),
+                                                           "leaves rotated pairs \\[1\\] to llama.cpp's fourth position"),
+    "qwen35 with Llama 3's RoPE scaling": ("qwen35", lambda c: c.update(rope_parameters=dict(c["rope_parameters"], **LLAMA3_SCALING)),
+                                           "RoPE scaling 'llama3' is not supported for Qwen3_5ForCausalLM"),
+    "qwen35 with attention biases": ("qwen35", lambda c: c.update(attention_bias=True),
+                                     "attention_bias=True; llama.cpp's qwen35 graph implements only attention_bias=False"),
+    # Qwen 3.5's mixture of experts (llama.cpp's qwen35moe) is not taken for the dense model.
+    "qwen35 with experts": ("qwen35", lambda c: c.update(num_experts=4, num_experts_per_tok=2), "Qwen3_5ForCausalLM checkpoint's config.json has 4 experts"),
 }
 
 
@@ -149,7 +209,7 @@ def test_checkpoint_llama_cpp_would_run_differently_is_refused(
     assert_conversion_refused(tiny_checkpoint(name), edit, message, tmp_path)
 
 
-# save_pretrained writes an image-reading Gemma 3's text model under "language_model.model." (transformers
+# save_pretrained writes an image-reading Gemma 3's (and Mistral 3's) text model under "language_model.model." (transformers
 # 4's names); newer checkpoints have it under "model.language_model." (and the vision part under "model.",
 # a tied head perhaps as "lm_head.weight").
 NEWER_LAYOUT = (("language_model.model.", "model.language_model."), ("vision_tower.", "model.vision_tower."),
@@ -201,6 +261,81 @@ def test_gemma3_that_reads_images_converts_its_text_model_like_transformers(
     assert checks == {"tokenization": True, "top-1 agreement": True, "greedy continuation": True, "perplexity": True}, report.table()
 
 
+@pytest.mark.parametrize("layout", ["language_model.model", "model.language_model"])
+def test_mistral3_converts_its_ministral3_text_model_like_transformers(
+    layout: str, tiny_checkpoint: Callable[[str], Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Mistral3ForConditionalGeneration, as Mistral ships Ministral 3: its text model alone, as llama.cpp's mistral3, its
+    head tied as the outer config says (its text_config says otherwise), the vision tower left out with a note."""
+    from localchat.cli import main
+    from localchat.converters.verify import verify_gguf
+
+    checkpoint = tiny_checkpoint("ministral3-vision")
+    source = checkpoint if layout == "language_model.model" else _in_newer_layout(checkpoint, tmp_path / "newer")
+    output = tmp_path / "text.gguf"
+    capsys.readouterr()
+    assert main(["convert", str(source), "--to", "gguf", "--quant", "f32", "--threads", "2", "-o", str(output)]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.strip() and not line.startswith(("writing", "quantizing"))]
+    assert notes == [("localchat: note: Mistral3ForConditionalGeneration also reads images: only its text model is converted, "
+                      "not its vision tower and image projector")], notes
+    header = read_gguf_header(output)
+    assert header.architecture == "mistral3" and header.get("mistral3.block_count") == 2
+    # No output matrix (a saved lm_head.weight is the embeddings): llama.cpp's mistral3 graph reads the embeddings.
+    assert not [t.name for t in header.tensors if not t.name.startswith(("blk.", "token_embd", "output_norm"))]
+    report = verify_gguf(output, source, "f32", WITHOUT_COMBINING_MARKS)
+    checks = {check.name: check.passed for check in report.checks}
+    assert checks == {"tokenization": True, "top-1 agreement": True, "greedy continuation": True, "perplexity": True}, report.table()
+
+
+# A (tiny) vision tower for a Qwen 3.5 that reads images.
+QWEN35_VISION = {"depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2, "out_hidden_size": 64}
+
+
+def _qwen35_with_vision(text: Path, folder: Path) -> Path:
+    """The tiny Qwen 3.5 as Qwen ships its dense models: Qwen3_5ForConditionalGeneration, the text model under
+    model.language_model. beside a vision tower (model.visual.), and a multi-token-prediction layer (mtp.)."""
+    import torch
+    import transformers
+    from safetensors.torch import load_file, save_file
+
+    text_model = transformers.AutoModelForCausalLM.from_pretrained(text, dtype=torch.float32)
+    model = transformers.Qwen3_5ForConditionalGeneration(
+        transformers.Qwen3_5Config(text_config=text_model.config.to_dict(), vision_config=QWEN35_VISION)
+    )
+    model.model.language_model.load_state_dict(text_model.model.state_dict())
+    model.lm_head.load_state_dict(text_model.lm_head.state_dict())
+    model.save_pretrained(folder)
+    [weights] = folder.glob("*.safetensors")
+    hidden = text_model.config.hidden_size
+    mtp = {"mtp.fc.weight": torch.ones(hidden, 2 * hidden), "mtp.norm.weight": torch.zeros(hidden)}
+    save_file(load_file(weights) | mtp, weights, metadata={"format": "pt"})
+    for tokenizer_file in text.glob("tokenizer*"):
+        shutil.copy(tokenizer_file, folder / tokenizer_file.name)
+    return folder
+
+
+def _gguf_contents(path: Path) -> tuple[dict[str, object], dict[str, bytes]]:
+    """A GGUF's keys but its general.* ones, and its tensors' bytes, by name."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(path)
+    keys = {field.name: field.contents() for field in reader.fields.values() if not field.name.startswith(("general.", "GGUF."))}
+    return keys, {tensor.name: tensor.data.tobytes() for tensor in reader.tensors}
+
+
+def test_qwen35_that_reads_images_converts_its_text_model_like_transformers(tiny_checkpoint: Callable[[str], Path], tmp_path: Path) -> None:
+    """Qwen3_5ForConditionalGeneration: its text model alone, key for key and tensor for tensor the text-only checkpoint's,
+    run like transformers' text model of it; the vision tower and the multi-token-prediction layer left out with a note."""
+    text = tiny_checkpoint("qwen35")
+    source = _qwen35_with_vision(text, tmp_path / "vision")
+    wrapped = convert_checkpoint(source, tmp_path / "wrapped.gguf", "f32", threads=2)
+    assert wrapped.notice == ("Qwen3_5ForConditionalGeneration also reads images: only its text model is converted, "
+                              "not its vision tower and its multi-token-prediction layer")
+    alone = convert_checkpoint(text, tmp_path / "alone.gguf", "f32", threads=2)
+    assert _gguf_contents(wrapped.output) == _gguf_contents(alone.output)
+    converted_runs_like_transformers(source, tmp_path / "run.gguf", "f16")
+
+
 # Gemma 3 4B's config.json as Google ships it: text_config gives only what differs from transformers' defaults.
 GEMMA3_4B_CONFIG = {
     "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "mm_tokens_per_image": 256,
@@ -224,6 +359,29 @@ def test_gemma3_4b_config_is_filled_with_transformers_defaults(monkeypatch: pyte
     monkeypatch.setitem(sys.modules, "transformers", None)  # not installed
     with pytest.raises(ModelError, match=r"omits settings that transformers supplies: pip install 'localchat\[convert\]'"):
         ModelConfig.from_dict(json.loads(json.dumps(GEMMA3_4B_CONFIG)), Path("config.json"))
+
+
+# LFM2-1.2B's config.json in the keys Liquid AI first shipped: its attention layers as full_attn_idxs, its MLP's
+# width before transformers shrinks it as block_ff_dim, its tied embeddings as tie_embedding; its RoPE base left
+# out here (transformers' default is LFM2's, 10^6).
+LFM2_1_2B_CONFIG = {
+    "architectures": ["Lfm2ForCausalLM"], "model_type": "lfm2", "hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "vocab_size": 65536, "max_position_embeddings": 128000, "norm_eps": 1e-5, "conv_L_cache": 3, "conv_bias": False,
+    "full_attn_idxs": [2, 5, 8, 10, 12, 14], "block_ff_dim": 12288, "block_auto_adjust_ff_dim": True, "block_ffn_dim_multiplier": 1.0,
+    "block_multiple_of": 256, "tie_embedding": True,
+}
+
+
+def test_lfm2_first_config_keys_are_read_as_transformers_reads_them() -> None:
+    from localchat.converters.architectures import architecture_for
+    from localchat.converters.checkpoint import ModelConfig
+
+    config = ModelConfig.from_dict(json.loads(json.dumps(LFM2_1_2B_CONFIG)), Path("config.json"))
+    attention = LFM2_1_2B_CONFIG["full_attn_idxs"]
+    assert [config.kv_heads_of(layer) for layer in range(16)] == [8 if layer in attention else 0 for layer in range(16)]
+    # Two thirds of 12288, as llama.cpp's lfm2 loader expects of the 1.2B model.
+    assert (config.intermediate_size, config.rms_norm_eps, config.rope.theta, config.conv_kernel) == (8192, 1e-5, 1_000_000.0, 3)
+    assert config.tie_word_embeddings and architecture_for(config).gguf_name == "lfm2"
 
 
 @pytest.mark.parametrize("text_config", ["nope", {"hidden_size": "wide"}, {"num_hidden_layers": -3}, {"rope_scaling": 5}],
