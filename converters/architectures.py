@@ -24,6 +24,7 @@ from localchat.converters.checkpoint import (
     LONGROPE_TYPES,
     Checkpoint,
     DeltaNetSizes,
+    Mamba2Sizes,
     ModelConfig,
     RopeSettings,
     TensorRef,
@@ -44,8 +45,9 @@ MIXTRAL_EXPERTS = ("block_sparse_moe.gate.weight", "block_sparse_moe.experts.*.w
 SHARED_EXPERT = ("mlp.shared_expert.gate_proj.weight", "mlp.shared_expert.up_proj.weight",
                  "mlp.shared_expert.down_proj.weight", "mlp.shared_expert_gate.weight")
 # The routers and LFM2's and Qwen 3.5's convolution kernels stay F32 at every quantization, as llama.cpp's converter and
-# quantizer keep them (its CPU convolution reads F32 kernels only).
-F32_TENSORS = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "shortconv.conv.weight", "ssm_conv1d.weight")
+# quantizer keep them (its CPU convolution reads F32 kernels only); so do Mamba-2's A, D and grouped norm, matrices in its layout.
+F32_TENSORS = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "shortconv.conv.weight", "ssm_conv1d.weight", "ssm_a", "ssm_d",
+               "ssm_norm.weight")
 # RoPE scalings llama.cpp applies to any architecture from GGUF keys (LongRoPE is Phi-3's own).
 ROPE_SCALINGS = ("default", "linear", "yarn", "llama3")
 # llama.cpp's Gemma 3 graph fixes these; a checkpoint that differs cannot run there.
@@ -60,6 +62,10 @@ YARN_BETA_FAST = 32.0
 YARN_BETA_SLOW = 1.0
 # Ministral 3's rope_parameters beyond YaRN's factor and original context, each a number >= 0 where given.
 MINISTRAL3_ROPE_NUMBERS = ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "llama_4_scaling_beta")
+# OLMo 3's full layers' YaRN settings beyond its factor and original context, each a number >= 0 where given.
+OLMO3_ROPE_NUMBERS = ("attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim")
+# OLMo 2's and 3's layer tensors: norms after attention and after the MLP, none before.
+OLMO2_LAYER = (*ATTENTION[1:], *GATED_MLP, "post_attention_layernorm.weight", "post_feedforward_layernorm.weight")
 # Gemma 4's layer tensors. Its last layers may keep no keys and values of its own (no k_proj, k_norm,
 # v_proj) and its global layers may take their values from the keys (no v_proj): only these are in every layer.
 GEMMA4_LAYER = ("input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.q_norm.weight", "self_attn.o_proj.weight",
@@ -81,6 +87,17 @@ QWEN35_LAYER_TYPES = {LINEAR_ATTENTION, "full_attention"}
 QWEN35_MROPE_SECTIONS = [11, 11, 10]
 # llama.cpp's key listing a hybrid's recurrent layers (the gguf package here predates it).
 RECURRENT_LAYERS_KEY = "{arch}.attention.recurrent_layers"
+# Granite 4's layer tensors in every layer; its Mamba-2 layers' (mamba.*) and attention layers' (self_attn.*) differ.
+GRANITE4_LAYER = ("input_layernorm.weight", "post_attention_layernorm.weight", "shared_mlp.input_linear.weight",
+                  "shared_mlp.output_linear.weight")
+# transformers' time_step_limit that leaves Mamba-2's time steps as they are, as llama.cpp's graph does.
+UNCLAMPED_TIME_STEPS = (0.0, math.inf)
+# EXAONE 4's layer tensors: per-head query and key norms, and norms after attention and the MLP, none before.
+EXAONE4_LAYER = (*ATTENTION[1:], "self_attn.q_norm.weight", "self_attn.k_norm.weight", "post_attention_layernorm.weight",
+                 "post_feedforward_layernorm.weight", *GATED_MLP)
+# llama.cpp's exaone4 graph slides windows in a model of this many layers alone (EXAONE 4.0 32B's), turning RoPE in its
+# sliding-window layers alone; in any other it attends over the whole context with RoPE in every layer (the 1.2B's kind).
+EXAONE4_HYBRID_LAYERS = 64
 
 
 class UnsupportedModelError(ModelError):
@@ -119,10 +136,29 @@ class PlannedTensor:
 
 @dataclass(frozen=True)
 class TensorRewrite:
-    """A checkpoint tensor that llama.cpp's graph reads otherwise: its values, and the name gguf's map knows it by."""
+    """A checkpoint tensor that llama.cpp's graph reads otherwise: its values, the name gguf's map knows it by, its shape."""
 
-    values: Callable[[np.ndarray], np.ndarray]
+    values: Callable[[np.ndarray], np.ndarray] | None = None
     renamed: str | None = None  # its name after "model.layers.N." for gguf's map, where that differs
+    shape: tuple[int, ...] | None = None  # its shape after `values`, where that differs (Mamba-2's A and D as one-column matrices)
+    # A fused matrix llama.cpp reads as several: their names for gguf's map, each an equal block of its rows in order.
+    split_into: tuple[str, ...] = ()
+
+    def parts(self, shape: tuple[int, ...]) -> list[TensorRewrite]:
+        """Each block of rows `split_into` names, of a tensor of `shape`, as a rewrite of its own."""
+        rows = shape[0] // len(self.split_into)
+
+        def block(start: int) -> Callable[[np.ndarray], np.ndarray]:
+            return lambda weights: weights[start:start + rows]
+
+        return [TensorRewrite(block(i * rows), part, (rows, *shape[1:])) for i, part in enumerate(self.split_into)]
+
+
+# Granite 4's MLP (shared_mlp: the shared expert of its mixtures of experts) as llama.cpp's gate, up and down projections.
+GRANITE4_MLP_REWRITES = {
+    "shared_mlp.input_linear.weight": TensorRewrite(split_into=("mlp.gate_proj.weight", "mlp.up_proj.weight")),
+    "shared_mlp.output_linear.weight": TensorRewrite(renamed="mlp.down_proj.weight"),
+}
 
 
 Metadata = Callable[[ModelConfig, GGUFWriter], None]
@@ -157,6 +193,8 @@ class Architecture:
     rewrites: Rewrites | None = None
     # llama.cpp's tokenizer model when the architecture has its own (tokenizer.ggml.model), else read from the files.
     tokenizer_model: str | None = None
+    # Where one class covers several of llama.cpp's architectures (Granite 4's), the row for a checkpoint's settings.
+    variant: Callable[[ModelConfig], Architecture] | None = None
 
     @property
     def gguf_name(self) -> str:
@@ -410,6 +448,65 @@ def _granite_metadata(config: ModelConfig, writer: GGUFWriter) -> None:
     writer.add_logit_scale(float(raw.get("logits_scaling", 1.0)))
 
 
+def _granite4_variant(config: ModelConfig) -> Architecture:
+    """Granite 4's row as llama.cpp's converter picks it: granite where every layer attends (micro, 1b, 350m), else
+    granitehybrid. Its mixtures of experts are not converted."""
+    if config.n_experts:
+        raise UnsupportedModelError(
+            f"this Granite 4 checkpoint is a mixture of {config.n_experts} experts (as granite-4.0-h-tiny and h-small); localchat converts "
+            "Granite 4's dense models only: convert it with llama.cpp's convert_hf_to_gguf.py"
+        )
+    return GRANITE4_HYBRID if any(config.kv_heads_of(layer) == 0 for layer in range(config.n_layers)) else GRANITE4
+
+
+def _mamba2(config: ModelConfig) -> Mamba2Sizes:
+    if config.mamba2 is None:  # transformers' class gives them to every Granite 4 config
+        raise ModelError(f"this {config.architecture} checkpoint's config.json lacks its Mamba-2 layers' sizes (mamba_n_heads...); it is incomplete")
+    return config.mamba2
+
+
+def _check_granite4_hybrid(config: ModelConfig) -> None:
+    """What llama.cpp's granitehybrid graph fixes: Granite's heads, attention without RoPE, Mamba-2's time steps unclamped."""
+    _check_granite(config)
+    _mamba2(config)
+    if config.raw.get("position_embedding_type") == "rope":
+        raise UnsupportedModelError(
+            "this Granite 4 hybrid turns its attention by RoPE (position_embedding_type 'rope'); llama.cpp's granitehybrid graph runs hybrids without"
+        )
+    limit = config.raw.get("time_step_limit")
+    if limit is not None and (not isinstance(limit, (list, tuple)) or tuple(limit) != UNCLAMPED_TIME_STEPS):
+        raise UnsupportedModelError(
+            f"this Granite 4 checkpoint clamps its Mamba-2 time steps to {limit} (time_step_limit); llama.cpp's granitehybrid graph does not"
+        )
+
+
+def _granite4_hybrid_metadata(config: ModelConfig, writer: GGUFWriter) -> None:
+    """Granite's multipliers, the Mamba-2 layers' sizes under llama.cpp's ssm.* names, and no RoPE: llama.cpp reads
+    rope.scaling.finetuned as Granite's switch for it."""
+    _granite_metadata(config, writer)
+    mamba = _mamba2(config)
+    writer.add_ssm_conv_kernel(mamba.conv_kernel)
+    writer.add_ssm_inner_size(mamba.inner_size)
+    writer.add_ssm_state_size(mamba.state_size)
+    writer.add_ssm_time_step_rank(mamba.heads)
+    writer.add_ssm_group_count(mamba.groups)
+    writer.add_rope_scaling_finetuned(False)
+
+
+def _granite4_hybrid_rewrites(config: ModelConfig) -> dict[str, TensorRewrite]:
+    """Granite 4's MLP as llama.cpp's, and its Mamba-2 layers as llama.cpp's mamba2 layer reads them: A as -exp(A_log), A and D
+    one-column matrices (heads x 1), the gated norm's weights a row per group, the time-step bias under the name gguf's map knows."""
+    mamba = _mamba2(config)
+    column, by_group = (mamba.heads, 1), (mamba.groups, mamba.inner_size // mamba.groups)
+    return {
+        **GRANITE4_MLP_REWRITES,
+        "mamba.A_log": TensorRewrite(lambda weights: -np.exp(weights).reshape(column), shape=column),
+        "mamba.D": TensorRewrite(lambda weights: weights.reshape(column), shape=column),
+        "mamba.norm.weight": TensorRewrite(lambda weights: weights.reshape(by_group), shape=by_group),
+        "mamba.dt_bias": TensorRewrite(renamed="mamba.dt_proj.bias"),
+    }
+
+
 def _check_smollm3(config: ModelConfig) -> None:
     expected = [int((i + 1) % SMOLLM3_NO_ROPE_STEP != 0) for i in range(config.n_layers)]
     if config.raw.get("no_rope_layers", expected) != expected:
@@ -461,14 +558,19 @@ def _longrope_factors(config: ModelConfig) -> list[PlannedTensor]:
     return tensors
 
 
+def _check_rope_numbers(rope: RopeSettings, keys: tuple[str, ...], family: str) -> None:
+    """The RoPE settings `keys` of a `family` checkpoint, each a number >= 0 where given."""
+    for key in keys:
+        value = rope.scaling.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0):
+            raise ModelError(f"this {family} checkpoint's rope_parameters give {key} {value!r}, expected a number >= 0; the config.json is corrupt")
+
+
 def _check_ministral3(config: ModelConfig) -> None:
     """What llama.cpp's mistral3 graph fixes of YaRN as transformers reads it from rope_parameters: the correction
     range rounded outwards, the attention factor derived from the factor and mscale_all_dim with mscale 1."""
     scaling = config.rope.scaling
-    for key in MINISTRAL3_ROPE_NUMBERS:
-        value = scaling.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0):
-            raise ModelError(f"this Ministral 3 checkpoint's rope_parameters give {key} {value!r}, expected a number >= 0; the config.json is corrupt")
+    _check_rope_numbers(config.rope, MINISTRAL3_ROPE_NUMBERS, "Ministral 3")
     if scaling.get("llama_4_scaling_beta") is None:
         raise ModelError("this Ministral 3 checkpoint's rope_parameters lack llama_4_scaling_beta, which transformers needs; the config.json is incomplete")
     if scaling.get("truncate", True) is not True:
@@ -496,6 +598,114 @@ def _ministral3_metadata(config: ModelConfig, writer: GGUFWriter) -> None:
     writer.add_attn_temperature_scale(float(scaling["llama_4_scaling_beta"]))
 
 
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's attention scale for a context `factor` times the original (transformers' and llama.cpp's get_mscale)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _yarn_attention_factor(rope: RopeSettings) -> float:
+    """What transformers' YaRN multiplies cos and sin by: attention_factor where given, else derived from the factor
+    (and from mscale over mscale_all_dim, where both are given)."""
+    factor = float(rope.scaling["factor"])
+    if (given := rope.scaling.get("attention_factor")) is not None:
+        return float(given)
+    mscale, mscale_all_dim = rope.scaling.get("mscale"), rope.scaling.get("mscale_all_dim")
+    if mscale and mscale_all_dim:
+        return _yarn_mscale(factor, float(mscale)) / _yarn_mscale(factor, float(mscale_all_dim))
+    return _yarn_mscale(factor)
+
+
+def _check_olmo3(config: ModelConfig) -> None:
+    """What llama.cpp's olmo2 graph fixes for OLMo 3: sliding-window and full-attention layers alone, the sliding ones
+    turned by unscaled RoPE at the global base, YaRN's ramp between its default bounds (it reads no others), whole heads turned."""
+    if unknown := sorted(set(config.layer_types) - {"sliding_attention", "full_attention"}):
+        raise UnsupportedModelError(
+            f"this OLMo 3 checkpoint has layers of type '{unknown[0]}'; llama.cpp's olmo2 graph runs sliding_attention and full_attention layers only"
+        )
+    if config.sliding_window is None and "sliding_attention" in config.layer_types:
+        raise UnsupportedModelError(
+            "this OLMo 3 checkpoint has sliding_attention layers but no sliding_window; llama.cpp's olmo2 graph would turn them as its full layers"
+        )
+    local = config.rope_local if "sliding_attention" in config.layer_types else None
+    if local is not None and (local.scaling_type != "default" or local.theta != config.rope.theta):
+        raise UnsupportedModelError(
+            f"this OLMo 3 checkpoint turns its sliding-window layers by RoPE '{local.scaling_type}' at base {local.theta:g}; llama.cpp's "
+            f"olmo2 graph turns them by unscaled RoPE at the full layers' base ({config.rope.theta:g})"
+        )
+    if config.rope_dimensions != config.head_dim:
+        raise UnsupportedModelError(
+            f"this OLMo 3 checkpoint turns {config.rope_dimensions} of each head's {config.head_dim} dimensions by RoPE; llama.cpp's olmo2 graph turns them all"
+        )
+    if config.rope.scaling_type != "yarn":
+        return
+    scaling = config.rope.scaling
+    _check_rope_numbers(config.rope, OLMO3_ROPE_NUMBERS, "OLMo 3")
+    if scaling.get("truncate", True) is not True:
+        raise UnsupportedModelError(
+            "this OLMo 3 checkpoint's YaRN keeps its correction range unrounded (truncate false); llama.cpp's olmo2 graph always rounds it"
+        )
+    bounds = (float(scaling.get("beta_fast") or YARN_BETA_FAST), float(scaling.get("beta_slow") or YARN_BETA_SLOW))
+    if bounds != (YARN_BETA_FAST, YARN_BETA_SLOW):
+        raise UnsupportedModelError(
+            f"this OLMo 3 checkpoint's YaRN ramps between beta_fast {bounds[0]:g} and beta_slow {bounds[1]:g}; llama.cpp's olmo2 graph "
+            f"reads no bounds and ramps between {YARN_BETA_FAST:g} and {YARN_BETA_SLOW:g}"
+        )
+
+
+def _olmo3_metadata(config: ModelConfig, writer: GGUFWriter) -> None:
+    """The window and which layers slide (llama.cpp's olmo2 graph turns those by unscaled RoPE), and YaRN's attention
+    factor as transformers has it over the one llama.cpp derives from the factor (1 for the releases)."""
+    _add_sliding_layers(config, writer)
+    if config.rope.scaling_type == "yarn":
+        writer.add_rope_scaling_attn_factors(_yarn_attention_factor(config.rope) / _yarn_mscale(float(config.rope.scaling["factor"])))
+
+
+def _check_exaone4(config: ModelConfig) -> None:
+    """What llama.cpp's exaone4 graph fixes: heads as wide as the model together (its attention output is square),
+    RoPE over whole heads, and sliding windows in 64-layer models alone. transformers turns RoPE in every layer where
+    the config gives no sliding_window, else in the sliding-window layers alone, as llama.cpp does in those models."""
+    if unknown := sorted(set(config.layer_types) - {"sliding_attention", "full_attention"}):
+        raise UnsupportedModelError(
+            f"this EXAONE 4 checkpoint has layers of type '{unknown[0]}'; llama.cpp's exaone4 graph runs sliding_attention and full_attention layers only"
+        )
+    if config.n_heads * config.head_dim != config.hidden_size:
+        raise UnsupportedModelError(
+            f"this EXAONE 4 checkpoint's {config.n_heads} heads of {config.head_dim} are not hidden_size ({config.hidden_size}) wide together; "
+            "llama.cpp's exaone4 graph needs them to be"
+        )
+    if config.rope_dimensions != config.head_dim:
+        raise UnsupportedModelError(
+            f"this EXAONE 4 checkpoint turns {config.rope_dimensions} of each head's {config.head_dim} dimensions by RoPE; llama.cpp's exaone4 graph turns them all"
+        )
+    window = config.sliding_window
+    if window is None and "sliding_attention" in config.layer_types:
+        raise ModelError("this EXAONE 4 checkpoint has sliding_attention layers but no sliding_window; the config.json is inconsistent")
+    if config.n_layers == EXAONE4_HYBRID_LAYERS and window is None:
+        raise UnsupportedModelError(
+            f"this EXAONE 4 checkpoint has {EXAONE4_HYBRID_LAYERS} layers and no sliding_window; llama.cpp's exaone4 graph takes such a model "
+            "for the 32B's hybrid, turning RoPE in sliding-window layers alone, where transformers turns it in every layer"
+        )
+    if config.n_layers != EXAONE4_HYBRID_LAYERS and window is not None:
+        raise UnsupportedModelError(
+            f"this EXAONE 4 checkpoint has {config.n_layers} layers and sliding_window={window}; llama.cpp's exaone4 graph slides windows in "
+            f"{EXAONE4_HYBRID_LAYERS}-layer models alone and turns RoPE in every layer of others, where transformers turns it in sliding-window layers alone"
+        )
+
+
+def _exaone4_metadata(config: ModelConfig, writer: GGUFWriter) -> None:
+    """The window and which layers slide, where they do (llama.cpp's default pattern, 3 in 4, is the 32B's)."""
+    _add_sliding_layers(config, writer)
+
+
+def _add_sliding_layers(config: ModelConfig, writer: GGUFWriter) -> None:
+    """The window and which layers slide, as a per-layer pattern; nothing where no layer slides: llama.cpp aborts on a
+    window without sliding-window layers (GGML_ASSERT(is_swa_any()))."""
+    sliding = [kind == "sliding_attention" for kind in config.layer_types]
+    if config.sliding_window is not None and any(sliding):
+        writer.add_sliding_window(config.sliding_window)
+        writer.add_sliding_window_pattern(sliding)
+
+
 LLAMA = Architecture(MODEL_ARCH.LLAMA, permute_qk=True)
 GEMMA3 = Architecture(MODEL_ARCH.GEMMA3, norm_offset=1.0, check=_check_gemma3, metadata=_gemma3_metadata)
 # Gemma 4's dense models (E2B, E4B, 31B). Its norms multiply by the weight itself; its mixture of experts (26B-A4B) is not converted yet.
@@ -517,6 +727,8 @@ MINISTRAL3 = Architecture(
     MODEL_ARCH.MISTRAL3, permute_qk=True, fixed=(FixedSetting("sliding_window", None, None),), rope_scalings=("yarn",),
     check=_check_ministral3, metadata=_ministral3_metadata,
 )
+# The activation (SwiGLU's) that llama.cpp's graphs of the families below hard-code.
+SILU = FixedSetting("hidden_act", "silu", "silu")
 # Qwen 3.5's dense models: Gated DeltaNet (linear attention) layers and gated full-attention ones (every 4th in its
 # releases), which the GGUF lists; its norms multiply by 1 + weight, but for the DeltaNet's gated one. llama.cpp's qwen35
 # graph reads no per-dimension RoPE factors (Llama 3's scaling) and no attention output bias. Its mixture of experts is not converted yet.
@@ -525,12 +737,36 @@ QWEN35 = Architecture(
     norm_offset=1.0,
     norms_without_offset=("ssm_norm.weight",),
     layer_tensors=QWEN35_LAYER,
-    fixed=(FixedSetting("attention_bias", False, False), FixedSetting("hidden_act", "silu", "silu")),
+    fixed=(FixedSetting("attention_bias", False, False), SILU),
     rope_scalings=("default", "linear", "yarn"),
     check=_check_qwen35,
     metadata=_qwen35_metadata,
     squeezed_tensors=("linear_attn.conv1d.weight",),
     rewrites=_qwen35_rewrites,
+)
+# Granite 4's models that attend in every layer (micro, 1b, 350m), as llama.cpp's converter writes them: Granite's graph,
+# which turns every layer by RoPE.
+GRANITE4 = Architecture(
+    MODEL_ARCH.GRANITE,
+    permute_qk=True,
+    layer_tensors=ATTENTION + GRANITE4_LAYER[1:],
+    fixed=(SILU, FixedSetting("position_embedding_type", "rope", None)),
+    check=_check_granite,
+    metadata=_granite_metadata,
+    rewrites=lambda config: GRANITE4_MLP_REWRITES,
+)
+# Granite 4's hybrids (h-micro, h-1b, h-350m): Mamba-2 layers, which the GGUF tells apart by their 0 key/value heads, between
+# attention layers without RoPE. llama.cpp's Mamba-2 layer is twice the model wide, adds a convolution bias and no projection biases.
+GRANITE4_HYBRID = Architecture(
+    MODEL_ARCH.GRANITE_HYBRID,
+    permute_qk=True,
+    layer_tensors=GRANITE4_LAYER,
+    fixed=(SILU, FixedSetting("mamba_expand", 2, 2), FixedSetting("mamba_conv_bias", True, True), FixedSetting("mamba_proj_bias", False, False)),
+    check=_check_granite4_hybrid,
+    metadata=_granite4_hybrid_metadata,
+    squeezed_tensors=("mamba.conv1d.weight",),
+    rewrites=_granite4_hybrid_rewrites,
+    variant=_granite4_variant,
 )
 # llama.cpp's MoE graphs route every layer (no dense layers between routed ones).
 EVERY_LAYER_ROUTED = (FixedSetting("decoder_sparse_step", 1, 1), FixedSetting("mlp_only_layers", [], []))
@@ -570,13 +806,31 @@ ARCHITECTURES: dict[str, Architecture] = {
         extra_tensors=_longrope_factors,
     ),
     "GraniteForCausalLM": Architecture(MODEL_ARCH.GRANITE, permute_qk=True, check=_check_granite, metadata=_granite_metadata),
+    # Granite 4: its hybrids and, in the same class, its models that attend in every layer (GRANITE4_HYBRID.variant picks).
+    "GraniteMoeHybridForCausalLM": GRANITE4_HYBRID,
     "SmolLM3ForCausalLM": Architecture(
         MODEL_ARCH.SMOLLM3, permute_qk=True, fixed=(FixedSetting("use_sliding_window", False, False),), check=_check_smollm3
     ),
     # OLMo 2 normalises after attention and after the MLP, not before.
-    "Olmo2ForCausalLM": Architecture(
+    "Olmo2ForCausalLM": Architecture(MODEL_ARCH.OLMO2, layer_tensors=OLMO2_LAYER),
+    # OLMo 3: OLMo 2's layers, those of a sliding window listed (three in four in its releases) and turned by unscaled RoPE,
+    # the others by YaRN in its long-context releases. llama.cpp's olmo2 graph reads an output matrix of its own, no
+    # attention biases and no per-dimension RoPE factors (Llama 3's scaling).
+    "Olmo3ForCausalLM": Architecture(
         MODEL_ARCH.OLMO2,
-        layer_tensors=ATTENTION[1:] + GATED_MLP + ("post_attention_layernorm.weight", "post_feedforward_layernorm.weight"),
+        layer_tensors=OLMO2_LAYER,
+        fixed=(FixedSetting("tie_word_embeddings", False, False), FixedSetting("attention_bias", False, False), SILU),
+        rope_scalings=("default", "linear", "yarn"),
+        check=_check_olmo3,
+        metadata=_olmo3_metadata,
+    ),
+    # EXAONE 4.0: OLMo 2's post-norms with per-head query and key norms; the 32B's sliding-window layers listed.
+    "Exaone4ForCausalLM": Architecture(
+        MODEL_ARCH.EXAONE4,
+        layer_tensors=EXAONE4_LAYER,
+        fixed=(SILU,),
+        check=_check_exaone4,
+        metadata=_exaone4_metadata,
     ),
     # LFM2 and LFM2.5's dense models: gated short convolutions between attention layers, which the GGUF tells apart by
     # their 0 key/value heads; the final norm is its embedding_norm. llama.cpp's lfm2 graph reads no per-dimension
@@ -621,6 +875,8 @@ def architecture_for(config: ModelConfig) -> Architecture:
         raise UnsupportedModelError(
             f"cannot convert architecture {config.architecture}; supported: {supported}"
         ) from None
+    if arch.variant is not None:
+        arch = arch.variant(config)
     for setting in arch.fixed:
         if (value := config.raw.get(setting.key, setting.default)) != setting.value:
             raise UnsupportedModelError(
@@ -771,10 +1027,17 @@ def plan_tensors(checkpoint: Checkpoint, arch: Architecture) -> list[PlannedTens
             continue  # the same matrix as the embeddings; llama.cpp reuses token_embd
         name = ref.name + ".weight" if ref.name.endswith(arch.bare_tensors) else ref.name
         groups.setdefault(EXPERT_INDEX.sub(".experts.", name), []).append(ref)
-    planned = []
+    # Each tensor with its rewrite, a fused one's blocks each with one of their own.
+    rewritten: list[tuple[str, list[TensorRef], TensorRewrite | None]] = []
     for name, refs in groups.items():
-        layer, key = layer_key(name)
-        rewrite = rewrites.get(key)
+        rewrite = rewrites.get(layer_key(name)[1])
+        if rewrite is not None and rewrite.split_into:
+            rewritten += [(name, refs, part) for part in rewrite.parts(refs[0].shape)]
+        else:
+            rewritten.append((name, refs, rewrite))
+    planned = []
+    for name, refs, rewrite in rewritten:
+        layer, _ = layer_key(name)
         mapped = f"{LAYER_PREFIX}{layer}.{rewrite.renamed}" if rewrite is not None and rewrite.renamed else name
         gguf_name = name_map.get_name(mapped, try_suffixes=(".weight", ".bias"))
         if gguf_name is None:
@@ -789,6 +1052,8 @@ def plan_tensors(checkpoint: Checkpoint, arch: Architecture) -> list[PlannedTens
         shape = (len(refs), *refs[0].shape) if stacked else refs[0].shape
         if name.endswith(arch.squeezed_tensors):
             shape = tuple(n for n in shape if n != 1)
+        if rewrite is not None and rewrite.shape is not None:
+            shape = rewrite.shape
         planned.append(PlannedTensor(gguf_name, shape, tuple(refs), stacked, permute_heads=heads, add=add,
                                      rewrite=rewrite.values if rewrite is not None else None))
     return planned

@@ -58,11 +58,16 @@ EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts")
 EXPERTS_USED_KEYS = ("num_experts_per_tok",)
 # config.json keys giving the RMSNorm epsilon (LFM2's is `norm_eps`).
 RMS_NORM_EPS_KEYS = ("rms_norm_eps", "norm_eps")
-# Layer types that keep a recurrent state instead of keys and values (LFM2's short convolutions): llama.cpp
-# marks them with 0 key/value heads.
-RECURRENT_LAYER_TYPES = ("conv",)
+# The config.json key giving the MLP's width where it is not intermediate_size (Granite 4's dense models: their shared MLP's;
+# their intermediate_size is the experts' their mixtures of experts have).
+MLP_WIDTH_KEYS = {"GraniteMoeHybridForCausalLM": "shared_intermediate_size"}
 # The layer type of Qwen 3.5's Gated DeltaNet layers, which llama.cpp lists as recurrent (attention.recurrent_layers).
 LINEAR_ATTENTION = "linear_attention"
+# Layer types that keep a recurrent state instead of keys and values where llama.cpp marks them with 0 key/value heads, by
+# architecture: LFM2's short convolutions, Granite 4's Mamba-2 layers ("mamba" in its hub configs, as transformers 5 writes them otherwise).
+RECURRENT_LAYER_TYPES = {"Lfm2ForCausalLM": ("conv",), "GraniteMoeHybridForCausalLM": ("mamba", LINEAR_ATTENTION)}
+# transformers writes the floats JSON lacks as tagged objects ({"__float__": "Infinity"}: Granite 4's time_step_limit).
+TAGGED_FLOATS = {"Infinity": math.inf, "-Infinity": -math.inf, "NaN": math.nan}
 # Architectures whose q_proj also gives each head's output gate (Qwen 3.5's full attention): twice the query rows.
 GATED_QUERY_ARCHITECTURES = ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration")
 
@@ -118,8 +123,14 @@ WRAPPER_KEYS = ("tie_word_embeddings",)
 # LFM2's first configs name its attention layers (full_attn_idxs) and MLP width (block_ff_dim) otherwise, and
 # leave its RoPE base (10^6) to the class. Ministral 3's class gives YaRN and the attention temperature where rope_parameters is absent.
 # Qwen 3.5's gives its layer types (from full_attention_interval), its linear attention's sizes and RoPE's share of the head.
+# EXAONE 4's gives a sliding window (4096) where the config omits it, and with it the layer types of its pattern.
+# OLMo 3's gives its window (4096), layer types (three sliding in four) and RoPE per layer type: a hub config's rope_scaling
+# (YaRN) turns its full layers alone, and its sliding ones turn at transformers' default base (5 x 10^5), whatever rope_theta says.
+# Granite 4's gives its Mamba-2 layers' sizes and its layer types (all Mamba-2 where none are given).
 FILLED_BY_TRANSFORMERS: dict[str, str] = {"Gemma4ForCausalLM": "Gemma4TextConfig", "Lfm2ForCausalLM": "Lfm2Config",
-                                          "Ministral3ForCausalLM": "Ministral3Config", "Qwen3_5ForCausalLM": "Qwen3_5TextConfig"}
+                                          "Ministral3ForCausalLM": "Ministral3Config", "Qwen3_5ForCausalLM": "Qwen3_5TextConfig",
+                                          "Exaone4ForCausalLM": "Exaone4Config", "Olmo3ForCausalLM": "Olmo3Config",
+                                          "GraniteMoeHybridForCausalLM": "GraniteMoeHybridConfig"}
 # Per-layer overrides (transformers 5's `per_layer_config`) the converters read; any other is refused.
 PER_LAYER_KEYS = ("head_dim", "num_key_value_heads")
 
@@ -306,6 +317,31 @@ class DeltaNetSizes:
 
 
 @dataclass(frozen=True)
+class Mamba2Sizes:
+    """The sizes of a hybrid's Mamba-2 layers: Granite 4's `mamba_*` settings."""
+
+    heads: int
+    groups: int  # of heads sharing one B and C
+    state_size: int
+    conv_kernel: int  # positions the causal convolution over x, B and C spans
+    inner_size: int  # the heads' width together (mamba_expand times hidden_size)
+
+    @property
+    def conv_dim(self) -> int:
+        """The convolved x, B and C together."""
+        return self.inner_size + 2 * self.groups * self.state_size
+
+    @classmethod
+    def read(cls, read: ConfigReader, hidden: int) -> Mamba2Sizes:
+        sizes = cls(read.int("mamba_n_heads"), read.int("mamba_n_groups"), read.int("mamba_d_state"), read.int("mamba_d_conv"),
+                    read.int("mamba_expand") * hidden)
+        if sizes.inner_size % sizes.heads or sizes.heads % sizes.groups:
+            raise ModelError(f"{read.source}: {sizes.heads} Mamba heads cannot split {sizes.inner_size} dimensions or share "
+                             f"{sizes.groups} groups evenly; the config.json is corrupt")
+        return sizes
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """config.json with the names and layouts of different transformers versions made uniform."""
 
@@ -344,6 +380,8 @@ class ModelConfig:
     conv_kernel: int = 0
     # The linear-attention layers' sizes (Qwen 3.5's Gated DeltaNet); None without such layers.
     delta_net: DeltaNetSizes | None = None
+    # The Mamba-2 layers' sizes (Granite 4's); None where the config gives none.
+    mamba2: Mamba2Sizes | None = None
 
     def head_dim_of(self, layer: int) -> int:
         return self.layer_head_dims[layer] if self.layer_head_dims else self.head_dim
@@ -408,7 +446,8 @@ class ModelConfig:
         for key in OPTIONAL_NUMBERS:
             if config.get(key) is not None:
                 read.float(key, 1.0)
-        n_experts = next((read.int(key) for key in EXPERT_COUNT_KEYS if config.get(key) is not None), 0)
+        # 0 for a dense model of a class that has mixtures of experts too (Granite 4's).
+        n_experts = next((read.int(key, minimum=0) for key in EXPERT_COUNT_KEYS if config.get(key) is not None), 0)
         n_experts_used = next((read.int(key) for key in EXPERTS_USED_KEYS if config.get(key) is not None), 0) if n_experts else 0
         if n_experts_used > n_experts:
             raise ModelError(f"{source}: {n_experts_used} experts used per token of {n_experts}; the config.json is corrupt")
@@ -419,7 +458,7 @@ class ModelConfig:
         kv_shared = read.int("num_kv_shared_layers", 0, minimum=0)
         if kv_shared >= n_layers:
             raise ModelError(f"{source}: num_kv_shared_layers {kv_shared} leaves none of the {n_layers} layers to compute keys and values; the config.json is corrupt")
-        intermediate = read.int("intermediate_size")
+        intermediate = read.int(MLP_WIDTH_KEYS.get(architectures[0], "intermediate_size"))
         if config.get("block_auto_adjust_ff_dim"):
             intermediate = _adjusted_mlp_width(read, intermediate)
         # Gemma 4's double-wide MLP widens the layers that share keys and values, as transformers builds them.
@@ -428,7 +467,8 @@ class ModelConfig:
         layer_kv_heads = _per_layer(read, n_layers, "num_key_value_heads", n_kv_heads)
         if bad := next((h for h in layer_kv_heads if n_heads % h), None):
             raise ModelError(f"{source}: {n_heads} attention heads cannot share {bad} key/value heads evenly; the config.json is corrupt")
-        layer_kv_heads = tuple(0 if kind in RECURRENT_LAYER_TYPES else heads for kind, heads in zip(layer_types, layer_kv_heads))
+        recurrent = RECURRENT_LAYER_TYPES.get(architectures[0], ())
+        layer_kv_heads = tuple(0 if kind in recurrent else heads for kind, heads in zip(layer_types, layer_kv_heads))
         return cls(
             architecture=architectures[0],
             vocab_size=read.int("vocab_size"),
@@ -457,7 +497,10 @@ class ModelConfig:
             kv_shared_layers=kv_shared,
             per_layer_input_size=read.int("hidden_size_per_layer_input", 0, minimum=0),
             conv_kernel=read.int("conv_L_cache", 0, minimum=0),
-            delta_net=DeltaNetSizes.read(read) if LINEAR_ATTENTION in layer_types or "linear_num_key_heads" in config else None,
+            # transformers 5 names Granite 4's Mamba-2 layers linear_attention too.
+            delta_net=DeltaNetSizes.read(read) if "linear_num_key_heads" in config or (LINEAR_ATTENTION in layer_types and "mamba_n_heads" not in config)
+            else None,
+            mamba2=Mamba2Sizes.read(read, hidden) if "mamba_n_heads" in config else None,
         )
 
 
@@ -614,7 +657,21 @@ def expected_shapes(config: ModelConfig, layer: int = 0) -> dict[str, tuple[tupl
         "conv.in_proj.weight": (3 * hidden, hidden),
         "conv.out_proj.weight": (hidden, hidden),
         "conv.conv.weight": (hidden, 1, config.conv_kernel),
+        # Granite 4's MLP: its gate and up projections fused.
+        "shared_mlp.input_linear.weight": (2 * ffn, hidden),
+        "shared_mlp.output_linear.weight": (hidden, ffn),
     }
+    if (mamba := config.mamba2) is not None:
+        shapes |= {
+            "mamba.in_proj.weight": (mamba.inner_size + mamba.conv_dim + mamba.heads, hidden),
+            "mamba.conv1d.weight": (mamba.conv_dim, 1, mamba.conv_kernel),
+            "mamba.conv1d.bias": (mamba.conv_dim,),
+            "mamba.dt_bias": (mamba.heads,),
+            "mamba.A_log": (mamba.heads,),
+            "mamba.D": (mamba.heads,),
+            "mamba.norm.weight": (mamba.inner_size,),
+            "mamba.out_proj.weight": (hidden, mamba.inner_size),
+        }
     if (delta := config.delta_net) is not None:
         qkv = 2 * delta.key_dim + delta.value_dim
         shapes |= {
@@ -787,6 +844,17 @@ def wrapper_notice(config: ModelConfig) -> str | None:
     return f"{config.architecture} also reads images: only its text model is converted, not {wrapper.left_out}"
 
 
+def _tagged_floats(value: Any) -> Any:
+    """`value` with transformers' tagged floats ({"__float__": "Infinity"}) as floats, as transformers reads a config.json."""
+    if isinstance(value, dict):
+        if value.keys() == {"__float__"} and isinstance(tag := value["__float__"], str) and tag in TAGGED_FLOATS:
+            return TAGGED_FLOATS[tag]
+        return {key: _tagged_floats(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_tagged_floats(item) for item in value]
+    return value
+
+
 def read_config(folder: Path) -> ModelConfig:
     """A checkpoint folder's config.json, read and normalised."""
     config_path = folder / "config.json"
@@ -794,7 +862,7 @@ def read_config(folder: Path) -> ModelConfig:
         raise ModelError(f"{folder} is not a folder; give a Hugging Face checkpoint folder or a hub repo id")
     if not config_path.is_file():
         raise ModelError(f"{folder} has no config.json; is it a Hugging Face checkpoint folder?")
-    return ModelConfig.from_dict(read_json(config_path), config_path)
+    return ModelConfig.from_dict(_tagged_floats(read_json(config_path)), config_path)
 
 
 class Checkpoint(TensorFiles):

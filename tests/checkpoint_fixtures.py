@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from localchat.converters.architectures import EXAONE4_HYBRID_LAYERS
 from localchat.converters.reference_checkpoints import build_gemma3_270m_checkpoint
 from localchat.converters.tokenizer import LLAMA3_REGEX, QWEN2_REGEX, QWEN35_REGEX, TEKKEN_REGEX
 from localchat.converters.verify import text_model_class, verify_text
@@ -100,6 +101,15 @@ GEMMA_TOKEN_IDS = dict(pad_token_id=0, eos_token_id=1, bos_token_id=2)
 # its original context short enough that both act within the greedy comparison (its positions past 32 are scaled).
 MINISTRAL3_ROPE = {"rope_type": "yarn", "rope_theta": 1_000_000.0, "factor": 64.0, "original_max_position_embeddings": 32,
                    "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}
+# Granite 4's dense kind: no experts, its MLP (shared_mlp) intermediate_size wide; Granite's multipliers off their defaults.
+GRANITE4_SETTINGS = {"num_local_experts": 0, "num_experts_per_tok": 0, "shared_intermediate_size": TINY_SIZES["intermediate_size"],
+                     "attention_multiplier": 0.2, "embedding_multiplier": 3.0, "residual_multiplier": 0.5, "logits_scaling": 2.0}
+# OLMo 3's long-context RoPE: YaRN in its full layers alone, its sliding-window layers unscaled at the same base; its original
+# context scaled down as its window is, and its attention factor off YaRN's default (the releases' is the default) so that
+# the one the GGUF gives acts.
+OLMO3_ROPE = {"full_attention": {"rope_type": "yarn", "rope_theta": 500_000.0, "factor": 8.0, "original_max_position_embeddings": 256,
+                                 "attention_factor": 1.5, "beta_fast": 32.0, "beta_slow": 1.0},
+              "sliding_attention": {"rope_type": "default", "rope_theta": 500_000.0}}
 
 
 def _tiny_configs(vocab_size: int) -> dict[str, Callable[[], object]]:
@@ -178,9 +188,24 @@ def _tiny_configs(vocab_size: int) -> dict[str, Callable[[], object]]:
         "granite": lambda: transformers.GraniteConfig(
             **common, attention_multiplier=0.2, embedding_multiplier=3.0, residual_multiplier=0.5, logits_scaling=2.0
         ),
+        # Granite 4's hybrid (h-micro's kind): Mamba-2 layers (8 heads of 16, in 2 groups) around an attention layer without
+        # RoPE, the MLP dense (no experts); its layer types as its hub configs name them.
+        "granite4-hybrid": lambda: transformers.GraniteMoeHybridConfig(
+            **dict(common, num_hidden_layers=4), **GRANITE4_SETTINGS, layer_types=["mamba", "mamba", "attention", "mamba"],
+            position_embedding_type="nope", mamba_n_heads=8, mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4,
+        ),
+        # Granite 4's models that attend in every layer (micro's kind), turned by RoPE.
+        "granite4": lambda: transformers.GraniteMoeHybridConfig(
+            **common, **GRANITE4_SETTINGS, layer_types=["attention"] * 2, position_embedding_type="rope",
+        ),
         # Four layers: the fourth has no RoPE.
         "smollm3": lambda: transformers.SmolLM3Config(**dict(common, num_hidden_layers=4), pad_token_id=None),
         "olmo2": lambda: transformers.Olmo2Config(**common, pad_token_id=None),
+        # OLMo 3's kind: three sliding-window layers (their window slides within the verify text), then a full one turned by YaRN.
+        "olmo3": lambda: transformers.Olmo3Config(
+            **dict(common, num_hidden_layers=4), pad_token_id=None, sliding_window=TINY_SLIDING_WINDOW,
+            rope_parameters={kind: dict(rope) for kind, rope in OLMO3_ROPE.items()},
+        ),
         "mixtral": lambda: transformers.MixtralConfig(**moe, num_local_experts=TINY_EXPERTS),
         "qwen2moe": lambda: transformers.Qwen2MoeConfig(
             **moe, num_experts=TINY_EXPERTS, moe_intermediate_size=256, shared_expert_intermediate_size=256
@@ -202,13 +227,27 @@ def _tiny_configs(vocab_size: int) -> dict[str, Callable[[], object]]:
             **dict(common, num_hidden_layers=4), head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
             linear_key_head_dim=16, linear_value_head_dim=16,
         ),
+        # EXAONE 4.0 1.2B's kind: global attention with RoPE in every layer (no sliding_window), Llama 3's RoPE scaling
+        # acting within the verify text, the head tied to the embeddings.
+        "exaone4": lambda: transformers.Exaone4Config(
+            **common, sliding_window=None, layer_types=["full_attention"] * 2, tie_word_embeddings=True,
+            rope_parameters={"rope_type": "llama3", "rope_theta": 1_000_000.0, "factor": 16.0, "low_freq_factor": 1.0,
+                             "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+        ),
+        # EXAONE 4.0 32B's kind: 64 layers (llama.cpp's exaone4 graph slides windows in no others), three sliding-window
+        # layers with RoPE then a global one without.
+        "exaone4-hybrid": lambda: transformers.Exaone4Config(
+            **dict(common, num_hidden_layers=EXAONE4_HYBRID_LAYERS), sliding_window=TINY_SLIDING_WINDOW,
+            layer_types=["full_attention" if (i + 1) % 4 == 0 else "sliding_attention" for i in range(EXAONE4_HYBRID_LAYERS)],
+        ),
     }
 
 
 TINY_ARCHITECTURES = ("llama", "llama3-rope", "mistral", "qwen2", "qwen3", "gemma3")
-# The families added for issue 31 and after (LFM2, Qwen 3.5, Ministral 3), and of those the mixtures of experts.
+# The families added for issue 31 and after (LFM2, Qwen 3.5, Ministral 3, OLMo 3, EXAONE 4), and of those the mixtures of experts.
 TINY_MORE_FAMILIES = ("phi3", "phi4-mini", "gemma2", "granite", "smollm3", "olmo2", "mixtral", "qwen2moe", "qwen3moe", "olmoe", "lfm2",
-                      "qwen35", "ministral3", "ministral3-vision")
+                      "qwen35", "ministral3", "ministral3-vision", "olmo3", "exaone4",
+                      "exaone4-hybrid", "granite4-hybrid", "granite4")
 TINY_MOE = ("mixtral", "qwen2moe", "qwen3moe", "olmoe")
 # Their weights' seeds (and the tiny Llama's, which LoRA tests build on), chosen (of the first 40) so that transformers' greedy continuation of the
 # verify text's first line has no two top logits within 0.2 for its first 16 tokens, and (experts)
@@ -217,14 +256,20 @@ TINY_MOE = ("mixtral", "qwen2moe", "qwen3moe", "olmoe")
 # does not settle on one token within those 16 (most of its seeds' repeat one from the third or fourth on); tied Ministral 3's
 # (ministral3-vision), one whose top two stay 1.9 apart or more there and that changes token twice in them (a tied head's
 # continuations mostly repeat one token); Qwen 3.5's, one whose Q8_0 perplexity is also within --verify's 3% (llama.cpp's Q8_0,
-# from its own converter alike, moves this random model's by 1.7 to 5.6% as the seed goes: its DeltaNet's fused q, k, v most).
+# from its own converter alike, moves this random model's by 1.7 to 5.6% as the seed goes: its DeltaNet's fused q, k, v most);
+# tied EXAONE 4's (exaone4), the one whose top two stay furthest apart there of those that change token in them (none changes twice);
+# EXAONE 4's 64-layer hybrid's, as Qwen 3.5's, one whose Q8_0 perplexity is within 3% (so many random layers make it sure of wrong
+# tokens, perplexity ~1e11, and Q8_0 moves that by 0.2 to 3.2% as the seed goes).
 TINY_SEEDS = {"llama": 0, "llama-attention-bias": 0, "phi3": 1, "phi4-mini": 0, "gemma2": 0, "granite": 17, "smollm3": 3, "olmo2": 0,
               "mixtral": 24, "qwen2moe": 29, "qwen3moe": 17, "olmoe": 21, "lfm2": 16,
-              "qwen35": 8, "ministral3": 14, "ministral3-vision": 22}
+              "qwen35": 8, "ministral3": 14, "ministral3-vision": 22, "olmo3": 19, "exaone4": 35,
+              "exaone4-hybrid": 10, "granite4": 32, "granite4-hybrid": 11}
 TINY_TOKENIZER_REGEX = {"llama": LLAMA3_REGEX, "llama-attention-bias": LLAMA3_REGEX, "llama3-rope": LLAMA3_REGEX, "mistral": None, "qwen2": QWEN2_REGEX, "qwen3": QWEN2_REGEX,
                         "phi3": None, "phi4-mini": LLAMA3_REGEX, "gemma2": None, "granite": None, "smollm3": LLAMA3_REGEX,
                         "olmo2": None, "mixtral": None, "qwen2moe": QWEN2_REGEX, "qwen3moe": QWEN2_REGEX, "olmoe": None,
-                        "lfm2": LLAMA3_REGEX, "qwen35": QWEN35_REGEX, "ministral3": TEKKEN_REGEX, "ministral3-vision": TEKKEN_REGEX}
+                        "lfm2": LLAMA3_REGEX, "qwen35": QWEN35_REGEX, "ministral3": TEKKEN_REGEX, "ministral3-vision": TEKKEN_REGEX,
+                        "olmo3": LLAMA3_REGEX, "granite4-hybrid": LLAMA3_REGEX, "granite4": LLAMA3_REGEX,
+                        "exaone4": None, "exaone4-hybrid": None}
 
 
 # Gemma 4's tokenizer is Gemma 3's kind (a SentencePiece-style BPE in tokenizer.json) with chat markers of its

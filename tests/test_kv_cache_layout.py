@@ -191,6 +191,17 @@ def test_gemma4_keeps_what_the_planner_counts(name: str, counted: int, tiny_chec
     assert counted <= kept <= counted + CELL_BYTES_MOST
 
 
+def test_exaone4_keeps_what_the_planner_counts(tiny_checkpoint: Callable[[str], Path], tmp_path: Path) -> None:
+    """The tiny 64-layer EXAONE 4 (the 32B's kind) converted by localchat, in real llama.cpp within its window of 8: its 48
+    sliding-window layers keep rows as its 16 global ones do (2 KV heads of 16), in a cache of their own as long as the context."""
+    from localchat.converters.gguf import convert_checkpoint
+
+    model = convert_checkpoint(tiny_checkpoint("exaone4-hybrid"), tmp_path / "exaone4.gguf", "f32", threads=2).output
+    planned, kept = state_bytes_per_token(model, 2, TINY_SLIDING_WINDOW)
+    assert planned == 64 * 2 * (16 + 16) * 2
+    assert planned <= kept <= planned + CELL_BYTES_MOST
+
+
 def test_lfm2_keeps_what_the_planner_counts(tiny_checkpoint: Callable[[str], Path], tmp_path: Path) -> None:
     """The tiny LFM2 converted by localchat, in real llama.cpp: KV rows in its 2 attention layers alone (2 KV heads
     of 16), and the last 2 inputs of each of its 3 convolution layers (64 wide, f32) once a sequence."""
@@ -201,4 +212,28 @@ def test_lfm2_keeps_what_the_planner_counts(tiny_checkpoint: Callable[[str], Pat
     assert facts.kv_bytes_per_token == 2 * 2 * (16 + 16) * 2
     assert facts.kv_bytes_per_token <= growth <= facts.kv_bytes_per_token + CELL_BYTES_MOST
     assert facts.state_bytes_per_sequence == 3 * 2 * 64 * 4
+    assert facts.state_bytes_per_sequence <= beside <= facts.state_bytes_per_sequence + STATE_HEADER_BYTES_MOST
+
+
+def test_olmo3_keeps_what_the_planner_counts(tiny_checkpoint: Callable[[str], Path], tmp_path: Path) -> None:
+    """The tiny OLMo 3 converted by localchat, in real llama.cpp, within its sliding window of 8: its 3 sliding-window
+    layers keep rows as its full one does (2 KV heads of 16 each); localchat's contexts size their cache as the full one's (swa_full)."""
+    from localchat.converters.gguf import convert_checkpoint
+
+    model = convert_checkpoint(tiny_checkpoint("olmo3"), tmp_path / "olmo3.gguf", "f32", threads=2).output
+    planned, kept = state_bytes_per_token(model, 2, TINY_SLIDING_WINDOW)
+    assert planned == 4 * 2 * (16 + 16) * 2
+    assert planned <= kept <= planned + CELL_BYTES_MOST
+
+
+def test_granite4_hybrid_keeps_what_the_planner_counts(tiny_checkpoint: Callable[[str], Path], tmp_path: Path) -> None:
+    """The tiny Granite 4 hybrid converted by localchat, in real llama.cpp: KV rows in its one attention layer alone (2 KV heads
+    of 16), and in each of its 3 Mamba-2 layers the last 3 inputs of its convolution (192 wide) and its state (16 x 128), f32, once a sequence."""
+    from localchat.converters.gguf import convert_checkpoint
+
+    model = convert_checkpoint(tiny_checkpoint("granite4-hybrid"), tmp_path / "granite4.gguf", "f32", threads=2).output
+    facts, growth, beside = saved_state(model)
+    assert facts.kv_bytes_per_token == 1 * 2 * (16 + 16) * 2
+    assert facts.kv_bytes_per_token <= growth <= facts.kv_bytes_per_token + CELL_BYTES_MOST
+    assert facts.state_bytes_per_sequence == 3 * (3 * 192 + 16 * 128) * 4
     assert facts.state_bytes_per_sequence <= beside <= facts.state_bytes_per_sequence + STATE_HEADER_BYTES_MOST

@@ -21,7 +21,7 @@ from localchat.converters.architectures import F32_TENSORS
 from localchat.converters.gguf import convert_checkpoint
 from localchat.converters.verify import BOUNDS, ReferenceModel, greedy_continuation, verify_text
 from localchat.errors import ModelError
-from localchat.gguf_file import read_gguf_header
+from localchat.gguf_file import GgufHeader, read_gguf_header
 from localchat.models import inspect_gguf
 
 # Where each family's peculiarity shows in the GGUF: tensors that must be there, and keys with values.
@@ -33,8 +33,26 @@ SIGNATURES: dict[str, tuple[tuple[str, ...], dict[str, object]]] = {
                {"gemma2.attention.sliding_window": 8, "gemma2.attn_logit_softcapping": 50.0}),
     "granite": (("blk.0.attn_q.weight",), {"granite.logit_scale": 2.0, "granite.residual_scale": 0.5,
                                             "granite.embedding_scale": 3.0, "granite.attention.scale": 0.2}),
+    # Mamba-2 layers marked by 0 key/value heads (A, D, the convolution and its bias, the grouped norm, the time-step bias), their
+    # sizes under llama.cpp's ssm.* names; an attention layer without RoPE; the fused MLP as gate and up; Granite's multipliers.
+    "granite4-hybrid": (("blk.0.ssm_in.weight", "blk.0.ssm_conv1d.weight", "blk.0.ssm_conv1d.bias", "blk.0.ssm_a", "blk.0.ssm_d",
+                         "blk.0.ssm_dt.bias", "blk.0.ssm_norm.weight", "blk.0.ssm_out.weight", "blk.2.attn_q.weight",
+                         "blk.2.attn_output.weight", "blk.3.ffn_gate.weight", "blk.3.ffn_up.weight", "blk.3.ffn_down.weight"),
+                        {"granitehybrid.attention.head_count_kv": [0, 0, 2, 0], "granitehybrid.ssm.conv_kernel": 4,
+                         "granitehybrid.ssm.inner_size": 128, "granitehybrid.ssm.state_size": 16, "granitehybrid.ssm.time_step_rank": 8,
+                         "granitehybrid.ssm.group_count": 2, "granitehybrid.rope.scaling.finetuned": False,
+                         "granitehybrid.residual_scale": 0.5, "granitehybrid.logit_scale": 2.0}),
+    # Attention in every layer: Granite's graph, the fused MLP as gate and up.
+    "granite4": (("blk.1.attn_k.weight", "blk.1.ffn_gate.weight", "blk.1.ffn_up.weight", "blk.1.ffn_down.weight"),
+                 {"granite.attention.scale": 0.2, "granite.embedding_scale": 3.0, "granite.feed_forward_length": 128}),
     "smollm3": (("blk.3.attn_q.weight",), {"smollm3.block_count": 4}),
     "olmo2": (("blk.0.attn_q_norm.weight", "blk.0.post_ffw_norm.weight"), {}),
+    # OLMo 2's layers, which of them slide listed, and YaRN (for the full layers) with transformers' attention factor over
+    # the one llama.cpp derives from the factor.
+    "olmo3": (("blk.3.attn_k_norm.weight", "blk.3.post_attention_norm.weight", "blk.3.post_ffw_norm.weight", "output.weight"),
+              {"olmo2.attention.sliding_window": 8, "olmo2.attention.sliding_window_pattern": [True, True, True, False],
+               "olmo2.rope.scaling.factor": 8.0, "olmo2.rope.scaling.original_context_length": 256,
+               "olmo2.rope.scaling.attn_factor": 1.5 / (1 + 0.1 * math.log(8))}),
     "mixtral": (("blk.0.ffn_gate_inp.weight", "blk.0.ffn_gate_exps.weight", "blk.0.ffn_down_exps.weight"),
                 {"llama.expert_count": TINY_EXPERTS, "llama.expert_used_count": 2}),
     "qwen2moe": (("blk.0.ffn_up_exps.weight", "blk.0.ffn_gate_inp_shexp.weight", "blk.0.ffn_down_shexp.weight"),
@@ -63,6 +81,12 @@ SIGNATURES: dict[str, tuple[tuple[str, ...], dict[str, object]]] = {
                {"qwen35.attention.recurrent_layers": [True, True, True, False], "qwen35.ssm.conv_kernel": 4, "qwen35.ssm.state_size": 16,
                 "qwen35.ssm.group_count": 2, "qwen35.ssm.time_step_rank": 4, "qwen35.ssm.inner_size": 64,
                 "qwen35.rope.dimension_count": 8, "qwen35.rope.dimension_sections": [11, 11, 10, 0]}),
+    # Per-head query and key norms, norms after attention and the MLP; Llama 3's RoPE factors; the head tied (no output.weight).
+    "exaone4": (("blk.1.attn_q_norm.weight", "blk.1.attn_k_norm.weight", "blk.1.post_attention_norm.weight", "blk.1.post_ffw_norm.weight",
+                 "rope_freqs.weight"), {"exaone4.block_count": 2, "exaone4.rope.dimension_count": 16}),
+    # The 32B's kind: the window and which layers slide (those that llama.cpp's exaone4 graph turns by RoPE).
+    "exaone4-hybrid": (("blk.63.attn_k_norm.weight", "blk.63.post_ffw_norm.weight", "output.weight"),
+                       {"exaone4.attention.sliding_window": 8, "exaone4.attention.sliding_window_pattern": [True, True, True, False] * 16}),
 }
 # llama.cpp's tekken pre-tokenizer (Ministral 3's) splits a word before each combining mark, which Tekken's regex keeps
 # with its letter: the verify text's Hindi line tokenizes otherwise in llama.cpp, in its own converter's files too.
@@ -198,6 +222,49 @@ REFUSED: dict[str, tuple[str, Callable[[dict], None], str]] = {
                                      "attention_bias=True; llama.cpp's qwen35 graph implements only attention_bias=False"),
     # Qwen 3.5's mixture of experts (llama.cpp's qwen35moe) is not taken for the dense model.
     "qwen35 with experts": ("qwen35", lambda c: c.update(num_experts=4, num_experts_per_tok=2), "Qwen3_5ForCausalLM checkpoint's config.json has 4 experts"),
+    # llama.cpp's olmo2 graph turns OLMo 3's sliding-window layers by unscaled RoPE at the full layers' base, YaRN's ramp
+    # between 32 and 1 (it reads no bounds); it reads an output matrix, and no Llama 3 factors or attention biases.
+    "olmo3 with YaRN in its sliding-window layers": ("olmo3", lambda c: c["rope_parameters"].update(sliding_attention=c["rope_parameters"]["full_attention"]),
+                                                     "sliding-window layers by RoPE 'yarn' at base 500000"),
+    "olmo3 with its sliding-window layers at another base": ("olmo3", lambda c: c["rope_parameters"]["sliding_attention"].update(rope_theta=10_000.0),
+                                                             "at base 10000; llama.cpp's olmo2 graph turns them by unscaled RoPE at the full layers' base"),
+    "olmo3 with another YaRN ramp": ("olmo3", lambda c: c["rope_parameters"]["full_attention"].update(beta_fast=16.0), "between beta_fast 16 and beta_slow 1"),
+    "olmo3 with YaRN's correction range unrounded": ("olmo3", lambda c: c["rope_parameters"]["full_attention"].update(truncate=False),
+                                                     "truncate false"),
+    "olmo3 with Llama 3's RoPE scaling": ("olmo3", lambda c: c["rope_parameters"]["full_attention"].update(LLAMA3_SCALING),
+                                          "RoPE scaling 'llama3' is not supported for Olmo3ForCausalLM"),
+    "olmo3 with sliding-window layers and no window": ("olmo3", lambda c: c.update(sliding_window=None), "sliding_attention layers but no sliding_window"),
+    "olmo3 with its head tied": ("olmo3", lambda c: c.update(tie_word_embeddings=True),
+                                 "tie_word_embeddings=True; llama.cpp's olmo2 graph implements only tie_word_embeddings=False"),
+    "olmo3 with attention biases": ("olmo3", lambda c: c.update(attention_bias=True), "attention_bias=True"),
+    # llama.cpp's exaone4 graph slides windows (turning no RoPE in the global layers) in 64-layer models alone, where
+    # transformers does so wherever a sliding_window is given (its class gives 4096 where the config omits it).
+    "exaone4 with a sliding window": ("exaone4", lambda c: c.update(sliding_window=8), "has 2 layers and sliding_window=8"),
+    "exaone4 leaving its window to transformers": ("exaone4", lambda c: c.pop("sliding_window"), "has 2 layers and sliding_window=4096"),
+    "exaone4-hybrid without a sliding window": ("exaone4-hybrid", lambda c: c.update(sliding_window=None, layer_types=["full_attention"] * 64),
+                                                "has 64 layers and no sliding_window"),
+    "exaone4-hybrid with sliding-window layers and no window": ("exaone4-hybrid", lambda c: c.update(sliding_window=None),
+                                                                "sliding_attention layers but no sliding_window"),
+    "exaone4 turning part of each head": ("exaone4", lambda c: c["rope_parameters"].update(partial_rotary_factor=0.5),
+                                          "turns 8 of each head's 16 dimensions by RoPE"),
+    "exaone4 with heads narrower than the model": ("exaone4", lambda c: c.update(head_dim=8),
+                                                   "4 heads of 8 are not hidden_size \\(64\\) wide together"),
+    "exaone4 with another activation": ("exaone4", lambda c: c.update(hidden_act="gelu"),
+                                        "hidden_act='gelu'; llama.cpp's exaone4 graph implements only hidden_act='silu'"),
+    # llama.cpp runs Granite 4's hybrids without RoPE and its other models with it, whatever position_embedding_type says;
+    # its Mamba-2 layer clamps no time steps, always adds a convolution bias and has no projection biases.
+    "granite4-hybrid turned by RoPE": ("granite4-hybrid", lambda c: c.update(position_embedding_type="rope"),
+                                       "turns its attention by RoPE \\(position_embedding_type 'rope'\\); llama.cpp's granitehybrid graph runs hybrids without"),
+    "granite4 without RoPE": ("granite4", lambda c: c.update(position_embedding_type=None),
+                              "position_embedding_type=None; llama.cpp's granite graph implements only position_embedding_type='rope'"),
+    "granite4-hybrid clamping its time steps": ("granite4-hybrid", lambda c: c.update(time_step_limit=[0.001, 100.0]),
+                                                "clamps its Mamba-2 time steps to \\[0.001, 100.0\\]"),
+    "granite4-hybrid without a convolution bias": ("granite4-hybrid", lambda c: c.update(mamba_conv_bias=False),
+                                                   "mamba_conv_bias=False; llama.cpp's granitehybrid graph implements only mamba_conv_bias=True"),
+    "granite4-hybrid with projection biases": ("granite4-hybrid", lambda c: c.update(mamba_proj_bias=True), "mamba_proj_bias=True"),
+    # Granite 4's mixtures of experts (h-tiny, h-small) are not converted yet.
+    "granite4-hybrid with experts": ("granite4-hybrid", lambda c: c.update(num_local_experts=4, num_experts_per_tok=2),
+                                     "is a mixture of 4 experts .*localchat converts Granite 4's dense models only"),
 }
 
 
@@ -237,17 +304,11 @@ def test_gemma3_that_reads_images_converts_its_text_model_like_transformers(
 ) -> None:
     """Gemma3ForConditionalGeneration (Gemma 3 4B and up) as llama.cpp's converter takes it: the text
     model alone, as architecture gemma3, compared with transformers' text-only output of the whole model."""
-    from localchat.cli import main
-    from localchat.converters.verify import verify_gguf
-
     checkpoint = tiny_checkpoint("gemma3-vision")
     source = checkpoint if layout == "language_model.model" else _in_newer_layout(checkpoint, tmp_path / "newer")
     output = tmp_path / "text.gguf"
-    capsys.readouterr()
-    assert main(["convert", str(source), "--to", "gguf", "--quant", "f16", "--threads", "2", "-o", str(output)]) == 0
-    notes = [line for line in capsys.readouterr().err.splitlines() if line.strip() and not line.startswith(("writing", "quantizing"))]
+    notes, header = _converted_with_notes(source, output, "f16", capsys)
     assert len(notes) == 1 and notes[0].startswith("localchat: note: ") and "only its text model is converted" in notes[0] and "vision tower" in notes[0], notes
-    header = read_gguf_header(output)
     assert header.architecture == "gemma3" and header.get("gemma3.block_count") == 6
     assert header.get("gemma3.attention.sliding_window") == 8
     assert (header.get("gemma3.rope.scaling.type"), header.get("gemma3.rope.scaling.factor")) == ("linear", 8.0)
@@ -256,7 +317,24 @@ def test_gemma3_that_reads_images_converts_its_text_model_like_transformers(
     [embeddings] = [t for t in header.tensors if t.name == "token_embd.weight"]
     assert embeddings.shape == (64, 262208) and header.array_lengths["tokenizer.ggml.tokens"] == 262208
     # Gemma's 262k-token vocabulary makes every position costly: its first lines are enough (as for Gemma3ForCausalLM).
-    report = verify_gguf(output, checkpoint, "f16", "\n".join(verify_text().splitlines()[:5]))
+    _assert_verified(output, checkpoint, "f16", "\n".join(verify_text().splitlines()[:5]))
+
+
+def _converted_with_notes(source: Path, output: Path, quant: str, capsys: pytest.CaptureFixture[str]) -> tuple[list[str], GgufHeader]:
+    """`localchat convert` of `source` to `output`: the notes it printed (its progress left out), and the file's header."""
+    from localchat.cli import main
+
+    capsys.readouterr()
+    assert main(["convert", str(source), "--to", "gguf", "--quant", quant, "--threads", "2", "-o", str(output)]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.strip() and not line.startswith(("writing", "quantizing"))]
+    return notes, read_gguf_header(output)
+
+
+def _assert_verified(output: Path, checkpoint: Path, quant: str, text: str) -> None:
+    """`localchat convert --verify`'s checks of `output` against `checkpoint` on `text` all pass."""
+    from localchat.converters.verify import verify_gguf
+
+    report = verify_gguf(output, checkpoint, quant, text)
     checks = {check.name: check.passed for check in report.checks}
     assert checks == {"tokenization": True, "top-1 agreement": True, "greedy continuation": True, "perplexity": True}, report.table()
 
@@ -267,24 +345,16 @@ def test_mistral3_converts_its_ministral3_text_model_like_transformers(
 ) -> None:
     """Mistral3ForConditionalGeneration, as Mistral ships Ministral 3: its text model alone, as llama.cpp's mistral3, its
     head tied as the outer config says (its text_config says otherwise), the vision tower left out with a note."""
-    from localchat.cli import main
-    from localchat.converters.verify import verify_gguf
-
     checkpoint = tiny_checkpoint("ministral3-vision")
     source = checkpoint if layout == "language_model.model" else _in_newer_layout(checkpoint, tmp_path / "newer")
     output = tmp_path / "text.gguf"
-    capsys.readouterr()
-    assert main(["convert", str(source), "--to", "gguf", "--quant", "f32", "--threads", "2", "-o", str(output)]) == 0
-    notes = [line for line in capsys.readouterr().err.splitlines() if line.strip() and not line.startswith(("writing", "quantizing"))]
+    notes, header = _converted_with_notes(source, output, "f32", capsys)
     assert notes == [("localchat: note: Mistral3ForConditionalGeneration also reads images: only its text model is converted, "
                       "not its vision tower and image projector")], notes
-    header = read_gguf_header(output)
     assert header.architecture == "mistral3" and header.get("mistral3.block_count") == 2
     # No output matrix (a saved lm_head.weight is the embeddings): llama.cpp's mistral3 graph reads the embeddings.
     assert not [t.name for t in header.tensors if not t.name.startswith(("blk.", "token_embd", "output_norm"))]
-    report = verify_gguf(output, source, "f32", WITHOUT_COMBINING_MARKS)
-    checks = {check.name: check.passed for check in report.checks}
-    assert checks == {"tokenization": True, "top-1 agreement": True, "greedy continuation": True, "perplexity": True}, report.table()
+    _assert_verified(output, source, "f32", WITHOUT_COMBINING_MARKS)
 
 
 # A (tiny) vision tower for a Qwen 3.5 that reads images.
@@ -382,6 +452,87 @@ def test_lfm2_first_config_keys_are_read_as_transformers_reads_them() -> None:
     # Two thirds of 12288, as llama.cpp's lfm2 loader expects of the 1.2B model.
     assert (config.intermediate_size, config.rms_norm_eps, config.rope.theta, config.conv_kernel) == (8192, 1e-5, 1_000_000.0, 3)
     assert config.tie_word_embeddings and architecture_for(config).gguf_name == "lfm2"
+
+
+# A Granite 4 hybrid's config.json in the keys and layer names of its hub configs ("mamba", "attention"; transformers 5
+# renames them), small; its MLP's width is shared_intermediate_size, its intermediate_size the experts' it has none of.
+GRANITE4_HUB_CONFIG = {
+    "architectures": ["GraniteMoeHybridForCausalLM"], "model_type": "granitemoehybrid", "hidden_size": 256, "num_hidden_layers": 4,
+    "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 1024, "intermediate_size": 512, "shared_intermediate_size": 768,
+    "num_local_experts": 0, "num_experts_per_tok": 0, "layer_types": ["mamba", "attention", "mamba", "mamba"], "position_embedding_type": "nope",
+    "mamba_n_heads": 8, "mamba_d_head": 64, "mamba_n_groups": 1, "mamba_d_state": 128, "mamba_d_conv": 4, "mamba_expand": 2,
+    "tie_word_embeddings": True,
+}
+
+
+def test_granite4_hub_config_is_read_as_transformers_reads_it() -> None:
+    """Its Mamba-2 layers marked by 0 KV heads, as granitehybrid; with attention in every layer, as granite; with experts, refused."""
+    from localchat.converters.architectures import architecture_for
+    from localchat.converters.checkpoint import ModelConfig
+
+    config = ModelConfig.from_dict(json.loads(json.dumps(GRANITE4_HUB_CONFIG)), Path("config.json"))
+    assert [config.kv_heads_of(layer) for layer in range(4)] == [0, 2, 0, 0] and config.intermediate_size == 768
+    assert config.mamba2 is not None and (config.mamba2.inner_size, config.mamba2.conv_dim) == (512, 768)
+    assert architecture_for(config).gguf_name == "granitehybrid"
+    attending = {**GRANITE4_HUB_CONFIG, "layer_types": ["attention"] * 4, "position_embedding_type": "rope"}
+    assert architecture_for(ModelConfig.from_dict(attending, Path("config.json"))).gguf_name == "granite"
+    routed = {**GRANITE4_HUB_CONFIG, "num_local_experts": 64, "num_experts_per_tok": 6}
+    with pytest.raises(ModelError, match="mixture of 64 experts"):
+        architecture_for(ModelConfig.from_dict(routed, Path("config.json")))
+
+
+# OLMo 3 7B's config.json as on the hub, in transformers 4's keys: YaRN in rope_scaling, for its full layers alone.
+OLMO3_7B_CONFIG = {
+    "architectures": ["Olmo3ForCausalLM"], "model_type": "olmo3", "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 100278, "max_position_embeddings": 65536, "rms_norm_eps": 1e-6,
+    "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"] * 8, "sliding_window": 4096,
+    "rope_theta": 500000, "rope_scaling": {"attention_factor": 1.2079441541679836, "beta_fast": 32, "beta_slow": 1, "factor": 8.0,
+                                           "original_max_position_embeddings": 8192, "rope_type": "yarn"},
+    "attention_bias": False, "hidden_act": "silu", "tie_word_embeddings": False, "eos_token_id": 100257, "pad_token_id": 100277,
+}
+
+
+def test_olmo3_hub_config_is_read_as_transformers_reads_it() -> None:
+    """YaRN for the full layers alone, the sliding-window layers unscaled at transformers 5's default base (OLMo 3's); where
+    rope_theta says another base, transformers 5 turns the sliding-window layers at its default still, llama.cpp at rope_theta."""
+    from localchat.converters.architectures import (
+        UnsupportedModelError,
+        architecture_for,
+    )
+    from localchat.converters.checkpoint import ModelConfig, RopeSettings
+
+    config = ModelConfig.from_dict(json.loads(json.dumps(OLMO3_7B_CONFIG)), Path("config.json"))
+    assert (config.rope.scaling_type, config.rope.theta, config.rope.scaling["original_max_position_embeddings"]) == ("yarn", 500_000.0, 8192)
+    assert config.rope_local == RopeSettings(500_000.0) and architecture_for(config).gguf_name == "olmo2"
+    # Without layer_types and sliding_window: transformers' three sliding-window layers in four, within 4096 positions.
+    bare = {k: v for k, v in OLMO3_7B_CONFIG.items() if k not in ("layer_types", "sliding_window")}
+    config = ModelConfig.from_dict(json.loads(json.dumps(bare)), Path("config.json"))
+    assert config.layer_types == tuple(OLMO3_7B_CONFIG["layer_types"]) and config.sliding_window == 4096
+    with pytest.raises(UnsupportedModelError, match="at base 500000; llama.cpp's olmo2 graph turns them by unscaled RoPE at the full layers' base \\(10000\\)"):
+        architecture_for(ModelConfig.from_dict(dict(OLMO3_7B_CONFIG, rope_theta=10_000), Path("config.json")))
+
+
+def _olmo3_with_layer_types(checkpoint: Path, folder: Path, layer_types: list[str]) -> Path:
+    shutil.copytree(checkpoint, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(dict(config, layer_types=layer_types)))
+    return folder
+
+
+def test_olmo3_runs_any_pattern_of_sliding_window_layers_like_transformers(tiny_checkpoint: Callable[[str], Path], tmp_path: Path) -> None:
+    """llama.cpp's olmo2 graph reads which layers slide from the GGUF's list: another pattern than the releases' runs as
+    transformers runs it, and one where none slides has no window (llama.cpp aborts on a window that no layer slides in)."""
+    alternating = _olmo3_with_layer_types(tiny_checkpoint("olmo3"), tmp_path / "alternating", ["sliding_attention", "full_attention"] * 2)
+    converted_runs_like_transformers(alternating, tmp_path / "alternating.gguf", "f32")
+    assert read_gguf_header(tmp_path / "alternating.gguf").get("olmo2.attention.sliding_window_pattern") == [True, False, True, False]
+    # Its greedy continuation has a near tie at once: its perplexity is compared alone.
+    global_only = _olmo3_with_layer_types(tiny_checkpoint("olmo3"), tmp_path / "global", ["full_attention"] * 4)
+    output = convert_checkpoint(global_only, tmp_path / "global.gguf", "f32", threads=2).output
+    assert read_gguf_header(output).get("olmo2.attention.sliding_window") is None
+    reference = reference_run(global_only)
+    with load(output) as engine:
+        perplexity = engine.backend.score(0, reference.text_tokens).perplexity
+    assert abs(perplexity / reference.perplexity - 1) <= BOUNDS["f32"].perplexity, (perplexity, reference.perplexity)
 
 
 @pytest.mark.parametrize("text_config", ["nope", {"hidden_size": "wide"}, {"num_hidden_layers": -3}, {"rope_scaling": 5}],
