@@ -383,14 +383,21 @@ def _check_qwen35(config: ModelConfig) -> None:
         )
 
 
+def _add_ssm_sizes(writer: GGUFWriter, *, conv_kernel: int, inner_size: int, state_size: int, time_step_rank: int,
+                   group_count: int) -> None:
+    """A hybrid's recurrent layers' sizes under the ssm.* keys llama.cpp reads for Mamba-2 and Gated DeltaNet alike."""
+    writer.add_ssm_conv_kernel(conv_kernel)
+    writer.add_ssm_inner_size(inner_size)
+    writer.add_ssm_state_size(state_size)
+    writer.add_ssm_time_step_rank(time_step_rank)
+    writer.add_ssm_group_count(group_count)
+
+
 def _qwen35_metadata(config: ModelConfig, writer: GGUFWriter) -> None:
     """The Gated DeltaNet's sizes under llama.cpp's ssm.* names, which layers are recurrent, the M-RoPE sections."""
     delta = _delta_net(config)
-    writer.add_ssm_conv_kernel(delta.conv_kernel)
-    writer.add_ssm_state_size(delta.key_head_dim)
-    writer.add_ssm_group_count(delta.key_heads)
-    writer.add_ssm_time_step_rank(delta.value_heads)
-    writer.add_ssm_inner_size(delta.value_dim)
+    _add_ssm_sizes(writer, conv_kernel=delta.conv_kernel, inner_size=delta.value_dim, state_size=delta.key_head_dim,
+                   time_step_rank=delta.value_heads, group_count=delta.key_heads)
     writer.add_array(RECURRENT_LAYERS_KEY.format(arch=writer.arch), [kind == LINEAR_ATTENTION for kind in config.layer_types])
     writer.add_rope_dimension_sections(_mrope_sections(config))
 
@@ -485,11 +492,8 @@ def _granite4_hybrid_metadata(config: ModelConfig, writer: GGUFWriter) -> None:
     rope.scaling.finetuned as Granite's switch for it."""
     _granite_metadata(config, writer)
     mamba = _mamba2(config)
-    writer.add_ssm_conv_kernel(mamba.conv_kernel)
-    writer.add_ssm_inner_size(mamba.inner_size)
-    writer.add_ssm_state_size(mamba.state_size)
-    writer.add_ssm_time_step_rank(mamba.heads)
-    writer.add_ssm_group_count(mamba.groups)
+    _add_ssm_sizes(writer, conv_kernel=mamba.conv_kernel, inner_size=mamba.inner_size, state_size=mamba.state_size,
+                   time_step_rank=mamba.heads, group_count=mamba.groups)
     writer.add_rope_scaling_finetuned(False)
 
 

@@ -2,7 +2,7 @@
 
 Shared by every target format. Tensors come straight out of memory-mapped safetensors files
 (sharded or not), one at a time; nothing here needs torch. bf16, which numpy lacks, is read as
-uint16 and widened with a bit shift.
+uint16 and widened with a bit shift; FP8 is read as bytes, decoded by a table and multiplied by its scale.
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ STORED_DTYPES: dict[str, np.dtype] = {
     "I8": np.dtype("i1"),
     "U8": np.dtype("u1"),
     "BOOL": np.dtype("?"),
+    "F8_E4M3": np.dtype("u1"),
+    "F8_E5M2": np.dtype("u1"),
 }
 # A safetensors header larger than this is corrupt, not a real checkpoint.
 MAX_HEADER_BYTES = 100 * 1024 * 1024
@@ -138,6 +140,94 @@ PER_LAYER_KEYS = ("head_dim", "num_key_value_heads")
 def bf16_to_float32(raw: np.ndarray) -> np.ndarray:
     """bf16 bits (uint16) -> float32: bf16 is the top half of a float32."""
     return (raw.astype(np.uint32) << 16).view(np.float32)
+
+
+def _e4m3fn_values() -> np.ndarray:
+    """The float32 value of each FP8 E4M3 byte: 4 exponent bits (bias 7), 3 mantissa bits, subnormals at
+    exponent 0, no infinities ("fn") and NaN where all seven low bits are set."""
+    codes = np.arange(256)
+    exponent, mantissa = (codes >> 3) & 0xF, (codes & 0x7) / 8
+    magnitude = np.where(exponent == 0, mantissa * 2.0**-6, (1 + mantissa) * 2.0 ** (exponent - 7))
+    values = np.where(codes & 0x80, -magnitude, magnitude).astype(np.float32)
+    values[(codes & 0x7F) == 0x7F] = np.nan
+    return values
+
+
+# FP8 dtype -> the float32 value of each of its 256 bytes (E5M2 is the top byte of a float16).
+FP8_VALUES: dict[str, np.ndarray] = {
+    "F8_E4M3": _e4m3fn_values(),
+    "F8_E5M2": (np.arange(256, dtype=np.uint16) << 8).view(np.float16).astype(np.float32),
+}
+# quant_method -> what follows a weight's name in its scale's ("x.weight_scale_inv"), for the methods whose FP8 weights
+# are read as llama.cpp's converter reads them: the weight times its scale (per block, row or tensor).
+FP8_SCALE_SUFFIXES = {"fp8": "_scale_inv", "compressed-tensors": "_scale"}
+# Scales of activations and of the KV cache, for FP8 matrix products; weights do not need them (nor does llama.cpp).
+ACTIVATION_SCALE_SUFFIXES = (".activation_scale", "_activation_scale", ".input_scale", ".k_scale", ".v_scale")
+# compressed-tensors' weight strategies of FP8 checkpoints: a scale per tensor, per output row, or per block.
+FP8_STRATEGIES = ("tensor", "channel", "block")
+
+
+@dataclass(frozen=True)
+class Fp8Scaling:
+    """How a checkpoint's FP8 weights are scaled (its quantization_config): each weight has a scale tensor named
+    after it, one value per `block` of (rows, columns), the last blocks partial, else per row or for the whole tensor."""
+
+    method: str
+    scale_suffix: str
+    block: tuple[int, int] | None
+
+    def scale_shapes(self, shape: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+        """The shapes a scale of a weight of `shape` may have."""
+        if self.block is not None:
+            return (tuple(-(-n // size) for n, size in zip(shape, self.block)),) if len(shape) == 2 else ()
+        return (), (1,), (1, 1), (shape[0],), (shape[0], 1)
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], source: Path) -> Fp8Scaling | None:
+        """The scaling of config.json's quantization_config, None without one; a method whose weights localchat
+        cannot dequantize (GPTQ, AWQ, bitsandbytes, MXFP4, ...) is refused here, before any tensor is read."""
+        quantization = config.get("quantization_config")
+        if quantization is None:
+            return None
+        method = quantization.get("quant_method") if isinstance(quantization, dict) else None
+        if method == "fp8":
+            block = quantization.get("weight_block_size")
+        elif method == "compressed-tensors":
+            block = _compressed_tensors_fp8_block(quantization, source)
+        else:
+            raise ModelError(
+                f"{source}: the weights are quantized with {method!r}, which localchat cannot dequantize (it reads FP8 checkpoints: "
+                f"{', '.join(map(repr, FP8_SCALE_SUFFIXES))}); convert the model's unquantized release"
+            )
+        if block is not None and not (isinstance(block, list) and len(block) == 2 and all(_is_count(n) and n > 0 for n in block)):
+            raise ModelError(f"{source}: the FP8 block size is {block!r}, expected [rows, columns]; the config.json is corrupt")
+        return cls(method, FP8_SCALE_SUFFIXES[method], tuple(block) if block is not None else None)
+
+
+def _compressed_tensors_fp8_block(quantization: dict[str, Any], source: Path) -> list[int] | None:
+    """The block size of a compressed-tensors FP8 checkpoint (None for a scale per row or per tensor); any other
+    compressed-tensors format (integers, packed 4-bit, several groups) is refused."""
+    groups = quantization.get("config_groups")
+    weights = next(iter(groups.values()), None) if isinstance(groups, dict) and len(groups) == 1 else None
+    weights = weights.get("weights") if isinstance(weights, dict) else None
+    if not (quantization.get("format") == "float-quantized" and isinstance(weights, dict) and weights.get("type") == "float"
+            and weights.get("num_bits") == 8 and weights.get("strategy") in FP8_STRATEGIES):
+        raise ModelError(
+            f"{source}: the weights are quantized with compressed-tensors' {quantization.get('format')!r} format, which localchat "
+            "cannot dequantize (it reads FP8 checkpoints: one group of 8-bit floats); convert the model's unquantized release"
+        )
+    return weights.get("block_structure") if weights["strategy"] == "block" else None
+
+
+def dequantize_fp8(weights: np.ndarray, scale: np.ndarray, block: tuple[int, int] | None) -> None:
+    """Multiply decoded FP8 `weights`, in place, by their scale: one value per block (the last blocks partial),
+    per row or for the whole tensor, as llama.cpp's converter does."""
+    if block is None:
+        weights *= scale.reshape(scale.shape + (1,) * (weights.ndim - scale.ndim))
+        return
+    rows, columns = block
+    for i, row_scales in enumerate(scale):  # a block row at a time: no full-size copy of the scales
+        weights[i * rows : (i + 1) * rows] *= np.repeat(row_scales, columns)[: weights.shape[1]]
 
 
 @dataclass(frozen=True)
@@ -382,6 +472,8 @@ class ModelConfig:
     delta_net: DeltaNetSizes | None = None
     # The Mamba-2 layers' sizes (Granite 4's); None where the config gives none.
     mamba2: Mamba2Sizes | None = None
+    # How the FP8 weights are scaled (quantization_config); None for a float checkpoint.
+    fp8_scaling: Fp8Scaling | None = None
 
     def head_dim_of(self, layer: int) -> int:
         return self.layer_head_dims[layer] if self.layer_head_dims else self.head_dim
@@ -419,6 +511,8 @@ class ModelConfig:
             raise ModelError(f"{source} has no 'architectures' entry; is it a transformers model config?")
         if not isinstance(architectures, list) or not isinstance(architectures[0], str):
             raise ModelError(f"{source}: 'architectures' is {architectures!r}, expected a list of class names; the config.json is corrupt")
+        # Read before a wrapper's text_config replaces the outer keys (Ministral 3's is beside it).
+        fp8_scaling = Fp8Scaling.from_config(config, source)
         if (wrapper := WRAPPERS.get(architectures[0])) is not None:
             config = _text_config(config, wrapper, source)
         elif (config_class := FILLED_BY_TRANSFORMERS.get(architectures[0])) is not None:
@@ -501,6 +595,7 @@ class ModelConfig:
             delta_net=DeltaNetSizes.read(read) if "linear_num_key_heads" in config or (LINEAR_ATTENTION in layer_types and "mamba_n_heads" not in config)
             else None,
             mamba2=Mamba2Sizes.read(read, hidden) if "mamba_n_heads" in config else None,
+            fp8_scaling=fp8_scaling,
         )
 
 
@@ -703,7 +798,7 @@ def expected_shapes(config: ModelConfig, layer: int = 0) -> dict[str, tuple[tupl
     return {key: shape if isinstance(shape[0], tuple) else (shape,) for key, shape in shapes.items()}
 
 
-FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
+FLOAT_DTYPES = ("F32", "F16", "BF16", "F64", *FP8_VALUES)
 LAYER_PREFIX = "model.layers."
 # An expert's index in a tensor name: "mlp.experts.3.up_proj.weight".
 EXPERT_INDEX = re.compile(r"\.experts\.(\d+)\.")
@@ -775,8 +870,12 @@ def _weight_files(folder: Path) -> list[Path]:
 class TensorFiles:
     """Tensors of safetensors files, memory-mapped and read one at a time (nothing needs torch)."""
 
-    def __init__(self, tensors: dict[str, TensorRef]) -> None:
+    def __init__(self, tensors: dict[str, TensorRef], scales: dict[str, TensorRef] | None = None,
+                 scale_block: tuple[int, int] | None = None) -> None:
+        """`scales`: each FP8 weight's scale by the weight's name, one value per `scale_block` (or per row or tensor)."""
         self.tensors = tensors
+        self.scales = scales or {}
+        self.scale_block = scale_block
         self._files: dict[Path, _MappedFile] = {}
 
     @classmethod
@@ -804,13 +903,21 @@ class TensorFiles:
         return self._mapped(ref).view(ref)
 
     def read_float32(self, ref: TensorRef) -> np.ndarray:
-        """A float32 copy of the tensor."""
-        return self.float32(ref, self.read_stored(ref))
+        """A float32 copy of the tensor; an FP8 weight times its scale."""
+        values = self.float32(ref, self.read_stored(ref))
+        if (scale := self.scales.get(ref.name)) is not None:
+            dequantize_fp8(values, self.read_float32(scale), self.scale_block)
+            self.release(scale)
+        return values
 
     @staticmethod
     def float32(ref: TensorRef, stored: np.ndarray) -> np.ndarray:
-        """A float32 copy of `stored`, all or part of `ref` as read by `read_stored`."""
-        return bf16_to_float32(stored) if ref.dtype == "BF16" else stored.astype(np.float32)
+        """A float32 copy of `stored`, all or part of `ref` as read by `read_stored` (FP8 as stored, unscaled)."""
+        if ref.dtype == "BF16":
+            return bf16_to_float32(stored)
+        if ref.dtype in FP8_VALUES:
+            return FP8_VALUES[ref.dtype][stored]
+        return stored.astype(np.float32)
 
     def release(self, ref: TensorRef) -> None:
         self._mapped(ref).release(ref)
@@ -835,6 +942,26 @@ def _text_model_tensors(folder: Path, tensors: dict[str, TensorRef], wrapper: Wr
             raise ModelError(f"{folder} has tensor '{text_name}' under two names ({renamed[text_name].name}, {name}); remove stray weight files")
         renamed[text_name] = replace(ref, name=text_name)
     return renamed
+
+
+def _weight_scales(folder: Path, tensors: dict[str, TensorRef], scaling: Fp8Scaling) -> tuple[dict[str, TensorRef], dict[str, TensorRef]]:
+    """The model's tensors and, apart, each FP8 weight's scale by the weight's name; activation scales are left out."""
+    model: dict[str, TensorRef] = {}
+    scales: dict[str, TensorRef] = {}
+    for name, ref in tensors.items():
+        if name.endswith(".weight" + scaling.scale_suffix):
+            scales[name.removesuffix(scaling.scale_suffix)] = ref
+        elif not name.endswith(ACTIVATION_SCALE_SUFFIXES):
+            model[name] = ref
+    for name, scale in scales.items():
+        if (weight := model.get(name)) is None:
+            raise ModelError(f"{folder} has the scale '{scale.name}' but not its weight '{name}'; are all weight files there?")
+        if scale.dtype not in FLOAT_DTYPES or scale.shape not in scaling.scale_shapes(weight.shape):
+            raise ModelError(
+                f"{scale.file}: scale '{scale.name}' is {scale.dtype} of shape {list(scale.shape)}, which does not scale a "
+                f"weight of shape {list(weight.shape)} as quantization_config says ({scaling.method}); the checkpoint is inconsistent"
+            )
+    return model, scales
 
 
 def wrapper_notice(config: ModelConfig) -> str | None:
@@ -878,7 +1005,11 @@ class Checkpoint(TensorFiles):
         tensors = TensorFiles.read(_weight_files(folder), folder).tensors
         if (wrapper := WRAPPERS.get(self.config.architecture)) is not None:
             tensors = _text_model_tensors(folder, tensors, wrapper)
-        super().__init__(tensors)
+        if (scaling := self.config.fp8_scaling) is not None:
+            tensors, scales = _weight_scales(folder, tensors, scaling)
+            super().__init__(tensors, scales, scaling.block)
+        else:
+            super().__init__(tensors)
         _check_tensors(folder, self.config, self.tensors)
 
     def json_file(self, name: str) -> dict[str, Any] | None:

@@ -121,8 +121,8 @@ class TensorWriter:
         if untouched and STORED_AS.get(ref.dtype) == ggml_type:
             stored = self.checkpoint.read_stored(ref)
             return stored.view(np.uint8) if ggml_type == GGMLQuantizationType.BF16 else stored
-        # Reordered rows (heads) cannot be encoded a slice of rows at a time.
-        if planned.permute_heads or planned.rewrite is not None or ref.n_elements <= ENCODE_CHUNK_ELEMENTS:
+        # Reordered rows (heads) cannot be encoded a slice of rows at a time, nor FP8 ones without their scales.
+        if planned.permute_heads or planned.rewrite is not None or ref.name in self.checkpoint.scales or ref.n_elements <= ENCODE_CHUNK_ELEMENTS:
             return FLOAT_ENCODERS[ggml_type](transform(planned, self.checkpoint.read_float32(ref)))
         # Large matrices (a 262k-token embedding) go through float32 a slice of rows at a time.
         stored = self.checkpoint.read_stored(ref)

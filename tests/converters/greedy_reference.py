@@ -103,6 +103,15 @@ def converted_runs_like_transformers(
     return reference, scores
 
 
+def gguf_contents(path: Path) -> tuple[dict[str, object], dict[str, bytes]]:
+    """A GGUF's keys but its general.* ones, and its tensors' bytes, by name."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(path)
+    keys = {field.name: field.contents() for field in reader.fields.values() if not field.name.startswith(("general.", "GGUF."))}
+    return keys, {tensor.name: tensor.data.tobytes() for tensor in reader.tensors}
+
+
 def assert_conversion_refused(checkpoint: Path, edit: Callable[[dict], None], message: str, tmp_path: Path) -> None:
     """A copy of `checkpoint` with its config.json edited by `edit` is refused in one line matching `message`,
     leaving no output file."""

@@ -82,7 +82,7 @@ BREAKAGES: dict[str, tuple[Callable[[Path], None], str]] = {
     "offsets past the end": (lambda f: _edit_header(f, _shift_offsets(10**6, 10**6)), "is truncated: tensor"),
     "offsets reversed": (lambda f: _edit_header(f, lambda h: h[K_PROJ]["data_offsets"].reverse()), r"corrupt header entry \(data_offsets"),
     "offsets overlapping": (lambda f: _edit_header(f, _shift_offsets(-4, -4)), "starts at byte .* the file is corrupt"),
-    "unknown dtype": (lambda f: _edit_header(f, lambda h: _set("dtype", "F8_E4M3")(h[K_PROJ])), "dtype 'F8_E4M3', which localchat cannot read"),
+    "unknown dtype": (lambda f: _edit_header(f, lambda h: _set("dtype", "F8_E8M0")(h[K_PROJ])), "dtype 'F8_E8M0', which localchat cannot read"),
     "integer weights": (lambda f: _edit_header(f, lambda h: _set("dtype", "I32")(h[K_PROJ])), "is I32; weights must be float"),
     "shape against bytes": (lambda f: _edit_header(f, lambda h: _set("shape", [32, 63])(h[K_PROJ])), "bytes for shape"),
     "shape against config": (lambda f: _edit_header(f, lambda h: _set("shape", [64, 32])(h[K_PROJ])), "config.json implies"),

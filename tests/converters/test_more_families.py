@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from checkpoint_fixtures import TINY_EXPERTS, TINY_MORE_FAMILIES, TINY_MOE
-from greedy_reference import GREEDY_TOKENS, assert_conversion_refused, converted_runs_like_transformers, load, reference_run
+from greedy_reference import GREEDY_TOKENS, assert_conversion_refused, converted_runs_like_transformers, gguf_contents, load, reference_run
 from localchat.converters.architectures import F32_TENSORS
 from localchat.converters.gguf import convert_checkpoint
 from localchat.converters.verify import BOUNDS, ReferenceModel, greedy_continuation, verify_text
@@ -384,15 +384,6 @@ def _qwen35_with_vision(text: Path, folder: Path) -> Path:
     return folder
 
 
-def _gguf_contents(path: Path) -> tuple[dict[str, object], dict[str, bytes]]:
-    """A GGUF's keys but its general.* ones, and its tensors' bytes, by name."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(path)
-    keys = {field.name: field.contents() for field in reader.fields.values() if not field.name.startswith(("general.", "GGUF."))}
-    return keys, {tensor.name: tensor.data.tobytes() for tensor in reader.tensors}
-
-
 def test_qwen35_that_reads_images_converts_its_text_model_like_transformers(tiny_checkpoint: Callable[[str], Path], tmp_path: Path) -> None:
     """Qwen3_5ForConditionalGeneration: its text model alone, key for key and tensor for tensor the text-only checkpoint's,
     run like transformers' text model of it; the vision tower and the multi-token-prediction layer left out with a note."""
@@ -402,7 +393,7 @@ def test_qwen35_that_reads_images_converts_its_text_model_like_transformers(tiny
     assert wrapped.notice == ("Qwen3_5ForConditionalGeneration also reads images: only its text model is converted, "
                               "not its vision tower and its multi-token-prediction layer")
     alone = convert_checkpoint(text, tmp_path / "alone.gguf", "f32", threads=2)
-    assert _gguf_contents(wrapped.output) == _gguf_contents(alone.output)
+    assert gguf_contents(wrapped.output) == gguf_contents(alone.output)
     converted_runs_like_transformers(source, tmp_path / "run.gguf", "f16")
 
 
