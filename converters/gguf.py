@@ -17,7 +17,7 @@ import re
 import shutil
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -80,9 +80,15 @@ Progress = Callable[[int, int, str], None]  # (bytes done, total bytes, what is 
 class TensorWriter:
     """Turns planned tensors into the bytes of one float GGUF encoding, in parallel, in order."""
 
-    def __init__(self, checkpoint: Checkpoint, float_type: GGMLQuantizationType) -> None:
+    def __init__(self, checkpoint: Checkpoint, float_type: GGMLQuantizationType, tensors: list[PlannedTensor]) -> None:
         self.checkpoint = checkpoint
         self.float_type = float_type
+        # A fused matrix whose blocks are rewritten into tensors of their own (Granite 4's gate and up) is read once:
+        # its float32 copy is kept until the last of them has taken it.
+        readers = Counter(ref.name for planned in tensors if planned.rewrite is not None for ref in planned.sources)
+        self._readers_left = {name: count for name, count in readers.items() if count > 1}
+        self._shared: dict[str, np.ndarray] = {}
+        self._shared_lock = threading.Lock()
 
     def ggml_type(self, planned: PlannedTensor) -> GGMLQuantizationType:
         # llama.cpp keeps vectors (norms, biases, RoPE factors) in F32 at every quantization.
@@ -123,7 +129,7 @@ class TensorWriter:
             return stored.view(np.uint8) if ggml_type == GGMLQuantizationType.BF16 else stored
         # Reordered rows (heads) cannot be encoded a slice of rows at a time, nor FP8 ones without their scales.
         if planned.permute_heads or planned.rewrite is not None or ref.name in self.checkpoint.scales or ref.n_elements <= ENCODE_CHUNK_ELEMENTS:
-            return FLOAT_ENCODERS[ggml_type](transform(planned, self.checkpoint.read_float32(ref)))
+            return FLOAT_ENCODERS[ggml_type](transform(planned, self._read_float32(ref)))
         # Large matrices (a 262k-token embedding) go through float32 a slice of rows at a time.
         stored = self.checkpoint.read_stored(ref)
         rows = max(1, ENCODE_CHUNK_ELEMENTS * ref.shape[0] // ref.n_elements)
@@ -134,6 +140,15 @@ class TensorWriter:
                 encoded = np.empty((ref.shape[0], *piece.shape[1:]), dtype=piece.dtype)
             encoded[start : start + rows] = piece
         return encoded
+
+    def _read_float32(self, ref: TensorRef) -> np.ndarray:
+        if ref.name not in self._readers_left:
+            return self.checkpoint.read_float32(ref)
+        with self._shared_lock:
+            if ref.name not in self._shared:
+                self._shared[ref.name] = self.checkpoint.read_float32(ref)
+            self._readers_left[ref.name] -= 1
+            return self._shared[ref.name] if self._readers_left[ref.name] else self._shared.pop(ref.name)
 
     def encoded(self, tensors: list[PlannedTensor], threads: int) -> Iterator[tuple[PlannedTensor, np.ndarray]]:
         """Encoded tensors in order; at most `threads + 1` in flight, so memory stays bounded."""
@@ -192,7 +207,7 @@ def _write_float_gguf(
     metadata = model_metadata(checkpoint, sum(math.prod(planned.shape) for planned in tensors if planned.data is None))
     metadata.name = model_name(metadata.name or "", vocabulary.tokens)
     metadata.set_gguf_meta_model(writer)
-    tensor_writer = TensorWriter(checkpoint, float_type)
+    tensor_writer = TensorWriter(checkpoint, float_type, tensors)
     total = sum(tensor_writer.add_info(writer, planned) for planned in tensors)
     done = 0
     writer.write_header_to_file(path)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.resources
+import json
 import math
 import os
 import shutil
@@ -19,7 +20,7 @@ from pathlib import Path
 import numpy as np
 from onnx import TensorProto
 
-from localchat.converters.checkpoint import Checkpoint, ModelConfig, model_metadata, wrapper_notice
+from localchat.converters.checkpoint import Checkpoint, ModelConfig, model_metadata, read_json, wrapper_notice
 from localchat.converters.onnx_decoder import (
     ACTIVATIONS,
     ARCHITECTURES,
@@ -244,6 +245,18 @@ def _half(progress: Progress, which: int, label: str = "") -> Progress:
     return report
 
 
+def _copy_config(checkpoint: Checkpoint, folder: Path) -> None:
+    """The checkpoint's config.json into `folder`; an FP8 checkpoint's without its quantization_config, since its
+    weights are written dequantized and loaders of the folder (transformers, onnxruntime-genai's tools) would take them for FP8."""
+    source = checkpoint.folder / "config.json"
+    if checkpoint.config.fp8_scaling is None:
+        shutil.copy2(source, folder / "config.json")
+        return
+    config = read_json(source)
+    config.pop("quantization_config", None)
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+
+
 def convert_to_onnx(source: Path, output: Path, quant: str = "fp32", *, progress: Progress = _quiet, overwrite: bool = False) -> ConversionResult:
     """Convert the checkpoint folder `source` into the ONNX model folder `output`, atomically:
     everything is written to `output.incomplete` and renamed when complete."""
@@ -284,7 +297,7 @@ def convert_to_onnx(source: Path, output: Path, quant: str = "fp32", *, progress
         for name in TOKENIZER_FILES:
             if (source / name).is_file():
                 shutil.copy2(source / name, partial / name)
-        shutil.copy2(source / "config.json", partial / "config.json")
+        _copy_config(checkpoint, partial)
         operators = graph.operator_counts()
         kv_dtype = np.dtype(plan.compute)
         kv_bytes_per_token = config.n_layers * 2 * config.n_kv_heads * config.head_dim * kv_dtype.itemsize

@@ -1,6 +1,7 @@
-"""Checkpoints a user may have broken or half-downloaded: through `localchat convert` each is one
-ModelError line, for both targets, with no traceback and no output left; and hundreds of seeded
-mutations of a safetensors header either convert or end in a ModelError."""
+"""Checkpoints a user may have broken or half-downloaded, or whose weights are quantized in a way localchat
+cannot dequantize: through `localchat convert` each is one ModelError line, for both targets, with no
+traceback and no output left; and hundreds of seeded mutations of a safetensors header either convert or
+end in a ModelError."""
 
 from __future__ import annotations
 
@@ -75,6 +76,17 @@ def _set(key: str, value: object) -> Callable[[dict[str, Any]], None]:
     return edit
 
 
+def _quantized_with(quantization: dict[str, Any]) -> Callable[[Path], None]:
+    """The checkpoint with `quantization` as its quantization_config and weights that are not read: the refusal
+    comes before any tensor is read."""
+
+    def breaks(folder: Path) -> None:
+        _edit_config(folder, _set("quantization_config", quantization))
+        (folder / WEIGHTS).write_bytes(b"not read")
+
+    return breaks
+
+
 # Breakage -> (how to break a copy of the tiny Llama checkpoint, what the one error line says).
 BREAKAGES: dict[str, tuple[Callable[[Path], None], str]] = {
     "truncated weights": (_truncate, f"{WEIGHTS} is truncated: tensor .* download it again"),
@@ -96,6 +108,13 @@ BREAKAGES: dict[str, tuple[Callable[[Path], None], str]] = {
     "config with bad RoPE": (lambda f: _edit_config(f, _set("rope_parameters", {"rope_type": "linear"})), "malformed RoPE settings"),
     "no tokenizer": (lambda f: (f / "tokenizer.json").unlink(), "no tokenizer.json"),
     "tokenizer not JSON": (lambda f: (f / "tokenizer.json").write_text("{"), "tokenizer.json is not valid JSON"),
+    "quantized with gptq": (_quantized_with({"quant_method": "gptq", "bits": 4, "group_size": 128}), "quantized with 'gptq'.*cannot dequantize"),
+    "quantized with awq": (_quantized_with({"quant_method": "awq", "bits": 4, "version": "gemm"}), "quantized with 'awq'.*cannot dequantize"),
+    "quantized with bitsandbytes": (_quantized_with({"quant_method": "bitsandbytes", "load_in_4bit": True}),
+                                    "quantized with 'bitsandbytes'.*cannot dequantize"),
+    "quantized with mxfp4": (_quantized_with({"quant_method": "mxfp4"}), "quantized with 'mxfp4'.*cannot dequantize"),
+    "quantized with compressed-tensors 4-bit": (_quantized_with({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {}}),
+                                                "compressed-tensors' 'pack-quantized' format.*cannot dequantize"),
 }
 TARGETS = {"gguf": "out.gguf", "onnx": "out-onnx"}
 
@@ -117,7 +136,7 @@ def test_broken_checkpoint_is_one_error_line_and_leaves_nothing(
     assert len(lines) == 1 and lines[0].startswith("localchat: error: "), captured.err
     assert re.search(message, lines[0]), lines[0]
     assert not output.exists()
-    assert [p for p in tmp_path.joinpath("out").rglob("*") if p.is_file()] == []
+    assert list(tmp_path.joinpath("out").rglob("*")) == []
 
 
 

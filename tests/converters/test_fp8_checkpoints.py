@@ -1,11 +1,10 @@
 """FP8 checkpoints (Ministral 3's, Qwen's and DeepSeek's "-FP8" releases): their weights dequantized to float32 as
-llama.cpp's converter does, so that they convert tensor for tensor like the same weights in float32 and run in llama.cpp;
-weights quantized otherwise (GPTQ, AWQ, ...) refused in one line before any tensor is read."""
+llama.cpp's converter does, so that they convert tensor for tensor like the same weights in float32 and run in llama.cpp.
+Weights quantized otherwise (GPTQ, AWQ, ...) are refused in one line: tests/converters/test_bad_checkpoints.py."""
 
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,7 +15,6 @@ import numpy as np
 import pytest
 
 from greedy_reference import GREEDY_TOKENS, compared_until_near_tie, gguf_contents, load, reference_run
-from localchat.cli import main
 from localchat.converters.checkpoint import FP8_VALUES
 from localchat.converters.gguf import convert_checkpoint
 from localchat.converters.onnx import convert_to_onnx
@@ -116,12 +114,14 @@ def test_fp8_checkpoint_converts_like_its_weights_in_float32(
 
 
 def test_fp8_checkpoint_converts_to_onnx_like_its_weights_in_float32(tiny_checkpoint: Callable[[str], Path], tmp_path: Path) -> None:
-    """The graph and its weights byte for byte the float32 checkpoint's (the JSON files name the source and copy its config)."""
+    """The graph and its weights byte for byte the float32 checkpoint's (the JSON files name the source and copy its config);
+    the config without the quantization_config, as the weights are no longer FP8."""
     fp8, float32 = _fp8_and_float32_copies(tiny_checkpoint("llama"), tmp_path, SCALINGS["fp8 blocks (DeepSeek, Qwen)"])
     ours, theirs = (convert_to_onnx(source, tmp_path / f"{source.name}-onnx", "fp32").output for source in (fp8, float32))
     model_files = sorted(path.relative_to(ours) for path in ours.rglob("*") if path.is_file() and path.suffix != ".json")
     assert model_files == sorted(path.relative_to(theirs) for path in theirs.rglob("*") if path.is_file() and path.suffix != ".json")
     assert [name for name in model_files if (ours / name).read_bytes() != (theirs / name).read_bytes()] == []
+    assert "quantization_config" not in json.loads((ours / "config.json").read_text())
 
 
 def test_fp8_checkpoint_runs_in_llama_cpp_like_its_weights_in_transformers(tiny_checkpoint: Callable[[str], Path], tmp_path: Path) -> None:
@@ -131,37 +131,3 @@ def test_fp8_checkpoint_runs_in_llama_cpp_like_its_weights_in_transformers(tiny_
     reference = reference_run(float32)
     with load(output) as engine:
         compared_until_near_tie(reference, greedy_continuation(engine.backend, reference.prompt, GREEDY_TOKENS))
-
-
-# quantization_config -> what the one error line names.
-UNREADABLE_QUANTIZATIONS = {
-    "gptq": ({"quant_method": "gptq", "bits": 4, "group_size": 128}, "quantized with 'gptq'"),
-    "awq": ({"quant_method": "awq", "bits": 4, "version": "gemm"}, "quantized with 'awq'"),
-    "bitsandbytes": ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "quantized with 'bitsandbytes'"),
-    "mxfp4": ({"quant_method": "mxfp4"}, "quantized with 'mxfp4'"),
-    "compressed-tensors 4-bit": ({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {}},
-                                 "compressed-tensors' 'pack-quantized' format"),
-}
-
-
-TARGETS = {"gguf": "out.gguf", "onnx": "out-onnx"}
-
-
-@pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("method", UNREADABLE_QUANTIZATIONS)
-def test_weights_quantized_otherwise_are_refused_in_one_line(
-    method: str, target: str, tiny_checkpoint: Callable[[str], Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    quantization, message = UNREADABLE_QUANTIZATIONS[method]
-    folder = tmp_path / "checkpoint"
-    shutil.copytree(tiny_checkpoint("llama"), folder)
-    config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "quantization_config": quantization}))
-    (folder / WEIGHTS).write_bytes(b"not read")  # refused before any tensor is read
-    output = tmp_path / "out" / TARGETS[target]
-    capsys.readouterr()
-    assert main(["convert", str(folder), "--to", target, "-o", str(output)]) == 1
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("localchat: error: "), lines
-    assert re.search(re.escape(message) + ".*cannot dequantize", lines[0]), lines[0]
-    assert not output.exists() and not list(tmp_path.joinpath("out").glob("*"))
