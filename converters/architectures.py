@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
-from gguf import MODEL_ARCH, MODEL_ARCH_NAMES, GGUFWriter, RopeScalingType, get_tensor_name_map
+from gguf import MODEL_ARCH, MODEL_ARCH_NAMES, ExpertGatingFuncType, GGUFWriter, RopeScalingType, get_tensor_name_map
 
 from localchat.converters.checkpoint import (
     EXPERT_INDEX,
@@ -80,6 +80,10 @@ LFM2_LAYER = ("operator_norm.weight", "ffn_norm.weight", "feed_forward.w1.weight
 LFM2_LAYER_TYPES = {"conv", "full_attention"}
 # llama.cpp's lfm2 graph keeps the last span - 1 inputs of each convolution, and asserts there is one.
 LFM2_MIN_CONV_KERNEL = 2
+# LFM2-MoE's layer tensors in every layer after its leading dense ones (LFM2_LAYER's): the router, the bias its choice adds to each
+# expert's score, the experts.
+LFM2MOE_LAYER = ("operator_norm.weight", "ffn_norm.weight", "feed_forward.gate.weight", "feed_forward.expert_bias",
+                 "feed_forward.experts.*.w1.weight", "feed_forward.experts.*.w2.weight", "feed_forward.experts.*.w3.weight")
 # Qwen 3.5's layer tensors in every layer; its Gated DeltaNet layers' (linear_attn.*) and attention layers' (self_attn.*) differ.
 QWEN35_LAYER = ("input_layernorm.weight", "post_attention_layernorm.weight", *GATED_MLP)
 QWEN35_LAYER_TYPES = {LINEAR_ATTENTION, "full_attention"}
@@ -90,6 +94,11 @@ RECURRENT_LAYERS_KEY = "{arch}.attention.recurrent_layers"
 # Granite 4's layer tensors in every layer; its Mamba-2 layers' (mamba.*) and attention layers' (self_attn.*) differ.
 GRANITE4_LAYER = ("input_layernorm.weight", "post_attention_layernorm.weight", "shared_mlp.input_linear.weight",
                   "shared_mlp.output_linear.weight")
+# Granite 4's experts in its mixtures of experts (h-tiny, h-small): each layer's router, and one 3-D tensor of every expert's gate
+# and up projections (fused) and one of their down projections, the experts along the first axis.
+GRANITE4_EXPERTS = ("block_sparse_moe.router.layer.weight", "block_sparse_moe.input_linear.weight", "block_sparse_moe.output_linear.weight")
+# Layer tensors that hold every expert's matrices at once (a name with "*" holds one expert's).
+EXPERT_STACKS = GRANITE4_EXPERTS[1:]
 # transformers' time_step_limit that leaves Mamba-2's time steps as they are, as llama.cpp's graph does.
 UNCLAMPED_TIME_STEPS = (0.0, math.inf)
 # EXAONE 4's layer tensors: per-head query and key norms, and norms after attention and the MLP, none before.
@@ -141,23 +150,41 @@ class TensorRewrite:
     values: Callable[[np.ndarray], np.ndarray] | None = None
     renamed: str | None = None  # its name after "model.layers.N." for gguf's map, where that differs
     shape: tuple[int, ...] | None = None  # its shape after `values`, where that differs (Mamba-2's A and D as one-column matrices)
-    # A fused matrix llama.cpp reads as several: their names for gguf's map, each an equal block of its rows in order.
+    # A fused matrix llama.cpp reads as several: their names for gguf's map, each an equal block along `split_axis` in order
+    # (its rows, or each expert's rows in a stack of experts' matrices).
     split_into: tuple[str, ...] = ()
+    split_axis: int = 0
 
     def parts(self, shape: tuple[int, ...]) -> list[TensorRewrite]:
-        """Each block of rows `split_into` names, of a tensor of `shape`, as a rewrite of its own."""
-        rows = shape[0] // len(self.split_into)
+        """Each block `split_into` names, of a tensor of `shape`, as a rewrite of its own."""
+        size = shape[self.split_axis] // len(self.split_into)
+        before = (slice(None),) * self.split_axis
 
         def block(start: int) -> Callable[[np.ndarray], np.ndarray]:
-            return lambda weights: weights[start:start + rows]
+            return lambda weights: weights[(*before, slice(start, start + size))]
 
-        return [TensorRewrite(block(i * rows), part, (rows, *shape[1:])) for i, part in enumerate(self.split_into)]
+        part_shape = (*shape[:self.split_axis], size, *shape[self.split_axis + 1:])
+        return [TensorRewrite(block(i * size), part, part_shape) for i, part in enumerate(self.split_into)]
 
 
 # Granite 4's MLP (shared_mlp: the shared expert of its mixtures of experts) as llama.cpp's gate, up and down projections.
 GRANITE4_MLP_REWRITES = {
     "shared_mlp.input_linear.weight": TensorRewrite(split_into=("mlp.gate_proj.weight", "mlp.up_proj.weight")),
     "shared_mlp.output_linear.weight": TensorRewrite(renamed="mlp.down_proj.weight"),
+}
+# Granite 4's mixtures of experts: the shared MLP's gate and up as the shared expert's (gguf's map knows its down projection), and
+# the experts' fused gate and up projections as llama.cpp's stacks of gate and of up projections; gate first, as transformers splits them.
+GRANITE4_MOE_REWRITES = {
+    "shared_mlp.input_linear.weight": TensorRewrite(split_into=("mlp.shared_expert.gate_proj.weight", "mlp.shared_expert.up_proj.weight")),
+    "block_sparse_moe.input_linear.weight": TensorRewrite(split_into=("mlp.experts.gate_proj.weight", "mlp.experts.up_proj.weight"),
+                                                          split_axis=1),
+}
+# LFM2-MoE's experts and expert bias under the names gguf's map knows (llama.cpp's lfm2moe graph reads the bias as exp_probs_b.bias).
+LFM2MOE_REWRITES = {
+    "feed_forward.experts.w1.weight": TensorRewrite(renamed="feed_forward.experts.gate_proj.weight"),
+    "feed_forward.experts.w3.weight": TensorRewrite(renamed="feed_forward.experts.up_proj.weight"),
+    "feed_forward.experts.w2.weight": TensorRewrite(renamed="feed_forward.experts.down_proj.weight"),
+    "feed_forward.expert_bias": TensorRewrite(renamed="feed_forward.expert_bias.bias"),
 }
 
 
@@ -180,6 +207,8 @@ class Architecture:
     norms_without_offset: tuple[str, ...] = ()
     # Tensors every layer must have; an expert's tensors make the model a mixture of experts.
     layer_tensors: tuple[str, ...] = ATTENTION + GATED_MLP
+    # Tensors every leading dense layer of a mixture of experts has instead (LFM2-MoE's first num_dense_layers).
+    dense_layer_tensors: tuple[str, ...] = ()
     fixed: tuple[FixedSetting, ...] = ()
     rope_scalings: tuple[str, ...] = ROPE_SCALINGS
     check: Callable[[ModelConfig], None] | None = None
@@ -202,7 +231,7 @@ class Architecture:
 
     @property
     def routed(self) -> bool:
-        return any("*" in name for name in self.layer_tensors)
+        return any("*" in name or name in EXPERT_STACKS for name in self.layer_tensors)
 
 
 def _check_layer_pattern(config: ModelConfig, every: int, family: str) -> None:
@@ -338,6 +367,13 @@ def _lfm2_metadata(config: ModelConfig, writer: GGUFWriter) -> None:
     writer.add_shortconv_l_cache(config.conv_kernel)
 
 
+def _lfm2moe_metadata(config: ModelConfig, writer: GGUFWriter) -> None:
+    """LFM2's, its leading dense layers, and its router's sigmoid (llama.cpp's lfm2moe graph reads no default)."""
+    _lfm2_metadata(config, writer)
+    writer.add_leading_dense_block_count(config.dense_layers)
+    writer.add_expert_gating_func(ExpertGatingFuncType.SIGMOID)
+
+
 def _delta_net(config: ModelConfig) -> DeltaNetSizes:
     if config.delta_net is None:  # transformers' class gives them to every Qwen 3.5 config
         raise ModelError(f"this {config.architecture} checkpoint's config.json lacks its linear attention's sizes (linear_num_key_heads...); it is incomplete")
@@ -456,14 +492,14 @@ def _granite_metadata(config: ModelConfig, writer: GGUFWriter) -> None:
 
 
 def _granite4_variant(config: ModelConfig) -> Architecture:
-    """Granite 4's row as llama.cpp's converter picks it: granite where every layer attends (micro, 1b, 350m), else
-    granitehybrid. Its mixtures of experts are not converted."""
-    if config.n_experts:
-        raise UnsupportedModelError(
-            f"this Granite 4 checkpoint is a mixture of {config.n_experts} experts (as granite-4.0-h-tiny and h-small); localchat converts "
-            "Granite 4's dense models only: convert it with llama.cpp's convert_hf_to_gguf.py"
-        )
-    return GRANITE4_HYBRID if any(config.kv_heads_of(layer) == 0 for layer in range(config.n_layers)) else GRANITE4
+    """Granite 4's row as llama.cpp's converter picks it, by whether some layers are Mamba-2's and whether it has experts."""
+    hybrid = any(config.kv_heads_of(layer) == 0 for layer in range(config.n_layers))
+    return GRANITE4_VARIANTS[hybrid, bool(config.n_experts)]
+
+
+def _granite4_mlp_rewrites(config: ModelConfig) -> dict[str, TensorRewrite]:
+    """Granite 4's MLP as llama.cpp reads it: its own, or the shared expert where it has experts."""
+    return GRANITE4_MOE_REWRITES if config.n_experts else GRANITE4_MLP_REWRITES
 
 
 def _mamba2(config: ModelConfig) -> Mamba2Sizes:
@@ -503,7 +539,7 @@ def _granite4_hybrid_rewrites(config: ModelConfig) -> dict[str, TensorRewrite]:
     mamba = _mamba2(config)
     column, by_group = (mamba.heads, 1), (mamba.groups, mamba.inner_size // mamba.groups)
     return {
-        **GRANITE4_MLP_REWRITES,
+        **_granite4_mlp_rewrites(config),
         "mamba.A_log": TensorRewrite(lambda weights: -np.exp(weights).reshape(column), shape=column),
         "mamba.D": TensorRewrite(lambda weights: weights.reshape(column), shape=column),
         "mamba.norm.weight": TensorRewrite(lambda weights: weights.reshape(by_group), shape=by_group),
@@ -735,7 +771,7 @@ MINISTRAL3 = Architecture(
 SILU = FixedSetting("hidden_act", "silu", "silu")
 # Qwen 3.5's dense models: Gated DeltaNet (linear attention) layers and gated full-attention ones (every 4th in its
 # releases), which the GGUF lists; its norms multiply by 1 + weight, but for the DeltaNet's gated one. llama.cpp's qwen35
-# graph reads no per-dimension RoPE factors (Llama 3's scaling) and no attention output bias. Its mixture of experts is not converted yet.
+# graph reads no per-dimension RoPE factors (Llama 3's scaling) and no attention output bias.
 QWEN35 = Architecture(
     MODEL_ARCH.QWEN35,
     norm_offset=1.0,
@@ -748,6 +784,9 @@ QWEN35 = Architecture(
     squeezed_tensors=("linear_attn.conv1d.weight",),
     rewrites=_qwen35_rewrites,
 )
+# Qwen 3.5's mixtures of experts: its dense models' layers with experts in every layer, a softmax router whose chosen experts'
+# weights are renormalised, and a shared expert gated by a sigmoid, as llama.cpp's qwen35moe graph runs them.
+QWEN35MOE = replace(QWEN35, gguf_arch=MODEL_ARCH.QWEN35MOE, layer_tensors=QWEN35_LAYER[:2] + ROUTED_EXPERTS + SHARED_EXPERT)
 # Granite 4's models that attend in every layer (micro, 1b, 350m), as llama.cpp's converter writes them: Granite's graph,
 # which turns every layer by RoPE.
 GRANITE4 = Architecture(
@@ -757,7 +796,7 @@ GRANITE4 = Architecture(
     fixed=(SILU, FixedSetting("position_embedding_type", "rope", None)),
     check=_check_granite,
     metadata=_granite_metadata,
-    rewrites=lambda config: GRANITE4_MLP_REWRITES,
+    rewrites=_granite4_mlp_rewrites,
 )
 # Granite 4's hybrids (h-micro, h-1b, h-350m): Mamba-2 layers, which the GGUF tells apart by their 0 key/value heads, between
 # attention layers without RoPE. llama.cpp's Mamba-2 layer is twice the model wide, adds a convolution bias and no projection biases.
@@ -772,6 +811,12 @@ GRANITE4_HYBRID = Architecture(
     rewrites=_granite4_hybrid_rewrites,
     variant=_granite4_variant,
 )
+# Granite 4's mixtures of experts (h-tiny, h-small; granitemoe where every layer attends): their MLP is the shared expert beside
+# the routed ones, which llama.cpp's graphs pick and weigh as transformers does (a softmax over the chosen experts' logits).
+GRANITE4_HYBRID_MOE = replace(GRANITE4_HYBRID, layer_tensors=GRANITE4_LAYER + GRANITE4_EXPERTS)
+GRANITE4_MOE = replace(GRANITE4, gguf_arch=MODEL_ARCH.GRANITE_MOE, layer_tensors=GRANITE4.layer_tensors + GRANITE4_EXPERTS)
+# Granite 4's rows by whether some layers are Mamba-2's and whether it has experts.
+GRANITE4_VARIANTS = {(False, False): GRANITE4, (True, False): GRANITE4_HYBRID, (False, True): GRANITE4_MOE, (True, True): GRANITE4_HYBRID_MOE}
 # llama.cpp's MoE graphs route every layer (no dense layers between routed ones).
 EVERY_LAYER_ROUTED = (FixedSetting("decoder_sparse_step", 1, 1), FixedSetting("mlp_only_layers", [], []))
 # Qwen's switch for sliding-window attention in its upper layers (off in Qwen's releases).
@@ -789,6 +834,8 @@ ARCHITECTURES: dict[str, Architecture] = {
     "Qwen3_5ForCausalLM": QWEN35,
     # Qwen 3.5 as Qwen ships it, with a vision tower: its text model, as for Gemma 3.
     "Qwen3_5ForConditionalGeneration": QWEN35,
+    "Qwen3_5MoeForCausalLM": QWEN35MOE,
+    "Qwen3_5MoeForConditionalGeneration": QWEN35MOE,
     "Gemma3ForCausalLM": GEMMA3,
     # Gemma 3 4B and up, which also read images: their text model (checkpoint.WRAPPERS finds it).
     "Gemma3ForConditionalGeneration": GEMMA3,
@@ -810,7 +857,8 @@ ARCHITECTURES: dict[str, Architecture] = {
         extra_tensors=_longrope_factors,
     ),
     "GraniteForCausalLM": Architecture(MODEL_ARCH.GRANITE, permute_qk=True, check=_check_granite, metadata=_granite_metadata),
-    # Granite 4: its hybrids and, in the same class, its models that attend in every layer (GRANITE4_HYBRID.variant picks).
+    # Granite 4: its hybrids and, in the same class, its models that attend in every layer and its mixtures of experts
+    # (GRANITE4_HYBRID.variant picks).
     "GraniteMoeHybridForCausalLM": GRANITE4_HYBRID,
     "SmolLM3ForCausalLM": Architecture(
         MODEL_ARCH.SMOLLM3, permute_qk=True, fixed=(FixedSetting("use_sliding_window", False, False),), check=_check_smollm3
@@ -838,7 +886,7 @@ ARCHITECTURES: dict[str, Architecture] = {
     ),
     # LFM2 and LFM2.5's dense models: gated short convolutions between attention layers, which the GGUF tells apart by
     # their 0 key/value heads; the final norm is its embedding_norm. llama.cpp's lfm2 graph reads no per-dimension
-    # RoPE factors (Llama 3's scaling), nor convolution biases. Its mixture of experts (Lfm2Moe) is not converted yet.
+    # RoPE factors (Llama 3's scaling), nor convolution biases.
     "Lfm2ForCausalLM": Architecture(
         MODEL_ARCH.LFM2,
         layer_tensors=LFM2_LAYER,
@@ -847,6 +895,21 @@ ARCHITECTURES: dict[str, Architecture] = {
         check=_check_lfm2,
         metadata=_lfm2_metadata,
         squeezed_tensors=("conv.conv.weight",),
+    ),
+    # LFM2-MoE: LFM2's layers, the first num_dense_layers with its MLP, the others with experts chosen by a sigmoid router plus
+    # a bias per expert. llama.cpp's lfm2moe graph always reads that bias and renormalises the chosen experts' weights, and
+    # scales them by nothing.
+    "Lfm2MoeForCausalLM": Architecture(
+        MODEL_ARCH.LFM2MOE,
+        layer_tensors=LFM2MOE_LAYER,
+        dense_layer_tensors=LFM2_LAYER,
+        fixed=(FixedSetting("conv_bias", False, False), FixedSetting("use_expert_bias", True, True),
+               FixedSetting("norm_topk_prob", True, True), FixedSetting("routed_scaling_factor", 1.0, 1.0)),
+        rope_scalings=("default", "linear", "yarn"),
+        check=_check_lfm2,
+        metadata=_lfm2moe_metadata,
+        squeezed_tensors=("conv.conv.weight",),
+        rewrites=lambda config: LFM2MOE_REWRITES,
     ),
     # Mixtures of experts. llama.cpp renormalises the chosen experts' weights for Mixtral and
     # Qwen3-MoE, not for Qwen2-MoE or OLMoE: a checkpoint's norm_topk_prob must say the same.
@@ -1004,7 +1067,7 @@ def _check_layer_tensors(checkpoint: Checkpoint, arch: Architecture) -> None:
     """Every layer has the architecture's tensors, every expert's among them."""
     config = checkpoint.config
     for layer in range(config.n_layers):
-        for key in arch.layer_tensors:
+        for key in arch.dense_layer_tensors if layer < config.dense_layers else arch.layer_tensors:
             names = [key.replace("*", str(e)) for e in range(config.n_experts)] if "*" in key else [key]
             for name in names:
                 if f"{LAYER_PREFIX}{layer}.{name}" not in checkpoint.tensors:

@@ -58,20 +58,23 @@ LONGROPE_TYPES = ("longrope", "su")
 # config.json keys giving the number of routed experts and of those used per token (mixtures of experts).
 EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts")
 EXPERTS_USED_KEYS = ("num_experts_per_tok",)
+# config.json keys giving the shared expert's width (Qwen2-MoE's; Granite 4's shared MLP, the shared expert of its mixtures of experts).
+SHARED_EXPERT_WIDTH_KEYS = ("shared_expert_intermediate_size", "shared_intermediate_size")
 # config.json keys giving the RMSNorm epsilon (LFM2's is `norm_eps`).
 RMS_NORM_EPS_KEYS = ("rms_norm_eps", "norm_eps")
-# The config.json key giving the MLP's width where it is not intermediate_size (Granite 4's dense models: their shared MLP's;
-# their intermediate_size is the experts' their mixtures of experts have).
+# The config.json key giving a dense model's MLP width where it is not intermediate_size (Granite 4's dense models: their shared
+# MLP's; their intermediate_size is the experts' their mixtures of experts have, which llama.cpp reads as the FFN length).
 MLP_WIDTH_KEYS = {"GraniteMoeHybridForCausalLM": "shared_intermediate_size"}
 # The layer type of Qwen 3.5's Gated DeltaNet layers, which llama.cpp lists as recurrent (attention.recurrent_layers).
 LINEAR_ATTENTION = "linear_attention"
 # Layer types that keep a recurrent state instead of keys and values where llama.cpp marks them with 0 key/value heads, by
 # architecture: LFM2's short convolutions, Granite 4's Mamba-2 layers ("mamba" in its hub configs, as transformers 5 writes them otherwise).
-RECURRENT_LAYER_TYPES = {"Lfm2ForCausalLM": ("conv",), "GraniteMoeHybridForCausalLM": ("mamba", LINEAR_ATTENTION)}
+RECURRENT_LAYER_TYPES = {"Lfm2ForCausalLM": ("conv",), "Lfm2MoeForCausalLM": ("conv",), "GraniteMoeHybridForCausalLM": ("mamba", LINEAR_ATTENTION)}
 # transformers writes the floats JSON lacks as tagged objects ({"__float__": "Infinity"}: Granite 4's time_step_limit).
 TAGGED_FLOATS = {"Infinity": math.inf, "-Infinity": -math.inf, "NaN": math.nan}
 # Architectures whose q_proj also gives each head's output gate (Qwen 3.5's full attention): twice the query rows.
-GATED_QUERY_ARCHITECTURES = ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration")
+GATED_QUERY_ARCHITECTURES = ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForCausalLM",
+                             "Qwen3_5MoeForConditionalGeneration")
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,11 @@ WRAPPERS: dict[str, Wrapper] = {
         "text_config", "Qwen3_5TextConfig", (("model.language_model.", "model."),), ("model.visual.", "mtp."),
         "its vision tower and its multi-token-prediction layer",
     ),
+    # Qwen 3.5's mixtures of experts, likewise (all their sizes ship so).
+    "Qwen3_5MoeForConditionalGeneration": Wrapper(
+        "text_config", "Qwen3_5MoeTextConfig", (("model.language_model.", "model."),), ("model.visual.", "mtp."),
+        "its vision tower and its multi-token-prediction layer",
+    ),
 }
 # A wrapper's own keys that transformers reads, not its text model's: transformers 5 writes the text class's
 # tie_word_embeddings in text_config (false for Ministral 3) and ties the head as the outer one says (Mistral 3's default: true).
@@ -132,7 +140,8 @@ WRAPPER_KEYS = ("tie_word_embeddings",)
 FILLED_BY_TRANSFORMERS: dict[str, str] = {"Gemma4ForCausalLM": "Gemma4TextConfig", "Lfm2ForCausalLM": "Lfm2Config",
                                           "Ministral3ForCausalLM": "Ministral3Config", "Qwen3_5ForCausalLM": "Qwen3_5TextConfig",
                                           "Exaone4ForCausalLM": "Exaone4Config", "Olmo3ForCausalLM": "Olmo3Config",
-                                          "GraniteMoeHybridForCausalLM": "GraniteMoeHybridConfig"}
+                                          "GraniteMoeHybridForCausalLM": "GraniteMoeHybridConfig", "Lfm2MoeForCausalLM": "Lfm2MoeConfig",
+                                          "Qwen3_5MoeForCausalLM": "Qwen3_5MoeTextConfig"}
 # Per-layer overrides (transformers 5's `per_layer_config`) the converters read; any other is refused.
 PER_LAYER_KEYS = ("head_dim", "num_key_value_heads")
 
@@ -452,11 +461,13 @@ class ModelConfig:
     layer_types: tuple[str, ...]
     raw: dict[str, Any]
     # Mixtures of experts: routed experts per layer, how many each token uses, their hidden size
-    # (`moe_intermediate_size`, else `intermediate_size`) and the shared expert's (Qwen2-MoE); 0 when dense.
+    # (`moe_intermediate_size`, else `intermediate_size`) and the shared expert's (Qwen2-MoE's, Granite 4's); 0 when dense.
     n_experts: int = 0
     n_experts_used: int = 0
     expert_intermediate_size: int = 0
     shared_expert_intermediate_size: int = 0
+    # The leading layers of a mixture of experts whose MLP is dense (LFM2-MoE's num_dense_layers); 0 where every layer routes.
+    dense_layers: int = 0
     # Per layer where layers differ (Gemma 4: larger heads and fewer key/value heads in its global
     # layers, double-wide MLPs in the layers that share keys and values); empty where all are alike.
     layer_head_dims: tuple[int, ...] = ()
@@ -552,7 +563,9 @@ class ModelConfig:
         kv_shared = read.int("num_kv_shared_layers", 0, minimum=0)
         if kv_shared >= n_layers:
             raise ModelError(f"{source}: num_kv_shared_layers {kv_shared} leaves none of the {n_layers} layers to compute keys and values; the config.json is corrupt")
-        intermediate = read.int(MLP_WIDTH_KEYS.get(architectures[0], "intermediate_size"))
+        # A mixture of experts without a dense MLP (Qwen 3.5's) gives its experts' width alone, which llama.cpp reads as the FFN length.
+        intermediate = (read.int("intermediate_size", config.get("moe_intermediate_size")) if n_experts
+                        else read.int(MLP_WIDTH_KEYS.get(architectures[0], "intermediate_size")))
         if config.get("block_auto_adjust_ff_dim"):
             intermediate = _adjusted_mlp_width(read, intermediate)
         # Gemma 4's double-wide MLP widens the layers that share keys and values, as transformers builds them.
@@ -582,8 +595,10 @@ class ModelConfig:
             raw=config,
             n_experts=n_experts,
             n_experts_used=n_experts_used,
-            expert_intermediate_size=read.int("moe_intermediate_size", read.int("intermediate_size")) if n_experts else 0,
-            shared_expert_intermediate_size=read.int("shared_expert_intermediate_size", 0, minimum=0) if n_experts else 0,
+            expert_intermediate_size=read.int("moe_intermediate_size", intermediate) if n_experts else 0,
+            shared_expert_intermediate_size=next((read.int(key, minimum=0) for key in SHARED_EXPERT_WIDTH_KEYS if config.get(key) is not None), 0)
+            if n_experts else 0,
+            dense_layers=min(read.int("num_dense_layers", 0, minimum=0), n_layers) if n_experts else 0,
             layer_head_dims=layer_head_dims if len(set(layer_head_dims)) > 1 else (),
             layer_kv_heads=layer_kv_heads if len(set(layer_kv_heads)) > 1 else (),
             layer_intermediate_sizes=tuple(intermediate * (wide if i >= n_layers - kv_shared else 1) for i in range(n_layers))
@@ -706,6 +721,8 @@ def expected_shapes(config: ModelConfig, layer: int = 0) -> dict[str, tuple[tupl
     head = config.head_dim_of(layer)
     q, kv = config.n_heads * head, config.kv_heads_of(layer) * head
     expert_ffn, shared_ffn = config.expert_intermediate_size, config.shared_expert_intermediate_size
+    # Granite 4's MLP, the shared expert of its mixtures of experts.
+    granite_mlp = shared_ffn if config.n_experts else ffn
     per_layer = config.per_layer_input_size
     shapes: dict[str, tuple[int, ...] | tuple[tuple[int, ...], ...]] = {
         "model.embed_tokens.weight": (vocab, hidden),
@@ -753,8 +770,8 @@ def expected_shapes(config: ModelConfig, layer: int = 0) -> dict[str, tuple[tupl
         "conv.out_proj.weight": (hidden, hidden),
         "conv.conv.weight": (hidden, 1, config.conv_kernel),
         # Granite 4's MLP: its gate and up projections fused.
-        "shared_mlp.input_linear.weight": (2 * ffn, hidden),
-        "shared_mlp.output_linear.weight": (hidden, ffn),
+        "shared_mlp.input_linear.weight": (2 * granite_mlp, hidden),
+        "shared_mlp.output_linear.weight": (hidden, granite_mlp),
     }
     if (mamba := config.mamba2) is not None:
         shapes |= {
@@ -790,10 +807,20 @@ def expected_shapes(config: ModelConfig, layer: int = 0) -> dict[str, tuple[tupl
             "block_sparse_moe.experts.*.w1.weight": (expert_ffn, hidden),
             "block_sparse_moe.experts.*.w3.weight": (expert_ffn, hidden),
             "block_sparse_moe.experts.*.w2.weight": (hidden, expert_ffn),
+            # LFM2-MoE's, with the bias its router's choice adds to each expert's score.
+            "feed_forward.gate.weight": (config.n_experts, hidden),
+            "feed_forward.expert_bias": (config.n_experts,),
+            "feed_forward.experts.*.w1.weight": (expert_ffn, hidden),
+            "feed_forward.experts.*.w3.weight": (expert_ffn, hidden),
+            "feed_forward.experts.*.w2.weight": (hidden, expert_ffn),
             "mlp.shared_expert.gate_proj.weight": (shared_ffn, hidden),
             "mlp.shared_expert.up_proj.weight": (shared_ffn, hidden),
             "mlp.shared_expert.down_proj.weight": (hidden, shared_ffn),
             "mlp.shared_expert_gate.weight": (1, hidden),
+            # Granite 4's: each layer's experts in one tensor, along its first axis; their gate and up projections fused.
+            "block_sparse_moe.router.layer.weight": (config.n_experts, hidden),
+            "block_sparse_moe.input_linear.weight": (config.n_experts, 2 * expert_ffn, hidden),
+            "block_sparse_moe.output_linear.weight": (config.n_experts, hidden, expert_ffn),
         }
     return {key: shape if isinstance(shape[0], tuple) else (shape,) for key, shape in shapes.items()}
 
@@ -802,6 +829,11 @@ FLOAT_DTYPES = ("F32", "F16", "BF16", "F64", *FP8_VALUES)
 LAYER_PREFIX = "model.layers."
 # An expert's index in a tensor name: "mlp.experts.3.up_proj.weight".
 EXPERT_INDEX = re.compile(r"\.experts\.(\d+)\.")
+# A layer's experts' matrices in one tensor, the experts along its first axis (transformers 5's layout, in which Qwen 3.5's
+# mixtures of experts ship; its FP8 release has one tensor per expert): the names each expert's matrix is read under, each an
+# equal block of the expert's rows in order (its gate projection's, then its up projection's, as transformers splits them).
+STACKED_EXPERTS = {"mlp.experts.gate_up_proj": ("mlp.experts.{}.gate_proj.weight", "mlp.experts.{}.up_proj.weight"),
+                   "mlp.experts.down_proj": ("mlp.experts.{}.down_proj.weight",)}
 
 
 def layer_key(name: str) -> tuple[int | None, str]:
@@ -815,7 +847,7 @@ def layer_key(name: str) -> tuple[int | None, str]:
 
 def _check_tensors(folder: Path, config: ModelConfig, tensors: dict[str, TensorRef]) -> None:
     """Known tensors have the config's shapes and a float dtype; layers of one kind (attention type, own
-    keys and values or not) have the same tensors. Which tensors an architecture needs is its converter's to say."""
+    keys and values or not, a dense MLP or experts) have the same tensors. Which tensors an architecture needs is its converter's to say."""
     shapes = [expected_shapes(config, layer) for layer in range(max(config.n_layers, 1))]
     layers: dict[int, set[str]] = {i: set() for i in range(config.n_layers)}
     for name, ref in tensors.items():
@@ -841,9 +873,9 @@ def _check_tensors(folder: Path, config: ModelConfig, tensors: dict[str, TensorR
             )
     if "model.embed_tokens.weight" not in tensors:
         raise ModelError(f"{folder} has no token embeddings (model.embed_tokens.weight); are all weight files there?")
-    first_of_kind: dict[tuple[str, bool], set[str]] = {}
+    first_of_kind: dict[tuple[str, bool, bool], set[str]] = {}
     for index, names in layers.items():
-        first = first_of_kind.setdefault((config.layer_types[index], config.has_kv(index)), names)
+        first = first_of_kind.setdefault((config.layer_types[index], config.has_kv(index), index < config.dense_layers), names)
         if missing := sorted(first - names):
             raise ModelError(f"{folder} lacks {LAYER_PREFIX}{index}.{missing[0]}; are all weight files there?")
 
@@ -930,6 +962,27 @@ class TensorFiles:
         self._files.clear()
 
 
+def _each_experts_tensors(folder: Path, tensors: dict[str, TensorRef]) -> dict[str, TensorRef]:
+    """`tensors` with each stack of experts' matrices (STACKED_EXPERTS) as one tensor per expert and matrix, where it lies
+    in the stack's bytes: the converters read one layout."""
+    each: dict[str, TensorRef] = {}
+    for name, ref in tensors.items():
+        layer, key = layer_key(name)
+        if layer is None or (parts := STACKED_EXPERTS.get(key)) is None:
+            each[name] = ref
+            continue
+        if len(ref.shape) != 3 or ref.shape[1] % len(parts):
+            raise ModelError(f"{ref.file}: tensor '{name}' has shape {list(ref.shape)}, not experts x {len(parts)} equal blocks of rows x columns; the checkpoint is inconsistent")
+        experts, rows, columns = ref.shape
+        block = replace(ref, shape=(rows // len(parts), columns), n_bytes=ref.n_bytes // (experts * len(parts)))
+        for index in range(experts * len(parts)):
+            expert_name = f"{LAYER_PREFIX}{layer}.{parts[index % len(parts)].format(index // len(parts))}"
+            if expert_name in tensors:
+                raise ModelError(f"{folder} has tensor '{expert_name}' and the stack '{name}' that holds it too; remove stray weight files")
+            each[expert_name] = replace(block, name=expert_name, start=ref.start + index * block.n_bytes)
+    return each
+
+
 def _text_model_tensors(folder: Path, tensors: dict[str, TensorRef], wrapper: Wrapper) -> dict[str, TensorRef]:
     """A wrapper's tensors under its text model's names; the other part's left out."""
     renamed: dict[str, TensorRef] = {}
@@ -1005,6 +1058,7 @@ class Checkpoint(TensorFiles):
         tensors = TensorFiles.read(_weight_files(folder), folder).tensors
         if (wrapper := WRAPPERS.get(self.config.architecture)) is not None:
             tensors = _text_model_tensors(folder, tensors, wrapper)
+        tensors = _each_experts_tensors(folder, tensors)
         if (scaling := self.config.fp8_scaling) is not None:
             tensors, scales = _weight_scales(folder, tensors, scaling)
             super().__init__(tensors, scales, scaling.block)

@@ -73,13 +73,16 @@ def _randomize(model, seed: int) -> None:
             parameter.copy_(parameter.half().float())
 
 
-def _randomize_layer_scalars(model, seed: int) -> None:
-    """Gemma 4's per-layer output scales (buffers, saved with the weights) off their 1 default, as trained ones are."""
+def _randomize_buffers(model, seed: int) -> None:
+    """Buffers saved with the weights off their defaults, as trained ones are: Gemma 4's per-layer output scales (1) and
+    LFM2-MoE's biases of its routers' choices (0; these change some choices)."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, buffer in model.named_buffers():
             if name.endswith("layer_scalar"):
                 buffer.copy_((0.5 + torch.rand(buffer.shape, generator=generator)).half().float())
+            elif name.endswith("expert_bias"):
+                buffer.copy_((0.1 * torch.randn(buffer.shape, generator=generator)).half().float())
 
 
 TINY_SIZES = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048)
@@ -104,6 +107,9 @@ MINISTRAL3_ROPE = {"rope_type": "yarn", "rope_theta": 1_000_000.0, "factor": 64.
 # Granite 4's dense kind: no experts, its MLP (shared_mlp) intermediate_size wide; Granite's multipliers off their defaults.
 GRANITE4_SETTINGS = {"num_local_experts": 0, "num_experts_per_tok": 0, "shared_intermediate_size": TINY_SIZES["intermediate_size"],
                      "attention_multiplier": 0.2, "embedding_multiplier": 3.0, "residual_multiplier": 0.5, "logits_scaling": 2.0}
+# Granite 4's mixtures of experts: two of four experts per token beside the shared expert (its MLP), twice as wide as each expert.
+GRANITE4_MOE_SETTINGS = dict(GRANITE4_SETTINGS, num_local_experts=TINY_EXPERTS, num_experts_per_tok=2,
+                             shared_intermediate_size=2 * TINY_MOE_SIZES["intermediate_size"])
 # OLMo 3's long-context RoPE: YaRN in its full layers alone, its sliding-window layers unscaled at the same base; its original
 # context scaled down as its window is, and its attention factor off YaRN's default (the releases' is the default) so that
 # the one the GGUF gives acts.
@@ -198,6 +204,15 @@ def _tiny_configs(vocab_size: int) -> dict[str, Callable[[], object]]:
         "granite4": lambda: transformers.GraniteMoeHybridConfig(
             **common, **GRANITE4_SETTINGS, layer_types=["attention"] * 2, position_embedding_type="rope",
         ),
+        # Granite 4's hybrid mixture of experts (h-tiny's kind): the hybrid's layers (Mamba-2's heads 64 wide here), every one routed.
+        "granite4-hybrid-moe": lambda: transformers.GraniteMoeHybridConfig(
+            **dict(moe, num_hidden_layers=4, **GRANITE4_MOE_SETTINGS), layer_types=["mamba", "attention", "mamba", "mamba"],
+            position_embedding_type="nope", mamba_n_heads=8, mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4,
+        ),
+        # A Granite 4 mixture of experts that attends in every layer, turned by RoPE: llama.cpp's granitemoe.
+        "granite4-moe": lambda: transformers.GraniteMoeHybridConfig(
+            **dict(moe, **GRANITE4_MOE_SETTINGS), layer_types=["attention"] * 2, position_embedding_type="rope",
+        ),
         # Four layers: the fourth has no RoPE.
         "smollm3": lambda: transformers.SmolLM3Config(**dict(common, num_hidden_layers=4), pad_token_id=None),
         "olmo2": lambda: transformers.Olmo2Config(**common, pad_token_id=None),
@@ -227,6 +242,19 @@ def _tiny_configs(vocab_size: int) -> dict[str, Callable[[], object]]:
             **dict(common, num_hidden_layers=4), head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
             linear_key_head_dim=16, linear_value_head_dim=16,
         ),
+        # Qwen 3.5's mixture of experts (35B-A3B's kind): the hybrid's layers, each with two of four experts per token beside a
+        # shared expert; no dense MLP's width (intermediate_size), as Qwen's configs give none.
+        "qwen35moe": lambda: transformers.Qwen3_5MoeTextConfig(
+            **{key: value for key, value in dict(moe, num_hidden_layers=4).items() if key != "intermediate_size"}, head_dim=64,
+            linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16, num_experts=TINY_EXPERTS,
+            moe_intermediate_size=256, shared_expert_intermediate_size=256,
+        ),
+        # LFM2-MoE (8B-A1B's kind): a dense convolution layer, then routed ones (convolution, attention, convolution), two of
+        # four experts per token chosen by sigmoid scores plus a bias per expert.
+        "lfm2moe": lambda: transformers.Lfm2MoeConfig(
+            **dict(moe, num_hidden_layers=4), layer_types=["conv", "conv", "full_attention", "conv"], num_dense_layers=1,
+            num_experts=TINY_EXPERTS, moe_intermediate_size=256, pad_token_id=None,
+        ),
         # EXAONE 4.0 1.2B's kind: global attention with RoPE in every layer (no sliding_window), Llama 3's RoPE scaling
         # acting within the verify text, the head tied to the embeddings.
         "exaone4": lambda: transformers.Exaone4Config(
@@ -246,9 +274,9 @@ def _tiny_configs(vocab_size: int) -> dict[str, Callable[[], object]]:
 TINY_ARCHITECTURES = ("llama", "llama3-rope", "mistral", "qwen2", "qwen3", "gemma3")
 # The families added for issue 31 and after (LFM2, Qwen 3.5, Ministral 3, OLMo 3, EXAONE 4), and of those the mixtures of experts.
 TINY_MORE_FAMILIES = ("phi3", "phi4-mini", "gemma2", "granite", "smollm3", "olmo2", "mixtral", "qwen2moe", "qwen3moe", "olmoe", "lfm2",
-                      "qwen35", "ministral3", "ministral3-vision", "olmo3", "exaone4",
-                      "exaone4-hybrid", "granite4-hybrid", "granite4")
-TINY_MOE = ("mixtral", "qwen2moe", "qwen3moe", "olmoe")
+                      "lfm2moe", "qwen35", "qwen35moe", "ministral3", "ministral3-vision", "olmo3", "exaone4",
+                      "exaone4-hybrid", "granite4-hybrid", "granite4", "granite4-hybrid-moe", "granite4-moe")
+TINY_MOE = ("mixtral", "qwen2moe", "qwen3moe", "olmoe", "lfm2moe", "qwen35moe", "granite4-hybrid-moe", "granite4-moe")
 # Their weights' seeds (and the tiny Llama's, which LoRA tests build on), chosen (of the first 40) so that transformers' greedy continuation of the
 # verify text's first line has no two top logits within 0.2 for its first 16 tokens, and (experts)
 # routes that text over all four with no router choice within 0.002 of flipping: a comparison with
@@ -259,16 +287,18 @@ TINY_MOE = ("mixtral", "qwen2moe", "qwen3moe", "olmoe")
 # from its own converter alike, moves this random model's by 1.7 to 5.6% as the seed goes: its DeltaNet's fused q, k, v most);
 # tied EXAONE 4's (exaone4), the one whose top two stay furthest apart there of those that change token in them (none changes twice);
 # EXAONE 4's 64-layer hybrid's, as Qwen 3.5's, one whose Q8_0 perplexity is within 3% (so many random layers make it sure of wrong
-# tokens, perplexity ~1e11, and Q8_0 moves that by 0.2 to 3.2% as the seed goes).
+# tokens, perplexity ~1e11, and Q8_0 moves that by 0.2 to 3.2% as the seed goes); Qwen 3.5's and LFM2's mixtures of experts', likewise
+# (LFM2-MoE's of the first 50 seeds: none that changes token twice or more in its first 16 has its Q8_0 perplexity within 3%).
 TINY_SEEDS = {"llama": 0, "llama-attention-bias": 0, "phi3": 1, "phi4-mini": 0, "gemma2": 0, "granite": 17, "smollm3": 3, "olmo2": 0,
-              "mixtral": 24, "qwen2moe": 29, "qwen3moe": 17, "olmoe": 21, "lfm2": 16,
+              "mixtral": 24, "qwen2moe": 29, "qwen3moe": 17, "olmoe": 21, "lfm2": 16, "lfm2moe": 8, "qwen35moe": 10,
               "qwen35": 8, "ministral3": 14, "ministral3-vision": 22, "olmo3": 19, "exaone4": 35,
-              "exaone4-hybrid": 10, "granite4": 32, "granite4-hybrid": 11}
+              "exaone4-hybrid": 10, "granite4": 32, "granite4-hybrid": 11, "granite4-hybrid-moe": 7, "granite4-moe": 3}
 TINY_TOKENIZER_REGEX = {"llama": LLAMA3_REGEX, "llama-attention-bias": LLAMA3_REGEX, "llama3-rope": LLAMA3_REGEX, "mistral": None, "qwen2": QWEN2_REGEX, "qwen3": QWEN2_REGEX,
                         "phi3": None, "phi4-mini": LLAMA3_REGEX, "gemma2": None, "granite": None, "smollm3": LLAMA3_REGEX,
                         "olmo2": None, "mixtral": None, "qwen2moe": QWEN2_REGEX, "qwen3moe": QWEN2_REGEX, "olmoe": None,
-                        "lfm2": LLAMA3_REGEX, "qwen35": QWEN35_REGEX, "ministral3": TEKKEN_REGEX, "ministral3-vision": TEKKEN_REGEX,
+                        "lfm2": LLAMA3_REGEX, "lfm2moe": LLAMA3_REGEX, "qwen35": QWEN35_REGEX, "qwen35moe": QWEN35_REGEX, "ministral3": TEKKEN_REGEX, "ministral3-vision": TEKKEN_REGEX,
                         "olmo3": LLAMA3_REGEX, "granite4-hybrid": LLAMA3_REGEX, "granite4": LLAMA3_REGEX,
+                        "granite4-hybrid-moe": LLAMA3_REGEX, "granite4-moe": LLAMA3_REGEX,
                         "exaone4": None, "exaone4-hybrid": None}
 
 
@@ -336,8 +366,7 @@ def tiny_checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.Tem
         torch.manual_seed(0)
         model = text_model_class(config.model_type).from_config(config)
         _randomize(model, seed=TINY_SEEDS.get(name, len(made)))
-        if gemma4:
-            _randomize_layer_scalars(model, seed=TINY_SEEDS.get(name, len(made)))
+        _randomize_buffers(model, seed=TINY_SEEDS.get(name, len(made)))
         if gemma4 or name in ("gemma3", "gemma3-vision"):
             model = model.to(torch.bfloat16)  # as Google ships it; bf16 -> f16 is exact
         model.save_pretrained(folder)

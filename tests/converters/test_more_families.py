@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import sys
 import unicodedata
@@ -45,6 +46,19 @@ SIGNATURES: dict[str, tuple[tuple[str, ...], dict[str, object]]] = {
     # Attention in every layer: Granite's graph, the fused MLP as gate and up.
     "granite4": (("blk.1.attn_k.weight", "blk.1.ffn_gate.weight", "blk.1.ffn_up.weight", "blk.1.ffn_down.weight"),
                  {"granite.attention.scale": 0.2, "granite.embedding_scale": 3.0, "granite.feed_forward_length": 128}),
+    # The hybrid's layers, each routed: the router, the experts' fused gate and up split into stacks of their own, the MLP as the
+    # shared expert beside them; the experts' width as the FFN length (llama.cpp sizes the stacks by it), the shared expert's its own.
+    "granite4-hybrid-moe": (("blk.0.ssm_in.weight", "blk.1.attn_q.weight", "blk.0.ffn_gate_inp.weight", "blk.0.ffn_gate_exps.weight",
+                             "blk.0.ffn_up_exps.weight", "blk.0.ffn_down_exps.weight", "blk.1.ffn_gate_shexp.weight", "blk.1.ffn_up_shexp.weight",
+                             "blk.1.ffn_down_shexp.weight"),
+                            {"granitehybrid.expert_count": TINY_EXPERTS, "granitehybrid.expert_used_count": 2,
+                             "granitehybrid.feed_forward_length": 256, "granitehybrid.expert_shared_feed_forward_length": 512,
+                             "granitehybrid.attention.head_count_kv": [0, 2, 0, 0], "granitehybrid.rope.scaling.finetuned": False}),
+    # Attention in every layer, with experts: llama.cpp's granitemoe (Granite's graph, routed).
+    "granite4-moe": (("blk.1.attn_k.weight", "blk.1.ffn_gate_inp.weight", "blk.1.ffn_gate_exps.weight", "blk.1.ffn_up_exps.weight",
+                      "blk.1.ffn_gate_shexp.weight", "blk.1.ffn_down_shexp.weight"),
+                     {"granitemoe.expert_count": TINY_EXPERTS, "granitemoe.expert_used_count": 2, "granitemoe.feed_forward_length": 256,
+                      "granitemoe.expert_shared_feed_forward_length": 512, "granitemoe.logit_scale": 2.0}),
     "smollm3": (("blk.3.attn_q.weight",), {"smollm3.block_count": 4}),
     "olmo2": (("blk.0.attn_q_norm.weight", "blk.0.post_ffw_norm.weight"), {}),
     # OLMo 2's layers, which of them slide listed, and YaRN (for the full layers) with transformers' attention factor over
@@ -81,6 +95,22 @@ SIGNATURES: dict[str, tuple[tuple[str, ...], dict[str, object]]] = {
                {"qwen35.attention.recurrent_layers": [True, True, True, False], "qwen35.ssm.conv_kernel": 4, "qwen35.ssm.state_size": 16,
                 "qwen35.ssm.group_count": 2, "qwen35.ssm.time_step_rank": 4, "qwen35.ssm.inner_size": 64,
                 "qwen35.rope.dimension_count": 8, "qwen35.rope.dimension_sections": [11, 11, 10, 0]}),
+    # Qwen 3.5's layers, each with the router, stacks of the experts' gate, up and down projections and a shared expert with its
+    # sigmoid gate (ffn_gate_inp_shexp).
+    "qwen35moe": (("blk.0.ssm_a", "blk.0.ffn_gate_inp.weight", "blk.0.ffn_gate_exps.weight", "blk.0.ffn_up_exps.weight",
+                   "blk.0.ffn_down_exps.weight", "blk.0.ffn_gate_inp_shexp.weight", "blk.0.ffn_gate_shexp.weight", "blk.3.attn_q_norm.weight",
+                   "blk.3.ffn_up_shexp.weight", "blk.3.ffn_down_shexp.weight"),
+                  {"qwen35moe.attention.recurrent_layers": [True, True, True, False], "qwen35moe.expert_count": TINY_EXPERTS,
+                   "qwen35moe.expert_used_count": 2, "qwen35moe.expert_feed_forward_length": 256,
+                   "qwen35moe.expert_shared_feed_forward_length": 256, "qwen35moe.rope.dimension_sections": [11, 11, 10, 0]}),
+    # LFM2's layers, the first with its MLP, the others with the router, its bias per expert (exp_probs_b) and the experts'
+    # stacks; how many layers lead dense, and the router's sigmoid.
+    "lfm2moe": (("blk.0.shortconv.conv.weight", "blk.0.ffn_gate.weight", "blk.0.ffn_down.weight", "blk.1.ffn_gate_inp.weight",
+                 "blk.1.exp_probs_b.bias", "blk.1.ffn_gate_exps.weight", "blk.1.ffn_up_exps.weight", "blk.1.ffn_down_exps.weight",
+                 "blk.2.attn_q_norm.weight", "blk.3.ffn_gate_exps.weight", "token_embd_norm.weight"),
+                {"lfm2moe.attention.head_count_kv": [0, 0, 2, 0], "lfm2moe.leading_dense_block_count": 1, "lfm2moe.expert_gating_func": 2,
+                 "lfm2moe.expert_count": TINY_EXPERTS, "lfm2moe.expert_used_count": 2, "lfm2moe.expert_feed_forward_length": 256,
+                 "lfm2moe.feed_forward_length": 256, "lfm2moe.shortconv.l_cache": 3}),
     # Per-head query and key norms, norms after attention and the MLP; Llama 3's RoPE factors; the head tied (no output.weight).
     "exaone4": (("blk.1.attn_q_norm.weight", "blk.1.attn_k_norm.weight", "blk.1.post_attention_norm.weight", "blk.1.post_ffw_norm.weight",
                  "rope_freqs.weight"), {"exaone4.block_count": 2, "exaone4.rope.dimension_count": 16}),
@@ -142,7 +172,7 @@ def test_experts_are_stacked_in_order_and_quantized_with_k_quants(name: str, tin
     output = convert_checkpoint(checkpoint, tmp_path / f"{name}.gguf", "q4_k_m", threads=2).output
     header = read_gguf_header(output)
     experts = {t.name: t for t in header.tensors if "_exps." in t.name}
-    assert len(experts) == 3 * config["num_hidden_layers"]
+    assert len(experts) == 3 * (config["num_hidden_layers"] - config.get("num_dense_layers", 0))
     hidden, ffn = config["hidden_size"], config.get("moe_intermediate_size") or config["intermediate_size"]
     for tensor in experts.values():
         # GGUF lists dimensions innermost first: (input width, output rows, expert).
@@ -222,6 +252,16 @@ REFUSED: dict[str, tuple[str, Callable[[dict], None], str]] = {
                                      "attention_bias=True; llama.cpp's qwen35 graph implements only attention_bias=False"),
     # Qwen 3.5's mixture of experts (llama.cpp's qwen35moe) is not taken for the dense model.
     "qwen35 with experts": ("qwen35", lambda c: c.update(num_experts=4, num_experts_per_tok=2), "Qwen3_5ForCausalLM checkpoint's config.json has 4 experts"),
+    "qwen35moe with Llama 3's RoPE scaling": ("qwen35moe", lambda c: c.update(rope_parameters=dict(c["rope_parameters"], **LLAMA3_SCALING)),
+                                              "RoPE scaling 'llama3' is not supported for Qwen3_5MoeForCausalLM"),
+    # llama.cpp's lfm2moe graph always adds its bias to each expert's score, renormalises the chosen experts' weights and scales them by nothing.
+    "lfm2moe without expert biases": ("lfm2moe", lambda c: c.update(use_expert_bias=False),
+                                      "use_expert_bias=False; llama.cpp's lfm2moe graph implements only use_expert_bias=True"),
+    "lfm2moe without renormalised experts": ("lfm2moe", lambda c: c.update(norm_topk_prob=False),
+                                             "norm_topk_prob=False; llama.cpp's lfm2moe graph implements only norm_topk_prob=True"),
+    "lfm2moe with scaled experts": ("lfm2moe", lambda c: c.update(routed_scaling_factor=2.5),
+                                    "routed_scaling_factor=2.5; llama.cpp's lfm2moe graph implements only routed_scaling_factor=1.0"),
+    "lfm2moe with convolution biases": ("lfm2moe", lambda c: c.update(conv_bias=True), "conv_bias=True"),
     # llama.cpp's olmo2 graph turns OLMo 3's sliding-window layers by unscaled RoPE at the full layers' base, YaRN's ramp
     # between 32 and 1 (it reads no bounds); it reads an output matrix, and no Llama 3 factors or attention biases.
     "olmo3 with YaRN in its sliding-window layers": ("olmo3", lambda c: c["rope_parameters"].update(sliding_attention=c["rope_parameters"]["full_attention"]),
@@ -262,9 +302,13 @@ REFUSED: dict[str, tuple[str, Callable[[dict], None], str]] = {
     "granite4-hybrid without a convolution bias": ("granite4-hybrid", lambda c: c.update(mamba_conv_bias=False),
                                                    "mamba_conv_bias=False; llama.cpp's granitehybrid graph implements only mamba_conv_bias=True"),
     "granite4-hybrid with projection biases": ("granite4-hybrid", lambda c: c.update(mamba_proj_bias=True), "mamba_proj_bias=True"),
-    # Granite 4's mixtures of experts (h-tiny, h-small) are not converted yet.
-    "granite4-hybrid with experts": ("granite4-hybrid", lambda c: c.update(num_local_experts=4, num_experts_per_tok=2),
-                                     "is a mixture of 4 experts .*localchat converts Granite 4's dense models only"),
+    # A dense checkpoint whose config.json says it has experts lacks their tensors.
+    "granite4-hybrid claiming experts": ("granite4-hybrid", lambda c: c.update(num_local_experts=4, num_experts_per_tok=2),
+                                         "lacks model.layers.0.block_sparse_moe.router.layer.weight"),
+    "granite4-hybrid-moe with another activation": ("granite4-hybrid-moe", lambda c: c.update(hidden_act="gelu"),
+                                                    "hidden_act='gelu'; llama.cpp's granitehybrid graph implements only hidden_act='silu'"),
+    "granite4-moe without RoPE": ("granite4-moe", lambda c: c.update(position_embedding_type=None),
+                                  "position_embedding_type=None; llama.cpp's granitemoe graph implements only position_embedding_type='rope'"),
 }
 
 
@@ -358,25 +402,27 @@ def test_mistral3_converts_its_ministral3_text_model_like_transformers(
 
 
 # A (tiny) vision tower for a Qwen 3.5 that reads images.
-QWEN35_VISION = {"depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2, "out_hidden_size": 64}
+QWEN35_VISION = {"depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2}
+# One expert's matrix of a layer of a Qwen 3.5 mixture of experts' text model: (its layer's experts, the expert, the matrix).
+QWEN35_EXPERT_MATRIX = re.compile(r"(model\.language_model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight")
 
 
-def _qwen35_with_vision(text: Path, folder: Path) -> Path:
-    """The tiny Qwen 3.5 as Qwen ships its dense models: Qwen3_5ForConditionalGeneration, the text model under
-    model.language_model. beside a vision tower (model.visual.), and a multi-token-prediction layer (mtp.)."""
+def _qwen35_with_vision(text: Path, folder: Path, family: str = "Qwen3_5") -> Path:
+    """The tiny Qwen 3.5 (family "Qwen3_5Moe": its mixture of experts) as Qwen ships it: {family}ForConditionalGeneration, the
+    text model under model.language_model. beside a vision tower (model.visual.), and a multi-token-prediction layer (mtp.)."""
     import torch
     import transformers
     from safetensors.torch import load_file, save_file
 
     text_model = transformers.AutoModelForCausalLM.from_pretrained(text, dtype=torch.float32)
-    model = transformers.Qwen3_5ForConditionalGeneration(
-        transformers.Qwen3_5Config(text_config=text_model.config.to_dict(), vision_config=QWEN35_VISION)
-    )
+    hidden = text_model.config.hidden_size
+    model = getattr(transformers, f"{family}ForConditionalGeneration")(getattr(transformers, f"{family}Config")(
+        text_config=text_model.config.to_dict(), vision_config=dict(QWEN35_VISION, out_hidden_size=hidden)
+    ))
     model.model.language_model.load_state_dict(text_model.model.state_dict())
     model.lm_head.load_state_dict(text_model.lm_head.state_dict())
     model.save_pretrained(folder)
     [weights] = folder.glob("*.safetensors")
-    hidden = text_model.config.hidden_size
     mtp = {"mtp.fc.weight": torch.ones(hidden, 2 * hidden), "mtp.norm.weight": torch.zeros(hidden)}
     save_file(load_file(weights) | mtp, weights, metadata={"format": "pt"})
     for tokenizer_file in text.glob("tokenizer*"):
@@ -391,6 +437,41 @@ def test_qwen35_that_reads_images_converts_its_text_model_like_transformers(tiny
     source = _qwen35_with_vision(text, tmp_path / "vision")
     wrapped = convert_checkpoint(source, tmp_path / "wrapped.gguf", "f32", threads=2)
     assert wrapped.notice == ("Qwen3_5ForConditionalGeneration also reads images: only its text model is converted, "
+                              "not its vision tower and its multi-token-prediction layer")
+    alone = convert_checkpoint(text, tmp_path / "alone.gguf", "f32", threads=2)
+    assert gguf_contents(wrapped.output) == gguf_contents(alone.output)
+    converted_runs_like_transformers(source, tmp_path / "run.gguf", "f16")
+
+
+def _experts_stacked(folder: Path) -> Path:
+    """`folder`'s Qwen 3.5 mixture of experts with each layer's experts in two tensors, as Qwen ships its BF16 releases: their
+    gate and up projections (mlp.experts.gate_up_proj, experts x 2 widths x hidden) and their down projections (mlp.experts.down_proj)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    [weights] = folder.glob("*.safetensors")
+    kept, experts = {}, {}
+    for name, tensor in load_file(weights).items():
+        if (matrix := QWEN35_EXPERT_MATRIX.fullmatch(name)) is None:
+            kept[name] = tensor
+        else:
+            experts.setdefault(matrix[1], {}).setdefault(matrix[3], {})[int(matrix[2])] = tensor
+    assert experts, "transformers saved no tensor per expert"
+    for layer, matrices in experts.items():
+        stack = {kind: torch.stack([by_expert[e] for e in sorted(by_expert)]) for kind, by_expert in matrices.items()}
+        kept[f"{layer}.gate_up_proj"] = torch.cat([stack["gate"], stack["up"]], dim=1)
+        kept[f"{layer}.down_proj"] = stack["down"]
+    save_file(kept, weights, metadata={"format": "pt"})
+    return folder
+
+
+def test_qwen35moe_as_qwen_ships_it_converts_its_text_model_like_transformers(tiny_checkpoint: Callable[[str], Path], tmp_path: Path) -> None:
+    """Qwen3_5MoeForConditionalGeneration as Qwen ships Qwen3.5-35B-A3B, each layer's experts stacked in two tensors: its text
+    model alone, key for key and tensor for tensor the text-only checkpoint's (a tensor per expert), run like transformers."""
+    text = tiny_checkpoint("qwen35moe")
+    source = _experts_stacked(_qwen35_with_vision(text, tmp_path / "vision", "Qwen3_5Moe"))
+    wrapped = convert_checkpoint(source, tmp_path / "wrapped.gguf", "f32", threads=2)
+    assert wrapped.notice == ("Qwen3_5MoeForConditionalGeneration also reads images: only its text model is converted, "
                               "not its vision tower and its multi-token-prediction layer")
     alone = convert_checkpoint(text, tmp_path / "alone.gguf", "f32", threads=2)
     assert gguf_contents(wrapped.output) == gguf_contents(alone.output)
@@ -457,7 +538,8 @@ GRANITE4_HUB_CONFIG = {
 
 
 def test_granite4_hub_config_is_read_as_transformers_reads_it() -> None:
-    """Its Mamba-2 layers marked by 0 KV heads, as granitehybrid; with attention in every layer, as granite; with experts, refused."""
+    """Its Mamba-2 layers marked by 0 KV heads, as granitehybrid; with attention in every layer, as granite; with experts, the
+    experts' intermediate_size as the MLP's width and its shared MLP as the shared expert, as granitehybrid or granitemoe."""
     from localchat.converters.architectures import architecture_for
     from localchat.converters.checkpoint import ModelConfig
 
@@ -467,9 +549,11 @@ def test_granite4_hub_config_is_read_as_transformers_reads_it() -> None:
     assert architecture_for(config).gguf_name == "granitehybrid"
     attending = {**GRANITE4_HUB_CONFIG, "layer_types": ["attention"] * 4, "position_embedding_type": "rope"}
     assert architecture_for(ModelConfig.from_dict(attending, Path("config.json"))).gguf_name == "granite"
-    routed = {**GRANITE4_HUB_CONFIG, "num_local_experts": 64, "num_experts_per_tok": 6}
-    with pytest.raises(ModelError, match="mixture of 64 experts"):
-        architecture_for(ModelConfig.from_dict(routed, Path("config.json")))
+    routed = ModelConfig.from_dict({**GRANITE4_HUB_CONFIG, "num_local_experts": 64, "num_experts_per_tok": 6}, Path("config.json"))
+    assert (routed.intermediate_size, routed.expert_intermediate_size, routed.shared_expert_intermediate_size) == (512, 512, 768)
+    assert architecture_for(routed).gguf_name == "granitehybrid"
+    routed_attending = {**attending, "num_local_experts": 64, "num_experts_per_tok": 6}
+    assert architecture_for(ModelConfig.from_dict(routed_attending, Path("config.json"))).gguf_name == "granitemoe"
 
 
 # OLMo 3 7B's config.json as on the hub, in transformers 4's keys: YaRN in rope_scaling, for its full layers alone.
