@@ -127,6 +127,8 @@ def _convert(args: argparse.Namespace) -> int:
     from localchat.converters.checkpoint import locate_checkpoint
     from localchat.converters.lora import is_adapter
 
+    if args.output is not None and not args.output.strip():
+        raise InvalidSettingError("-o is empty; give the output path, or leave -o out for the default one")
     source = locate_checkpoint(args.source)
     if is_adapter(source.folder):
         return _adapter_to_gguf(args, source)

@@ -15,6 +15,7 @@ import math
 import os
 import re
 import shutil
+import tempfile
 import threading
 import time
 from collections import Counter, deque
@@ -257,6 +258,15 @@ def _estimated_bytes(float_bytes: int, float_bits: float, bits_per_weight: float
     return int(float_bytes * bits_per_weight / float_bits)
 
 
+def check_writable(folder: Path) -> None:
+    """Before the disk-space check: a folder that takes no files (/proc, a read-only one) may show 0 bytes free."""
+    try:
+        with tempfile.TemporaryFile(dir=folder):  # unnamed where the filesystem allows, else removed at once
+            pass
+    except OSError as error:
+        raise LocalchatError(f"cannot write to the output folder {folder} ({error.strerror}); choose another path with -o") from None
+
+
 def _check_free_disk(folder: Path, needed: int) -> None:
     free = shutil.disk_usage(folder).free
     if free < needed + DISK_MARGIN_BYTES:
@@ -326,6 +336,7 @@ def convert_checkpoint(
         float_bytes = n_params * float_bits // 8
         final_bytes = _estimated_bytes(float_bytes, float_bits, choice.bits_per_weight)
         created = _make_folder(output.parent)
+        check_writable(output.parent)
         _check_free_disk(output.parent, final_bytes + (float_bytes if choice.float_type is None else 0))
 
         partial = output.with_name(output.name + INCOMPLETE_SUFFIX)

@@ -37,7 +37,7 @@ from localchat.converters.checkpoint import (
     read_config,
     read_json,
 )
-from localchat.converters.gguf import FLOAT_ENCODERS, INCOMPLETE_SUFFIX, ConversionResult
+from localchat.converters.gguf import FLOAT_ENCODERS, INCOMPLETE_SUFFIX, ConversionResult, check_writable
 from localchat.errors import InvalidSettingError, LocalchatError, ModelError
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -203,6 +203,7 @@ def convert_adapter(source: Path, output: Path, quant: str = DEFAULT_LORA_QUANT,
             data, raw = _encode(weights, LORA_QUANTS[quant])
             writer.add_tensor(matrix.gguf_name + suffix, data, **raw)
     output.parent.mkdir(parents=True, exist_ok=True)
+    check_writable(output.parent)
     partial = output.with_name(output.name + INCOMPLETE_SUFFIX)
     try:
         writer.write_header_to_file(partial)

@@ -11,7 +11,10 @@ pre-tokenizer regex, which must be one llama.cpp implements.
 
 from __future__ import annotations
 
+import logging
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -54,6 +57,9 @@ GPT2_PRE_TOKENIZER = "gpt-2"
 ACCEPTED_NORMALIZERS = (None, "NFC")
 # JSON files gguf's SpecialVocab reads (with json.load, which would raise a traceback).
 SPECIAL_VOCAB_FILES = ("tokenizer.json", "tokenizer_config.json", "config.json", "chat_template.json")
+# gguf's SpecialVocab warns through this logger of post-processor templates and special tokens it does not map (the tiny
+# BPE tokenizers' single/pair templates, Gemma's "<bos>" separator): lines on every conversion that a user cannot act on.
+GGUF_VOCAB_LOGGER = "gguf.vocab"
 # Gemma 4's markers of reasoning, tool calls and quoted strings: special tokens that llama.cpp's converter
 # makes USER_DEFINED, so that they are always rendered and the chat parser reads them.
 GEMMA4_VISIBLE_TOKENS = frozenset({"<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", "<|tool_response>", "<tool_response|>", '<|"|>'})
@@ -335,6 +341,17 @@ def _end_of_turn_ids(checkpoint: Checkpoint, eos_id: int | None, n_vocab: int) -
     return [i for i in ids if isinstance(i, int) and not isinstance(i, bool) and 0 <= i < n_vocab and i != eos_id]
 
 
+@contextmanager
+def _gguf_vocab_warnings_silenced() -> Iterator[None]:
+    logger = logging.getLogger(GGUF_VOCAB_LOGGER)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def add_tokenizer(writer: GGUFWriter, checkpoint: Checkpoint, n_vocab: int, model_name: str | None = None) -> Vocabulary:
     """Write the tokenizer keys (as llama.cpp's tokenizer model `model_name`, if given); returns the vocabulary written."""
     vocab = read_vocabulary(checkpoint, n_vocab, model_name)
@@ -348,15 +365,16 @@ def add_tokenizer(writer: GGUFWriter, checkpoint: Checkpoint, n_vocab: int, mode
         writer.add_add_space_prefix(vocab.add_space_prefix)
     for name in SPECIAL_VOCAB_FILES:
         checkpoint.json_file(name)  # a corrupt one is a ModelError naming it, before gguf reads it
-    try:
-        special = SpecialVocab(checkpoint.folder, load_merges=vocab.model in MERGING_MODELS, n_vocab=n_vocab)
-    except (ValueError, TypeError, AttributeError, KeyError) as error:  # gguf's ad-hoc parsing of these files
-        raise TokenizerError(
-            f"{checkpoint.folder}'s tokenizer files have a malformed entry ({error}); download tokenizer_config.json and tokenizer.json again"
-        ) from None
-    if vocab.model in MERGING_MODELS and not special.merges:
-        raise TokenizerError(f"{checkpoint.folder}/tokenizer.json has no BPE merges; download the model's tokenizer again")
-    special.add_to_gguf(writer, quiet=True)
+    with _gguf_vocab_warnings_silenced():
+        try:
+            special = SpecialVocab(checkpoint.folder, load_merges=vocab.model in MERGING_MODELS, n_vocab=n_vocab)
+        except (ValueError, TypeError, AttributeError, KeyError) as error:  # gguf's ad-hoc parsing of these files
+            raise TokenizerError(
+                f"{checkpoint.folder}'s tokenizer files have a malformed entry ({error}); download tokenizer_config.json and tokenizer.json again"
+            ) from None
+        if vocab.model in MERGING_MODELS and not special.merges:
+            raise TokenizerError(f"{checkpoint.folder}/tokenizer.json has no BPE merges; download the model's tokenizer again")
+        special.add_to_gguf(writer, quiet=True)
     eot = _end_of_turn_ids(checkpoint, special.special_token_ids.get("eos"), n_vocab)
     if eot and "eot" not in special.special_token_ids:
         writer.add_eot_token_id(eot[0])

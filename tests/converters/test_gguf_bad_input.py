@@ -4,6 +4,8 @@ nothing is left behind."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import signal
 import subprocess
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from localchat.cli import main
 from localchat.converters import cli
 from localchat.converters.architectures import ARCHITECTURES
 from localchat.converters.checkpoint import locate_checkpoint
@@ -118,6 +121,42 @@ def test_sigterm_while_writing_leaves_nothing(llama_copy: Path, tmp_path: Path) 
         converting.kill()
     assert converting.returncode == 143 and b"Traceback" not in stderr, stderr.decode()  # 128 + SIGTERM, as a shell reports it
     assert sorted(path.name for path in tmp_path.iterdir()) == ["llama"]
+
+
+def _read_only_folder(tmp_path: Path, name: str) -> str:
+    folder = tmp_path / "read-only"
+    folder.mkdir(mode=0o555)
+    if os.access(folder, os.W_OK):
+        pytest.skip("this user writes into read-only folders (root)")
+    return str(folder / name)
+
+
+# An -o a user can get wrong -> (the -o given, from pytest's folder and the output's name; what the one error line says).
+BAD_OUTPUTS: dict[str, tuple[Callable[[Path, str], str], str]] = {
+    "empty": (lambda tmp_path, name: "", "-o is empty"),
+    # /proc takes no new files, even from root; its disk is 0 bytes, so this was reported as a full disk.
+    "in /proc": (lambda tmp_path, name: f"/proc/{name}", r"cannot write .*/proc\b.*; choose another path with -o"),
+    "read-only folder": (_read_only_folder, r"cannot write .*read-only \(Permission denied\); choose another path with -o"),
+}
+# Target -> (output name, a quick quantization), for each of BAD_OUTPUTS.
+TARGET_OUTPUTS = {"gguf": ("out.gguf", "f16"), "onnx": ("out-onnx", "fp32")}
+
+
+@pytest.mark.parametrize("target", TARGET_OUTPUTS)
+@pytest.mark.parametrize("bad_output", BAD_OUTPUTS)
+def test_bad_output_is_one_error_line_and_leaves_nothing(
+    bad_output: str, target: str, llama_copy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    given, message = BAD_OUTPUTS[bad_output]
+    name, quant = TARGET_OUTPUTS[target]
+    output = given(tmp_path, name)
+    before = sorted(tmp_path.rglob("*"))
+    capsys.readouterr()
+    assert main(["convert", str(llama_copy), "--to", target, "--quant", quant, "-o", output]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("localchat: error: "), lines
+    assert re.search(message, lines[0]), lines[0]
+    assert sorted(tmp_path.rglob("*")) == before
 
 
 def test_unknown_pre_tokenizer_regex_is_explained() -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -32,6 +35,25 @@ def test_tiny_checkpoint_converts_to_f16_and_matches_transformers(
     text = "\n".join(verify_text().splitlines()[:5]) if name == "gemma3" else None
     report = verify_gguf(result.output, tiny_checkpoint(name), "f16", text)
     assert _checks(report) == {"tokenization": True, "top-1 agreement": True, "greedy continuation": True, "perplexity": True}, report.table()
+
+
+# (tiny checkpoint, target, quantization) whose tokenizer files made a library print a line at every conversion:
+# gguf's SpecialVocab on the BPE post-processor of the tiny ones, and on the "<bos>" separator of Gemma's.
+TERMINAL_CASES = [("llama", "gguf", "f16"), ("gemma3", "gguf", "f16"), ("llama", "onnx", "int4")]
+
+
+@pytest.mark.parametrize(("name", "target", "quant"), TERMINAL_CASES)
+def test_conversion_prints_only_its_progress_and_summary(
+    name: str, target: str, quant: str, tiny_checkpoint: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """In a process of its own: pytest's log capture would take in what Python's logging prints on a terminal."""
+    output = tmp_path / f"out.{target}"
+    converted = subprocess.run([sys.executable, "-m", "localchat", "convert", str(tiny_checkpoint(name)), "--to", target,
+                                "--quant", quant, "--threads", "2", "-o", str(output)], check=False, capture_output=True, text=True, timeout=300)
+    assert converted.returncode == 0, converted.stderr
+    assert converted.stdout.startswith(f"wrote {output} ") and converted.stdout.count("\n") == 1, converted.stdout
+    stray = [line for line in re.split(r"[\r\n]", converted.stderr) if line.strip() and not line.startswith(("writing", "quantizing"))]
+    assert stray == []
 
 
 @pytest.fixture(scope="module")

@@ -84,6 +84,8 @@ def test_cli_converts_an_adapter_and_runs_it(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     adapter, _ = tiny_lora("llama")
+    assert main(["convert", str(adapter), "--to", "gguf", "-o", "/proc/a.gguf"]) == 1  # /proc takes no files, even root's
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "localchat: error: cannot write to the output folder /proc (No such file or directory); choose another path with -o"
     assert main(["convert", str(adapter), "--to", "gguf", "-o", str(tmp_path / "a.gguf")]) == 0
     assert "LoRA adapter" in capsys.readouterr().out
     base = convert_checkpoint(tiny_checkpoint("llama"), tmp_path / "base.gguf", "q8_0", threads=2).output
