@@ -39,6 +39,18 @@ if TYPE_CHECKING:
 Handler = Callable[[argparse.Namespace], int]
 
 
+class _CommandParser(argparse.ArgumentParser):
+    """A command's parser: an option it does not know is an error in its own usage (argparse would hand it
+    up to the top parser, whose usage names no option of the command)."""
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        parsed, unknown = super().parse_known_args(args, namespace)
+        if unknown:
+            self.error(f"unrecognized arguments: {' '.join(unknown)}")
+        return parsed, unknown
+
+
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
     from localchat.models import DEFAULT_MODEL_NAME
 
@@ -578,7 +590,7 @@ def cmd_rm(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="localchat", description="Chat with a language model on your own machine.")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_CommandParser)
 
     chat = commands.add_parser("chat", help="open the chat app (the default command)")
     _add_model_options(chat)

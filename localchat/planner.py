@@ -87,6 +87,9 @@ class PlanRequest:
             raise InvalidSettingError(f"context size {self.n_ctx} is too small: give at least 16 tokens")
         if self.n_threads is not None and self.n_threads < 1:
             raise InvalidSettingError(f"threads must be >= 1, got {self.n_threads}")
+        if self.n_gpu_layers is not None and self.n_gpu_layers < 0:
+            raise InvalidSettingError(f"GPU layers must be >= 0 (0: CPU only; more than the model has, e.g. 999: all), "
+                                      f"got {self.n_gpu_layers}")
         if self.n_seq < 1:
             raise InvalidSettingError(f"parallel sequences must be >= 1, got {self.n_seq}")
 

@@ -443,11 +443,14 @@ class Reply:
         self.finish_reason = finish_reason
 
     def tail(self) -> str:
-        """The text held back until the end: a possible stop string's start, a partial character."""
+        """The text held back until the end: a possible stop string's start. A character whose first bytes
+        end the reply (max_tokens cut it) is left out, not written as U+FFFD: the reply is the characters
+        its tokens completed."""
         if self._stopped_by_string:
             return ""
         self._tail_taken = True  # with the tokens that print nothing at its end
-        return self._stops.flush() + self._decoder.decode(b"", final=True)
+        self._decoder.reset()
+        return self._stops.flush()
 
     def stats(self) -> GenerationStats:
         end = time.perf_counter()

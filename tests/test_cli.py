@@ -247,6 +247,14 @@ def test_every_command_answers_help(localchat_home: Path, command: list[str]) ->
     assert result.returncode == 0 and "usage: localchat" in result.stdout
 
 
+@pytest.mark.parametrize(("args", "command"), [(["run", "--bogus", "hi"], "run"), (["serve", "--bogus"], "serve"),
+                                             (["--bogus"], "chat"), (["convert", "x", "--to", "gguf", "--bogus"], "convert")])
+def test_an_unknown_option_shows_its_command_s_usage(localchat_home: Path, args: list[str], command: str) -> None:
+    result = localchat(*args, home=localchat_home)
+    assert result.returncode == 2 and result.stderr.startswith(f"usage: localchat {command} "), result.stderr
+    assert result.stderr.endswith(f"localchat {command}: error: unrecognized arguments: --bogus\n")
+
+
 def test_the_model_option_names_the_model_used_without_it(localchat_home: Path) -> None:
     for command in ("run", "serve", "info"):
         result = localchat(command, "--help", home=localchat_home)
@@ -309,6 +317,10 @@ def test_a_bad_model_file_gets_one_clear_line(tmp_path: Path, localchat_home: Pa
         (["run", "-m", "http://127.0.0.1:1/v1", "hi"], "cannot reach http://127.0.0.1:1/v1"),
         (["run", "--ctx", "64", "word " * 2000], "context holds"),
         (["info", "--ctx", "4"], "context size 4 is too small"),
+        (["run", "--gpu-layers", "-5", "hi"], "GPU layers must be >= 0"),
+        (["info", "--gpu-layers", "-1"], "GPU layers must be >= 0"),
+        (["bench", "--gpu-layers", "-1"], "GPU layers must be >= 0"),
+        (["serve", "--gpu-layers", "-1"], "GPU layers must be >= 0"),
     ],
 )
 def test_bad_input_gets_one_clear_line(localchat_home: Path, args: list[str], message: str) -> None:

@@ -100,6 +100,14 @@ def test_a_character_split_across_tokens_streams_whole() -> None:
     assert finish == "stop"
 
 
+def test_a_character_cut_by_the_reply_s_end_is_left_out() -> None:
+    """max_tokens, or the model's end, after a character's first bytes: the reply is what its tokens completed,
+    not a U+FFFD (clients would show and keep it)."""
+    assert run([1, 2, 3], GenerationSettings(max_tokens=3)) == (["a"], "length")
+    assert run([1, 2, 3, 4, EOS]) == (["a"], "stop")
+    assert run([1, 2, 3, 4, 5, 7], GenerationSettings(max_tokens=6)) == (["a", "🐍", "b"], "length")
+
+
 def test_a_stop_string_ends_the_reply_and_is_not_shown() -> None:
     pieces, finish = run([1, 6, 1, 1], GenerationSettings(stop=(" EN",)))
     assert "".join(pieces) == "a" and finish == "stop"

@@ -119,7 +119,8 @@ def test_amx_cpu_with_amx_build_turns_off_extra_buffers() -> None:
 
 @pytest.mark.parametrize(
     ("request_args", "message"),
-    [({"n_ctx": 8}, "context size"), ({"n_threads": 0}, "threads"), ({"n_seq": 0}, "parallel")],
+    [({"n_ctx": 8}, "context size"), ({"n_threads": 0}, "threads"), ({"n_seq": 0}, "parallel"),
+     ({"n_gpu_layers": -1}, "GPU layers must be >= 0")],
 )
 def test_invalid_requests_are_rejected(request_args: dict[str, int], message: str) -> None:
     with pytest.raises(InvalidSettingError, match=message):

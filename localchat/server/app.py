@@ -38,7 +38,7 @@ from localchat.model_pool import Lease, MemoryBudget, MemoryNeed, ModelBusyError
 from localchat.scheduler import QueueFullError, ReplyDone, TextDelta
 from localchat.server.anthropic_messages import messages_router
 from localchat.server.embeddings import embedding_router
-from localchat.server.errors import APIError, error_response
+from localchat.server.errors import APIError, error_response, validation_message
 from localchat.server.json_bodies import BodiesAsJson, WellFormedRoute
 from localchat.server.llama_server_api import llama_server_router
 from localchat.server.logprobs import chat_logprobs, completion_logprobs, token_piece
@@ -91,20 +91,6 @@ SSE_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"ty
 EVENT_STREAM = {200: {"content": {"text/event-stream": {"schema": SSE_EVENT}}}}
 
 
-def _validation_message(error: RequestValidationError) -> tuple[str, str | None]:
-    details = error.errors()
-    if not details:
-        return "invalid request", None
-    first = details[0]
-    if first.get("type") == "json_invalid":  # its location is the character where the JSON broke, no field
-        position = first.get("loc", ("body", "?"))[-1]
-        reason = first.get("ctx", {}).get("error", first.get("msg", "JSON decode error"))
-        return f"the request body is not valid JSON: {reason} at character {position}", None
-    location = [str(part) for part in first.get("loc", ()) if part != "body"]
-    where = ".".join(location)
-    return (f"{where}: {first.get('msg', 'invalid')}" if where else str(first.get("msg", "invalid request"))), where or None
-
-
 def _sse(payload: BaseModel | str) -> str:
     data = payload if isinstance(payload, str) else payload.model_dump_json()
     return f"data: {data}\n\n"
@@ -132,7 +118,7 @@ def _usage(stats: Sequence[GenerationStats], n: int) -> Usage:
 
 
 def _finish_reason(stats: GenerationStats) -> FinishReason:
-    # "cancelled" only reaches a client that is still there when the server shuts down.
+    # A reply this request cancelled itself ends as "stop"; one the server cut as it stopped raises instead (PendingReplies.events).
     return "length" if stats.finish_reason == "length" else "stop"
 
 
@@ -208,7 +194,7 @@ def _install_error_handlers(app: FastAPI, settings: ServerSettings) -> None:
 
     async def validation_error(request: Request, error: Exception) -> Response:
         assert isinstance(error, RequestValidationError)
-        message, param = _validation_message(error)
+        message, param = validation_message(error.errors())
         return error_response(request.url.path, 400, message, param=param)
 
     async def http_error(request: Request, error: Exception) -> Response:

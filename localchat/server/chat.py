@@ -277,5 +277,5 @@ class ChatReplyReader:
     def finish_reason(self, stats: GenerationStats) -> FinishReason:
         if self.complete or (self.calls and stats.finish_reason != "length"):
             return "tool_calls"
-        # "cancelled" only reaches a client that is still there when the server shuts down.
+        # A reply this request cancelled itself ends as "stop"; one the server cut as it stopped raises instead (PendingReplies.events).
         return "length" if stats.finish_reason == "length" else "stop"

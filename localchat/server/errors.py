@@ -1,4 +1,5 @@
-"""The error bodies, OpenAI's, Ollama's and Anthropic's, and the exception a handler raises to answer with one.
+"""The error bodies, OpenAI's, Ollama's and Anthropic's, the exception a handler raises to answer with one, and
+the one line a body that failed validation is answered with.
 
 Paths under OLLAMA_PREFIX answer as Ollama does, `{"error": "..."}`; Anthropic's Messages API (ANTHROPIC_PATH and
 below) as Anthropic does, `{"type": "error", "error": {"type": ..., "message": ...}}`; every other path as OpenAI does.
@@ -6,6 +7,7 @@ below) as Anthropic does, `{"type": "error", "error": {"type": ..., "message": .
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi.responses import JSONResponse
@@ -43,3 +45,29 @@ def error_body(path: str, status: int, message: str, *, code: str | None = None,
 def error_response(path: str, status: int, message: str, *, code: str | None = None, param: str | None = None,
                    headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse(error_body(path, status, message, code=code, param=param), status_code=status, headers=headers)
+
+
+# What a refusal of the body as a whole says, by pydantic's error type: no body, or a body that is no object.
+BODY_ERRORS = {"missing": "missing request body", "model_attributes_type": "the body must be a JSON object",
+               "model_type": "the body must be a JSON object", "dict_type": "the body must be a JSON object"}
+
+
+def validation_message(errors: Sequence[Any], renamed: Mapping[str, str] | None = None) -> tuple[str, str | None]:
+    """A body pydantic refused, in one line from its first error, and the field that names (None: the body as a
+    whole). `renamed`: top-level fields as the client named them, where the body validated is a translation."""
+    if not errors:
+        return "invalid request", None
+    first = errors[0]
+    location = list(first.get("loc", ()))
+    if first.get("type") == "json_invalid":  # its location is the character where the JSON broke, no field
+        reason = first.get("ctx", {}).get("error", first.get("msg", "JSON decode error"))
+        return f"the request body is not valid JSON: {reason} at character {location[-1] if location else '?'}", None
+    path = [str(part) for part in (location[1:] if location[:1] == ["body"] else location)]  # FastAPI's "body" first
+    if path and renamed:
+        path[0] = renamed.get(path[0], path[0])
+    where = ".".join(path)
+    if not where:
+        return BODY_ERRORS.get(first.get("type", ""), first.get("msg", "invalid request")), None
+    if first.get("type") == "missing":
+        return f"{where} is required", where
+    return f"{where}: {first.get('msg', 'invalid')}", where

@@ -44,6 +44,7 @@ from localchat.server.schemas import (
     StopString,
     _Request,
     error_responses,
+    one_of,
 )
 from localchat.session import GenerationSettings, GenerationStats
 
@@ -96,8 +97,9 @@ class InfillRequest(SamplingFields):
     n_predict: int = Field(-1, ge=-1, description="most tokens to generate; -1: no limit; 0: one, as llama-server")
     n_cmpl: int | None = Field(None, ge=1, le=MAX_CHOICES, description="completions to generate (n's other name); "
                                                                         "more than one answers with a list")
-    stop: StopString | list[StopString] | None = Field(None, description="the reply ends before any of these")
-    samplers: list[str] | str | None = Field(
+    stop: Annotated[StopString | list[StopString], one_of("a string or a list of strings, none empty")] | None = Field(
+        None, description="the reply ends before any of these")
+    samplers: Annotated[list[str] | str, one_of("a list of stage names or a string of their letters")] | None = Field(
         None, description=f"the sampler stages to run, those left out off (temperature's absence draws at 1): "
                           f"{', '.join(SAMPLER_STAGES)}, in that order; {UNRUN_STAGE} is accepted and not run")
     n_indent: int = Field(0, ge=0, description="a line after the first indented less than this ends the reply")

@@ -38,7 +38,7 @@ from pydantic import BaseModel, ValidationError
 from localchat.chat import continuation_text
 from localchat.constraints import tokenizer_for
 from localchat.scheduler import TextDelta
-from localchat.server.errors import APIError
+from localchat.server.errors import APIError, validation_message
 from localchat.server.json_bodies import WellFormedRoute
 from localchat.server.logprobs import chat_logprobs, token_piece
 from localchat.server.ollama_schemas import (
@@ -142,7 +142,7 @@ def ollama_error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
         (403, "Changing the models on disk is off for this server"),
         (404, "Unknown model"),
         (413, "Request body too large"),
-        (500, "The model could not be loaded"),
+        (500, "The model could not be loaded, or pulled"),
         (503, "Every slot is busy and the queue is full, or the model needs the room of busy models"),
     ] if status in statuses}
 
@@ -228,12 +228,8 @@ def _validated(model: type[BaseModel], body: dict[str, Any]) -> Any:
     try:
         return model.model_validate(body)
     except ValidationError as error:
-        first = error.errors()[0]
-        location = [str(part) for part in first.get("loc", ())]
-        if location:
-            location[0] = _FIELD_ORIGINS.get(location[0], location[0])
-        where = ".".join(location)
-        raise APIError(400, f"{where}: {first.get('msg', 'invalid')}" if where else str(first.get("msg")), param=where) from None
+        message, where = validation_message(error.errors(), _FIELD_ORIGINS)
+        raise APIError(400, message, param=where) from None
 
 
 def _response_format(value: Any) -> dict[str, Any] | None:

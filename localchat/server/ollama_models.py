@@ -350,8 +350,8 @@ class OllamaModels:
             return ndjson(lines)
         last: Progress | None = None
         async for line in lines:
-            if isinstance(line, dict):  # {"error": ...}
-                raise APIError(400, str(line["error"]), param="model")
+            if isinstance(line, dict):  # {"error": ...}: Ollama answers any failed pull so (its waitForStream)
+                raise APIError(500, str(line["error"]), param="model")
             last = line
         assert last is not None
         return JSONResponse(last.model_dump())
@@ -622,7 +622,7 @@ def ollama_models_router(models: ModelRouter, loader: EngineLoader | None, setti
     router.add_api_route("/api/ps", routes.ps, methods=["GET"], response_model=RunningModels,
                          responses=ollama_error_responses(401), summary="the models loaded")
     router.add_api_route("/api/pull", routes.pull, methods=["POST"], response_model=Progress,
-                         responses={**ollama_error_responses(400, 401, 403, 404, 413), **NDJSON_STREAM},
+                         responses={**ollama_error_responses(400, 401, 403, 404, 413, 500), **NDJSON_STREAM},
                          summary="fetch a GGUF model from the Hugging Face hub")
     router.add_api_route("/api/create", routes.create, methods=["POST"], response_model=Progress,
                          responses={**ollama_error_responses(400, 401, 403, 404, 413), **NDJSON_STREAM},

@@ -15,14 +15,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from localchat.server.schemas import TokenLogprob, WithoutNone
+from localchat.server.schemas import TokenLogprob, WithoutNone, one_of
 
 # A duration as Ollama takes it: seconds, or Go's duration text ("5m", "1h30m", "-1"); negative: for ever.
-KeepAlive = float | str
+KeepAlive = Annotated[float | str, one_of('seconds or a duration such as "5m" or "1h30m"')]
 # Ollama's think: on/off, or an effort for models that take one ("max" is read as "high").
-Think = bool | Literal["low", "medium", "high", "max"]
+Think = Annotated[bool | Literal["low", "medium", "high", "max"], one_of('true, false, "low", "medium", "high" or "max"')]
 # "json", a JSON schema, or nothing ("" or null).
-Format = Literal["", "json"] | dict[str, Any]
+Format = Annotated[Literal["", "json"] | dict[str, Any], one_of('"json" or a JSON schema object')]
+Texts = Annotated[str | list[str], one_of("a string or a list of strings")]
 Options = Annotated[dict[str, Any], Field(description="sampling options (Modelfile parameters): temperature, top_k, "
                                                       "top_p, min_p, seed, num_predict, stop, repeat_penalty, "
                                                       "repeat_last_n, presence_penalty, frequency_penalty")]
@@ -111,7 +112,7 @@ class GenerateRequest(_Inference):
 
 class EmbedRequest(OllamaRequest):
     model: str = ""
-    input: str | list[str] = Field("", description="a text or a list of texts; empty: only load the model")
+    input: Texts = Field("", description="a text or a list of texts; empty: only load the model")
     truncate: bool = Field(True, description="cut an input longer than the model takes (else an error)")
     dimensions: int | None = Field(None, description="the model's own size only: localchat does not shorten vectors")
     options: Options | None = None
@@ -163,7 +164,7 @@ class CreateRequest(NamedModelRequest):
     system: str | None = Field(None, description="its system prompt, for chats that bring none")
     messages: list[CreateMessage] | None = Field(None, description="messages every chat starts with")
     parameters: dict[str, Any] | None = Field(None, description="sampling defaults, as Ollama's options; num_ctx: its context")
-    license: str | list[str] | None = None
+    license: Texts | None = None
     template: str | None = Field(None, description="only the model's own chat template (the Jinja /api/show gives)")
     quantize: str = ""
     files: dict[str, str] | None = None

@@ -11,7 +11,11 @@ from localchat.session import GenerationSettings, GenerationStats
 
 
 class ReplyFailedError(Exception):
-    """The backend failed while producing the reply (a server fault, not the client's)."""
+    """The backend failed while producing the reply, or the server stopped before it ended (a server fault,
+    not the client's)."""
+
+
+STOPPED_MID_REPLY = "the server stopped before the reply ended; send the request again once it is back"
 
 
 class PendingReplies:
@@ -29,6 +33,7 @@ class PendingReplies:
         self._events: asyncio.Queue[tuple[int, ReplyEvent]] = asyncio.Queue()
         self._on_done = on_done
         self._stats: list[GenerationStats | None] = [None] * len(replies)
+        self._cancelled: set[int] = set()  # the replies this request cancelled (others end cancelled as the server stops)
         # Raises QueueFullError or ContextOverflowError before anything is sent to the client.
         self._handles = scheduler.submit_all([(prompt, settings, partial(self._deliver, index))
                                               for index, (prompt, settings) in enumerate(replies)])
@@ -45,8 +50,10 @@ class PendingReplies:
 
     def cancel(self, index: int | None = None) -> None:
         """Cancel reply `index`, or every one (None)."""
-        for handle in self._handles if index is None else [self._handles[index]]:
-            handle.cancel()
+        indices = range(len(self._handles)) if index is None else [index]
+        self._cancelled.update(indices)
+        for chosen in indices:
+            self._handles[chosen].cancel()
 
     @property
     def stats(self) -> list[GenerationStats]:
@@ -57,14 +64,17 @@ class PendingReplies:
 
     async def events(self) -> AsyncIterator[tuple[int, TextDelta | ReplyDone]]:
         """Each reply's text pieces (with their tokens' log-probabilities when asked for), then its end,
-        as they come, until every reply has ended. A backend failure raises ReplyFailedError; leaving
-        early, or a failure, cancels the replies still running."""
+        as they come, until every reply has ended. A backend failure raises ReplyFailedError, as does a reply
+        the server ended as it stopped: its client would otherwise take the text so far for the whole reply.
+        Leaving early, or a failure, cancels the replies still running."""
         running = len(self._handles)
         try:
             while running:
                 index, event = await self._events.get()
                 if isinstance(event, ReplyFailed):
                     raise ReplyFailedError(event.message)
+                if isinstance(event, ReplyDone) and event.stats.finish_reason == "cancelled" and index not in self._cancelled:
+                    raise ReplyFailedError(STOPPED_MID_REPLY)
                 if isinstance(event, ReplyDone):
                     self._stats[index] = event.stats
                     running -= 1

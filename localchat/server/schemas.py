@@ -22,6 +22,7 @@ from pydantic import (
     SerializerFunctionWrapHandler,
     ValidationError,
     ValidatorFunctionWrapHandler,
+    WrapValidator,
     field_validator,
     model_serializer,
     model_validator,
@@ -41,6 +42,23 @@ MAX_LEGACY_LOGPROBS = 5
 # the scheduler decodes (LangChain's OpenAI LLM sends 20 prompts at a time).
 MAX_CHOICES = 128
 StopString = Annotated[str, Field(min_length=1)]
+
+
+def one_of(forms: str) -> WrapValidator:
+    """A union's refusal as one error saying what the field takes (`forms`), not one per form the value is not,
+    each named by pydantic's tag for it ("constrained-str", "list[int]")."""
+
+    def validate(value: Any, validate_form: ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return validate_form(value)
+        except ValidationError:
+            raise PydanticCustomError("one_of", "should be {forms}", {"forms": forms}) from None
+
+    return WrapValidator(validate)
+
+
+Stop = Annotated[StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)],
+                 one_of(f"a string or a list of at most {MAX_STOP_STRINGS} strings, none empty")]
 FinishReason = Literal["stop", "length", "tool_calls"]
 # OpenAI's rule for function names: letters, digits, underscores and dashes, at most 64.
 FunctionName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
@@ -167,7 +185,7 @@ class SamplingFields(_TopRequest):
     repeat_last_n: int | None = Field(None, ge=-1,
                                       description="llama.cpp's extension: the tokens the penalties look back on (-1: all, 0: off)")
     dry_multiplier: float | None = Field(None, ge=0, description="llama.cpp's extension: 0 turns DRY off")
-    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    stop: Stop | None = None
     ignore_eos: bool = Field(False, description="llama.cpp's extension: go on past end-of-generation tokens")
     n: int = Field(1, ge=1, le=MAX_CHOICES, description=(
         "choices to generate (for each prompt), decoded together; with a seed, choice j samples with seed + j "
@@ -271,7 +289,7 @@ def refuse_other_parts(content: Any) -> Any:
 
 class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: Annotated[str | list[TextPart], one_of('a string or a list of text parts ({"type": "text", "text": ...})')] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = Field(None, description="on an assistant message: the calls it made")
     tool_call_id: str | None = Field(None, description="on a tool message: the call whose result it is")
@@ -344,7 +362,8 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[Tool] | None = Field(None, description="functions the model may call")
     response_format: ResponseFormat | None = Field(
         None, description="json_object or json_schema: the reply is JSON (following the schema), by constrained decoding")
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+    tool_choice: Annotated[Literal["none", "auto", "required"] | NamedToolChoice,
+                           one_of('"none", "auto", "required" or {"type": "function", "function": {"name": ...}}')] | None = Field(
         None, description="auto (the default with tools): the model decides; required or a named function: it must call")
     parallel_tool_calls: bool = Field(True, description="false: at most one call per reply")
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = Field(
@@ -378,7 +397,8 @@ class ChatCompletionRequest(SamplingFields):
 
 TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 # OpenAI's forms of a completion's prompt: one text, one prompt's token ids, or a list of either.
-Prompts = str | TokenIds | Annotated[list[str], Field(min_length=1)] | Annotated[list[TokenIds], Field(min_length=1)]
+Prompts = Annotated[str | TokenIds | Annotated[list[str], Field(min_length=1)] | Annotated[list[TokenIds], Field(min_length=1)],
+                    one_of("a text, token ids (integers >= 0), or a non-empty list of texts or of non-empty token-id lists")]
 
 
 class CompletionRequest(SamplingFields):
@@ -390,16 +410,6 @@ class CompletionRequest(SamplingFields):
                                  description="each token's log-probability and the this many most likely alternatives")
     suffix: str | None = Field(None, description="the text after the gap: the reply fills the gap between the prompt "
                                                  "and it (fill-in-the-middle, for models with FIM tokens); empty or null: none")
-
-    @field_validator("prompt", mode="wrap")
-    @classmethod
-    def _prompt_in_one_line(cls, prompt: Any, validate: ValidatorFunctionWrapHandler) -> Any:
-        """One message for a prompt of no form, not one per form it is not (the first of which names a form)."""
-        try:
-            return validate(prompt)
-        except ValidationError:
-            raise PydanticCustomError("prompt", "should be a text, token ids (integers >= 0), or a non-empty list of "
-                                      "texts or of non-empty token-id lists") from None
 
     @property
     def prompts(self) -> list[str | list[int]]:
@@ -417,9 +427,9 @@ class CompletionRequest(SamplingFields):
 
 
 class EmbeddingRequest(_TopRequest):
-    input: (str | Annotated[list[str], Field(min_length=1)] | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
-            | Annotated[list[Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]], Field(min_length=1)]) = Field(
-        description="a text, a list of texts, token ids, or a list of token-id lists")
+    input: Annotated[str | Annotated[list[str], Field(min_length=1)] | TokenIds | Annotated[list[TokenIds], Field(min_length=1)],
+                     one_of("a string, a list of strings, a list of token ids (integers >= 0) or a list of such lists, "
+                            "none empty")] = Field(description="a text, a list of texts, token ids, or a list of token-id lists")
     model: str | None = Field(None, description="the served model's id (see /v1/models); omitted means the first")
     encoding_format: Literal["float", "base64"] = Field("float", description="base64: each vector's little-endian float32 bytes")
     dimensions: int | None = Field(None, ge=1, description="the model's own size only: localchat does not shorten vectors")

@@ -44,6 +44,32 @@ def test_a_body_is_read_as_json_whatever_its_content_type(scripted: tuple[Script
     assert (reply["message"]["content"] if path.startswith("/api/") else reply["choices"][0]["message"]["content"]) == "Hi."
 
 
+EMBEDDING_INPUTS = "input: should be a string, a list of strings, a list of token ids (integers >= 0) or a list of such lists, none empty"
+
+
+@pytest.mark.parametrize(("path", "body", "param", "message"), [
+    ("/v1/chat/completions", {**OPENAI_CHAT, "stop": list("abcde")}, "stop",
+     "stop: should be a string or a list of at most 4 strings, none empty"),
+    ("/v1/chat/completions", {**OPENAI_CHAT, "messages": [{"role": "user", "content": 5}]}, "messages.0.content",
+     'messages.0.content: should be a string or a list of text parts ({"type": "text", "text": ...})'),
+    ("/v1/chat/completions", {**OPENAI_CHAT, "tool_choice": "maybe"}, "tool_choice",
+     'tool_choice: should be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}'),
+    ("/v1/embeddings", {"model": "scripted", "input": []}, "input", EMBEDDING_INPUTS),
+    ("/v1/embeddings", {"model": "scripted", "input": [[-5]]}, "input", EMBEDDING_INPUTS),
+    ("/infill", {"input_prefix": "def", "stop": [""]}, "stop", "stop: should be a string or a list of strings, none empty"),
+    ("/v1/chat/completions", {"model": "scripted"}, "messages", "messages is required"),
+    ("/v1/chat/completions", None, None, "missing request body"),
+    ("/v1/chat/completions", [1, 2], None, "the body must be a JSON object"),
+])
+def test_a_refused_field_is_named_with_what_it_takes(scripted: tuple[ScriptedBackend, TestClient], path: str, body: Any,
+                                                     param: str | None, message: str) -> None:
+    """What pydantic refused, in the API's words: no union's branch tags ("constrained-str", "list[int]")."""
+    _, http = scripted
+    response = http.post(path, json=body)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"] == {"message": message, "type": "invalid_request_error", "param": param, "code": None}
+
+
 def test_pages_of_other_sites_are_refused_and_local_ones_allowed(scripted: tuple[ScriptedBackend, TestClient]) -> None:
     backend, http = scripted
     backend.replies.extend(["One.", "Two."])

@@ -75,10 +75,14 @@ def test_pull_list_show_copy_and_delete(managing: tuple[LiveServer, ollama.Clien
 
 
 def test_a_pull_of_a_model_the_hub_lacks_is_one_error(managing: tuple[LiveServer, ollama.Client]) -> None:
+    """Streamed, the error line; whole, a 500 as Ollama answers a failed pull (the client's request was sound)."""
     _, client = managing
     with pytest.raises(ollama.ResponseError) as missing:
         list(client.pull(f"{REPO}:Q2_K", stream=True))
     assert "Q2_K" in missing.value.error and "Q8_0" in missing.value.error  # what the repo has instead
+    with pytest.raises(ollama.ResponseError) as whole:
+        client.pull(f"{REPO}:Q2_K")
+    assert whole.value.status_code == 500 and whole.value.error == missing.value.error
 
 
 def test_changing_models_is_refused_unless_the_server_allows_it(server: LiveServer) -> None:

@@ -134,6 +134,14 @@ def test_generate_goes_on_from_an_earlier_replys_context(qwen3: tuple[ollama.Cli
     ("/api/chat", {"model": "scripted", "messages": TOOLS_QUESTION, "keep_alive": "soon"}, 400,
      'keep_alive: invalid duration "soon": give seconds or a duration such as "5m" or "1h30m"'),
     ("/api/chat", {"model": "scripted", "messages": TOOLS_QUESTION, "stream": "yes"}, 400, "stream: Input should be a valid boolean"),
+    ("/api/chat", {"model": "scripted", "messages": TOOLS_QUESTION, "format": "yaml"}, 400,
+     'format: should be "json" or a JSON schema object'),
+    ("/api/chat", {"model": "scripted", "messages": TOOLS_QUESTION, "think": "very"}, 400,
+     'think: should be true, false, "low", "medium", "high" or "max"'),
+    ("/api/embed", {"model": "scripted", "input": 5}, 400, "input: should be a string or a list of strings"),
+    ("/api/chat", [1, 2], 400, "the body must be a JSON object"),
+    ("/api/show", None, 400, "missing request body"),
+    ("/api/copy", {"source": "scripted"}, 400, "destination is required"),
     ("/api/generate", {"model": "scripted", "prompt": "x", "suffix": "y"}, 400,
      "suffix: scripted has no fill-in-the-middle tokens (a code model such as Qwen2.5-Coder or CodeLlama has them); "
      "send the text before the gap alone as the prompt"),
@@ -145,7 +153,7 @@ def test_generate_goes_on_from_an_earlier_replys_context(qwen3: tuple[ollama.Cli
      f"context: token ids must be in [0, {N_VOCAB}): send the context an earlier reply of this model gave"),
 ])
 def test_errors_come_as_ollama_gives_them(qwen3: tuple[ollama.Client, ScriptedBackend, httpx.Client], path: str,
-                                          body: dict[str, Any], status: int, error: str) -> None:
+                                          body: Any, status: int, error: str) -> None:
     _, _, http = qwen3
     response = http.post(path, json=body)
     assert (response.status_code, response.json()) == (status, {"error": error})

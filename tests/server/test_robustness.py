@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -154,27 +155,36 @@ def test_a_resent_history_costs_only_its_new_tokens_whichever_slot_serves_it(ser
 
 
 def test_a_stopped_server_ends_the_replies_in_flight_and_keeps_its_prefix_cache(tmp_path: Path, default_model: Path) -> None:
+    """The replies in flight end at once, each stream with an error its client raises (OpenAI's and Ollama's): a
+    finish reason would make the text so far pass for the whole reply."""
     stopping = start_server(tmp_path, "-m", str(default_model))
     system = "You are the keeper of a lighthouse and answer questions about its history. " * 8  # over 64 tokens
-    body = {"messages": [{"role": "system", "content": system}, {"role": "user", "content": "Tell a long story."}],
-            "max_tokens": 2000, "ignore_eos": True, "stream": True}
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": "Tell a long story."}]
+    openai_body = {"messages": messages, "max_tokens": 2000, "ignore_eos": True, "stream": True}
+    # Ollama has no ignore_eos: a schema holds its reply open for as long (llguidance keeps minLength).
+    story = {"type": "object", "properties": {"story": {"type": "string", "minLength": 8000}}, "required": ["story"]}
+    ollama_body = {"model": MODEL, "messages": messages, "options": {"num_predict": 2000}, "format": story}
 
-    def stream() -> list[str]:
-        with stopping.post("/v1/chat/completions", body, stream=True) as response:
+    def stream(path: str, body: dict[str, object]) -> list[str]:
+        with stopping.post(path, body, stream=True) as response:
             return [line.decode() for line in response.iter_lines() if line]
 
     with ThreadPoolExecutor(2) as pool:
-        streams = [pool.submit(stream) for _ in range(2)]
+        streams = [pool.submit(stream, "/v1/chat/completions", openai_body), pool.submit(stream, "/api/chat", ollama_body)]
         while stopping.health()["slots_processing"] != 2:
             time.sleep(0.1)
         time.sleep(1)
         stopping.process.send_signal(signal.SIGTERM)  # what `kill` or a service manager sends
-        events = [future.result(timeout=30) for future in streams]
+        openai_lines, ollama_lines = [future.result(timeout=30) for future in streams]
     assert stopping.process.wait(timeout=30) == 143  # 128 + SIGTERM, as a shell reports a killed command
-    for lines in events:
-        # A clean end well before 2000 tokens: the last chunk, then [DONE].
-        assert lines[-1] == "data: [DONE]" and '"finish_reason":"stop"' in lines[-2]
-        assert len(lines) < 1000
+    # Well before 2000 tokens: an error event (the openai client raises it), then [DONE]; no finish reason.
+    assert openai_lines[-1] == "data: [DONE]" and len(openai_lines) < 1000
+    error = json.loads(openai_lines[-2].removeprefix("data: "))["error"]
+    assert "stopped before the reply ended" in error["message"] and error["type"] == "server_error"
+    assert not any('"finish_reason":"' in line for line in openai_lines)
+    # Ollama's stream: an error line (its client raises ResponseError), never a done one.
+    assert "stopped before the reply ended" in json.loads(ollama_lines[-1])["error"] and len(ollama_lines) < 1000
+    assert not any('"done":true' in line for line in ollama_lines)
     log = next(tmp_path.glob("serve-*.log")).read_text()
     assert "Traceback" not in log and "timeout graceful shutdown exceeded" not in log
     assert list((tmp_path / "cache" / "prefix-cache").glob("*.kv"))  # both conversations saved for later
