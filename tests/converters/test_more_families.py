@@ -430,19 +430,6 @@ def _qwen35_with_vision(text: Path, folder: Path, family: str = "Qwen3_5") -> Pa
     return folder
 
 
-def test_qwen35_that_reads_images_converts_its_text_model_like_transformers(tiny_checkpoint: Callable[[str], Path], tmp_path: Path) -> None:
-    """Qwen3_5ForConditionalGeneration: its text model alone, key for key and tensor for tensor the text-only checkpoint's,
-    run like transformers' text model of it; the vision tower and the multi-token-prediction layer left out with a note."""
-    text = tiny_checkpoint("qwen35")
-    source = _qwen35_with_vision(text, tmp_path / "vision")
-    wrapped = convert_checkpoint(source, tmp_path / "wrapped.gguf", "f32", threads=2)
-    assert wrapped.notice == ("Qwen3_5ForConditionalGeneration also reads images: only its text model is converted, "
-                              "not its vision tower and its multi-token-prediction layer")
-    alone = convert_checkpoint(text, tmp_path / "alone.gguf", "f32", threads=2)
-    assert gguf_contents(wrapped.output) == gguf_contents(alone.output)
-    converted_runs_like_transformers(source, tmp_path / "run.gguf", "f16")
-
-
 def _experts_stacked(folder: Path) -> Path:
     """`folder`'s Qwen 3.5 mixture of experts with each layer's experts in two tensors, as Qwen ships its BF16 releases: their
     gate and up projections (mlp.experts.gate_up_proj, experts x 2 widths x hidden) and their down projections (mlp.experts.down_proj)."""
@@ -465,13 +452,24 @@ def _experts_stacked(folder: Path) -> Path:
     return folder
 
 
-def test_qwen35moe_as_qwen_ships_it_converts_its_text_model_like_transformers(tiny_checkpoint: Callable[[str], Path], tmp_path: Path) -> None:
-    """Qwen3_5MoeForConditionalGeneration as Qwen ships Qwen3.5-35B-A3B, each layer's experts stacked in two tensors: its text
-    model alone, key for key and tensor for tensor the text-only checkpoint's (a tensor per expert), run like transformers."""
-    text = tiny_checkpoint("qwen35moe")
-    source = _experts_stacked(_qwen35_with_vision(text, tmp_path / "vision", "Qwen3_5Moe"))
+# Qwen 3.5 as Qwen ships it -> how its checkpoint is made from the text-only one's, and its class. The mixture of experts
+# (Qwen3.5-35B-A3B) stacks each layer's experts in two tensors, where the text-only checkpoint has a tensor per expert.
+QWEN35_AS_SHIPPED: dict[str, tuple[Callable[[Path, Path], Path], str]] = {
+    "qwen35": (_qwen35_with_vision, "Qwen3_5ForConditionalGeneration"),
+    "qwen35moe": (lambda text, folder: _experts_stacked(_qwen35_with_vision(text, folder, "Qwen3_5Moe")), "Qwen3_5MoeForConditionalGeneration"),
+}
+
+
+@pytest.mark.parametrize("family", QWEN35_AS_SHIPPED)
+def test_qwen35_as_qwen_ships_it_converts_its_text_model_like_transformers(family: str, tiny_checkpoint: Callable[[str], Path],
+                                                                          tmp_path: Path) -> None:
+    """Qwen 3.5 with its vision tower: its text model alone, key for key and tensor for tensor the text-only checkpoint's,
+    run like transformers' text model of it; the vision tower and the multi-token-prediction layer left out with a note."""
+    text = tiny_checkpoint(family)
+    shipped, architecture = QWEN35_AS_SHIPPED[family]
+    source = shipped(text, tmp_path / "vision")
     wrapped = convert_checkpoint(source, tmp_path / "wrapped.gguf", "f32", threads=2)
-    assert wrapped.notice == ("Qwen3_5MoeForConditionalGeneration also reads images: only its text model is converted, "
+    assert wrapped.notice == (f"{architecture} also reads images: only its text model is converted, "
                               "not its vision tower and its multi-token-prediction layer")
     alone = convert_checkpoint(text, tmp_path / "alone.gguf", "f32", threads=2)
     assert gguf_contents(wrapped.output) == gguf_contents(alone.output)
