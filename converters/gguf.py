@@ -32,7 +32,7 @@ from localchat.converters.architectures import PlannedTensor, add_hparams, archi
 from localchat.converters.checkpoint import Checkpoint, TensorRef, model_metadata, wrapper_notice
 from localchat.converters.gguf_choices import DEFAULT_QUANT, QUANT_TYPES, QuantType, default_output_path
 from localchat.converters.tokenizer import add_tokenizer
-from localchat.errors import InvalidSettingError, LocalchatError, ModelError
+from localchat.errors import InvalidSettingError, LocalchatError, ModelError, UnwritableFolderError
 from localchat.gguf_file import generation_config_sampling
 
 INCOMPLETE_SUFFIX = ".incomplete"
@@ -264,7 +264,7 @@ def check_writable(folder: Path) -> None:
         with tempfile.TemporaryFile(dir=folder):  # unnamed where the filesystem allows, else removed at once
             pass
     except OSError as error:
-        raise LocalchatError(f"cannot write to the output folder {folder} ({error.strerror}); choose another path with -o") from None
+        raise UnwritableFolderError(folder, error) from None
 
 
 def _check_free_disk(folder: Path, needed: int) -> None:

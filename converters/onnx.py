@@ -33,7 +33,7 @@ from localchat.converters.onnx_decoder import (
 )
 from localchat.converters.onnx_graph import ExternalData, GraphBuilder
 from localchat.converters.onnx_quant import QUANT_PLANS, QUANTS, QuantPlan
-from localchat.errors import LocalchatError, ModelError
+from localchat.errors import ModelError, UnwritableFolderError
 from localchat.onnx_format import DATA_FILE, GRAPH_FILE, ONNX_MARKER, OnnxMetadata, rotary_tables, write_metadata
 
 # MatMulNBits over more stored bytes than this is split by rows (`DecoderBuild.matmul_nbits`):
@@ -277,7 +277,7 @@ def convert_to_onnx(source: Path, output: Path, quant: str = "fp32", *, progress
         try:
             partial.mkdir(parents=True)
         except OSError as error:
-            raise LocalchatError(f"cannot write to the output folder {output.parent} ({error.strerror}); choose another path with -o") from None
+            raise UnwritableFolderError(output.parent, error) from None
         facts = tokenizer_facts(checkpoint)
         plan = QUANT_PLANS[quant]
         activations: dict[str, np.ndarray] = {}

@@ -27,3 +27,10 @@ class InsufficientMemoryError(LocalchatError):
 
 class UnsupportedError(LocalchatError):
     """Something this model or backend cannot do (embeddings from an ONNX model), named in the message."""
+
+
+class UnwritableFolderError(LocalchatError):
+    """An output folder that takes no files (/proc, a read-only one)."""
+
+    def __init__(self, folder: object, error: OSError) -> None:
+        super().__init__(f"cannot write to the output folder {folder} ({error.strerror}); choose another path with -o")
