@@ -61,8 +61,14 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu-layers", type=int, help="layers to offload to the GPU (default: as many as fit)")
 
 
-# Said of the decoding options given with a remote server's -m.
 DECODED_REMOTELY = "works with local models only: a remote server decodes as it is set up"
+# The options only a local model reads (by argparse's dest: the option is --dest, dashed), with why each is refused with
+# a remote server's -m rather than ignored. A remote request carries OpenAI's fields alone (localchat.remote._request).
+LOCAL_ONLY_OPTIONS = {
+    "raw": "works with local models only: a remote server applies its own chat template",
+    **dict.fromkeys(("ctx", "threads", "gpu_layers", "draft_model", "lora", "lookup_draft",
+                     "top_k", "min_p", "repeat_penalty", "dry_multiplier"), DECODED_REMOTELY),
+}
 
 
 def _add_remote_options(parser: argparse.ArgumentParser) -> None:
@@ -77,6 +83,14 @@ def _remote(args: argparse.Namespace) -> RemoteEndpoint | None:
     from localchat.remote_endpoint import remote_endpoint
 
     return remote_endpoint(args.model, remote_model=args.remote_model, api_key=args.remote_api_key)
+
+
+def _refuse_local_only_options(args: argparse.Namespace) -> None:
+    """Raise for the first option of LOCAL_ONLY_OPTIONS that `args` gives (its command may not have them all)."""
+    for dest, why in LOCAL_ONLY_OPTIONS.items():
+        value = getattr(args, dest, None)
+        if value is not None and value is not False:  # --gpu-layers 0 is given
+            raise InvalidSettingError(f"--{dest.replace('_', '-')} {why}")
 
 
 def _plan_request(args: argparse.Namespace, n_seq: int = 1) -> PlanRequest:
@@ -191,11 +205,25 @@ def _generation_settings(args: argparse.Namespace, preset: ModelPreset | None = 
     return dataclasses.replace(settings, **{name: value for name, value in flags.items() if value is not None})
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def _prompt(args: argparse.Namespace) -> str:
+    """run's prompt: its argument, or stdin's text for `-`. An empty one (an unset shell variable, an empty pipe) is
+    refused, not answered."""
+    from_stdin = args.prompt == "-"
     # Bytes that are not UTF-8, in an argument or on stdin, are read as U+FFFD (localchat.unicode_text).
-    prompt = sys.stdin.buffer.read().decode("utf-8", "replace") if args.prompt == "-" else args.prompt
+    prompt = sys.stdin.buffer.read().decode("utf-8", "replace") if from_stdin else args.prompt
+    if prompt.strip():
+        return prompt
+    if from_stdin:
+        raise InvalidSettingError("the prompt read from stdin is empty: pipe the text to answer into `localchat run -`, "
+                                  "or give it as the last argument")
+    raise InvalidSettingError("the prompt is empty: give the text to answer as the last argument, or - to read it from stdin")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    prompt = _prompt(args)
     endpoint = _remote(args)
     if endpoint is not None:
+        _refuse_local_only_options(args)
         # Without -n the server's own limit holds (its model's num_predict, else its context), as for Ollama's CLI.
         settings = dataclasses.replace(_generation_settings(args), max_tokens=args.n, sampler=_sampler_settings(args, None))
         return _run_remote(args, endpoint, prompt, settings)
@@ -259,14 +287,6 @@ def _run_remote(args: argparse.Namespace, endpoint: RemoteEndpoint, prompt: str,
     """`run` on a remote server: the same reply and statistics, measured from its stream."""
     from localchat.remote import RemoteServer
 
-    if args.raw:
-        raise InvalidSettingError("--raw works with local models only: a remote server applies its own chat template")
-    if args.draft_model is not None:
-        raise InvalidSettingError(f"--draft-model {DECODED_REMOTELY}")
-    if args.lora:
-        raise InvalidSettingError(f"--lora {DECODED_REMOTELY}")
-    if args.lookup_draft is not None:
-        raise InvalidSettingError(f"--lookup-draft {DECODED_REMOTELY}")
     with RemoteServer(endpoint) as server:
         generation = server.new_chat(args.system).send(prompt, settings)
         _stream(generation)
@@ -461,10 +481,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from localchat.model_loading import ProgressRelay, start_loading
 
     remote = _remote(args)
-    if remote is not None and args.draft_model is not None:
-        raise InvalidSettingError(f"--draft-model {DECODED_REMOTELY}")
-    if remote is not None and args.lora:
-        raise InvalidSettingError(f"--lora {DECODED_REMOTELY}")
+    if remote is not None:
+        _refuse_local_only_options(args)
     if not (sys.stdin.isatty() and sys.stdout.isatty()):  # Textual would draw into a pipe and wait for keys for ever
         raise InvalidSettingError("the chat app needs a terminal; from a pipe or a script, `localchat run PROMPT` "
                                   "answers one prompt (`-` reads it from stdin)")

@@ -315,6 +315,12 @@ def test_a_bad_model_file_gets_one_clear_line(tmp_path: Path, localchat_home: Pa
         (["chat"], "the chat app needs a terminal"),  # stdout is a pipe here
         (["serve", "--host", "nosuchhost.invalid"], "--host nosuchhost.invalid"),
         (["run", "-m", "http://127.0.0.1:1/v1", "hi"], "cannot reach http://127.0.0.1:1/v1"),
+        # The sampler options a remote request carries are no local-only ones: they reach the (missing) server.
+        (["run", "-m", "http://127.0.0.1:1/v1", "--temperature", "0", "--top-p", "0.9", "--seed", "1", "-n", "5", "hi"],
+         "cannot reach http://127.0.0.1:1/v1"),
+        (["run", ""], "the prompt is empty"),
+        (["run", " \n"], "the prompt is empty"),
+        (["run", "-m", "http://127.0.0.1:1/v1", ""], "the prompt is empty"),
         (["run", "--ctx", "64", "word " * 2000], "context holds"),
         (["info", "--ctx", "4"], "context size 4 is too small"),
         (["run", "--gpu-layers", "-5", "hi"], "GPU layers must be >= 0"),
@@ -327,6 +333,29 @@ def test_bad_input_gets_one_clear_line(localchat_home: Path, args: list[str], me
     result = localchat(*args, home=localchat_home)
     assert result.returncode == 1, result.stdout
     assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_an_empty_prompt_on_stdin_is_one_line(localchat_home: Path) -> None:
+    result = localchat("run", "-", home=localchat_home, stdin="\n")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr == "localchat: error: the prompt read from stdin is empty: pipe the text to answer into " \
+                            "`localchat run -`, or give it as the last argument\n"
+
+
+# Options only a local model's decoding reads, with a value each; run's and chat's model options first.
+LOCAL_ONLY_OPTIONS = [["--ctx", "512"], ["--threads", "2"], ["--gpu-layers", "0"], ["--top-k", "40"], ["--min-p", "0.1"],
+                      ["--repeat-penalty", "1.1"], ["--dry-multiplier", "0.8"]]
+
+
+@pytest.mark.parametrize("option", LOCAL_ONLY_OPTIONS, ids=[option[0] for option in LOCAL_ONLY_OPTIONS])
+def test_an_option_only_a_local_model_reads_is_refused_for_a_remote_server(localchat_home: Path, option: list[str]) -> None:
+    """Refused before the server is reached (port 1 listens to nothing), rather than ignored."""
+    refusal = f"localchat: error: {option[0]} works with local models only: a remote server decodes as it is set up\n"
+    run = localchat("run", "-m", "http://127.0.0.1:1/v1", *option, "hi", home=localchat_home)
+    assert (run.returncode, run.stderr) == (1, refusal)
+    if option[0] in ("--ctx", "--threads", "--gpu-layers"):
+        chat = localchat("chat", "-m", "http://127.0.0.1:1/v1", *option, home=localchat_home)
+        assert (chat.returncode, chat.stderr) == (1, refusal)
 
 
 def test_what_the_system_refuses_is_one_line(tmp_path: Path, localchat_home: Path, default_model: Path) -> None:

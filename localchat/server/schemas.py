@@ -21,6 +21,7 @@ from pydantic import (
     Field,
     SerializerFunctionWrapHandler,
     ValidationError,
+    ValidationInfo,
     ValidatorFunctionWrapHandler,
     WrapValidator,
     field_validator,
@@ -287,11 +288,17 @@ def refuse_other_parts(content: Any) -> Any:
     return content
 
 
+# The roles whose message may come without content (null or left out), and the field it then needs: OpenAI's rule.
+CONTENT_OPTIONAL_WITH = {"assistant": "tool_calls"}
+
+
 class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Annotated[str | list[TextPart], one_of('a string or a list of text parts ({"type": "text", "text": ...})')] | None = None
-    name: str | None = None
+    # Before content, which its check reads.
     tool_calls: list[ToolCall] | None = Field(None, description="on an assistant message: the calls it made")
+    content: Annotated[str | list[TextPart], one_of('a string or a list of text parts ({"type": "text", "text": ...})')] | None = Field(
+        None, validate_default=True, description="required, but on an assistant message with tool_calls")
+    name: str | None = None
     tool_call_id: str | None = Field(None, description="on a tool message: the call whose result it is")
     reasoning_content: str | None = Field(None, description="on an assistant message: its reasoning")
 
@@ -299,6 +306,21 @@ class ChatMessage(_Request):
     @classmethod
     def _text_parts_only(cls, content: Any) -> Any:
         return refuse_other_parts(content)
+
+    @field_validator("content")
+    @classmethod
+    def _content_given(cls, content: str | list[TextPart] | None, info: ValidationInfo) -> str | list[TextPart] | None:
+        role = info.data.get("role")
+        if content is not None or role is None:  # no role: refused already
+            return content
+        instead = CONTENT_OPTIONAL_WITH.get(role)
+        if instead is None:
+            raise PydanticCustomError("content_required", "{role} messages need content (a string or a list of text parts)",
+                                      {"role": role})
+        if not info.data.get(instead):
+            raise PydanticCustomError("content_required", "{role} messages need content or {instead}",
+                                      {"role": role, "instead": instead})
+        return content
 
     @property
     def text(self) -> str:
