@@ -21,6 +21,7 @@ from pydantic import (
     Discriminator,
     Field,
     Tag,
+    field_validator,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -124,6 +125,13 @@ ContentBlock = Annotated[
 class InputMessage(_Request):
     role: Literal["user", "assistant", "system"]
     content: Annotated[list[ContentBlock], BeforeValidator(_blocks, json_schema_input_type=str | list[ContentBlock])]
+
+    @field_validator("content")
+    @classmethod
+    def _not_empty(cls, content: list[ContentBlock]) -> list[ContentBlock]:
+        if not content:  # Anthropic's rule too: only a last assistant message may be empty, and localchat continues none
+            raise PydanticCustomError("content_required", "a message needs content: a string or a list of blocks")
+        return content
 
 
 class CustomTool(_Request):

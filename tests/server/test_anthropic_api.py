@@ -185,6 +185,7 @@ REFUSED: list[tuple[dict[str, Any], str]] = [
     ({"messages": [*ASK, {"role": "assistant", "content": "The capital is"}]},
      "messages.1: the conversation ends with the assistant's message"),
     ({"system": [{"type": "image", "source": {}}]}, "system: block 0: image blocks are not supported"),
+    ({"messages": [{"role": "user", "content": []}]}, "messages.0.content: a message needs content"),
 ]
 
 
