@@ -52,6 +52,40 @@ BODY_ERRORS = {"missing": "missing request body", "model_attributes_type": "the 
                "model_type": "the body must be a JSON object", "dict_type": "the body must be a JSON object"}
 
 
+# What a refused field must be, by pydantic's error type, in the words of localchat's other refusals (pydantic's own
+# say "Input should be ..."): the error's context fills the braces. Other types keep pydantic's message.
+FIELD_ERRORS = {
+    "greater_than_equal": "must be at least {ge}", "greater_than": "must be greater than {gt}",
+    "less_than_equal": "must be at most {le}", "less_than": "must be less than {lt}",
+    "int_type": "must be an integer", "int_parsing": "must be an integer", "int_from_float": "must be an integer",
+    "float_type": "must be a number", "float_parsing": "must be a number",
+    "bool_type": "must be true or false", "bool_parsing": "must be true or false",
+    "string_type": "must be a string", "list_type": "must be a list", "dict_type": "must be an object",
+    "literal_error": "must be {expected}", "enum": "must be {expected}",
+}
+# The units of a too short or too long value, by pydantic's error type and field type (other field types: items).
+LENGTH_UNITS = {"String": "characters", "Dictionary": "entries"}
+LENGTH_ERRORS = {"too_short": "at least", "string_too_short": "at least", "too_long": "at most", "string_too_long": "at most"}
+
+
+def _field_error(error: Mapping[str, Any]) -> str:
+    kind = error.get("type", "")
+    # Bounds as written in the schema: 1, not the 1.0 a float field's bound becomes.
+    context = {key: int(value) if isinstance(value, float) and value.is_integer() else value
+               for key, value in (error.get("ctx") or {}).items()}
+    if (bound := LENGTH_ERRORS.get(kind)) is not None:
+        length = context.get("min_length" if bound == "at least" else "max_length")
+        if bound == "at least" and length == 1:
+            return "must not be empty"
+        unit = "characters" if kind.startswith("string") else LENGTH_UNITS.get(context.get("field_type", ""), "items")
+        return f"must have {bound} {length} {unit}"
+    phrase = FIELD_ERRORS.get(kind)
+    try:
+        return phrase.format(**context) if phrase is not None else error.get("msg", "invalid")
+    except KeyError:  # a context without the field the phrase names
+        return error.get("msg", "invalid")
+
+
 def validation_message(errors: Sequence[Any], renamed: Mapping[str, str] | None = None) -> tuple[str, str | None]:
     """A body pydantic refused, in one line from its first error, and the field that names (None: the body as a
     whole). `renamed`: top-level fields as the client named them, where the body validated is a translation."""
@@ -70,4 +104,4 @@ def validation_message(errors: Sequence[Any], renamed: Mapping[str, str] | None 
         return BODY_ERRORS.get(first.get("type", ""), first.get("msg", "invalid request")), None
     if first.get("type") == "missing":
         return f"{where} is required", where
-    return f"{where}: {first.get('msg', 'invalid')}", where
+    return f"{where}: {_field_error(first)}", where

@@ -217,8 +217,8 @@ def test_a_request_cancelled_while_it_waits_leaves_its_place_in_the_queue(tmp_pa
 @pytest.mark.parametrize(("body", "param", "message"), [
     ({"prompt": ["Hi"] * (MAX_CHOICES + 1)}, "prompt", f"{MAX_CHOICES + 1} prompts times n=1 ask for {MAX_CHOICES + 1} choices"),
     ({"prompt": ["Hi"] * 50, "n": 3}, "n", "50 prompts times n=3 ask for 150 choices"),
-    ({"prompt": "Hi", "n": MAX_CHOICES + 1}, "n", f"less than or equal to {MAX_CHOICES}"),
-    ({"prompt": "Hi", "n": 0}, "n", "greater than or equal to 1"),
+    ({"prompt": "Hi", "n": MAX_CHOICES + 1}, "n", f"must be at most {MAX_CHOICES}"),
+    ({"prompt": "Hi", "n": 0}, "n", "must be at least 1"),
     ({"prompt": []}, "prompt", ""),
     ({"prompt": ["Hi", [1, 2]]}, "prompt", ""),
     ({"prompt": ["Hi", "x" * 5000]}, "prompt", "the prompt is 5000 tokens but the context holds 4096"),

@@ -69,6 +69,11 @@ EMBEDDING_INPUTS = "input: should be a string, a list of strings, a list of toke
     ("/v1/embeddings", {"model": "scripted", "input": [[-5]]}, "input", EMBEDDING_INPUTS),
     ("/infill", {"input_prefix": "def", "stop": [""]}, "stop", "stop: should be a string or a list of strings, none empty"),
     ("/v1/chat/completions", {"model": "scripted"}, "messages", "messages is required"),
+    # Bounds, lengths and types in the words of the refusals above, not pydantic's ("Input should be ...").
+    ("/v1/chat/completions", {**OPENAI_CHAT, "max_tokens": 0}, "max_tokens", "max_tokens: must be at least 1"),
+    ("/v1/chat/completions", {**OPENAI_CHAT, "n": 129}, "n", "n: must be at most 128"),
+    ("/v1/chat/completions", {**OPENAI_CHAT, "messages": []}, "messages", "messages: must not be empty"),
+    ("/detokenize", {"tokens": "abc"}, "tokens", "tokens: must be a list"),
     ("/v1/chat/completions", None, None, "missing request body"),
     ("/v1/chat/completions", [1, 2], None, "the body must be a JSON object"),
 ])
@@ -174,9 +179,9 @@ def test_logit_bias_reaches_the_sampler_by_token_id_and_a_bad_one_is_a_400_namin
     assert http.post("/v1/chat/completions", json={**OPENAI_CHAT, "logit_bias": {}}).status_code == 200
     assert backend.samplers[-1].logit_bias == ()
     for bias, param, message in (
-        ({"105": 101}, "logit_bias.105", "Input should be less than or equal to 100"),
-        ({"105": -100.5}, "logit_bias.105", "Input should be greater than or equal to -100"),
-        ({"105": False}, "logit_bias.105", "Input should be a valid number"),
+        ({"105": 101}, "logit_bias.105", "must be at most 100"),
+        ({"105": -100.5}, "logit_bias.105", "must be at least -100"),
+        ({"105": False}, "logit_bias.105", "must be a number"),
         ({"Hello": -100}, "logit_bias", 'keys must be token ids, e.g. "50256", not "Hello"'),
         ({"-1": 5}, "logit_bias", 'keys must be token ids, e.g. "50256", not "-1"'),
         ([[105, -100]], "logit_bias", 'must be an object from token ids to biases, e.g. {"50256": -100}'),

@@ -133,7 +133,7 @@ def test_generate_goes_on_from_an_earlier_replys_context(qwen3: tuple[ollama.Cli
      "options.repeat_penalty: 0 must be > 0 (1 turns it off)"),
     ("/api/chat", {"model": "scripted", "messages": TOOLS_QUESTION, "keep_alive": "soon"}, 400,
      'keep_alive: invalid duration "soon": give seconds or a duration such as "5m" or "1h30m"'),
-    ("/api/chat", {"model": "scripted", "messages": TOOLS_QUESTION, "stream": "yes"}, 400, "stream: Input should be a valid boolean"),
+    ("/api/chat", {"model": "scripted", "messages": TOOLS_QUESTION, "stream": "yes"}, 400, "stream: must be true or false"),
     ("/api/chat", {"model": "scripted", "messages": TOOLS_QUESTION, "format": "yaml"}, 400,
      'format: should be "json" or a JSON schema object'),
     ("/api/chat", {"model": "scripted", "messages": TOOLS_QUESTION, "think": "very"}, 400,
