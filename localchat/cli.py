@@ -220,6 +220,8 @@ def _prompt(args: argparse.Namespace) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.n is not None and args.n < 1:  # said as the flag: the setting's own check would name max_tokens
+        raise InvalidSettingError(f"-n must be >= 1, got {args.n}")
     prompt = _prompt(args)
     endpoint = _remote(args)
     if endpoint is not None:

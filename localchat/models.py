@@ -300,15 +300,32 @@ def preset_model(preset: ModelPreset, settings: Settings, *, fetch: bool = True)
     return replace(base, name=preset.name, preset=preset)
 
 
+def _spelled_as_listed(model: str, settings: Settings) -> str:
+    """`model` as `localchat list` spells it, where it names a packaged, local or preset model in another case (the
+    server matches names case aside, as Ollama does); else as given. A path that exists stays a path."""
+    if model in PACKAGED_MODELS or Path(model).expanduser().exists():
+        return model
+    names = {*PACKAGED_MODELS, *(ref.name for ref in local_models(settings)), *map(preset_name, local_presets(settings))}
+    if model in names:
+        return model
+    matching = [name for name in names if name.casefold() == model.casefold()]
+    return matching[0] if len(matching) == 1 else model
+
+
 def hub_model_name(model: str | None, settings: Settings) -> hub.HubModelName | None:
     """The Hugging Face name `model` is, when it is not a known or local model's name nor a path
     that exists (`user/repo`, `user/repo:QUANT`, `hf.co/user/repo:QUANT`)."""
-    if model is None or model in PACKAGED_MODELS or Path(model).expanduser().exists() or _local_model(model, settings):
+    if model is None:
+        return None
+    model = _spelled_as_listed(model, settings)
+    if model in PACKAGED_MODELS or Path(model).expanduser().exists() or _local_model(model, settings) or _preset_file(model, settings):
         return None
     return hub.HubModelName.parse(model)
 
 
 def _find_model(model: str | None, settings: Settings, *, fetch: bool = True) -> ModelRef:
+    if model is not None:
+        model = _spelled_as_listed(model, settings)
     if model is None or model in PACKAGED_MODELS:
         name = model or DEFAULT_MODEL_NAME
         return ModelRef(PACKAGED_MODELS[name].locate(settings), "gguf", name)
@@ -549,6 +566,7 @@ class RemovedModel:
 def remove_model(model: str, settings: Settings, uploads_in_use: Collection[str] = ()) -> RemovedModel:
     """Delete a model from the models folder or the Hugging Face cache, by the name `localchat list` shows; a preset's
     upload with it unless another preset or `uploads_in_use` names it."""
+    model = _spelled_as_listed(model, settings)
     preset = _preset_file(model, settings)
     if preset is not None:
         freed = preset.stat().st_size

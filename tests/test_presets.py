@@ -86,7 +86,7 @@ def test_a_name_finds_a_preset_over_its_model_and_rm_removes_only_the_preset(tmp
     model = tmp_path / "weights.gguf"
     model.write_bytes(b"GGUF")  # found by its path; never read here
     write_preset(ModelPreset("pirate", str(model), system="Arr."), settings.models_dir)
-    ref = resolve_model("pirate", settings)
+    ref = resolve_model("Pirate", settings)
     assert (ref.name, ref.path, ref.format) == ("pirate", model, "gguf")
     assert ref.preset is not None and ref.preset.system == "Arr."
 

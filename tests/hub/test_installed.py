@@ -21,6 +21,9 @@ def test_local_and_cached_models_are_listed_by_the_names_that_run_them(hub: Stan
     (hub_settings.models_dir / "broken.gguf").write_bytes(source.read_bytes()[:1000])
     pull(HubModelName(TINY, "Q4_K_S"), hub_settings)
     assert resolve_model("mine", hub_settings).path == hub_settings.models_dir / "mine.gguf"  # a short name
+    # Names in any case, as the server takes them (Ollama's names are case-insensitive).
+    assert resolve_model("MINE", hub_settings).name == "mine"
+    assert resolve_model("SmolLM2-135M-Instruct", hub_settings).name == "smollm2-135m-instruct"
     resolve_model(f"{TINY}:Q4_K_S", hub_settings)
 
     rows = {row.name: row for row in installed_models(hub_settings)}
@@ -32,7 +35,7 @@ def test_local_and_cached_models_are_listed_by_the_names_that_run_them(hub: Stan
     # Gemma, made from its PyPI chunks on first use, is listed with the size its file will have.
     assert rows["gemma-3-270m"].pending and rows["gemma-3-270m"].size == sum(chunk.stat().st_size for chunk in chunk_paths())
 
-    removed = remove_model("mine", hub_settings)
+    removed = remove_model("Mine", hub_settings)
     assert removed.names == ("mine",) and removed.freed_bytes == source.stat().st_size
     assert not (hub_settings.models_dir / "mine.gguf").exists()
 
