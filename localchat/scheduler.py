@@ -41,6 +41,10 @@ logger = logging.getLogger(__name__)
 # Tokens by which a continued conversation may part from its last prompt before its end without a
 # rewrite: the prompt's last tokens may merge with the reply's first when the history is retokenized.
 REWRITE_SLACK_TOKENS = 4
+# The last tokens of a slot's reply that its next prompt must hold to be taken for the conversation sent on (its very last
+# token left out: an end of turn, or a token retokenized with the text after it). Requests that only share a system prompt
+# part from each other inside too, and are no rewritten conversation.
+REPLY_END_TOKENS = 8
 
 
 @dataclass(frozen=True)
@@ -354,6 +358,8 @@ class Scheduler:
             # The sampler first: a backend that samples on the device draws the first token when the
             # prompt's last token is evaluated.
             slot.decoder = Decoder(session, reply, request.settings.sampler, request.prompt, request.settings.lookup_draft)
+            held = session.tokens  # the slot's last prompt and reply, unless released
+            reply_end = held[max(slot.prompt_length, len(held) - REPLY_END_TOKENS - 1) : len(held) - 1]
             try:
                 reply.prefilled(*session.prefill(request.prompt, loras=request.settings.loras))
             except ContextOverflowError:
@@ -366,7 +372,7 @@ class Scheduler:
                     slot.request = slot.decoder = None
                     return False
                 reply.prefilled(*session.prefill(request.prompt, loras=request.settings.loras))
-            self._note_rewritten_history(slot, request.prompt, reply.cached_tokens)
+            self._note_rewritten_history(slot, request.prompt, reply.cached_tokens, reply_end)
             self._emit(slot, slot.decoder.sample())
         except Exception as error:
             # One request's failure (a backend error, a bug its settings reach) must not stop the others.
@@ -374,12 +380,13 @@ class Scheduler:
             self._fail(slot, str(error) or type(error).__name__)
         return True
 
-    def _note_rewritten_history(self, slot: _Slot, prompt: list[int], cached: int) -> None:
+    def _note_rewritten_history(self, slot: _Slot, prompt: list[int], cached: int, reply_end: Sequence[int]) -> None:
         """Say once why a conversation's turns recompute more than their new tokens: its new prompt
-        continues the slot's last one but parts from it inside (by more than a few tokens of
-        retokenization where the reply began), so the template rewrote an earlier turn."""
+        continues the slot's last one, holding the end of its reply, but parts from it inside (by more than a
+        few tokens of retokenization where the reply began), so the template rewrote an earlier turn."""
         previous, slot.prompt_length = slot.prompt_length, len(prompt)
-        if self._rewrite_logged or not previous // 2 <= cached < previous - REWRITE_SLACK_TOKENS or len(prompt) <= previous:
+        if (self._rewrite_logged or not previous // 2 <= cached < previous - REWRITE_SLACK_TOKENS or len(prompt) <= previous
+                or not _holds(prompt, reply_end, cached)):
             return
         self._rewrite_logged = True
         logger.warning(
@@ -387,7 +394,7 @@ class Scheduler:
             "for %d, so %d tokens were computed instead of its %d new ones. The chat template renders earlier turns "
             "differently from how they were written (Qwen 3 and DeepSeek R1 drop their thinking, or the empty block "
             "of enable_thinking=false). Each reply's usage.prompt_tokens_details.cached_tokens shows what was reused. "
-            "Logged once.", previous, cached, len(prompt) - cached, len(prompt) - previous)
+            "Logged once for each model load.", previous, cached, len(prompt) - cached, len(prompt) - previous)
 
     def _decode_step(self) -> None:
         """One token for every active slot: one batch per set of LoRA adapters the slots compute
@@ -509,3 +516,11 @@ class Scheduler:
         if slot.submission is not None:
             self._ended(slot.submission)
         slot.request, slot.submission, slot.decoder, slot.last_used = None, None, None, self._step
+
+
+def _holds(tokens: Sequence[int], part: Sequence[int], start: int) -> bool:
+    """Whether `part`, of two tokens or more, lies in tokens[start:]."""
+    if len(part) < 2:
+        return False
+    part = list(part)
+    return any(tokens[i] == part[0] and list(tokens[i : i + len(part)]) == part for i in range(start, len(tokens) - len(part) + 1))

@@ -196,7 +196,8 @@ def test_a_busy_scheduler_lets_another_model_decode_before_its_reply_ends(two_sl
 
 def test_a_history_rewritten_inside_is_logged_once(two_slots: Engine, caplog: pytest.LogCaptureFixture) -> None:
     """A template that renders earlier turns differently (Qwen 3 dropping thinking) makes each turn
-    recompute its last reply: said once in the log; a plain continuation says nothing."""
+    recompute its last reply: said once in the log; a plain continuation says nothing, nor does another
+    question that only shares the system prompt."""
     system = Message("system", "You keep the ledger of a lighthouse and answer questions about it. " * 4)
     turns = [system, Message("user", "Who kept the ledger?")]
 
@@ -210,14 +211,18 @@ def test_a_history_rewritten_inside_is_logged_once(two_slots: Engine, caplog: py
     try:
         with caplog.at_level("WARNING", logger="localchat.scheduler"):
             first, _ = ask(turns)
+            other, _ = ask([system, Message("user", "What colour is the lamp, and who lights it every night of the year?")])
+            assert not caplog.records and other  # a longer prompt parting from the last inside, but no reply of it in it
+            first_again, _ = ask(turns)
+            assert first_again == first
             turns += [Message("assistant", first), Message("user", "For how long?")]
-            _, continued = ask(turns)
+            second, continued = ask(turns)
             assert not caplog.records and continued.cached_tokens > continued.prompt_tokens - 24
             # The first answer comes back as another text, as a template dropping its thinking writes it.
             turns[2] = Message("assistant", "It was the keeper. " + first)
             rewritten_prompt = tokenize_chat(two_slots.backend, two_slots.template, turns)
-            _, rewritten = ask(turns + [Message("assistant", "Ten years."), Message("user", "Why?")])
-            ask(turns + [Message("assistant", "Ten years, no more."), Message("user", "Why?")])
+            _, rewritten = ask(turns + [Message("assistant", second), Message("user", "Why?")])
+            ask(turns + [Message("assistant", second + " No more."), Message("user", "Why?")])
     finally:
         scheduler.close()
     assert rewritten.cached_tokens < len(rewritten_prompt) - 10
