@@ -94,11 +94,10 @@ RECURRENT_LAYERS_KEY = "{arch}.attention.recurrent_layers"
 # Granite 4's layer tensors in every layer; its Mamba-2 layers' (mamba.*) and attention layers' (self_attn.*) differ.
 GRANITE4_LAYER = ("input_layernorm.weight", "post_attention_layernorm.weight", "shared_mlp.input_linear.weight",
                   "shared_mlp.output_linear.weight")
-# Granite 4's experts in its mixtures of experts (h-tiny, h-small): each layer's router, and one 3-D tensor of every expert's gate
-# and up projections (fused) and one of their down projections, the experts along the first axis.
-GRANITE4_EXPERTS = ("block_sparse_moe.router.layer.weight", "block_sparse_moe.input_linear.weight", "block_sparse_moe.output_linear.weight")
-# Layer tensors that hold every expert's matrices at once (a name with "*" holds one expert's).
-EXPERT_STACKS = GRANITE4_EXPERTS[1:]
+# Granite 4's experts in its mixtures of experts (h-tiny, h-small): each layer's router, and each expert's matrices, which the
+# checkpoint stacks in two tensors (its fused gate and up projections, its down projections) and checkpoint.STACKED_EXPERTS reads
+# under Mixtral's names.
+GRANITE4_EXPERTS = ("block_sparse_moe.router.layer.weight", *MIXTRAL_EXPERTS[1:])
 # transformers' time_step_limit that leaves Mamba-2's time steps as they are, as llama.cpp's graph does.
 UNCLAMPED_TIME_STEPS = (0.0, math.inf)
 # EXAONE 4's layer tensors: per-head query and key norms, and norms after attention and the MLP, none before.
@@ -107,6 +106,16 @@ EXAONE4_LAYER = (*ATTENTION[1:], "self_attn.q_norm.weight", "self_attn.k_norm.we
 # llama.cpp's exaone4 graph slides windows in a model of this many layers alone (EXAONE 4.0 32B's), turning RoPE in its
 # sliding-window layers alone; in any other it attends over the whole context with RoPE in every layer (the 1.2B's kind).
 EXAONE4_HYBRID_LAYERS = 64
+# GLM-4's layer tensors: norms before and after attention and the MLP, whose gate and up projections are one matrix (llama.cpp's
+# glm4 graph reads it so: the gate's rows, then the up projection's).
+GLM4_LAYER = (*ATTENTION, "post_self_attn_layernorm.weight", "post_attention_layernorm.weight", "post_mlp_layernorm.weight",
+              "mlp.gate_up_proj.weight", "mlp.down_proj.weight")
+# GLM-4.5's layer tensors in every layer (its leading dense layers add the MLP, the others GLM4MOE_EXPERTS).
+GLM4MOE_LAYER = (*ATTENTION, "post_attention_layernorm.weight")
+# GLM-4.5's layer tensors after its leading dense layers: the router, the bias its choice adds to each expert's score, the experts,
+# the shared experts as one MLP.
+GLM4MOE_EXPERTS = (*ROUTED_EXPERTS, "mlp.gate.e_score_correction_bias", "mlp.shared_experts.gate_proj.weight",
+                   "mlp.shared_experts.up_proj.weight", "mlp.shared_experts.down_proj.weight")
 
 
 class UnsupportedModelError(ModelError):
@@ -150,21 +159,17 @@ class TensorRewrite:
     values: Callable[[np.ndarray], np.ndarray] | None = None
     renamed: str | None = None  # its name after "model.layers.N." for gguf's map, where that differs
     shape: tuple[int, ...] | None = None  # its shape after `values`, where that differs (Mamba-2's A and D as one-column matrices)
-    # A fused matrix llama.cpp reads as several: their names for gguf's map, each an equal block along `split_axis` in order
-    # (its rows, or each expert's rows in a stack of experts' matrices).
+    # A fused matrix llama.cpp reads as several: their names for gguf's map, each an equal block of its rows in order.
     split_into: tuple[str, ...] = ()
-    split_axis: int = 0
 
     def parts(self, shape: tuple[int, ...]) -> list[TensorRewrite]:
         """Each block `split_into` names, of a tensor of `shape`, as a rewrite of its own."""
-        size = shape[self.split_axis] // len(self.split_into)
-        before = (slice(None),) * self.split_axis
+        size = shape[0] // len(self.split_into)
 
         def block(start: int) -> Callable[[np.ndarray], np.ndarray]:
-            return lambda weights: weights[(*before, slice(start, start + size))]
+            return lambda weights: weights[start : start + size]
 
-        part_shape = (*shape[:self.split_axis], size, *shape[self.split_axis + 1:])
-        return [TensorRewrite(block(i * size), part, part_shape) for i, part in enumerate(self.split_into)]
+        return [TensorRewrite(block(i * size), part, (size, *shape[1:])) for i, part in enumerate(self.split_into)]
 
 
 # Granite 4's MLP (shared_mlp: the shared expert of its mixtures of experts) as llama.cpp's gate, up and down projections.
@@ -172,12 +177,9 @@ GRANITE4_MLP_REWRITES = {
     "shared_mlp.input_linear.weight": TensorRewrite(split_into=("mlp.gate_proj.weight", "mlp.up_proj.weight")),
     "shared_mlp.output_linear.weight": TensorRewrite(renamed="mlp.down_proj.weight"),
 }
-# Granite 4's mixtures of experts: the shared MLP's gate and up as the shared expert's (gguf's map knows its down projection), and
-# the experts' fused gate and up projections as llama.cpp's stacks of gate and of up projections; gate first, as transformers splits them.
+# Granite 4's mixtures of experts: the shared MLP's gate and up as the shared expert's (gguf's map knows its down projection).
 GRANITE4_MOE_REWRITES = {
     "shared_mlp.input_linear.weight": TensorRewrite(split_into=("mlp.shared_expert.gate_proj.weight", "mlp.shared_expert.up_proj.weight")),
-    "block_sparse_moe.input_linear.weight": TensorRewrite(split_into=("mlp.experts.gate_proj.weight", "mlp.experts.up_proj.weight"),
-                                                          split_axis=1),
 }
 # LFM2-MoE's experts and expert bias under the names gguf's map knows (llama.cpp's lfm2moe graph reads the bias as exp_probs_b.bias).
 LFM2MOE_REWRITES = {
@@ -186,6 +188,8 @@ LFM2MOE_REWRITES = {
     "feed_forward.experts.w2.weight": TensorRewrite(renamed="feed_forward.experts.down_proj.weight"),
     "feed_forward.expert_bias": TensorRewrite(renamed="feed_forward.expert_bias.bias"),
 }
+# GLM-4.5's expert bias under the name gguf's map knows (llama.cpp's glm4moe graph reads it as exp_probs_b.bias).
+GLM4MOE_REWRITES = {"mlp.gate.e_score_correction_bias": TensorRewrite(renamed="mlp.gate.e_score_correction.bias")}
 
 
 Metadata = Callable[[ModelConfig, GGUFWriter], None]
@@ -231,7 +235,7 @@ class Architecture:
 
     @property
     def routed(self) -> bool:
-        return any("*" in name or name in EXPERT_STACKS for name in self.layer_tensors)
+        return any("*" in name for name in self.layer_tensors)
 
 
 def _check_layer_pattern(config: ModelConfig, every: int, family: str) -> None:
@@ -493,6 +497,12 @@ def _granite_metadata(config: ModelConfig, writer: GGUFWriter) -> None:
 
 def _granite4_variant(config: ModelConfig) -> Architecture:
     """Granite 4's row as llama.cpp's converter picks it, by whether some layers are Mamba-2's and whether it has experts."""
+    # transformers builds such a shared MLP 0 wide (it adds nothing) and saves its empty tensors, which llama.cpp's graphs do not read.
+    if config.n_experts and not config.shared_expert_intermediate_size:
+        raise UnsupportedModelError(
+            "this Granite 4 checkpoint has experts but no shared expert (shared_intermediate_size 0); localchat converts Granite 4's "
+            "mixtures of experts with one, as IBM ships them"
+        )
     hybrid = any(config.kv_heads_of(layer) == 0 for layer in range(config.n_layers))
     return GRANITE4_VARIANTS[hybrid, bool(config.n_experts)]
 
@@ -700,19 +710,25 @@ def _olmo3_metadata(config: ModelConfig, writer: GGUFWriter) -> None:
         writer.add_rope_scaling_attn_factors(_yarn_attention_factor(config.rope) / _yarn_mscale(float(config.rope.scaling["factor"])))
 
 
+def _check_attention_kinds_and_square_heads(config: ModelConfig, family: str, graph: str) -> None:
+    """What llama.cpp's graphs of models with sliding-window layers (exaone4, cohere2) fix: layers that attend over a window
+    or over the whole context alone, and heads as wide as the model together (their attention output is square)."""
+    if unknown := sorted(set(config.layer_types) - {"sliding_attention", "full_attention"}):
+        raise UnsupportedModelError(
+            f"this {family} checkpoint has layers of type '{unknown[0]}'; llama.cpp's {graph} graph runs sliding_attention and full_attention layers only"
+        )
+    if config.n_heads * config.head_dim != config.hidden_size:
+        raise UnsupportedModelError(
+            f"this {family} checkpoint's {config.n_heads} heads of {config.head_dim} are not hidden_size ({config.hidden_size}) wide together; "
+            f"llama.cpp's {graph} graph needs them to be"
+        )
+
+
 def _check_exaone4(config: ModelConfig) -> None:
     """What llama.cpp's exaone4 graph fixes: heads as wide as the model together (its attention output is square),
     RoPE over whole heads, and sliding windows in 64-layer models alone. transformers turns RoPE in every layer where
     the config gives no sliding_window, else in the sliding-window layers alone, as llama.cpp does in those models."""
-    if unknown := sorted(set(config.layer_types) - {"sliding_attention", "full_attention"}):
-        raise UnsupportedModelError(
-            f"this EXAONE 4 checkpoint has layers of type '{unknown[0]}'; llama.cpp's exaone4 graph runs sliding_attention and full_attention layers only"
-        )
-    if config.n_heads * config.head_dim != config.hidden_size:
-        raise UnsupportedModelError(
-            f"this EXAONE 4 checkpoint's {config.n_heads} heads of {config.head_dim} are not hidden_size ({config.hidden_size}) wide together; "
-            "llama.cpp's exaone4 graph needs them to be"
-        )
+    _check_attention_kinds_and_square_heads(config, "EXAONE 4", "exaone4")
     if config.rope_dimensions != config.head_dim:
         raise UnsupportedModelError(
             f"this EXAONE 4 checkpoint turns {config.rope_dimensions} of each head's {config.head_dim} dimensions by RoPE; llama.cpp's exaone4 graph turns them all"
@@ -744,6 +760,51 @@ def _add_sliding_layers(config: ModelConfig, writer: GGUFWriter) -> None:
     if config.sliding_window is not None and any(sliding):
         writer.add_sliding_window(config.sliding_window)
         writer.add_sliding_window_pattern(sliding)
+
+
+def _check_cohere2(config: ModelConfig) -> None:
+    """What llama.cpp's cohere2 graph fixes: its layers' kinds and heads (as EXAONE 4's), and sliding-window layers within
+    a window, which it turns by RoPE (as transformers does) and without which it loads no model."""
+    _check_attention_kinds_and_square_heads(config, "Cohere2", "cohere2")
+    if config.sliding_window is None or "sliding_attention" not in config.layer_types:
+        raise UnsupportedModelError(
+            "this Cohere2 checkpoint has no sliding_attention layers with a sliding_window; llama.cpp's cohere2 graph turns RoPE in "
+            "such layers alone and loads no model without them, where transformers turns it nowhere"
+        )
+
+
+def _cohere2_metadata(config: ModelConfig, writer: GGUFWriter) -> None:
+    """The window and which layers slide, the LayerNorm's epsilon (llama.cpp reads no RMSNorm's), the logits' scale."""
+    _add_sliding_layers(config, writer)
+    writer.add_layer_norm_eps(float(config.raw["layer_norm_eps"]))
+    writer.add_logit_scale(float(config.raw["logit_scale"]))
+
+
+def _check_seed_oss(config: ModelConfig) -> None:
+    if config.rope_dimensions != config.head_dim:
+        raise UnsupportedModelError(
+            f"this Seed-OSS checkpoint turns {config.rope_dimensions} of each head's {config.head_dim} dimensions by RoPE; llama.cpp's seed_oss graph turns them all"
+        )
+
+
+def _check_glm4moe(config: ModelConfig) -> None:
+    """What llama.cpp's glm4moe graph fixes: experts chosen among all of them (it reads no groups), shared experts beside them."""
+    groups, kept = config.raw.get("n_group") or 1, config.raw.get("topk_group") or 1
+    if kept < groups:
+        raise UnsupportedModelError(
+            f"this GLM-4.5 checkpoint chooses experts within {kept} of {groups} groups (topk_group, n_group); llama.cpp's glm4moe graph chooses among all"
+        )
+    if not config.shared_experts:
+        raise UnsupportedModelError("this GLM-4.5 checkpoint has no shared experts (n_shared_experts 0); llama.cpp's glm4moe graph runs them beside the routed ones")
+
+
+def _glm4moe_metadata(config: ModelConfig, writer: GGUFWriter) -> None:
+    """Its leading dense layers, and how its router weighs the experts it chooses: their sigmoid scores, renormalised or
+    not (norm_topk_prob), times routed_scaling_factor (transformers gives both where the config does not)."""
+    writer.add_leading_dense_block_count(config.dense_layers)
+    writer.add_expert_gating_func(ExpertGatingFuncType.SIGMOID)
+    writer.add_expert_weights_scale(float(config.raw["routed_scaling_factor"]))
+    writer.add_expert_weights_norm(bool(config.raw["norm_topk_prob"]))
 
 
 LLAMA = Architecture(MODEL_ARCH.LLAMA, permute_qk=True)
@@ -883,6 +944,41 @@ ARCHITECTURES: dict[str, Architecture] = {
         fixed=(SILU,),
         check=_check_exaone4,
         metadata=_exaone4_metadata,
+    ),
+    # Cohere's Command R7B and Command A: attention and the MLP side by side from one LayerNorm (no bias), RoPE (on adjacent
+    # pairs, as llama.cpp's cohere2 graph turns them) in the sliding-window layers alone, the logits scaled, the head tied.
+    # llama.cpp's graph reads no attention biases (its converter drops them, zero in the releases) and no RoPE scaling.
+    "Cohere2ForCausalLM": Architecture(
+        MODEL_ARCH.COHERE2,
+        fixed=(FixedSetting("tie_word_embeddings", True, True), FixedSetting("attention_bias", False, False), SILU),
+        rope_scalings=("default",),
+        check=_check_cohere2,
+        metadata=_cohere2_metadata,
+    ),
+    # ByteDance's Seed-OSS: LLaMA's layers with query, key and value biases, heads of their own width (head_dim). llama.cpp's
+    # seed_oss graph reads no attention output or MLP biases and no per-dimension RoPE factors (Llama 3's scaling).
+    "SeedOssForCausalLM": Architecture(
+        MODEL_ARCH.SEED_OSS,
+        fixed=(FixedSetting("attention_out_bias", False, False), FixedSetting("mlp_bias", False, False), SILU),
+        rope_scalings=("default", "linear"),
+        check=_check_seed_oss,
+    ),
+    # GLM-4 (GLM-4-9B-0414, GLM-Z1): norms before and after attention and the MLP, query, key and value biases, RoPE on adjacent
+    # pairs of part of each head, as llama.cpp's glm4 graph turns them. It reads no per-dimension RoPE factors (Llama 3's scaling),
+    # and no YaRN settings beyond its factor and original context: YaRN is refused.
+    "Glm4ForCausalLM": Architecture(MODEL_ARCH.GLM4, layer_tensors=GLM4_LAYER, fixed=(SILU,), rope_scalings=("default", "linear")),
+    # GLM-4.5, GLM-4.5-Air, GLM-4.6: dense leading layers (first_k_dense_replace), then experts chosen by sigmoid scores plus a
+    # bias per expert beside shared experts; RoPE on halves of part of each head, query and key norms where use_qk_norm. Its
+    # layers that predict further tokens (multi-token prediction) are kept, as llama.cpp's converter keeps them (its graph skips them).
+    "Glm4MoeForCausalLM": Architecture(
+        MODEL_ARCH.GLM4_MOE,
+        layer_tensors=GLM4MOE_LAYER + GLM4MOE_EXPERTS,
+        dense_layer_tensors=GLM4MOE_LAYER + GATED_MLP,
+        fixed=(SILU,),
+        rope_scalings=("default", "linear"),
+        check=_check_glm4moe,
+        metadata=_glm4moe_metadata,
+        rewrites=lambda config: GLM4MOE_REWRITES,
     ),
     # LFM2 and LFM2.5's dense models: gated short convolutions between attention layers, which the GGUF tells apart by
     # their 0 key/value heads; the final norm is its embedding_norm. llama.cpp's lfm2 graph reads no per-dimension
@@ -1030,7 +1126,10 @@ def _add_expert_metadata(config: ModelConfig, writer: GGUFWriter) -> None:
     # Mixtral's experts are intermediate_size wide, which llama.cpp reads as the FFN length.
     if config.raw.get("moe_intermediate_size") is not None:
         writer.add_expert_feed_forward_length(config.expert_intermediate_size)
-    if config.shared_expert_intermediate_size:
+    # GLM-4.5 counts its shared experts, each as wide as a routed one; the others give the shared expert's width.
+    if config.shared_experts:
+        writer.add_expert_shared_count(config.shared_experts)
+    elif config.shared_expert_intermediate_size:
         writer.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
 
 
@@ -1043,7 +1142,10 @@ def add_hparams(config: ModelConfig, arch: Architecture, writer: GGUFWriter) -> 
     """The model's hyperparameters as GGUF keys; returns any tensors they imply."""
     writer.add_context_length(config.context_length)
     writer.add_embedding_length(config.hidden_size)
-    writer.add_block_count(config.n_layers)
+    # Layers that predict further tokens follow the others, as llama.cpp's converter writes them and its graphs skip them.
+    writer.add_block_count(config.n_layers + config.nextn_layers)
+    if config.nextn_layers:
+        writer.add_nextn_predict_layers(config.nextn_layers)
     writer.add_feed_forward_length(_one_or_per_layer([config.intermediate_size_of(i) for i in range(config.n_layers)]))
     writer.add_head_count(config.n_heads)
     writer.add_head_count_kv(_one_or_per_layer([config.kv_heads_of(i) for i in range(config.n_layers)]))
@@ -1084,7 +1186,7 @@ def plan_tensors(checkpoint: Checkpoint, arch: Architecture) -> list[PlannedTens
     tensors become one stacked tensor per layer and matrix, where the first of them was."""
     config = checkpoint.config
     _check_layer_tensors(checkpoint, arch)
-    name_map = get_tensor_name_map(arch.gguf_arch, config.n_layers)
+    name_map = get_tensor_name_map(arch.gguf_arch, config.n_layers + config.nextn_layers)
     rewrites = arch.rewrites(config) if arch.rewrites is not None else {}
     groups: dict[str, list[TensorRef]] = {}
     for ref in checkpoint:

@@ -42,8 +42,8 @@ STORED_DTYPES: dict[str, np.dtype] = {
 }
 # A safetensors header larger than this is corrupt, not a real checkpoint.
 MAX_HEADER_BYTES = 100 * 1024 * 1024
-# Optional config.json numbers the converters read (Gemma's soft-capping and attention scale).
-OPTIONAL_NUMBERS = ("final_logit_softcapping", "attn_logit_softcapping", "query_pre_attn_scalar")
+# Optional config.json numbers the converters read (Gemma's soft-capping and attention scale, Cohere's logit scale and LayerNorm epsilon).
+OPTIONAL_NUMBERS = ("final_logit_softcapping", "attn_logit_softcapping", "query_pre_attn_scalar", "logit_scale", "layer_norm_eps")
 # RoPE settings the converters read as numbers.
 ROPE_NUMBERS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings", "partial_rotary_factor")
 # What each RoPE scaling must give, beyond its base; the others need a `factor`.
@@ -56,10 +56,12 @@ QWEN_MAX_WINDOW_LAYERS = 28
 # Names of Phi-3's LongRoPE scaling ("su" in older configs).
 LONGROPE_TYPES = ("longrope", "su")
 # config.json keys giving the number of routed experts and of those used per token (mixtures of experts).
-EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts")
+EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 EXPERTS_USED_KEYS = ("num_experts_per_tok",)
 # config.json keys giving the shared expert's width (Qwen2-MoE's; Granite 4's shared MLP, the shared expert of its mixtures of experts).
 SHARED_EXPERT_WIDTH_KEYS = ("shared_expert_intermediate_size", "shared_intermediate_size")
+# config.json keys giving how many leading layers of a mixture of experts are dense (LFM2-MoE's, GLM-4.5's).
+DENSE_LAYERS_KEYS = ("num_dense_layers", "first_k_dense_replace")
 # config.json keys giving the RMSNorm epsilon (LFM2's is `norm_eps`).
 RMS_NORM_EPS_KEYS = ("rms_norm_eps", "norm_eps")
 # The config.json key giving a dense model's MLP width where it is not intermediate_size (Granite 4's dense models: their shared
@@ -137,11 +139,16 @@ WRAPPER_KEYS = ("tie_word_embeddings",)
 # OLMo 3's gives its window (4096), layer types (three sliding in four) and RoPE per layer type: a hub config's rope_scaling
 # (YaRN) turns its full layers alone, and its sliding ones turn at transformers' default base (5 x 10^5), whatever rope_theta says.
 # Granite 4's gives its Mamba-2 layers' sizes and its layer types (all Mamba-2 where none are given).
+# Cohere2's gives its layer types from sliding_window_pattern (Command R7B's hub config), its window, logit scale and LayerNorm
+# epsilon; Seed-OSS's its head size (128, not hidden_size / heads).
+# GLM-4's gives its head size (128) and GLM-4's and GLM-4.5's the share of the head RoPE turns (half) where a config omits them.
 FILLED_BY_TRANSFORMERS: dict[str, str] = {"Gemma4ForCausalLM": "Gemma4TextConfig", "Lfm2ForCausalLM": "Lfm2Config",
                                           "Ministral3ForCausalLM": "Ministral3Config", "Qwen3_5ForCausalLM": "Qwen3_5TextConfig",
                                           "Exaone4ForCausalLM": "Exaone4Config", "Olmo3ForCausalLM": "Olmo3Config",
                                           "GraniteMoeHybridForCausalLM": "GraniteMoeHybridConfig", "Lfm2MoeForCausalLM": "Lfm2MoeConfig",
-                                          "Qwen3_5MoeForCausalLM": "Qwen3_5MoeTextConfig"}
+                                          "Qwen3_5MoeForCausalLM": "Qwen3_5MoeTextConfig", "Cohere2ForCausalLM": "Cohere2Config",
+                                          "SeedOssForCausalLM": "SeedOssConfig", "Glm4ForCausalLM": "Glm4Config",
+                                          "Glm4MoeForCausalLM": "Glm4MoeConfig"}
 # Per-layer overrides (transformers 5's `per_layer_config`) the converters read; any other is refused.
 PER_LAYER_KEYS = ("head_dim", "num_key_value_heads")
 
@@ -466,8 +473,12 @@ class ModelConfig:
     n_experts_used: int = 0
     expert_intermediate_size: int = 0
     shared_expert_intermediate_size: int = 0
+    # Shared experts, each as wide as a routed one, where the config counts them (GLM-4.5's n_shared_experts); 0 where it gives a width.
+    shared_experts: int = 0
     # The leading layers of a mixture of experts whose MLP is dense (LFM2-MoE's num_dense_layers); 0 where every layer routes.
     dense_layers: int = 0
+    # Layers after the last that predict further tokens (GLM-4.5's multi-token prediction, num_nextn_predict_layers).
+    nextn_layers: int = 0
     # Per layer where layers differ (Gemma 4: larger heads and fewer key/value heads in its global
     # layers, double-wide MLPs in the layers that share keys and values); empty where all are alike.
     layer_head_dims: tuple[int, ...] = ()
@@ -566,6 +577,7 @@ class ModelConfig:
         # A mixture of experts without a dense MLP (Qwen 3.5's) gives its experts' width alone, which llama.cpp reads as the FFN length.
         intermediate = (read.int("intermediate_size", config.get("moe_intermediate_size")) if n_experts
                         else read.int(MLP_WIDTH_KEYS.get(architectures[0], "intermediate_size")))
+        shared_experts = read.int("n_shared_experts", 0, minimum=0) if n_experts else 0
         if config.get("block_auto_adjust_ff_dim"):
             intermediate = _adjusted_mlp_width(read, intermediate)
         # Gemma 4's double-wide MLP widens the layers that share keys and values, as transformers builds them.
@@ -596,9 +608,12 @@ class ModelConfig:
             n_experts=n_experts,
             n_experts_used=n_experts_used,
             expert_intermediate_size=read.int("moe_intermediate_size", intermediate) if n_experts else 0,
-            shared_expert_intermediate_size=next((read.int(key, minimum=0) for key in SHARED_EXPERT_WIDTH_KEYS if config.get(key) is not None), 0)
+            shared_expert_intermediate_size=next((read.int(key, minimum=0) for key in SHARED_EXPERT_WIDTH_KEYS if config.get(key) is not None),
+                                                 shared_experts * read.int("moe_intermediate_size", intermediate)) if n_experts else 0,
+            shared_experts=shared_experts,
+            dense_layers=min(next((read.int(key, minimum=0) for key in DENSE_LAYERS_KEYS if config.get(key) is not None), 0), n_layers)
             if n_experts else 0,
-            dense_layers=min(read.int("num_dense_layers", 0, minimum=0), n_layers) if n_experts else 0,
+            nextn_layers=read.int("num_nextn_predict_layers", 0, minimum=0),
             layer_head_dims=layer_head_dims if len(set(layer_head_dims)) > 1 else (),
             layer_kv_heads=layer_kv_heads if len(set(layer_kv_heads)) > 1 else (),
             layer_intermediate_sizes=tuple(intermediate * (wide if i >= n_layers - kv_shared else 1) for i in range(n_layers))
@@ -732,6 +747,17 @@ def expected_shapes(config: ModelConfig, layer: int = 0) -> dict[str, tuple[tupl
         "post_attention_layernorm.weight": (hidden,),
         "pre_feedforward_layernorm.weight": (hidden,),
         "post_feedforward_layernorm.weight": (hidden,),
+        # GLM-4's norms after attention and after the MLP.
+        "post_self_attn_layernorm.weight": (hidden,),
+        "post_mlp_layernorm.weight": (hidden,),
+        # GLM-4.5's layers that predict further tokens: their norms of the token's embedding and the last hidden state, the
+        # projection of both together, and their own embeddings, head and its norm where they have them.
+        "eh_proj.weight": (hidden, 2 * hidden),
+        "enorm.weight": (hidden,),
+        "hnorm.weight": (hidden,),
+        "embed_tokens.weight": (vocab, hidden),
+        "shared_head.head.weight": (vocab, hidden),
+        "shared_head.norm.weight": (hidden,),
         # Qwen 3.5's gives each head's output gate beside its query.
         "self_attn.q_proj.weight": (2 * q if config.architecture in GATED_QUERY_ARCHITECTURES else q, hidden),
         "self_attn.k_proj.weight": (kv, hidden),
@@ -817,10 +843,13 @@ def expected_shapes(config: ModelConfig, layer: int = 0) -> dict[str, tuple[tupl
             "mlp.shared_expert.up_proj.weight": (shared_ffn, hidden),
             "mlp.shared_expert.down_proj.weight": (hidden, shared_ffn),
             "mlp.shared_expert_gate.weight": (1, hidden),
-            # Granite 4's: each layer's experts in one tensor, along its first axis; their gate and up projections fused.
+            # GLM-4.5's: the bias its router's choice adds to each expert's score, its shared experts as one MLP.
+            "mlp.gate.e_score_correction_bias": (config.n_experts,),
+            "mlp.shared_experts.gate_proj.weight": (shared_ffn, hidden),
+            "mlp.shared_experts.up_proj.weight": (shared_ffn, hidden),
+            "mlp.shared_experts.down_proj.weight": (hidden, shared_ffn),
+            # Granite 4's router (its experts are read as Mixtral's: STACKED_EXPERTS).
             "block_sparse_moe.router.layer.weight": (config.n_experts, hidden),
-            "block_sparse_moe.input_linear.weight": (config.n_experts, 2 * expert_ffn, hidden),
-            "block_sparse_moe.output_linear.weight": (config.n_experts, hidden, expert_ffn),
         }
     return {key: shape if isinstance(shape[0], tuple) else (shape,) for key, shape in shapes.items()}
 
@@ -830,10 +859,13 @@ LAYER_PREFIX = "model.layers."
 # An expert's index in a tensor name: "mlp.experts.3.up_proj.weight".
 EXPERT_INDEX = re.compile(r"\.experts\.(\d+)\.")
 # A layer's experts' matrices in one tensor, the experts along its first axis (transformers 5's layout, in which Qwen 3.5's
-# mixtures of experts ship; its FP8 release has one tensor per expert): the names each expert's matrix is read under, each an
+# mixtures of experts ship, but for their FP8 release, and Granite 4's): the names each expert's matrix is read under, each an
 # equal block of the expert's rows in order (its gate projection's, then its up projection's, as transformers splits them).
+# Granite's take Mixtral's names (w1 gate, w3 up, w2 down).
 STACKED_EXPERTS = {"mlp.experts.gate_up_proj": ("mlp.experts.{}.gate_proj.weight", "mlp.experts.{}.up_proj.weight"),
-                   "mlp.experts.down_proj": ("mlp.experts.{}.down_proj.weight",)}
+                   "mlp.experts.down_proj": ("mlp.experts.{}.down_proj.weight",),
+                   "block_sparse_moe.input_linear.weight": ("block_sparse_moe.experts.{}.w1.weight", "block_sparse_moe.experts.{}.w3.weight"),
+                   "block_sparse_moe.output_linear.weight": ("block_sparse_moe.experts.{}.w2.weight",)}
 
 
 def layer_key(name: str) -> tuple[int | None, str]:
@@ -848,13 +880,15 @@ def layer_key(name: str) -> tuple[int | None, str]:
 def _check_tensors(folder: Path, config: ModelConfig, tensors: dict[str, TensorRef]) -> None:
     """Known tensors have the config's shapes and a float dtype; layers of one kind (attention type, own
     keys and values or not, a dense MLP or experts) have the same tensors. Which tensors an architecture needs is its converter's to say."""
-    shapes = [expected_shapes(config, layer) for layer in range(max(config.n_layers, 1))]
-    layers: dict[int, set[str]] = {i: set() for i in range(config.n_layers)}
+    # The layers after the last that predict further tokens (GLM-4.5's) are shaped as the last one, with tensors of their own.
+    n_blocks = config.n_layers + config.nextn_layers
+    shapes = [expected_shapes(config, min(layer, config.n_layers - 1)) for layer in range(n_blocks)]
+    layers: dict[int, set[str]] = {i: set() for i in range(n_blocks)}
     for name, ref in tensors.items():
         index, key = layer_key(name)
         if name.startswith(LAYER_PREFIX):
-            if index is None or index >= config.n_layers:
-                raise ModelError(f"{folder} has tensor '{name}' but config.json says {config.n_layers} layers; the checkpoint is inconsistent")
+            if index is None or index >= n_blocks:
+                raise ModelError(f"{folder} has tensor '{name}' but config.json says {n_blocks} layers; the checkpoint is inconsistent")
             layers[index].add(key)
         if expert := EXPERT_INDEX.search(key):
             if int(expert[1]) >= config.n_experts:
@@ -875,7 +909,8 @@ def _check_tensors(folder: Path, config: ModelConfig, tensors: dict[str, TensorR
         raise ModelError(f"{folder} has no token embeddings (model.embed_tokens.weight); are all weight files there?")
     first_of_kind: dict[tuple[str, bool, bool], set[str]] = {}
     for index, names in layers.items():
-        first = first_of_kind.setdefault((config.layer_types[index], config.has_kv(index), index < config.dense_layers), names)
+        kind = config.layer_types[index] if index < config.n_layers else "nextn"
+        first = first_of_kind.setdefault((kind, config.has_kv(index), index < config.dense_layers), names)
         if missing := sorted(first - names):
             raise ModelError(f"{folder} lacks {LAYER_PREFIX}{index}.{missing[0]}; are all weight files there?")
 

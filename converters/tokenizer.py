@@ -6,7 +6,7 @@ SentencePiece from tokenizer.model, and SentencePiece-style BPE from tokenizer.j
 "▁" for spaces: what transformers 5 saves for Gemma, Llama 2 or Mistral without tokenizer.model);
 both of the latter become llama.cpp's "llama" model. llama.cpp's own converter picks a BPE
 pre-tokenizer by hashing the tokenization of a test string; here it is read from tokenizer.json's
-pre-tokenizer regex, which must be one llama.cpp implements.
+pre-tokenizer (its split regex, or its steps), which must be one llama.cpp implements.
 """
 
 from __future__ import annotations
@@ -44,15 +44,25 @@ TEKKEN_REGEX = (
     r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
     r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# ByteDance's Seed-Coder and Seed-OSS: Llama 3's split with digits one by one and no newlines kept after punctuation.
+SEED_CODER_REGEX = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+"
 PRE_TOKENIZER_REGEXES: dict[str, str] = {
     LLAMA3_REGEX: "llama-bpe",
     QWEN2_REGEX: "qwen2",
     QWEN35_REGEX: "qwen35",
     GPT4O_REGEX: "gpt-4o",
     TEKKEN_REGEX: "tekken",
+    SEED_CODER_REGEX: "seed-coder",
 }
-# ByteLevel with use_regex=True applies GPT-2's own split.
-GPT2_PRE_TOKENIZER = "gpt-2"
+# Some tokenizer.json regexes hold carriage returns and newlines as the characters themselves (Seed-Coder's, as llama.cpp's
+# source quotes it): the same regex as their escapes, which the table above spells.
+REGEX_CONTROL_ESCAPES = str.maketrans({"\r": r"\r", "\n": r"\n"})
+# Pre-tokenizers without a Split, by their steps' types -> llama.cpp's name, when their ByteLevel applies GPT-2's own split
+# (use_regex true). Command R's splits digits one by one before it (Digits, individual_digits true): llama.cpp's "\p{N}" first.
+GPT2_SPLIT_PRE_TOKENIZERS: dict[tuple[str, ...], str] = {
+    ("ByteLevel",): "gpt-2",
+    ("Digits", "ByteLevel"): "command-r",
+}
 # Normalizers that leave the text llama.cpp sees unchanged for practical purposes (Qwen2 uses NFC).
 ACCEPTED_NORMALIZERS = (None, "NFC")
 # JSON files gguf's SpecialVocab reads (with json.load, which would raise a traceback).
@@ -105,24 +115,31 @@ def bpe_pre_tokenizer(tokenizer_json: dict[str, Any]) -> str:
         raise TokenizerError(f"tokenizer.json's pre-tokenizer ({', '.join(map(str, kinds))}) is not byte-level; llama.cpp's BPE needs a ByteLevel step")
     if byte_level[0].get("add_prefix_space"):
         raise TokenizerError("tokenizer.json's ByteLevel step adds a prefix space, which llama.cpp's BPE pre-tokenizers never do")
-    if kinds == ["ByteLevel"] and byte_level[0].get("use_regex", True):
-        return GPT2_PRE_TOKENIZER
+    if any(step.get("type") == "Digits" and not step.get("individual_digits") for step in steps):
+        raise TokenizerError(
+            "tokenizer.json's Digits step keeps runs of digits together (individual_digits false); llama.cpp's command-r, "
+            "the Digits pre-tokenizer localchat knows, splits them one by one"
+        )
+    use_regex = byte_level[0].get("use_regex", True)
+    if use_regex and tuple(kinds) in GPT2_SPLIT_PRE_TOKENIZERS:
+        return GPT2_SPLIT_PRE_TOKENIZERS[tuple(kinds)]
     splits = [step for step in steps if step.get("type") == "Split"]
-    if kinds != ["Split", "ByteLevel"] or byte_level[0].get("use_regex", True):
+    if kinds != ["Split", "ByteLevel"] or use_regex:
         raise TokenizerError(
             f"tokenizer.json's pre-tokenizer is {' + '.join(map(str, kinds))}; llama.cpp implements one regex "
-            "split followed by a byte-level step (or GPT-2's byte-level split)"
+            "split followed by a byte-level step (or GPT-2's byte-level split, alone or after digits split one by one)"
         )
     split = splits[0]
     regex = _split_regex(split)
     if split.get("behavior") != "Isolated" or split.get("invert") or regex is None:
         raise TokenizerError(f"tokenizer.json splits with behavior '{split.get('behavior')}'; llama.cpp splits 'Isolated' by a regex")
-    if regex not in PRE_TOKENIZER_REGEXES:
-        known = ", ".join([GPT2_PRE_TOKENIZER, *PRE_TOKENIZER_REGEXES.values()])
+    spelled = regex.translate(REGEX_CONTROL_ESCAPES)
+    if spelled not in PRE_TOKENIZER_REGEXES:
+        known = ", ".join([*GPT2_SPLIT_PRE_TOKENIZERS.values(), *PRE_TOKENIZER_REGEXES.values()])
         raise TokenizerError(
             f"tokenizer.json's split regex {regex!r} matches none of llama.cpp's pre-tokenizers that localchat knows ({known})"
         )
-    return PRE_TOKENIZER_REGEXES[regex]
+    return PRE_TOKENIZER_REGEXES[spelled]
 
 
 @dataclass(frozen=True)

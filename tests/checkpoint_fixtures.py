@@ -13,7 +13,7 @@ import pytest
 
 from localchat.converters.architectures import EXAONE4_HYBRID_LAYERS
 from localchat.converters.reference_checkpoints import build_gemma3_270m_checkpoint
-from localchat.converters.tokenizer import LLAMA3_REGEX, QWEN2_REGEX, QWEN35_REGEX, TEKKEN_REGEX
+from localchat.converters.tokenizer import LLAMA3_REGEX, QWEN2_REGEX, QWEN35_REGEX, SEED_CODER_REGEX, TEKKEN_REGEX
 from localchat.converters.verify import text_model_class, verify_text
 
 try:
@@ -31,20 +31,18 @@ TRAINING_TEXT = [
 TINY_SLIDING_WINDOW = 8
 
 
-def bpe_tokenizer(split_regex: str | None, vocab_size: int = 600):
-    """A byte-level BPE trained here on a few lines, wrapped as a transformers tokenizer."""
+def bpe_tokenizer(split_regex: str | None, vocab_size: int = 600, individual_digits: bool = False):
+    """A byte-level BPE trained here on a few lines, wrapped as a transformers tokenizer: split by `split_regex`, else by
+    GPT-2's byte-level regex, after splitting digits one by one if `individual_digits` (Command R's)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tokenizer = Tokenizer(models.BPE())
+    steps = [pre_tokenizers.Digits(individual_digits=True)] if individual_digits else []
     if split_regex is None:
-        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False))
     else:
-        tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Split(Regex(split_regex), behavior="isolated"),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-            ]
-        )
+        steps += [pre_tokenizers.Split(Regex(split_regex), behavior="isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    tokenizer.pre_tokenizer = steps[0] if len(steps) == 1 else pre_tokenizers.Sequence(steps)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -75,13 +73,13 @@ def _randomize(model, seed: int) -> None:
 
 def _randomize_buffers(model, seed: int) -> None:
     """Buffers saved with the weights off their defaults, as trained ones are: Gemma 4's per-layer output scales (1) and
-    LFM2-MoE's biases of its routers' choices (0; these change some choices)."""
+    LFM2-MoE's and GLM-4.5's biases of their routers' choices (0; these change some choices)."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, buffer in model.named_buffers():
             if name.endswith("layer_scalar"):
                 buffer.copy_((0.5 + torch.rand(buffer.shape, generator=generator)).half().float())
-            elif name.endswith("expert_bias"):
+            elif name.endswith(("expert_bias", "e_score_correction_bias")):
                 buffer.copy_((0.1 * torch.randn(buffer.shape, generator=generator)).half().float())
 
 
@@ -213,6 +211,11 @@ def _tiny_configs(vocab_size: int) -> dict[str, Callable[[], object]]:
         "granite4-moe": lambda: transformers.GraniteMoeHybridConfig(
             **dict(moe, **GRANITE4_MOE_SETTINGS), layer_types=["attention"] * 2, position_embedding_type="rope",
         ),
+        # The same without a shared expert: transformers builds its MLP 0 wide and saves empty tensors for it.
+        "granite4-moe-unshared": lambda: transformers.GraniteMoeHybridConfig(
+            **dict(moe, **dict(GRANITE4_MOE_SETTINGS, shared_intermediate_size=0)), layer_types=["attention"] * 2,
+            position_embedding_type="rope",
+        ),
         # Four layers: the fourth has no RoPE.
         "smollm3": lambda: transformers.SmolLM3Config(**dict(common, num_hidden_layers=4), pad_token_id=None),
         "olmo2": lambda: transformers.Olmo2Config(**common, pad_token_id=None),
@@ -255,6 +258,14 @@ def _tiny_configs(vocab_size: int) -> dict[str, Callable[[], object]]:
             **dict(moe, num_hidden_layers=4), layer_types=["conv", "conv", "full_attention", "conv"], num_dense_layers=1,
             num_experts=TINY_EXPERTS, moe_intermediate_size=256, pad_token_id=None,
         ),
+        # GLM-4-9B-0414's kind: query, key and value biases, half of each head turned by RoPE (transformers' default).
+        "glm4": lambda: transformers.Glm4Config(**common, head_dim=16, pad_token_id=None),
+        # GLM-4.5's kind: a dense layer, then two with two of four experts per token chosen by sigmoid scores plus a bias per
+        # expert, renormalised and scaled, beside a shared expert; query and key norms (the 355B's); half of each head turned.
+        "glm4moe": lambda: transformers.Glm4MoeConfig(
+            **dict(moe, num_hidden_layers=3), n_routed_experts=TINY_EXPERTS, moe_intermediate_size=256, n_shared_experts=1,
+            first_k_dense_replace=1, routed_scaling_factor=2.5, use_qk_norm=True,
+        ),
         # EXAONE 4.0 1.2B's kind: global attention with RoPE in every layer (no sliding_window), Llama 3's RoPE scaling
         # acting within the verify text, the head tied to the embeddings.
         "exaone4": lambda: transformers.Exaone4Config(
@@ -268,6 +279,13 @@ def _tiny_configs(vocab_size: int) -> dict[str, Callable[[], object]]:
             **dict(common, num_hidden_layers=EXAONE4_HYBRID_LAYERS), sliding_window=TINY_SLIDING_WINDOW,
             layer_types=["full_attention" if (i + 1) % 4 == 0 else "sliding_attention" for i in range(EXAONE4_HYBRID_LAYERS)],
         ),
+        # Command R7B's kind: three sliding-window layers turned by RoPE (their window slides within the verify text), then a
+        # global one without (transformers' default pattern), the logits scaled, the head tied.
+        "cohere2": lambda: transformers.Cohere2Config(
+            **dict(common, num_hidden_layers=4), sliding_window=TINY_SLIDING_WINDOW, logit_scale=0.5, pad_token_id=None,
+        ),
+        # Seed-OSS-36B's kind: query, key and value biases, heads wider than hidden_size / heads.
+        "seed-oss": lambda: transformers.SeedOssConfig(**common, head_dim=32, pad_token_id=None),
     }
 
 
@@ -275,8 +293,9 @@ TINY_ARCHITECTURES = ("llama", "llama3-rope", "mistral", "qwen2", "qwen3", "gemm
 # The families added for issue 31 and after (LFM2, Qwen 3.5, Ministral 3, OLMo 3, EXAONE 4), and of those the mixtures of experts.
 TINY_MORE_FAMILIES = ("phi3", "phi4-mini", "gemma2", "granite", "smollm3", "olmo2", "mixtral", "qwen2moe", "qwen3moe", "olmoe", "lfm2",
                       "lfm2moe", "qwen35", "qwen35moe", "ministral3", "ministral3-vision", "olmo3", "exaone4",
-                      "exaone4-hybrid", "granite4-hybrid", "granite4", "granite4-hybrid-moe", "granite4-moe")
-TINY_MOE = ("mixtral", "qwen2moe", "qwen3moe", "olmoe", "lfm2moe", "qwen35moe", "granite4-hybrid-moe", "granite4-moe")
+                      "exaone4-hybrid", "granite4-hybrid", "granite4", "granite4-hybrid-moe", "granite4-moe", "glm4", "glm4moe",
+                      "cohere2", "seed-oss")
+TINY_MOE = ("mixtral", "qwen2moe", "qwen3moe", "olmoe", "lfm2moe", "qwen35moe", "granite4-hybrid-moe", "granite4-moe", "glm4moe")
 # Their weights' seeds (and the tiny Llama's, which LoRA tests build on), chosen (of the first 40) so that transformers' greedy continuation of the
 # verify text's first line has no two top logits within 0.2 for its first 16 tokens, and (experts)
 # routes that text over all four with no router choice within 0.002 of flipping: a comparison with
@@ -289,17 +308,23 @@ TINY_MOE = ("mixtral", "qwen2moe", "qwen3moe", "olmoe", "lfm2moe", "qwen35moe", 
 # EXAONE 4's 64-layer hybrid's, as Qwen 3.5's, one whose Q8_0 perplexity is within 3% (so many random layers make it sure of wrong
 # tokens, perplexity ~1e11, and Q8_0 moves that by 0.2 to 3.2% as the seed goes); Qwen 3.5's and LFM2's mixtures of experts', likewise
 # (LFM2-MoE's of the first 50 seeds: none that changes token twice or more in its first 16 has its Q8_0 perplexity within 3%).
+# GLM-4.5's, one whose F16 perplexity is also within 0.5% (llama.cpp's F16 activations move this random model's by up to 2% as the seed goes).
 TINY_SEEDS = {"llama": 0, "llama-attention-bias": 0, "phi3": 1, "phi4-mini": 0, "gemma2": 0, "granite": 17, "smollm3": 3, "olmo2": 0,
               "mixtral": 24, "qwen2moe": 29, "qwen3moe": 17, "olmoe": 21, "lfm2": 16, "lfm2moe": 8, "qwen35moe": 10,
               "qwen35": 8, "ministral3": 14, "ministral3-vision": 22, "olmo3": 19, "exaone4": 35,
-              "exaone4-hybrid": 10, "granite4": 32, "granite4-hybrid": 11, "granite4-hybrid-moe": 7, "granite4-moe": 3}
+              "exaone4-hybrid": 10, "granite4": 32, "granite4-hybrid": 11, "granite4-hybrid-moe": 7, "granite4-moe": 3,
+              "glm4": 7, "glm4moe": 39, "cohere2": 12, "seed-oss": 3}
+# Seed-OSS's split as its tokenizer.json holds it: Seed-Coder's regex with carriage return and newline as the characters themselves.
+SEED_OSS_REGEX = SEED_CODER_REGEX.replace(r"\r", "\r").replace(r"\n", "\n")
 TINY_TOKENIZER_REGEX = {"llama": LLAMA3_REGEX, "llama-attention-bias": LLAMA3_REGEX, "llama3-rope": LLAMA3_REGEX, "mistral": None, "qwen2": QWEN2_REGEX, "qwen3": QWEN2_REGEX,
                         "phi3": None, "phi4-mini": LLAMA3_REGEX, "gemma2": None, "granite": None, "smollm3": LLAMA3_REGEX,
                         "olmo2": None, "mixtral": None, "qwen2moe": QWEN2_REGEX, "qwen3moe": QWEN2_REGEX, "olmoe": None,
                         "lfm2": LLAMA3_REGEX, "lfm2moe": LLAMA3_REGEX, "qwen35": QWEN35_REGEX, "qwen35moe": QWEN35_REGEX, "ministral3": TEKKEN_REGEX, "ministral3-vision": TEKKEN_REGEX,
                         "olmo3": LLAMA3_REGEX, "granite4-hybrid": LLAMA3_REGEX, "granite4": LLAMA3_REGEX,
-                        "granite4-hybrid-moe": LLAMA3_REGEX, "granite4-moe": LLAMA3_REGEX,
-                        "exaone4": None, "exaone4-hybrid": None}
+                        "granite4-hybrid-moe": LLAMA3_REGEX, "granite4-moe": LLAMA3_REGEX, "granite4-moe-unshared": LLAMA3_REGEX,
+                        "exaone4": None, "exaone4-hybrid": None, "cohere2": None, "seed-oss": SEED_OSS_REGEX, "glm4": LLAMA3_REGEX, "glm4moe": LLAMA3_REGEX}
+# Families whose tokenizer splits digits one by one before the split above (Command R's, before GPT-2's byte-level split).
+TINY_INDIVIDUAL_DIGITS = ("cohere2",)
 
 
 # Gemma 4's tokenizer is Gemma 3's kind (a SentencePiece-style BPE in tokenizer.json) with chat markers of its
@@ -360,7 +385,7 @@ def tiny_checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.Tem
             (folder / "tokenizer.model").write_bytes((gemma_checkpoint / "tokenizer.model").read_bytes())
             vocab_size = 262144
         else:
-            tokenizer = bpe_tokenizer(TINY_TOKENIZER_REGEX[name])
+            tokenizer = bpe_tokenizer(TINY_TOKENIZER_REGEX[name], individual_digits=name in TINY_INDIVIDUAL_DIGITS)
             vocab_size = -(-len(tokenizer) // 64) * 64  # padded rows, as real checkpoints have
         config = _tiny_configs(vocab_size)[name]()
         torch.manual_seed(0)

@@ -86,10 +86,10 @@ def load(path: Path, **kwargs: object) -> Engine:
 def converted_runs_like_transformers(
     checkpoint: Path, output: Path, quant: str, tokenized: str | None = None
 ) -> tuple[ReferenceRun, TokenScores]:
-    """`checkpoint` converted to `output` at `quant` and run by llama.cpp: its tokenizer as transformers' (on `tokenized`,
-    where llama.cpp's pre-tokenizer for it splits some of the verify text otherwise), its greedy tokens as transformers'
-    up to the first near tie, its perplexity within the type's bounds. Returns transformers' run and llama.cpp's scores
-    of the text, for a closer look."""
+    """`checkpoint` converted to `output` at `quant` and run by llama.cpp: its tokenizer as transformers' (on `tokenized`
+    where given: the verify text without what llama.cpp's pre-tokenizer for it splits otherwise, or with text that tells
+    its pre-tokenizer from others), its greedy tokens as transformers' up to the first near tie, its perplexity within the
+    type's bounds. Returns transformers' run and llama.cpp's scores of the text, for a closer look."""
     convert_checkpoint(checkpoint, output, quant, threads=2)
     reference = reference_run(checkpoint)
     text = verify_text() if tokenized is None else tokenized

@@ -173,6 +173,22 @@ def test_unknown_pre_tokenizer_regex_is_explained() -> None:
         bpe_pre_tokenizer(tokenizer_json)
 
 
+def test_digits_kept_in_runs_are_refused_in_one_line() -> None:
+    """Command R's shape but with runs of digits kept whole, which llama.cpp's command-r would split."""
+    tokenizer_json = {
+        "pre_tokenizer": {
+            "type": "Sequence",
+            "pretokenizers": [
+                {"type": "Digits", "individual_digits": False},
+                {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+            ],
+        }
+    }
+    with pytest.raises(TokenizerError, match=r"Digits step keeps runs of digits together \(individual_digits false\)") as raised:
+        bpe_pre_tokenizer(tokenizer_json)
+    assert "\n" not in str(raised.value)
+
+
 def test_offline_hub_id_says_what_to_download(monkeypatch: pytest.MonkeyPatch) -> None:
     import huggingface_hub.constants
 

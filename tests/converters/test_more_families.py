@@ -117,6 +117,30 @@ SIGNATURES: dict[str, tuple[tuple[str, ...], dict[str, object]]] = {
     # The 32B's kind: the window and which layers slide (those that llama.cpp's exaone4 graph turns by RoPE).
     "exaone4-hybrid": (("blk.63.attn_k_norm.weight", "blk.63.post_ffw_norm.weight", "output.weight"),
                        {"exaone4.attention.sliding_window": 8, "exaone4.attention.sliding_window_pattern": [True, True, True, False] * 16}),
+    # Query, key and value biases, norms before and after attention and the MLP, the gate and up projections one matrix; half
+    # of each head turned by RoPE.
+    "glm4": (("blk.1.attn_q.bias", "blk.1.attn_k.bias", "blk.1.attn_v.bias", "blk.1.post_attention_norm.weight", "blk.1.ffn_norm.weight",
+              "blk.1.ffn_up.weight", "blk.1.post_ffw_norm.weight", "output.weight"),
+             {"glm4.rope.dimension_count": 8, "glm4.attention.key_length": 16, "glm4.feed_forward_length": 128}),
+    # A dense layer, then the router, its bias per expert (exp_probs_b), the experts' stacks and the shared expert; query and key
+    # norms; the multi-token-prediction layer that transformers' config counts after the others (its tensors, which transformers
+    # does not save, in test_glm4moe_keeps_its_multi_token_prediction_layer); how the router weighs the experts it chooses.
+    "glm4moe": (("blk.0.ffn_gate.weight", "blk.0.ffn_up.weight", "blk.0.ffn_down.weight", "blk.0.post_attention_norm.weight",
+                 "blk.1.attn_q_norm.weight", "blk.1.attn_k_norm.weight", "blk.1.ffn_gate_inp.weight", "blk.1.exp_probs_b.bias",
+                 "blk.1.ffn_gate_exps.weight", "blk.1.ffn_up_exps.weight", "blk.1.ffn_down_exps.weight", "blk.2.ffn_gate_shexp.weight",
+                 "blk.2.ffn_up_shexp.weight", "blk.2.ffn_down_shexp.weight"),
+                {"glm4moe.block_count": 4, "glm4moe.nextn_predict_layers": 1, "glm4moe.leading_dense_block_count": 1,
+                 "glm4moe.expert_count": TINY_EXPERTS, "glm4moe.expert_used_count": 2, "glm4moe.expert_shared_count": 1,
+                 "glm4moe.feed_forward_length": 256, "glm4moe.expert_feed_forward_length": 256, "glm4moe.expert_gating_func": 2,
+                 "glm4moe.expert_weights_scale": 2.5, "glm4moe.expert_weights_norm": True, "glm4moe.rope.dimension_count": 32}),
+    # One LayerNorm per layer (its epsilon under llama.cpp's LayerNorm key), the window and which layers slide (those llama.cpp's
+    # cohere2 graph turns by RoPE), the logits' scale; the head tied (no output.weight).
+    "cohere2": (("blk.3.attn_norm.weight", "blk.3.attn_q.weight", "blk.3.ffn_gate.weight", "output_norm.weight"),
+                {"cohere2.attention.layer_norm_epsilon": 1e-5, "cohere2.attention.sliding_window": 8,
+                 "cohere2.attention.sliding_window_pattern": [True, True, True, False], "cohere2.logit_scale": 0.5}),
+    # Query, key and value biases, the norm before the MLP as llama.cpp's attn_post_norm, heads wider than hidden_size / heads.
+    "seed-oss": (("blk.1.attn_q.bias", "blk.1.attn_k.bias", "blk.1.attn_v.bias", "blk.1.post_attention_norm.weight", "output.weight"),
+                 {"seed_oss.attention.key_length": 32, "seed_oss.rope.dimension_count": 32}),
 }
 # llama.cpp's tekken pre-tokenizer (Ministral 3's) splits a word before each combining mark, which Tekken's regex keeps
 # with its letter: the verify text's Hindi line tokenizes otherwise in llama.cpp, in its own converter's files too.
@@ -124,6 +148,11 @@ TEKKEN_FAMILIES = ("ministral3", "ministral3-vision")
 WITHOUT_COMBINING_MARKS = "\n".join(
     line for line in verify_text().splitlines() if not any(unicodedata.category(c).startswith("M") for c in line)
 )
+# Text each family's tokenization is compared on, where not the verify text. Command R's splits digits off before GPT-2's
+# split, which would keep a space before digits with the spaces before it: only such text (the verify text has none) tells
+# llama.cpp's command-r from gpt-2 with the tiny tokenizer, which never merges digits.
+TOKENIZED_TEXTS = {**dict.fromkeys(TEKKEN_FAMILIES, WITHOUT_COMBINING_MARKS),
+                   "cohere2": verify_text() + "\nIn  2024 there were\n  12345 cats, 3.14 and (42).\n"}
 GGML_F32 = 0
 # Q4_K_M's types: Q4_K for most matrices, Q6_K for some down projections (ggml_type 12 and 14).
 K_QUANTS = (12, 14)
@@ -134,8 +163,7 @@ K_QUANTS = (12, 14)
 def test_family_greedy_and_tokens_equal_transformers(
     name: str, quant: str, tiny_checkpoint: Callable[[str], Path], tmp_path: Path
 ) -> None:
-    tokenized = WITHOUT_COMBINING_MARKS if name in TEKKEN_FAMILIES else None
-    converted_runs_like_transformers(tiny_checkpoint(name), tmp_path / f"{name}.gguf", quant, tokenized)
+    converted_runs_like_transformers(tiny_checkpoint(name), tmp_path / f"{name}.gguf", quant, TOKENIZED_TEXTS.get(name))
 
 
 @pytest.mark.parametrize("quant", ["q8_0", "q4_k_m"])
@@ -172,7 +200,7 @@ def test_experts_are_stacked_in_order_and_quantized_with_k_quants(name: str, tin
     output = convert_checkpoint(checkpoint, tmp_path / f"{name}.gguf", "q4_k_m", threads=2).output
     header = read_gguf_header(output)
     experts = {t.name: t for t in header.tensors if "_exps." in t.name}
-    assert len(experts) == 3 * (config["num_hidden_layers"] - config.get("num_dense_layers", 0))
+    assert len(experts) == 3 * (config["num_hidden_layers"] - (config.get("num_dense_layers") or config.get("first_k_dense_replace") or 0))
     hidden, ffn = config["hidden_size"], config.get("moe_intermediate_size") or config["intermediate_size"]
     for tensor in experts.values():
         # GGUF lists dimensions innermost first: (input width, output rows, expert).
@@ -309,6 +337,42 @@ REFUSED: dict[str, tuple[str, Callable[[dict], None], str]] = {
                                                     "hidden_act='gelu'; llama.cpp's granitehybrid graph implements only hidden_act='silu'"),
     "granite4-moe without RoPE": ("granite4-moe", lambda c: c.update(position_embedding_type=None),
                                   "position_embedding_type=None; llama.cpp's granitemoe graph implements only position_embedding_type='rope'"),
+    # Its shared MLP 0 wide, as transformers saves it (empty tensors, which would make a GGUF no llama.cpp loads).
+    "granite4-moe without a shared expert": ("granite4-moe-unshared", lambda c: None,
+                                             "has experts but no shared expert \\(shared_intermediate_size 0\\)"),
+    # llama.cpp's glm4 and glm4moe graphs read no YaRN settings beyond its factor and original context; glm4moe's chooses
+    # experts among all of them (it reads no groups) and always runs the shared experts beside them.
+    "glm4 with YaRN": ("glm4", lambda c: c["rope_parameters"].update(rope_type="yarn", factor=4.0, original_max_position_embeddings=512),
+                       "RoPE scaling 'yarn' is not supported for Glm4ForCausalLM"),
+    "glm4 with another activation": ("glm4", lambda c: c.update(hidden_act="gelu"),
+                                     "hidden_act='gelu'; llama.cpp's glm4 graph implements only hidden_act='silu'"),
+    "glm4moe with YaRN": ("glm4moe", lambda c: c["rope_parameters"].update(rope_type="yarn", factor=4.0, original_max_position_embeddings=512),
+                          "RoPE scaling 'yarn' is not supported for Glm4MoeForCausalLM"),
+    "glm4moe choosing experts within groups": ("glm4moe", lambda c: c.update(n_group=2, topk_group=1),
+                                               "chooses experts within 1 of 2 groups \\(topk_group, n_group\\); llama.cpp's glm4moe graph chooses among all"),
+    "glm4moe without shared experts": ("glm4moe", lambda c: c.update(n_shared_experts=0), "has no shared experts \\(n_shared_experts 0\\)"),
+    # llama.cpp's cohere2 graph reads the embeddings as its head, no attention biases and no RoPE scaling, and turns RoPE in
+    # sliding-window layers alone, where transformers turns it nowhere in a model without them.
+    "cohere2 with attention biases": ("cohere2", lambda c: c.update(attention_bias=True),
+                                      "attention_bias=True; llama.cpp's cohere2 graph implements only attention_bias=False"),
+    "cohere2 with an output matrix of its own": ("cohere2", lambda c: c.update(tie_word_embeddings=False),
+                                                 "tie_word_embeddings=False; llama.cpp's cohere2 graph implements only tie_word_embeddings=True"),
+    "cohere2 with RoPE scaling": ("cohere2", lambda c: c["rope_parameters"].update(rope_type="linear", factor=2.0),
+                                  "RoPE scaling 'linear' is not supported for Cohere2ForCausalLM"),
+    "cohere2 without sliding-window layers": ("cohere2", lambda c: c.update(layer_types=["full_attention"] * 4),
+                                              "no sliding_attention layers with a sliding_window"),
+    "cohere2 with sliding-window layers and no window": ("cohere2", lambda c: c.update(sliding_window=None),
+                                                         "no sliding_attention layers with a sliding_window"),
+    "cohere2 with heads narrower than the model": ("cohere2", lambda c: c.update(head_dim=8),
+                                                   "4 heads of 8 are not hidden_size \\(64\\) wide together"),
+    # llama.cpp's seed_oss graph reads no attention output or MLP biases, turns whole heads and reads no Llama 3 factors.
+    "seed-oss with an attention output bias": ("seed-oss", lambda c: c.update(attention_out_bias=True),
+                                               "attention_out_bias=True; llama.cpp's seed_oss graph implements only attention_out_bias=False"),
+    "seed-oss with MLP biases": ("seed-oss", lambda c: c.update(mlp_bias=True), "mlp_bias=True"),
+    "seed-oss turning part of each head": ("seed-oss", lambda c: c["rope_parameters"].update(partial_rotary_factor=0.5),
+                                           "turns 16 of each head's 32 dimensions by RoPE"),
+    "seed-oss with Llama 3's RoPE scaling": ("seed-oss", lambda c: c["rope_parameters"].update(LLAMA3_SCALING),
+                                             "RoPE scaling 'llama3' is not supported for SeedOssForCausalLM"),
 }
 
 
@@ -318,6 +382,37 @@ def test_checkpoint_llama_cpp_would_run_differently_is_refused(
 ) -> None:
     name, edit, message = REFUSED[case]
     assert_conversion_refused(tiny_checkpoint(name), edit, message, tmp_path)
+
+
+def _with_multi_token_prediction(checkpoint: Path, folder: Path) -> Path:
+    """The tiny GLM-4.5 with the layer after its last that predicts a further token, as Zhipu ships it (transformers builds and
+    saves none): a routed layer's tensors (the last one's), its norms of a token's embedding and of the last hidden state, the
+    projection of both together and its head's norm."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(checkpoint, folder)
+    config = json.loads((folder / "config.json").read_text())
+    last, hidden = config["num_hidden_layers"] - 1, config["hidden_size"]
+    [weights] = folder.glob("*.safetensors")
+    tensors = load_file(weights)
+    layer = f"model.layers.{last + 1}."
+    copied = {name.replace(f"model.layers.{last}.", layer): t.clone() for name, t in tensors.items() if name.startswith(f"model.layers.{last}.")}
+    own = {f"{layer}eh_proj.weight": torch.full((hidden, 2 * hidden), 0.01), f"{layer}enorm.weight": torch.ones(hidden),
+           f"{layer}hnorm.weight": torch.ones(hidden), f"{layer}shared_head.norm.weight": torch.ones(hidden)}
+    save_file(tensors | copied | own, weights, metadata={"format": "pt"})
+    return folder
+
+
+def test_glm4moe_keeps_its_multi_token_prediction_layer(tiny_checkpoint: Callable[[str], Path], tmp_path: Path) -> None:
+    """As llama.cpp's converter keeps it (but with --no-mtp): the layer after the last, as blk.N with its nextn.* tensors, for
+    drafting; llama.cpp's main graph skips it and runs the others as transformers does."""
+    source = _with_multi_token_prediction(tiny_checkpoint("glm4moe"), tmp_path / "mtp")
+    converted_runs_like_transformers(source, tmp_path / "mtp.gguf", "f16")
+    header = read_gguf_header(tmp_path / "mtp.gguf")
+    assert {"blk.3.nextn.eh_proj.weight", "blk.3.nextn.enorm.weight", "blk.3.nextn.hnorm.weight", "blk.3.nextn.shared_head_norm.weight",
+            "blk.3.attn_q.weight", "blk.3.exp_probs_b.bias", "blk.3.ffn_gate_exps.weight", "blk.3.ffn_down_shexp.weight"} <= {t.name for t in header.tensors}
+    assert (header.get("glm4moe.block_count"), header.get("glm4moe.nextn_predict_layers")) == (4, 1)
 
 
 # save_pretrained writes an image-reading Gemma 3's (and Mistral 3's) text model under "language_model.model." (transformers
@@ -606,6 +701,25 @@ def test_olmo3_runs_any_pattern_of_sliding_window_layers_like_transformers(tiny_
     with load(output) as engine:
         perplexity = engine.backend.score(0, reference.text_tokens).perplexity
     assert abs(perplexity / reference.perplexity - 1) <= BOUNDS["f32"].perplexity, (perplexity, reference.perplexity)
+
+
+# Command R7B's config.json in its hub config's keys (transformers 4's): its sliding-window layers given by sliding_window_pattern.
+COMMAND_R7B_CONFIG = {
+    "architectures": ["Cohere2ForCausalLM"], "model_type": "cohere2", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 256000, "layer_norm_eps": 1e-5, "logit_scale": 0.25,
+    "rope_theta": 50000.0, "sliding_window": 4096, "sliding_window_pattern": 4, "tie_word_embeddings": True,
+}
+
+
+def test_command_r7b_hub_config_is_read_as_transformers_reads_it() -> None:
+    """Three sliding-window layers in four, as transformers' class derives them from sliding_window_pattern."""
+    from localchat.converters.architectures import architecture_for
+    from localchat.converters.checkpoint import ModelConfig
+
+    config = ModelConfig.from_dict(json.loads(json.dumps(COMMAND_R7B_CONFIG)), Path("config.json"))
+    assert config.layer_types == ("sliding_attention", "sliding_attention", "sliding_attention", "full_attention") * 8
+    assert (config.sliding_window, config.rope.theta, config.head_dim) == (4096, 50_000.0, 128)
+    assert architecture_for(config).gguf_name == "cohere2"
 
 
 @pytest.mark.parametrize("text_config", ["nope", {"hidden_size": "wide"}, {"num_hidden_layers": -3}, {"rope_scaling": 5}],
