@@ -37,6 +37,7 @@ from localchat.interrupts import sigterm_interrupts
 from localchat.model_pool import Lease, MemoryBudget, MemoryNeed, ModelBusyError, ModelPool, PoolEvent
 from localchat.scheduler import QueueFullError, ReplyDone, TextDelta
 from localchat.server.anthropic_messages import messages_router
+from localchat.server.chat import text_finish_reason
 from localchat.server.embeddings import embedding_router
 from localchat.server.errors import APIError, error_response, validation_message
 from localchat.server.json_bodies import BodiesAsJson, WellFormedRoute
@@ -115,11 +116,6 @@ def _usage(stats: Sequence[GenerationStats], n: int) -> Usage:
         prompt_tokens_details=PromptTokensDetails(
             cached_tokens=sum(min(choice.cached_tokens for choice in choices) for choices in prompts)),
     )
-
-
-def _finish_reason(stats: GenerationStats) -> FinishReason:
-    # A reply this request cancelled itself ends as "stop"; one the server cut as it stopped raises instead (PendingReplies.events).
-    return "length" if stats.finish_reason == "length" else "stop"
 
 
 async def _event_stream(replies: PendingReplies, first: Sequence[str],
@@ -380,7 +376,7 @@ def create_app(engine: Engine, settings: ServerSettings, loader: EngineLoader | 
         if body.stream:
             def events(index: int, item: TextDelta | ReplyDone) -> list[str]:
                 if isinstance(item, ReplyDone):
-                    return [_sse(event(index, "", _finish_reason(item.stats)))]
+                    return [_sse(event(index, "", text_finish_reason(item.stats)))]
                 return [_sse(event(index, item.text, logprobs=legacy(index, item.logprobs)))]
 
             def last(stats: list[GenerationStats]) -> list[str]:
@@ -394,7 +390,7 @@ def create_app(engine: Engine, settings: ServerSettings, loader: EngineLoader | 
 
         pieces: list[list[TextDelta]] = [[] for _ in text_offsets]
         await service.read_whole(replies, request, lambda index, delta: pieces[index].append(delta))
-        whole = [CompletionChoice(index=index, text="".join(p.text for p in said), finish_reason=_finish_reason(stats),
+        whole = [CompletionChoice(index=index, text="".join(p.text for p in said), finish_reason=text_finish_reason(stats),
                                   logprobs=legacy(index, [entry for p in said for entry in p.logprobs]))
                  for index, (said, stats) in enumerate(zip(pieces, replies.stats, strict=True))]
         completion = Completion(id=reply_id, created=created, model=service.model_id, choices=whole,

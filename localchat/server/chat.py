@@ -277,5 +277,10 @@ class ChatReplyReader:
     def finish_reason(self, stats: GenerationStats) -> FinishReason:
         if self.complete or (self.calls and stats.finish_reason != "length"):
             return "tool_calls"
-        # A reply this request cancelled itself ends as "stop"; one the server cut as it stopped raises instead (PendingReplies.events).
-        return "length" if stats.finish_reason == "length" else "stop"
+        return text_finish_reason(stats)
+
+
+def text_finish_reason(stats: GenerationStats) -> FinishReason:
+    """How a reply without calls ended, in OpenAI's words. A reply this request cancelled itself ends as "stop"; one the
+    server cut as it stopped raises instead (PendingReplies.events)."""
+    return "length" if stats.finish_reason == "length" else "stop"
