@@ -315,7 +315,7 @@ def create_app(engine: Engine, settings: ServerSettings, loader: EngineLoader | 
                 if isinstance(item, ReplyDone):
                     reader, stats = readers[index], item.stats
                     ending = [_sse(chunk(index, d)) for d in reader.finish(cut_short=stats.finish_reason == "length")]
-                    return [*ending, _sse(chunk(index, ChatDelta(), reader.finish_reason(stats)))]
+                    return [*ending, _sse(chunk(index, ChatDelta(), reader.chat_completions_finish_reason(stats)))]
                 deltas = read_delta(index, item)
                 if unsent[index]:  # log-probabilities to send: the chunk's model writes them
                     return [_sse(chunk(index, d)) for d in deltas]
@@ -340,7 +340,7 @@ def create_app(engine: Engine, settings: ServerSettings, loader: EngineLoader | 
         for index, (reader, stats) in enumerate(zip(readers, replies.stats, strict=True)):
             reader.finish(cut_short=stats.finish_reason == "length")
             logprobs = chat_logprobs(unsent[index], piece) if run.generation.logprobs is not None else None
-            choices.append(ChatChoice(index=index, message=reader.message(), finish_reason=reader.finish_reason(stats),
+            choices.append(ChatChoice(index=index, message=reader.message(), finish_reason=reader.chat_completions_finish_reason(stats),
                                       logprobs=logprobs))
         completion = ChatCompletion(id=reply_id, created=created, model=service.model_id, choices=choices,
                                     usage=_usage(replies.stats, body.n))

@@ -112,6 +112,7 @@ class ChatPlan:
     max_calls: int | None
     constraint: Constraint | None = None  # a forced call's grammar
     forced_functions: tuple[str, ...] = ()  # the functions a forced call may be of
+    named_call: bool = False  # tool_choice named the function
     # Each shown function's parameters' schema, by name: calls written as markup are typed by it.
     parameters: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
@@ -205,7 +206,7 @@ def plan_chat(body: ChatCompletionRequest, chat: ModelChat, *, default_thinking:
     forced = call_opening(chat.format, prompt, forced_name, lead)
     functions = (forced_name,) if forced_name is not None else tuple(names)
     return ChatPlan(prompt, forced, chat.format, read_calls=True, max_calls=max_calls, constraint=constraint,
-                    forced_functions=functions, parameters=parameters)
+                    forced_functions=functions, named_call=forced_name is not None, parameters=parameters)
 
 
 def new_call_id() -> str:
@@ -228,6 +229,7 @@ class ChatReplyReader:
         self._ids: list[str] = []
         self.complete = False
         self._forced = plan.forced
+        self._named_call = plan.named_call
 
     def start(self) -> list[ChatDelta]:
         """The deltas of what the server wrote for the model (a named call's start)."""
@@ -278,6 +280,13 @@ class ChatReplyReader:
         if self.complete or (self.calls and stats.finish_reason != "length"):
             return "tool_calls"
         return text_finish_reason(stats)
+
+    def chat_completions_finish_reason(self, stats: GenerationStats) -> FinishReason:
+        """`finish_reason` as OpenAI's chat completions say it (and vLLM's, which matched them): a call of the
+        function tool_choice named ends as "stop", streamed or not; calls the model chose (auto, required) as
+        "tool_calls"."""
+        reason = self.finish_reason(stats)
+        return "stop" if reason == "tool_calls" and self._named_call else reason
 
 
 def text_finish_reason(stats: GenerationStats) -> FinishReason:

@@ -102,17 +102,19 @@ def test_markers_that_are_control_tokens_are_read(tmp_path: Path) -> None:
 
 
 def test_a_named_function_is_forced(qwen3: tuple[openai.OpenAI, ScriptedBackend]) -> None:
-    """The server writes the call's opening through the name: the model only writes arguments."""
+    """The server writes the call's opening through the name: the model only writes arguments. The reply ends as
+    OpenAI's chat completions end a call tool_choice named: "stop", streamed or not (vLLM's match them)."""
     client, backend = qwen3
     backend.replies.extend(['{"city": "Oslo"}}\n</tool_call>'] * 2)
     choice = {"type": "function", "function": {"name": "get_time"}}
     reply = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=TOOLS, tool_choice=choice)  # type: ignore[arg-type]
     # What Qwen3's template writes before a call in a reply of nothing else: an empty think block.
     assert backend.prompts[-1].endswith('<|im_start|>assistant\n<think>\n\n</think>\n\n<tool_call>\n{"name": "get_time", "arguments": ')
-    assert _calls(reply.choices[0].message) == [("get_time", {"city": "Oslo"})]
+    assert _calls(reply.choices[0].message) == [("get_time", {"city": "Oslo"})] and reply.choices[0].finish_reason == "stop"
     chunks = list(client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=TOOLS, tool_choice=choice, stream=True))  # type: ignore[arg-type]
     first_call = chunks[1].choices[0].delta.tool_calls  # right after the role, before the model wrote a token
     assert first_call is not None and first_call[0].function is not None and first_call[0].function.name == "get_time"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]
 
 
 def test_required_makes_the_model_pick_a_function(qwen3: tuple[openai.OpenAI, ScriptedBackend]) -> None:
@@ -124,8 +126,10 @@ def test_required_makes_the_model_pick_a_function(qwen3: tuple[openai.OpenAI, Sc
     assert reply.choices[0].finish_reason == "tool_calls"
 
 
-@pytest.mark.parametrize("choice", [{"type": "function", "function": {"name": "get_weather"}}, "required"])
-def test_a_model_that_would_not_call_still_returns_a_valid_call(qwen3: tuple[openai.OpenAI, ScriptedBackend], choice: Any) -> None:
+@pytest.mark.parametrize(("choice", "finish_reason"), [({"type": "function", "function": {"name": "get_weather"}}, "stop"),
+                                                       ("required", "tool_calls")])
+def test_a_model_that_would_not_call_still_returns_a_valid_call(qwen3: tuple[openai.OpenAI, ScriptedBackend], choice: Any,
+                                                                finish_reason: str) -> None:
     """A forced call is constrained to its grammar: the stand-in model's script (plain text) is
     refused token by token, and what it may write instead is a call whose arguments follow the schema."""
     client, backend = qwen3
@@ -133,7 +137,7 @@ def test_a_model_that_would_not_call_still_returns_a_valid_call(qwen3: tuple[ope
     reply = client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=TOOLS, tool_choice=choice)
     calls = _calls(reply.choices[0].message)
     assert len(calls) == 1 and calls[0][0] in ("get_weather", "get_time") and calls[0][1] == {"city": ""}
-    assert reply.choices[0].finish_reason == "tool_calls" and reply.choices[0].message.content is None
+    assert reply.choices[0].finish_reason == finish_reason and reply.choices[0].message.content is None
     streamed = list(client.chat.completions.create(model="scripted", messages=TOOLS_QUESTION, tools=TOOLS, tool_choice=choice, stream=True))
     arguments = "".join(call.function.arguments or "" for chunk in streamed for call in chunk.choices[0].delta.tool_calls or ()
                         if call.function is not None)
