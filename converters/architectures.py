@@ -24,6 +24,7 @@ from localchat.converters.checkpoint import (
     LONGROPE_TYPES,
     Checkpoint,
     DeltaNetSizes,
+    LatentAttentionSizes,
     Mamba2Sizes,
     ModelConfig,
     RopeSettings,
@@ -116,6 +117,27 @@ GLM4MOE_LAYER = (*ATTENTION, "post_attention_layernorm.weight")
 # the shared experts as one MLP.
 GLM4MOE_EXPERTS = (*ROUTED_EXPERTS, "mlp.gate.e_score_correction_bias", "mlp.shared_experts.gate_proj.weight",
                    "mlp.shared_experts.up_proj.weight", "mlp.shared_experts.down_proj.weight")
+# DeepSeek V2's and V3's layer tensors in every layer: multi-head latent attention's keys and values through one latent (its
+# queries' differ: DEEPSEEK_QUERIES), the norms; after the leading dense layers, the experts beside the shared ones.
+DEEPSEEK_LAYER = ("input_layernorm.weight", "self_attn.kv_a_proj_with_mqa.weight", "self_attn.kv_a_layernorm.weight",
+                  "self_attn.kv_b_proj.weight", "self_attn.o_proj.weight", "post_attention_layernorm.weight")
+DEEPSEEK2_EXPERTS = (*ROUTED_EXPERTS, *GLM4MOE_EXPERTS[-3:])
+# Its queries' tensors, by whether they go through a latent of their own (q_lora_rank: V3's, V2's) or not (V2-Lite's, Moonlight's).
+DEEPSEEK_QUERIES = {True: ("self_attn.q_a_proj.weight", "self_attn.q_a_layernorm.weight", "self_attn.q_b_proj.weight"),
+                    False: ("self_attn.q_proj.weight",)}
+# llama.cpp's deepseek2 graph projects the queries of a model of these many layers directly, whatever its q_lora_rank (it takes
+# them for DeepSeek-V2-Lite's kind), as it does in 48-layer models of DEEPSEEK2_LITE_VOCAB tokens.
+DEEPSEEK2_LITE_LAYERS = (26, 27)
+DEEPSEEK2_LITE_VOCAB = 128256
+# YaRN's ramp bounds llama.cpp's deepseek2 graph turns by (it reads none from the GGUF).
+DEEPSEEK2_YARN_BOUNDS = (YARN_BETA_FAST, YARN_BETA_SLOW)
+# gpt-oss's layer tensors: attention with biases and a sink per head, the norm before the MLP, a router with a bias, and each
+# expert's matrices and biases as checkpoint.GPT_OSS_STACKED_EXPERTS reads them.
+GPT_OSS_LAYER = (*ATTENTION, "self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias", "self_attn.o_proj.bias",
+                 "self_attn.sinks", "post_attention_layernorm.weight", "mlp.router.weight", "mlp.router.bias",
+                 "mlp.experts.*.gate_up_proj", "mlp.experts.*.gate_up_proj_bias", "mlp.experts.*.down_proj", "mlp.experts.*.down_proj_bias")
+# ERNIE 4.5's multi-token-prediction layers (the 21B's and 300B's), which llama.cpp's converter leaves out and its graph never runs.
+ERNIE4_5_MTP_PREFIXES = ("model.mtp_block.", "model.mtp_emb_norm.", "model.mtp_hidden_norm.", "model.mtp_linear_proj.")
 
 
 class UnsupportedModelError(ModelError):
@@ -148,8 +170,9 @@ class PlannedTensor:
 
     @property
     def keeps_f32(self) -> bool:
-        """Vectors (norms, biases, RoPE factors) and routers stay F32 at every quantization."""
-        return len(self.shape) == 1 or self.gguf_name.endswith(F32_TENSORS)
+        """Vectors (norms, biases, RoPE factors), routers and biases of stacked experts (gpt-oss's) stay F32 at every
+        quantization, as llama.cpp's converter writes every tensor but a weight."""
+        return len(self.shape) == 1 or self.gguf_name.endswith((*F32_TENSORS, ".bias"))
 
 
 @dataclass(frozen=True)
@@ -158,18 +181,28 @@ class TensorRewrite:
 
     values: Callable[[np.ndarray], np.ndarray] | None = None
     renamed: str | None = None  # its name after "model.layers.N." for gguf's map, where that differs
-    shape: tuple[int, ...] | None = None  # its shape after `values`, where that differs (Mamba-2's A and D as one-column matrices)
-    # A fused matrix llama.cpp reads as several: their names for gguf's map, each an equal block of its rows in order.
+    # Its shape after `values`, where that differs (Mamba-2's A and D as one-column matrices; each expert's, for a stack of them).
+    shape: tuple[int, ...] | None = None
+    # A fused matrix llama.cpp reads as several: their names for gguf's map, each an equal block of its rows (after `values`) in
+    # order, or every len(split_into)th row from the part's index on where `interleaved` (gpt-oss's experts' gate and up).
     split_into: tuple[str, ...] = ()
+    interleaved: bool = False
+    # A matrix llama.cpp reads as several of other shapes, each made by a rewrite of its own (DeepSeek's kv_b_proj).
+    into: tuple[TensorRewrite, ...] = ()
 
     def parts(self, shape: tuple[int, ...]) -> list[TensorRewrite]:
-        """Each block `split_into` names, of a tensor of `shape`, as a rewrite of its own."""
-        size = shape[0] // len(self.split_into)
+        """Each block `split_into` names, of a tensor of `shape`, as a rewrite of its own; or the rewrites `into` gives."""
+        if self.into:
+            return list(self.into)
+        whole, shape = self.values or (lambda weights: weights), self.shape or shape
+        count = len(self.split_into)
+        size = shape[0] // count
 
-        def block(start: int) -> Callable[[np.ndarray], np.ndarray]:
-            return lambda weights: weights[start : start + size]
+        def block(index: int) -> Callable[[np.ndarray], np.ndarray]:
+            rows = slice(index, None, count) if self.interleaved else slice(index * size, (index + 1) * size)
+            return lambda weights: whole(weights)[rows]
 
-        return [TensorRewrite(block(i * size), part, (size, *shape[1:])) for i, part in enumerate(self.split_into)]
+        return [TensorRewrite(block(i), part, (size, *shape[1:])) for i, part in enumerate(self.split_into)]
 
 
 # Granite 4's MLP (shared_mlp: the shared expert of its mixtures of experts) as llama.cpp's gate, up and down projections.
@@ -190,6 +223,26 @@ LFM2MOE_REWRITES = {
 }
 # GLM-4.5's expert bias under the name gguf's map knows (llama.cpp's glm4moe graph reads it as exp_probs_b.bias).
 GLM4MOE_REWRITES = {"mlp.gate.e_score_correction_bias": TensorRewrite(renamed="mlp.gate.e_score_correction.bias")}
+
+
+def _ernie4_5_moe_rewrites(config: ModelConfig) -> dict[str, TensorRewrite]:
+    """ERNIE 4.5's expert bias, one row of one per expert, as the vector llama.cpp's ernie4_5-moe graph adds (exp_probs_b.bias)."""
+    return {"mlp.moe_statics.e_score_correction_bias": TensorRewrite(lambda bias: bias.reshape(-1), "mlp.moe_statics.e_score_correction.bias",
+                                                                     (config.n_experts,))}
+
+
+def _gpt_oss_rewrites(config: ModelConfig) -> dict[str, TensorRewrite]:
+    """gpt-oss's experts as llama.cpp's stacks of gate, up and down projections and their biases: each expert's matrices turned
+    to output rows by input columns, its gate and up (alternating columns and biases, as transformers splits them) apart."""
+    ffn, hidden = config.expert_intermediate_size, config.hidden_size
+    turned = np.transpose
+    return {
+        "mlp.experts.gate_up_proj": TensorRewrite(turned, shape=(2 * ffn, hidden), interleaved=True,
+                                                  split_into=("mlp.experts.gate_proj.weight", "mlp.experts.up_proj.weight")),
+        "mlp.experts.gate_up_proj_bias": TensorRewrite(interleaved=True, split_into=("mlp.experts.gate_proj.bias", "mlp.experts.up_proj.bias")),
+        "mlp.experts.down_proj": TensorRewrite(turned, renamed="mlp.experts.down_proj.weight", shape=(hidden, ffn)),
+        "mlp.experts.down_proj_bias": TensorRewrite(renamed="mlp.experts.down_proj.bias"),
+    }
 
 
 Metadata = Callable[[ModelConfig, GGUFWriter], None]
@@ -226,6 +279,14 @@ class Architecture:
     rewrites: Rewrites | None = None
     # llama.cpp's tokenizer model when the architecture has its own (tokenizer.ggml.model), else read from the files.
     tokenizer_model: str | None = None
+    # Whether tokenizer_config.json's add_prefix_space, where given, says if a space goes before the text, over tokenizer.model's
+    # add_dummy_prefix, as llama.cpp's converter takes it for ERNIE 4.5.
+    space_prefix_from_tokenizer_config: bool = False
+    # Prefixes of checkpoint tensors that llama.cpp's converter leaves out (ERNIE 4.5's multi-token-prediction layers).
+    left_out: tuple[str, ...] = ()
+    # Whether llama.cpp's converter leaves out the layers after the last that predict further tokens (DeepSeek V3's), where it
+    # keeps others' (GLM-4.5's).
+    drops_nextn_layers: bool = False
     # Where one class covers several of llama.cpp's architectures (Granite 4's), the row for a checkpoint's settings.
     variant: Callable[[ModelConfig], Architecture] | None = None
 
@@ -710,13 +771,19 @@ def _olmo3_metadata(config: ModelConfig, writer: GGUFWriter) -> None:
         writer.add_rope_scaling_attn_factors(_yarn_attention_factor(config.rope) / _yarn_mscale(float(config.rope.scaling["factor"])))
 
 
-def _check_attention_kinds_and_square_heads(config: ModelConfig, family: str, graph: str) -> None:
-    """What llama.cpp's graphs of models with sliding-window layers (exaone4, cohere2) fix: layers that attend over a window
-    or over the whole context alone, and heads as wide as the model together (their attention output is square)."""
+def _check_attention_kinds(config: ModelConfig, family: str, graph: str) -> None:
+    """Layers that attend over a window or over the whole context alone, which llama.cpp's graphs of models with sliding-window
+    layers (exaone4, cohere2, gpt-oss) run."""
     if unknown := sorted(set(config.layer_types) - {"sliding_attention", "full_attention"}):
         raise UnsupportedModelError(
             f"this {family} checkpoint has layers of type '{unknown[0]}'; llama.cpp's {graph} graph runs sliding_attention and full_attention layers only"
         )
+
+
+def _check_attention_kinds_and_square_heads(config: ModelConfig, family: str, graph: str) -> None:
+    """What llama.cpp's exaone4 and cohere2 graphs fix: the layers' kinds, and heads as wide as the model together (their
+    attention output is square)."""
+    _check_attention_kinds(config, family, graph)
     if config.n_heads * config.head_dim != config.hidden_size:
         raise UnsupportedModelError(
             f"this {family} checkpoint's {config.n_heads} heads of {config.head_dim} are not hidden_size ({config.hidden_size}) wide together; "
@@ -807,6 +874,194 @@ def _glm4moe_metadata(config: ModelConfig, writer: GGUFWriter) -> None:
     writer.add_expert_weights_norm(bool(config.raw["norm_topk_prob"]))
 
 
+def _latent_attention(config: ModelConfig) -> LatentAttentionSizes:
+    if config.latent_attention is None:  # transformers' class gives them to every DeepSeek config
+        raise ModelError(f"this {config.architecture} checkpoint's config.json lacks its latent attention's sizes (kv_lora_rank...); it is incomplete")
+    return config.latent_attention
+
+
+def _deepseek_query_variant(config: ModelConfig) -> Architecture:
+    """DeepSeek's row with its queries' tensors, which differ by whether they go through a latent of their own."""
+    row = ARCHITECTURES[config.architecture]
+    queries = DEEPSEEK_QUERIES[bool(_latent_attention(config).q_lora_rank)]
+    return replace(row, layer_tensors=row.layer_tensors + queries, dense_layer_tensors=row.dense_layer_tensors + queries, variant=None)
+
+
+def _check_deepseek_yarn(config: ModelConfig) -> None:
+    """YaRN as llama.cpp's deepseek2 graph runs it: its ramp between the default bounds, rounded outwards, and attention scaled by
+    mscale_all_dim alone, which is transformers' scale where mscale equals it (as in DeepSeek's releases)."""
+    scaling, family = config.rope.scaling, config.architecture
+    _check_rope_numbers(config.rope, OLMO3_ROPE_NUMBERS, family)
+    if scaling.get("attention_factor") is not None:
+        raise UnsupportedModelError(f"this {family} checkpoint gives YaRN's attention_factor; llama.cpp's deepseek2 graph derives it from mscale_all_dim")
+    if scaling.get("truncate", True) is not True:
+        raise UnsupportedModelError(f"this {family} checkpoint's YaRN keeps its correction range unrounded (truncate false); llama.cpp's deepseek2 graph always rounds it")
+    bounds = (float(scaling.get("beta_fast") or YARN_BETA_FAST), float(scaling.get("beta_slow") or YARN_BETA_SLOW))
+    if bounds != DEEPSEEK2_YARN_BOUNDS:
+        raise UnsupportedModelError(
+            f"this {family} checkpoint's YaRN ramps between beta_fast {bounds[0]:g} and beta_slow {bounds[1]:g}; llama.cpp's deepseek2 graph "
+            f"reads no bounds and ramps between {YARN_BETA_FAST:g} and {YARN_BETA_SLOW:g}"
+        )
+    mscale, all_dims = scaling.get("mscale"), scaling.get("mscale_all_dim")
+    if not all_dims or mscale != all_dims:
+        raise UnsupportedModelError(
+            f"this {family} checkpoint's YaRN has mscale {mscale} and mscale_all_dim {all_dims}; llama.cpp's deepseek2 graph scales attention "
+            "as transformers does only where both are given and equal, as in DeepSeek's releases"
+        )
+
+
+def _check_deepseek(config: ModelConfig) -> None:
+    """What llama.cpp's deepseek2 graph fixes for DeepSeek V2 and V3: shared experts beside the routed ones, queries projected
+    directly in models of DeepSeek-V2-Lite's size, YaRN's attention scale from mscale_all_dim."""
+    latent, family = _latent_attention(config), config.architecture
+    if not config.shared_experts:
+        raise UnsupportedModelError(f"this {family} checkpoint has no shared experts (n_shared_experts 0); llama.cpp's deepseek2 graph runs them beside the routed ones")
+    lite = config.n_layers in DEEPSEEK2_LITE_LAYERS or (config.n_layers == 48 and config.vocab_size == DEEPSEEK2_LITE_VOCAB)
+    if lite and latent.q_lora_rank:
+        raise UnsupportedModelError(
+            f"this {family} checkpoint has {config.n_layers} layers and projects its queries through a latent (q_lora_rank {latent.q_lora_rank}); "
+            "llama.cpp's deepseek2 graph takes such a model for DeepSeek-V2-Lite's kind and projects them directly"
+        )
+    if config.rope.scaling_type == "yarn":
+        _check_deepseek_yarn(config)
+
+
+def _check_deepseek2(config: ModelConfig) -> None:
+    """DeepSeek V2's, and its router's choice: transformers' takes the best experts (greedy) or the best within the best groups,
+    each group ranked by its best expert (group_limited_greedy), where llama.cpp's graph ranks a group by its best two."""
+    _check_deepseek(config)
+    method = config.raw.get("topk_method") or "greedy"
+    groups, kept = config.raw.get("n_group") or 1, config.raw.get("topk_group") or 1
+    if method not in ("greedy", "group_limited_greedy"):
+        raise UnsupportedModelError(
+            f"this DeepSeek-V2 checkpoint chooses experts by '{method}' (topk_method); transformers' DeepSeek-V2 and llama.cpp's deepseek2 graph "
+            "choose them 'greedy' or 'group_limited_greedy'"
+        )
+    if method == "group_limited_greedy" and kept < groups:
+        raise UnsupportedModelError(
+            f"this DeepSeek-V2 checkpoint chooses experts within {kept} of {groups} groups ranked by their best expert (group_limited_greedy); "
+            "llama.cpp's deepseek2 graph ranks groups by their best two"
+        )
+
+
+def _check_deepseek3(config: ModelConfig) -> None:
+    """DeepSeek V3's, and its groups of experts: as many experts in each, two or more (a group's rank is its best two's scores)."""
+    _check_deepseek(config)
+    groups = config.raw.get("n_group") or 1
+    if config.n_experts % groups or (groups > 1 and config.n_experts // groups < 2):
+        raise ModelError(f"this DeepSeek-V3 checkpoint's {config.n_experts} experts do not make {groups} groups of two or more (n_group); the config.json is inconsistent")
+
+
+def _add_deepseek_routing(config: ModelConfig, writer: GGUFWriter, gating: ExpertGatingFuncType) -> None:
+    """Its leading dense layers; its router's scores (`gating`), renormalised or not (norm_topk_prob), times routed_scaling_factor
+    (transformers gives both where the config does not); YaRN's attention scale as llama.cpp's converter writes it: a tenth of
+    mscale_all_dim, which llama.cpp's deepseek2 loader multiplies back."""
+    writer.add_leading_dense_block_count(config.dense_layers)
+    writer.add_expert_gating_func(gating)
+    writer.add_expert_weights_scale(float(config.raw["routed_scaling_factor"]))
+    writer.add_expert_weights_norm(bool(config.raw.get("norm_topk_prob")))
+    if config.rope.scaling_type == "yarn":
+        writer.add_rope_scaling_yarn_log_mul(0.1 * float(config.rope.scaling["mscale_all_dim"]))
+
+
+def _deepseek2_metadata(config: ModelConfig, writer: GGUFWriter) -> None:
+    """Its experts chosen by softmax over all of them."""
+    _add_deepseek_routing(config, writer, ExpertGatingFuncType.SOFTMAX)
+
+
+def _deepseek3_metadata(config: ModelConfig, writer: GGUFWriter) -> None:
+    """Its experts chosen by sigmoid scores plus a bias per expert, within topk_group of n_group groups (llama.cpp ranks them by
+    their best two, as transformers does)."""
+    _add_deepseek_routing(config, writer, ExpertGatingFuncType.SIGMOID)
+    writer.add_expert_group_count(int(config.raw.get("n_group") or 1))
+    writer.add_expert_group_used_count(int(config.raw.get("topk_group") or 1))
+
+
+def _deepseek_rewrites(config: ModelConfig) -> dict[str, TensorRewrite]:
+    """kv_b_proj as llama.cpp's converter splits it for attention over the latent: each head's key rows turned (attn_k_b: the
+    latent's width by the key's), and its value rows (attn_v_b); V3's expert bias under the name gguf's map knows (exp_probs_b.bias)."""
+    latent = _latent_attention(config)
+    heads, keys, rank = config.n_heads, latent.qk_nope_head_dim, latent.kv_lora_rank
+
+    def per_head(weights: np.ndarray) -> np.ndarray:
+        return weights.reshape(heads, keys + latent.v_head_dim, rank)
+
+    split = (TensorRewrite(lambda weights: per_head(weights)[:, :keys].transpose(0, 2, 1), "self_attn.k_b_proj.weight", (heads, rank, keys)),
+             TensorRewrite(lambda weights: per_head(weights)[:, keys:], "self_attn.v_b_proj.weight", (heads, latent.v_head_dim, rank)))
+    return {"self_attn.kv_b_proj.weight": TensorRewrite(into=split), **GLM4MOE_REWRITES}
+
+
+def _check_ernie4_5(config: ModelConfig) -> None:
+    if config.rope_dimensions != config.head_dim:
+        raise UnsupportedModelError(
+            f"this {config.architecture} checkpoint turns {config.rope_dimensions} of each head's {config.head_dim} dimensions by RoPE; "
+            "llama.cpp's ernie4_5 graphs turn them all"
+        )
+
+
+def _check_ernie4_5_moe(config: ModelConfig) -> None:
+    """What llama.cpp's ernie4_5-moe graph fixes beyond the dense one's: experts in every layer from the first routed one to the
+    last, and the chosen experts' weights divided by their sum, which transformers clamps from below by moe_norm_min. That sum is
+    at least moe_k / moe_num_experts (the top k of n softmax scores), so a moe_norm_min up to it never acts."""
+    _check_ernie4_5(config)
+    last = config.raw.get("moe_layer_end_index", -1)
+    if last not in (-1, config.n_layers - 1):
+        raise UnsupportedModelError(
+            f"this ERNIE 4.5 checkpoint's experts end at layer {last} (moe_layer_end_index) of {config.n_layers}; llama.cpp's "
+            "ernie4_5-moe graph routes every layer after its leading dense ones"
+        )
+    floor = config.raw.get("moe_norm_min", 0.0)
+    if not isinstance(floor, (int, float)) or floor > config.n_experts_used / config.n_experts:
+        raise UnsupportedModelError(
+            f"this ERNIE 4.5 checkpoint's moe_norm_min is {floor!r}, which may exceed the sum of its chosen experts' weights "
+            f"({config.n_experts_used} of {config.n_experts}); llama.cpp's ernie4_5-moe graph divides by that sum alone"
+        )
+
+
+def _ernie4_5_moe_metadata(config: ModelConfig, writer: GGUFWriter) -> None:
+    """Its leading dense layers and routed ones after them, and its shared experts' width (llama.cpp's graph runs them where it
+    is not 0): moe_num_shared_experts times a routed expert's, as transformers builds them."""
+    writer.add_leading_dense_block_count(config.dense_layers)
+    writer.add_interleave_moe_layer_step(int(config.raw.get("moe_layer_interval", 1)))
+    if config.shared_experts:
+        writer.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
+
+
+def _check_gpt_oss(config: ModelConfig) -> None:
+    """What llama.cpp's gpt-oss graph fixes: sliding-window and full-attention layers, some of them sliding (it loads no model
+    without), whole heads turned, and YaRN's ramp between its default bounds (it reads no others). transformers leaves YaRN's
+    correction range unrounded where the config says truncate false, as gpt-oss's does, and llama.cpp rounds it outwards: this
+    is how llama.cpp runs every gpt-oss, a ramp a fraction of a pair wider (8-18 of the 32 pairs, not 8.1-17.4), and is accepted."""
+    _check_attention_kinds(config, "gpt-oss", "gpt-oss")
+    if config.sliding_window is None or "sliding_attention" not in config.layer_types:
+        raise UnsupportedModelError(
+            "this gpt-oss checkpoint has no sliding_attention layers with a sliding_window; llama.cpp's gpt-oss graph loads no model without them"
+        )
+    if config.rope_dimensions != config.head_dim:
+        raise UnsupportedModelError(
+            f"this gpt-oss checkpoint turns {config.rope_dimensions} of each head's {config.head_dim} dimensions by RoPE; llama.cpp's gpt-oss graph turns them all"
+        )
+    if config.rope.scaling_type != "yarn":
+        return
+    scaling = config.rope.scaling
+    _check_rope_numbers(config.rope, OLMO3_ROPE_NUMBERS, "gpt-oss")
+    bounds = (float(scaling.get("beta_fast") or YARN_BETA_FAST), float(scaling.get("beta_slow") or YARN_BETA_SLOW))
+    if bounds != (YARN_BETA_FAST, YARN_BETA_SLOW):
+        raise UnsupportedModelError(
+            f"this gpt-oss checkpoint's YaRN ramps between beta_fast {bounds[0]:g} and beta_slow {bounds[1]:g}; llama.cpp's gpt-oss graph "
+            f"reads no bounds and ramps between {YARN_BETA_FAST:g} and {YARN_BETA_SLOW:g}"
+        )
+
+
+def _gpt_oss_metadata(config: ModelConfig, writer: GGUFWriter) -> None:
+    """The window and which layers slide, the experts' width (llama.cpp sizes their stacks by it), and YaRN's attention factor
+    as transformers has it over the one llama.cpp derives from the factor (1 for the releases)."""
+    _add_sliding_layers(config, writer)
+    writer.add_expert_feed_forward_length(config.expert_intermediate_size)
+    if config.rope.scaling_type == "yarn":
+        writer.add_rope_scaling_attn_factors(_yarn_attention_factor(config.rope) / _yarn_mscale(float(config.rope.scaling["factor"])))
+
+
 LLAMA = Architecture(MODEL_ARCH.LLAMA, permute_qk=True)
 GEMMA3 = Architecture(MODEL_ARCH.GEMMA3, norm_offset=1.0, check=_check_gemma3, metadata=_gemma3_metadata)
 # Gemma 4's dense models (E2B, E4B, 31B). Its norms multiply by the weight itself; its mixture of experts (26B-A4B) is not converted yet.
@@ -830,6 +1085,8 @@ MINISTRAL3 = Architecture(
 )
 # The activation (SwiGLU's) that llama.cpp's graphs of the families below hard-code.
 SILU = FixedSetting("hidden_act", "silu", "silu")
+# llama.cpp's gpt-oss graph clamps its experts' SwiGLU at these (swiglu_limit, swiglu_alpha), which it reads from no key.
+GPT_OSS_SWIGLU = (FixedSetting("swiglu_limit", 7.0, 7.0), FixedSetting("swiglu_alpha", 1.702, 1.702))
 # Qwen 3.5's dense models: Gated DeltaNet (linear attention) layers and gated full-attention ones (every 4th in its
 # releases), which the GGUF lists; its norms multiply by 1 + weight, but for the DeltaNet's gated one. llama.cpp's qwen35
 # graph reads no per-dimension RoPE factors (Llama 3's scaling) and no attention output bias.
@@ -979,6 +1236,79 @@ ARCHITECTURES: dict[str, Architecture] = {
         check=_check_glm4moe,
         metadata=_glm4moe_metadata,
         rewrites=lambda config: GLM4MOE_REWRITES,
+    ),
+    # Baidu's ERNIE 4.5 0.3B: LLaMA's layers with heads of their own width (head_dim) and RoPE on adjacent pairs, as llama.cpp's
+    # ernie4_5 graph turns them (no reordered rows). It reads no biases (use_bias), no per-dimension RoPE factors (Llama 3's
+    # scaling) and no YaRN settings beyond its factor and original context.
+    "Ernie4_5ForCausalLM": Architecture(
+        MODEL_ARCH.ERNIE4_5,
+        fixed=(FixedSetting("use_bias", False, False), SILU),
+        rope_scalings=("default", "linear"),
+        check=_check_ernie4_5,
+        space_prefix_from_tokenizer_config=True,
+    ),
+    # ERNIE 4.5's mixtures of experts (21B-A3B, 300B-A47B): leading dense layers (moe_layer_start_index), then experts chosen
+    # by softmax scores plus a bias per expert (moe_statics), their weights renormalised, beside shared experts. llama.cpp's
+    # ernie4_5-moe graph loads experts for every layer after the dense ones: a config routing every other one is refused. Its
+    # multi-token-prediction layers are left out, as llama.cpp's converter leaves them.
+    "Ernie4_5_MoeForCausalLM": Architecture(
+        MODEL_ARCH.ERNIE4_5_MOE,
+        layer_tensors=ATTENTION + ROUTED_EXPERTS,
+        dense_layer_tensors=ATTENTION + GATED_MLP,
+        fixed=(FixedSetting("use_bias", False, False), SILU, FixedSetting("moe_layer_interval", 1, 1)),
+        rope_scalings=("default", "linear"),
+        check=_check_ernie4_5_moe,
+        metadata=_ernie4_5_moe_metadata,
+        rewrites=_ernie4_5_moe_rewrites,
+        space_prefix_from_tokenizer_config=True,
+        left_out=ERNIE4_5_MTP_PREFIXES,
+    ),
+    # OpenAI's gpt-oss (20b, 120b): attention with biases and a sink per head, sliding-window and full layers alternating, YaRN;
+    # in every layer a softmax over the chosen experts' logits (a router with a bias), experts with biases and a clamped SwiGLU.
+    # llama.cpp's gpt-oss graph reads an output matrix of its own and an attention output bias, whatever the config says.
+    "GptOssForCausalLM": Architecture(
+        MODEL_ARCH.GPT_OSS,
+        layer_tensors=GPT_OSS_LAYER,
+        fixed=(FixedSetting("attention_bias", True, True), FixedSetting("tie_word_embeddings", False, False), *GPT_OSS_SWIGLU),
+        rope_scalings=("default", "linear", "yarn"),
+        check=_check_gpt_oss,
+        metadata=_gpt_oss_metadata,
+        bare_tensors=("sinks",),
+        rewrites=_gpt_oss_rewrites,
+    ),
+    # DeepSeek-V2 and V2-Lite: multi-head latent attention (keys and values through one latent shared by the heads, queries directly
+    # or through a latent of their own), RoPE on adjacent pairs of part of each head (YaRN in the releases), leading dense layers,
+    # then experts chosen by softmax beside shared experts, as llama.cpp's deepseek2 graph runs them. transformers' router never
+    # renormalises the chosen experts' weights, whatever norm_topk_prob says, where llama.cpp's would.
+    "DeepseekV2ForCausalLM": Architecture(
+        MODEL_ARCH.DEEPSEEK2,
+        layer_tensors=DEEPSEEK_LAYER + DEEPSEEK2_EXPERTS,
+        dense_layer_tensors=DEEPSEEK_LAYER + GATED_MLP,
+        fixed=(SILU, FixedSetting("attention_bias", False, False), FixedSetting("mlp_bias", False, False),
+               FixedSetting("norm_topk_prob", False, False), FixedSetting("scoring_func", "softmax", "softmax"),
+               FixedSetting("moe_layer_freq", 1, 1)),
+        rope_scalings=("default", "yarn"),
+        check=_check_deepseek2,
+        metadata=_deepseek2_metadata,
+        rewrites=_deepseek_rewrites,
+        drops_nextn_layers=True,
+        variant=_deepseek_query_variant,
+    ),
+    # DeepSeek-V3 and R1 and the models built on them (Moonlight, Kimi K2): V2's layers, experts chosen by sigmoid scores plus a bias
+    # per expert within the best groups, renormalised or not and scaled, RoPE on adjacent pairs as DeepSeek turns them (rope_interleave).
+    # Its multi-token-prediction layer is left out, as llama.cpp's converter leaves it.
+    "DeepseekV3ForCausalLM": Architecture(
+        MODEL_ARCH.DEEPSEEK2,
+        layer_tensors=DEEPSEEK_LAYER + GLM4MOE_EXPERTS,
+        dense_layer_tensors=DEEPSEEK_LAYER + GATED_MLP,
+        fixed=(SILU, FixedSetting("attention_bias", False, False), FixedSetting("rope_interleave", True, True),
+               FixedSetting("scoring_func", "sigmoid", "sigmoid"), FixedSetting("moe_layer_freq", 1, 1)),
+        rope_scalings=("default", "yarn"),
+        check=_check_deepseek3,
+        metadata=_deepseek3_metadata,
+        rewrites=_deepseek_rewrites,
+        drops_nextn_layers=True,
+        variant=_deepseek_query_variant,
     ),
     # LFM2 and LFM2.5's dense models: gated short convolutions between attention layers, which the GGUF tells apart by
     # their 0 key/value heads; the final norm is its embedding_norm. llama.cpp's lfm2 graph reads no per-dimension
@@ -1138,21 +1468,40 @@ def _one_or_per_layer(values: list[int]) -> int | list[int]:
     return values[0] if len(set(values)) == 1 else values
 
 
+def _add_latent_attention_heads(latent: LatentAttentionSizes, writer: GGUFWriter) -> None:
+    """Multi-head latent attention as llama.cpp's converter writes it: one key/value head (the latent, which every query head
+    attends over), keys as wide as the latent and the part RoPE turns, values as the latent; each head's own sizes under *_mla.
+    llama.cpp reads q_lora_rank in any model but DeepSeek-V2-Lite's kind (DEEPSEEK2_LITE_LAYERS), where its converter writes none
+    for queries projected directly and llama.cpp could not load it: 0 says so."""
+    writer.add_head_count_kv(1)
+    writer.add_key_length(latent.kv_lora_rank + latent.qk_rope_head_dim)
+    writer.add_value_length(latent.kv_lora_rank)
+    writer.add_rope_dimension_count(latent.qk_rope_head_dim)
+    writer.add_q_lora_rank(latent.q_lora_rank)
+    writer.add_kv_lora_rank(latent.kv_lora_rank)
+    writer.add_key_length_mla(latent.qk_head_dim)
+    writer.add_value_length_mla(latent.v_head_dim)
+
+
 def add_hparams(config: ModelConfig, arch: Architecture, writer: GGUFWriter) -> list[PlannedTensor]:
     """The model's hyperparameters as GGUF keys; returns any tensors they imply."""
     writer.add_context_length(config.context_length)
     writer.add_embedding_length(config.hidden_size)
     # Layers that predict further tokens follow the others, as llama.cpp's converter writes them and its graphs skip them.
-    writer.add_block_count(config.n_layers + config.nextn_layers)
-    if config.nextn_layers:
-        writer.add_nextn_predict_layers(config.nextn_layers)
+    nextn_layers = 0 if arch.drops_nextn_layers else config.nextn_layers
+    writer.add_block_count(config.n_layers + nextn_layers)
+    if nextn_layers:
+        writer.add_nextn_predict_layers(nextn_layers)
     writer.add_feed_forward_length(_one_or_per_layer([config.intermediate_size_of(i) for i in range(config.n_layers)]))
     writer.add_head_count(config.n_heads)
-    writer.add_head_count_kv(_one_or_per_layer([config.kv_heads_of(i) for i in range(config.n_layers)]))
-    # The global layers' head size (llama.cpp's key_length_swa gives the others' where they differ).
-    writer.add_key_length(config.global_head_dim)
-    writer.add_value_length(config.global_head_dim)
-    writer.add_rope_dimension_count(config.rope_dimensions)
+    if config.latent_attention is not None:
+        _add_latent_attention_heads(config.latent_attention, writer)
+    else:
+        writer.add_head_count_kv(_one_or_per_layer([config.kv_heads_of(i) for i in range(config.n_layers)]))
+        # The global layers' head size (llama.cpp's key_length_swa gives the others' where they differ).
+        writer.add_key_length(config.global_head_dim)
+        writer.add_value_length(config.global_head_dim)
+        writer.add_rope_dimension_count(config.rope_dimensions)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_vocab_size(config.vocab_size)
     if config.n_experts:
@@ -1190,7 +1539,9 @@ def plan_tensors(checkpoint: Checkpoint, arch: Architecture) -> list[PlannedTens
     rewrites = arch.rewrites(config) if arch.rewrites is not None else {}
     groups: dict[str, list[TensorRef]] = {}
     for ref in checkpoint:
-        if ref.name.endswith(IGNORED_SUFFIXES):
+        if ref.name.endswith(IGNORED_SUFFIXES) or ref.name.startswith(arch.left_out):
+            continue
+        if arch.drops_nextn_layers and (layer_key(ref.name)[0] or 0) >= config.n_layers:
             continue
         if config.tie_word_embeddings and ref.name == "lm_head.weight":
             continue  # the same matrix as the embeddings; llama.cpp reuses token_embd
@@ -1200,7 +1551,7 @@ def plan_tensors(checkpoint: Checkpoint, arch: Architecture) -> list[PlannedTens
     rewritten: list[tuple[str, list[TensorRef], TensorRewrite | None]] = []
     for name, refs in groups.items():
         rewrite = rewrites.get(layer_key(name)[1])
-        if rewrite is not None and rewrite.split_into:
+        if rewrite is not None and (rewrite.split_into or rewrite.into):
             rewritten += [(name, refs, part) for part in rewrite.parts(refs[0].shape)]
         else:
             rewritten.append((name, refs, rewrite))
@@ -1222,7 +1573,7 @@ def plan_tensors(checkpoint: Checkpoint, arch: Architecture) -> list[PlannedTens
         if name.endswith(arch.squeezed_tensors):
             shape = tuple(n for n in shape if n != 1)
         if rewrite is not None and rewrite.shape is not None:
-            shape = rewrite.shape
+            shape = (len(refs), *rewrite.shape) if stacked else rewrite.shape
         planned.append(PlannedTensor(gguf_name, shape, tuple(refs), stacked, permute_heads=heads, add=add,
                                      rewrite=rewrite.values if rewrite is not None else None))
     return planned

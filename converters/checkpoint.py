@@ -56,12 +56,14 @@ QWEN_MAX_WINDOW_LAYERS = 28
 # Names of Phi-3's LongRoPE scaling ("su" in older configs).
 LONGROPE_TYPES = ("longrope", "su")
 # config.json keys giving the number of routed experts and of those used per token (mixtures of experts).
-EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
-EXPERTS_USED_KEYS = ("num_experts_per_tok",)
+EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+EXPERTS_USED_KEYS = ("num_experts_per_tok", "moe_k")
 # config.json keys giving the shared expert's width (Qwen2-MoE's; Granite 4's shared MLP, the shared expert of its mixtures of experts).
 SHARED_EXPERT_WIDTH_KEYS = ("shared_expert_intermediate_size", "shared_intermediate_size")
-# config.json keys giving how many leading layers of a mixture of experts are dense (LFM2-MoE's, GLM-4.5's).
-DENSE_LAYERS_KEYS = ("num_dense_layers", "first_k_dense_replace")
+# config.json keys giving how many leading layers of a mixture of experts are dense (LFM2-MoE's, GLM-4.5's, ERNIE 4.5's).
+DENSE_LAYERS_KEYS = ("num_dense_layers", "first_k_dense_replace", "moe_layer_start_index")
+# config.json keys counting shared experts, each as wide as a routed one (GLM-4.5's, ERNIE 4.5's).
+SHARED_EXPERT_COUNT_KEYS = ("n_shared_experts", "moe_num_shared_experts")
 # config.json keys giving the RMSNorm epsilon (LFM2's is `norm_eps`).
 RMS_NORM_EPS_KEYS = ("rms_norm_eps", "norm_eps")
 # The config.json key giving a dense model's MLP width where it is not intermediate_size (Granite 4's dense models: their shared
@@ -142,13 +144,19 @@ WRAPPER_KEYS = ("tie_word_embeddings",)
 # Cohere2's gives its layer types from sliding_window_pattern (Command R7B's hub config), its window, logit scale and LayerNorm
 # epsilon; Seed-OSS's its head size (128, not hidden_size / heads).
 # GLM-4's gives its head size (128) and GLM-4's and GLM-4.5's the share of the head RoPE turns (half) where a config omits them.
+# gpt-oss's gives its layer types (sliding and full alternating), its head size (64), its YaRN and its clamped SwiGLU's settings.
+# ERNIE 4.5's gives its head size (128, not hidden_size / heads), its RoPE base (5 x 10^5) and its mixtures of experts' layout
+# (routed layers from moe_layer_start_index to the last, every moe_layer_interval-th) where a config omits them.
 FILLED_BY_TRANSFORMERS: dict[str, str] = {"Gemma4ForCausalLM": "Gemma4TextConfig", "Lfm2ForCausalLM": "Lfm2Config",
                                           "Ministral3ForCausalLM": "Ministral3Config", "Qwen3_5ForCausalLM": "Qwen3_5TextConfig",
                                           "Exaone4ForCausalLM": "Exaone4Config", "Olmo3ForCausalLM": "Olmo3Config",
                                           "GraniteMoeHybridForCausalLM": "GraniteMoeHybridConfig", "Lfm2MoeForCausalLM": "Lfm2MoeConfig",
                                           "Qwen3_5MoeForCausalLM": "Qwen3_5MoeTextConfig", "Cohere2ForCausalLM": "Cohere2Config",
                                           "SeedOssForCausalLM": "SeedOssConfig", "Glm4ForCausalLM": "Glm4Config",
-                                          "Glm4MoeForCausalLM": "Glm4MoeConfig"}
+                                          "Glm4MoeForCausalLM": "Glm4MoeConfig", "GptOssForCausalLM": "GptOssConfig",
+                                          "Ernie4_5ForCausalLM": "Ernie4_5Config", "Ernie4_5_MoeForCausalLM": "Ernie4_5_MoeConfig",
+                                          "DeepseekV2ForCausalLM": "DeepseekV2Config", "DeepseekV3ForCausalLM": "DeepseekV3Config"}
+# DeepSeek V2's and V3's give their routers' settings (V3's: groups, scaling, renormalisation) where a config omits them.
 # Per-layer overrides (transformers 5's `per_layer_config`) the converters read; any other is refused.
 PER_LAYER_KEYS = ("head_dim", "num_key_value_heads")
 
@@ -177,6 +185,11 @@ FP8_VALUES: dict[str, np.ndarray] = {
 # quant_method -> what follows a weight's name in its scale's ("x.weight_scale_inv"), for the methods whose FP8 weights
 # are read as llama.cpp's converter reads them: the weight times its scale (per block, row or tensor).
 FP8_SCALE_SUFFIXES = {"fp8": "_scale_inv", "compressed-tensors": "_scale"}
+# Quantization methods localchat does not read whose models ship in no other precision, and how to get a checkpoint it reads.
+DEQUANTIZE_FIRST = {
+    "mxfp4": "gpt-oss ships its experts so: load it with transformers' from_pretrained(..., quantization_config=Mxfp4Config(dequantize=True)), "
+             "save_pretrained it and convert that bf16 folder",
+}
 # Scales of activations and of the KV cache, for FP8 matrix products; weights do not need them (nor does llama.cpp).
 ACTIVATION_SCALE_SUFFIXES = (".activation_scale", "_activation_scale", ".input_scale", ".k_scale", ".v_scale")
 # compressed-tensors' weight strategies of FP8 checkpoints: a scale per tensor, per output row, or per block.
@@ -210,6 +223,8 @@ class Fp8Scaling:
             block = quantization.get("weight_block_size")
         elif method == "compressed-tensors":
             block = _compressed_tensors_fp8_block(quantization, source)
+        elif method in DEQUANTIZE_FIRST:
+            raise ModelError(f"{source}: the weights are quantized with {method!r}, which localchat does not convert; {DEQUANTIZE_FIRST[method]}")
         else:
             raise ModelError(
                 f"{source}: the weights are quantized with {method!r}, which localchat cannot dequantize (it reads FP8 checkpoints: "
@@ -448,6 +463,27 @@ class Mamba2Sizes:
 
 
 @dataclass(frozen=True)
+class LatentAttentionSizes:
+    """The sizes of multi-head latent attention (DeepSeek V2's and V3's): queries projected directly or through a low-rank
+    latent, keys and values through one latent shared by all heads, each head's key a part turned by RoPE and a part not."""
+
+    q_lora_rank: int  # 0 where queries are projected directly (q_proj)
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @classmethod
+    def read(cls, read: ConfigReader) -> LatentAttentionSizes:
+        return cls(read.int("q_lora_rank", 0, minimum=0), read.int("kv_lora_rank"), read.int("qk_nope_head_dim"),
+                   read.int("qk_rope_head_dim"), read.int("v_head_dim"))
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """config.json with the names and layouts of different transformers versions made uniform."""
 
@@ -494,6 +530,8 @@ class ModelConfig:
     delta_net: DeltaNetSizes | None = None
     # The Mamba-2 layers' sizes (Granite 4's); None where the config gives none.
     mamba2: Mamba2Sizes | None = None
+    # The multi-head latent attention's sizes (DeepSeek's); None for attention with keys and values per head.
+    latent_attention: LatentAttentionSizes | None = None
     # How the FP8 weights are scaled (quantization_config); None for a float checkpoint.
     fp8_scaling: Fp8Scaling | None = None
 
@@ -577,7 +615,7 @@ class ModelConfig:
         # A mixture of experts without a dense MLP (Qwen 3.5's) gives its experts' width alone, which llama.cpp reads as the FFN length.
         intermediate = (read.int("intermediate_size", config.get("moe_intermediate_size")) if n_experts
                         else read.int(MLP_WIDTH_KEYS.get(architectures[0], "intermediate_size")))
-        shared_experts = read.int("n_shared_experts", 0, minimum=0) if n_experts else 0
+        shared_experts = next((read.int(key, minimum=0) for key in SHARED_EXPERT_COUNT_KEYS if config.get(key) is not None), 0) if n_experts else 0
         if config.get("block_auto_adjust_ff_dim"):
             intermediate = _adjusted_mlp_width(read, intermediate)
         # Gemma 4's double-wide MLP widens the layers that share keys and values, as transformers builds them.
@@ -625,6 +663,7 @@ class ModelConfig:
             delta_net=DeltaNetSizes.read(read) if "linear_num_key_heads" in config or (LINEAR_ATTENTION in layer_types and "mamba_n_heads" not in config)
             else None,
             mamba2=Mamba2Sizes.read(read, hidden) if "mamba_n_heads" in config else None,
+            latent_attention=LatentAttentionSizes.read(read) if "kv_lora_rank" in config else None,
             fp8_scaling=fp8_scaling,
         )
 
@@ -767,6 +806,9 @@ def expected_shapes(config: ModelConfig, layer: int = 0) -> dict[str, tuple[tupl
         "self_attn.q_proj.bias": (q,),
         "self_attn.k_proj.bias": (kv,),
         "self_attn.v_proj.bias": (kv,),
+        "self_attn.o_proj.bias": (hidden,),
+        # gpt-oss's attention sinks: a logit per head that each query's softmax weighs beside its keys'.
+        "self_attn.sinks": (config.n_heads,),
         # Per head (Qwen 3, Gemma 3) or across all heads (OLMo 2, OLMoE).
         "self_attn.q_norm.weight": ((head,), (q,)),
         "self_attn.k_norm.weight": ((head,), (kv,)),
@@ -810,6 +852,18 @@ def expected_shapes(config: ModelConfig, layer: int = 0) -> dict[str, tuple[tupl
             "mamba.norm.weight": (mamba.inner_size,),
             "mamba.out_proj.weight": (hidden, mamba.inner_size),
         }
+    if (latent := config.latent_attention) is not None:
+        heads, queries = config.n_heads, config.n_heads * latent.qk_head_dim
+        shapes |= {
+            "self_attn.q_proj.weight": (queries, hidden),
+            "self_attn.q_a_proj.weight": (latent.q_lora_rank, hidden),
+            "self_attn.q_a_layernorm.weight": (latent.q_lora_rank,),
+            "self_attn.q_b_proj.weight": (queries, latent.q_lora_rank),
+            "self_attn.kv_a_proj_with_mqa.weight": (latent.kv_lora_rank + latent.qk_rope_head_dim, hidden),
+            "self_attn.kv_a_layernorm.weight": (latent.kv_lora_rank,),
+            "self_attn.kv_b_proj.weight": (heads * (latent.qk_nope_head_dim + latent.v_head_dim), latent.kv_lora_rank),
+            "self_attn.o_proj.weight": (hidden, heads * latent.v_head_dim),
+        }
     if (delta := config.delta_net) is not None:
         qkv = 2 * delta.key_dim + delta.value_dim
         shapes |= {
@@ -848,8 +902,18 @@ def expected_shapes(config: ModelConfig, layer: int = 0) -> dict[str, tuple[tupl
             "mlp.shared_experts.gate_proj.weight": (shared_ffn, hidden),
             "mlp.shared_experts.up_proj.weight": (shared_ffn, hidden),
             "mlp.shared_experts.down_proj.weight": (hidden, shared_ffn),
+            # ERNIE 4.5's bias of its router's choice, one row of one per expert.
+            "mlp.moe_statics.e_score_correction_bias": (1, config.n_experts),
             # Granite 4's router (its experts are read as Mixtral's: STACKED_EXPERTS).
             "block_sparse_moe.router.layer.weight": (config.n_experts, hidden),
+            # gpt-oss's router with its bias, and each expert's matrices (input rows by output columns, gate and up alternating)
+            # and biases as GPT_OSS_STACKED_EXPERTS reads them.
+            "mlp.router.weight": (config.n_experts, hidden),
+            "mlp.router.bias": (config.n_experts,),
+            "mlp.experts.*.gate_up_proj": (hidden, 2 * expert_ffn),
+            "mlp.experts.*.gate_up_proj_bias": (2 * expert_ffn,),
+            "mlp.experts.*.down_proj": (expert_ffn, hidden),
+            "mlp.experts.*.down_proj_bias": (hidden,),
         }
     return {key: shape if isinstance(shape[0], tuple) else (shape,) for key, shape in shapes.items()}
 
@@ -866,6 +930,15 @@ STACKED_EXPERTS = {"mlp.experts.gate_up_proj": ("mlp.experts.{}.gate_proj.weight
                    "mlp.experts.down_proj": ("mlp.experts.{}.down_proj.weight",),
                    "block_sparse_moe.input_linear.weight": ("block_sparse_moe.experts.{}.w1.weight", "block_sparse_moe.experts.{}.w3.weight"),
                    "block_sparse_moe.output_linear.weight": ("block_sparse_moe.experts.{}.w2.weight",)}
+# gpt-oss's stacks share Qwen 3.5's names but not their layout: each expert's matrices stored input rows by output columns, its gate
+# and up projections alternating column by column, and a stack of each one's biases beside them. Each expert's is read whole under
+# a name of its own, which architectures.GPT_OSS_REWRITES turns and splits as llama.cpp reads them.
+GPT_OSS_STACKED_EXPERTS = {"mlp.experts.gate_up_proj": ("mlp.experts.{}.gate_up_proj",),
+                           "mlp.experts.gate_up_proj_bias": ("mlp.experts.{}.gate_up_proj_bias",),
+                           "mlp.experts.down_proj": ("mlp.experts.{}.down_proj",),
+                           "mlp.experts.down_proj_bias": ("mlp.experts.{}.down_proj_bias",)}
+# The stacks of architectures whose layout differs from STACKED_EXPERTS'.
+STACKED_EXPERTS_OF = {"GptOssForCausalLM": GPT_OSS_STACKED_EXPERTS}
 
 
 def layer_key(name: str) -> tuple[int | None, str]:
@@ -997,19 +1070,19 @@ class TensorFiles:
         self._files.clear()
 
 
-def _each_experts_tensors(folder: Path, tensors: dict[str, TensorRef]) -> dict[str, TensorRef]:
-    """`tensors` with each stack of experts' matrices (STACKED_EXPERTS) as one tensor per expert and matrix, where it lies
-    in the stack's bytes: the converters read one layout."""
+def _each_experts_tensors(folder: Path, tensors: dict[str, TensorRef], stacks: dict[str, tuple[str, ...]]) -> dict[str, TensorRef]:
+    """`tensors` with each stack of experts' matrices or vectors (`stacks`: STACKED_EXPERTS or the architecture's own) as one
+    tensor per expert and matrix, where it lies in the stack's bytes: the converters read one layout."""
     each: dict[str, TensorRef] = {}
     for name, ref in tensors.items():
         layer, key = layer_key(name)
-        if layer is None or (parts := STACKED_EXPERTS.get(key)) is None:
+        if layer is None or (parts := stacks.get(key)) is None:
             each[name] = ref
             continue
-        if len(ref.shape) != 3 or ref.shape[1] % len(parts):
-            raise ModelError(f"{ref.file}: tensor '{name}' has shape {list(ref.shape)}, not experts x {len(parts)} equal blocks of rows x columns; the checkpoint is inconsistent")
-        experts, rows, columns = ref.shape
-        block = replace(ref, shape=(rows // len(parts), columns), n_bytes=ref.n_bytes // (experts * len(parts)))
+        if len(ref.shape) not in (2, 3) or ref.shape[1] % len(parts):
+            raise ModelError(f"{ref.file}: tensor '{name}' has shape {list(ref.shape)}, not experts x {len(parts)} equal blocks of rows (x columns); the checkpoint is inconsistent")
+        experts, rows, *columns = ref.shape
+        block = replace(ref, shape=(rows // len(parts), *columns), n_bytes=ref.n_bytes // (experts * len(parts)))
         for index in range(experts * len(parts)):
             expert_name = f"{LAYER_PREFIX}{layer}.{parts[index % len(parts)].format(index // len(parts))}"
             if expert_name in tensors:
@@ -1093,7 +1166,7 @@ class Checkpoint(TensorFiles):
         tensors = TensorFiles.read(_weight_files(folder), folder).tensors
         if (wrapper := WRAPPERS.get(self.config.architecture)) is not None:
             tensors = _text_model_tensors(folder, tensors, wrapper)
-        tensors = _each_experts_tensors(folder, tensors)
+        tensors = _each_experts_tensors(folder, tensors, STACKED_EXPERTS_OF.get(self.config.architecture, STACKED_EXPERTS))
         if (scaling := self.config.fp8_scaling) is not None:
             tensors, scales = _weight_scales(folder, tensors, scaling)
             super().__init__(tensors, scales, scaling.block)

@@ -204,7 +204,7 @@ def _write_float_gguf(
     tensors += add_hparams(config, arch, writer)
     writer.add_file_type(int(file_type))
     add_sampling_defaults(writer, checkpoint)
-    vocabulary = add_tokenizer(writer, checkpoint, n_vocab, arch.tokenizer_model)
+    vocabulary = add_tokenizer(writer, checkpoint, n_vocab, arch.tokenizer_model, arch.space_prefix_from_tokenizer_config)
     metadata = model_metadata(checkpoint, sum(math.prod(planned.shape) for planned in tensors if planned.data is None))
     metadata.name = model_name(metadata.name or "", vocabulary.tokens)
     metadata.set_gguf_meta_model(writer)

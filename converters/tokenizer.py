@@ -54,6 +54,17 @@ PRE_TOKENIZER_REGEXES: dict[str, str] = {
     TEKKEN_REGEX: "tekken",
     SEED_CODER_REGEX: "seed-coder",
 }
+# DeepSeek V3's (and R1's, Kimi K2's with the same files): three splits one after another, digits in threes, Chinese and Japanese
+# runs, then words, a letter after one punctuation mark kept with it.
+DEEPSEEK3_REGEXES = (
+    r"\p{N}{1,3}",
+    "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+    r"""[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""",
+)
+# tokenizer.json's Split regexes, several applied one after another -> the llama.cpp pre-tokenizer that applies the same.
+PRE_TOKENIZER_SPLITS: dict[tuple[str, ...], str] = {
+    DEEPSEEK3_REGEXES: "deepseek-v3",
+}
 # Some tokenizer.json regexes hold carriage returns and newlines as the characters themselves (Seed-Coder's, as llama.cpp's
 # source quotes it): the same regex as their escapes, which the table above spells.
 REGEX_CONTROL_ESCAPES = str.maketrans({"\r": r"\r", "\n": r"\n"})
@@ -103,8 +114,9 @@ def _split_regex(step: dict[str, Any]) -> str | None:
 
 def bpe_pre_tokenizer(tokenizer_json: dict[str, Any]) -> str:
     """The llama.cpp pre-tokenizer name equivalent to tokenizer.json's, or a TokenizerError saying why none is."""
-    normalizer = tokenizer_json.get("normalizer")
-    normalizer_type = normalizer.get("type") if normalizer else None
+    # An empty Sequence (DeepSeek V3's) is no normalizer.
+    normalizers = _steps(tokenizer_json.get("normalizer"))
+    normalizer_type = normalizers[0].get("type") if len(normalizers) == 1 else "Sequence" if normalizers else None
     if normalizer_type not in ACCEPTED_NORMALIZERS:
         raise TokenizerError(f"tokenizer.json has a '{normalizer_type}' normalizer, which llama.cpp's BPE tokenizer does not apply")
     pre = tokenizer_json.get("pre_tokenizer") or {}
@@ -124,22 +136,24 @@ def bpe_pre_tokenizer(tokenizer_json: dict[str, Any]) -> str:
     if use_regex and tuple(kinds) in GPT2_SPLIT_PRE_TOKENIZERS:
         return GPT2_SPLIT_PRE_TOKENIZERS[tuple(kinds)]
     splits = [step for step in steps if step.get("type") == "Split"]
-    if kinds != ["Split", "ByteLevel"] or use_regex:
+    if not splits or kinds != ["Split"] * len(splits) + ["ByteLevel"] or use_regex:
         raise TokenizerError(
-            f"tokenizer.json's pre-tokenizer is {' + '.join(map(str, kinds))}; llama.cpp implements one regex "
-            "split followed by a byte-level step (or GPT-2's byte-level split, alone or after digits split one by one)"
+            f"tokenizer.json's pre-tokenizer is {' + '.join(map(str, kinds))}; llama.cpp implements regex splits "
+            "followed by a byte-level step (or GPT-2's byte-level split, alone or after digits split one by one)"
         )
-    split = splits[0]
-    regex = _split_regex(split)
-    if split.get("behavior") != "Isolated" or split.get("invert") or regex is None:
-        raise TokenizerError(f"tokenizer.json splits with behavior '{split.get('behavior')}'; llama.cpp splits 'Isolated' by a regex")
-    spelled = regex.translate(REGEX_CONTROL_ESCAPES)
-    if spelled not in PRE_TOKENIZER_REGEXES:
-        known = ", ".join([*GPT2_SPLIT_PRE_TOKENIZERS.values(), *PRE_TOKENIZER_REGEXES.values()])
+    regexes = [_split_regex(split) for split in splits]
+    for split, regex in zip(splits, regexes):
+        if split.get("behavior") != "Isolated" or split.get("invert") or regex is None:
+            raise TokenizerError(f"tokenizer.json splits with behavior '{split.get('behavior')}'; llama.cpp splits 'Isolated' by a regex")
+    spelled = tuple(regex.translate(REGEX_CONTROL_ESCAPES) for regex in regexes)
+    pre = PRE_TOKENIZER_REGEXES.get(spelled[0]) if len(spelled) == 1 else PRE_TOKENIZER_SPLITS.get(spelled)
+    if pre is None:
+        known = ", ".join([*GPT2_SPLIT_PRE_TOKENIZERS.values(), *PRE_TOKENIZER_REGEXES.values(), *PRE_TOKENIZER_SPLITS.values()])
+        shown = regexes[0] if len(regexes) == 1 else regexes
         raise TokenizerError(
-            f"tokenizer.json's split regex {regex!r} matches none of llama.cpp's pre-tokenizers that localchat knows ({known})"
+            f"tokenizer.json's split regex {shown!r} matches none of llama.cpp's pre-tokenizers that localchat knows ({known})"
         )
-    return PRE_TOKENIZER_REGEXES[spelled]
+    return pre
 
 
 @dataclass(frozen=True)
@@ -369,9 +383,15 @@ def _gguf_vocab_warnings_silenced() -> Iterator[None]:
         logger.setLevel(level)
 
 
-def add_tokenizer(writer: GGUFWriter, checkpoint: Checkpoint, n_vocab: int, model_name: str | None = None) -> Vocabulary:
-    """Write the tokenizer keys (as llama.cpp's tokenizer model `model_name`, if given); returns the vocabulary written."""
+def add_tokenizer(writer: GGUFWriter, checkpoint: Checkpoint, n_vocab: int, model_name: str | None = None,
+                  space_prefix_from_tokenizer_config: bool = False) -> Vocabulary:
+    """Write the tokenizer keys (as llama.cpp's tokenizer model `model_name`, if given); returns the vocabulary written.
+    `space_prefix_from_tokenizer_config`: tokenizer_config.json's add_prefix_space, where given, says whether a space goes
+    before the text, as llama.cpp's converter takes it for ERNIE 4.5."""
     vocab = read_vocabulary(checkpoint, n_vocab, model_name)
+    prefix = (checkpoint.json_file("tokenizer_config.json") or {}).get("add_prefix_space") if space_prefix_from_tokenizer_config else None
+    if isinstance(prefix, bool):
+        vocab = replace(vocab, add_space_prefix=prefix)
     writer.add_tokenizer_model(vocab.model)
     writer.add_tokenizer_pre(vocab.pre)
     writer.add_token_list(vocab.tokens)

@@ -4,6 +4,7 @@ PEFT LoRA adapters on some, and Gemma 3 270M (a pytest plugin loaded by tests/co
 from __future__ import annotations
 
 import importlib.resources
+import io
 import json
 import shutil
 from collections.abc import Callable
@@ -13,7 +14,7 @@ import pytest
 
 from localchat.converters.architectures import EXAONE4_HYBRID_LAYERS
 from localchat.converters.reference_checkpoints import build_gemma3_270m_checkpoint
-from localchat.converters.tokenizer import LLAMA3_REGEX, QWEN2_REGEX, QWEN35_REGEX, SEED_CODER_REGEX, TEKKEN_REGEX
+from localchat.converters.tokenizer import DEEPSEEK3_REGEXES, GPT4O_REGEX, LLAMA3_REGEX, QWEN2_REGEX, QWEN35_REGEX, SEED_CODER_REGEX, TEKKEN_REGEX
 from localchat.converters.verify import text_model_class, verify_text
 
 try:
@@ -31,9 +32,10 @@ TRAINING_TEXT = [
 TINY_SLIDING_WINDOW = 8
 
 
-def bpe_tokenizer(split_regex: str | None, vocab_size: int = 600, individual_digits: bool = False):
-    """A byte-level BPE trained here on a few lines, wrapped as a transformers tokenizer: split by `split_regex`, else by
-    GPT-2's byte-level regex, after splitting digits one by one if `individual_digits` (Command R's)."""
+def bpe_tokenizer(split_regex: str | tuple[str, ...] | None, vocab_size: int = 600, individual_digits: bool = False):
+    """A byte-level BPE trained here on a few lines, wrapped as a transformers tokenizer: split by `split_regex` (or by each of
+    several one after another, as DeepSeek V3's), else by GPT-2's byte-level regex, after splitting digits one by one if
+    `individual_digits` (Command R's)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tokenizer = Tokenizer(models.BPE())
@@ -41,7 +43,9 @@ def bpe_tokenizer(split_regex: str | None, vocab_size: int = 600, individual_dig
     if split_regex is None:
         steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False))
     else:
-        steps += [pre_tokenizers.Split(Regex(split_regex), behavior="isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+        regexes = (split_regex,) if isinstance(split_regex, str) else split_regex
+        steps += [*(pre_tokenizers.Split(Regex(regex), behavior="isolated") for regex in regexes),
+                  pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
     tokenizer.pre_tokenizer = steps[0] if len(steps) == 1 else pre_tokenizers.Sequence(steps)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
@@ -53,6 +57,18 @@ def bpe_tokenizer(split_regex: str | None, vocab_size: int = 600, individual_dig
     tokenizer.train_from_iterator([*TRAINING_TEXT, verify_text()], trainer)
     tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
     return transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>")
+
+
+def sentencepiece_model(vocab_size: int) -> bytes:
+    """A SentencePiece BPE with byte fallback (ERNIE 4.5 ships such a tokenizer.model), trained here on a few lines and the verify
+    text, which then fits the tests' context; spaces and characters kept as they are, as llama.cpp's SentencePiece tokenizer keeps them."""
+    from sentencepiece import SentencePieceTrainer
+
+    model = io.BytesIO()
+    SentencePieceTrainer.train(sentence_iterator=iter(TRAINING_TEXT + verify_text().splitlines()), model_writer=model, vocab_size=vocab_size,
+                               model_type="bpe", byte_fallback=True, character_coverage=1.0, normalization_rule_name="identity",
+                               remove_extra_whitespaces=False, minloglevel=2)
+    return model.getvalue()
 
 
 def _randomize(model, seed: int) -> None:
@@ -83,6 +99,11 @@ def _randomize_buffers(model, seed: int) -> None:
                 buffer.copy_((0.1 * torch.randn(buffer.shape, generator=generator)).half().float())
 
 
+# ERNIE 4.5's special token ids, as its SentencePiece tokenizer (and the tests', sentencepiece_model) numbers them.
+ERNIE_TOKEN_IDS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
+# Families whose tokenizer is a SentencePiece tokenizer.model alone (sentencepiece_model's, this many pieces).
+TINY_SENTENCEPIECE = ("ernie4_5", "ernie4_5-moe")
+TINY_SENTENCEPIECE_PIECES = 1000
 TINY_SIZES = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048)
 # Mixtures of experts 256 wide, so that llama.cpp's K-quants (blocks of 256) apply to the experts' rows.
 TINY_MOE_SIZES = dict(TINY_SIZES, hidden_size=256, intermediate_size=256, num_experts_per_tok=2)
@@ -102,6 +123,12 @@ GEMMA_TOKEN_IDS = dict(pad_token_id=0, eos_token_id=1, bos_token_id=2)
 # its original context short enough that both act within the greedy comparison (its positions past 32 are scaled).
 MINISTRAL3_ROPE = {"rope_type": "yarn", "rope_theta": 1_000_000.0, "factor": 64.0, "original_max_position_embeddings": 32,
                    "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}
+# DeepSeek's YaRN as its releases have it (V3's mscale and mscale_all_dim 1, which scale attention by (1 + 0.1 ln 32)^2; V2's
+# 0.707), its original context short enough that YaRN's ramp turns pairs the verify text's positions reach.
+DEEPSEEK_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 32.0, "original_max_position_embeddings": 64,
+                 "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}
+# Multi-head latent attention's sizes: four heads (as many key/value heads, as DeepSeek's), keys and values through a latent of 64.
+DEEPSEEK_LATENT = dict(num_key_value_heads=4, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32)
 # Granite 4's dense kind: no experts, its MLP (shared_mlp) intermediate_size wide; Granite's multipliers off their defaults.
 GRANITE4_SETTINGS = {"num_local_experts": 0, "num_experts_per_tok": 0, "shared_intermediate_size": TINY_SIZES["intermediate_size"],
                      "attention_multiplier": 0.2, "embedding_multiplier": 3.0, "residual_multiplier": 0.5, "logits_scaling": 2.0}
@@ -114,6 +141,9 @@ GRANITE4_MOE_SETTINGS = dict(GRANITE4_SETTINGS, num_local_experts=TINY_EXPERTS, 
 OLMO3_ROPE = {"full_attention": {"rope_type": "yarn", "rope_theta": 500_000.0, "factor": 8.0, "original_max_position_embeddings": 256,
                                  "attention_factor": 1.5, "beta_fast": 32.0, "beta_slow": 1.0},
               "sliding_attention": {"rope_type": "default", "rope_theta": 500_000.0}}
+# gpt-oss's YaRN, as its releases and transformers' class give it: 32 times an original context of 4096, the correction range unrounded.
+GPT_OSS_ROPE = {"rope_type": "yarn", "rope_theta": 150_000.0, "factor": 32.0, "original_max_position_embeddings": 4096, "beta_fast": 32.0,
+                "beta_slow": 1.0, "truncate": False}
 
 
 def _tiny_configs(vocab_size: int) -> dict[str, Callable[[], object]]:
@@ -284,8 +314,38 @@ def _tiny_configs(vocab_size: int) -> dict[str, Callable[[], object]]:
         "cohere2": lambda: transformers.Cohere2Config(
             **dict(common, num_hidden_layers=4), sliding_window=TINY_SLIDING_WINDOW, logit_scale=0.5, pad_token_id=None,
         ),
+        # DeepSeek-V3's kind: a dense layer, then two with two of four experts per token chosen by sigmoid scores plus a bias per
+        # expert within the better of two groups, renormalised and scaled, beside a shared expert; queries through a latent of
+        # their own; YaRN.
+        "deepseek-v3": lambda: transformers.DeepseekV3Config(
+            **dict(moe, num_hidden_layers=3, **DEEPSEEK_LATENT), q_lora_rank=48, n_routed_experts=TINY_EXPERTS, moe_intermediate_size=256,
+            n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+            rope_parameters=dict(DEEPSEEK_YARN), pad_token_id=None,
+        ),
+        # DeepSeek-V2-Lite's kind: queries projected directly, a dense layer, then two with two of four experts per token chosen by
+        # softmax, not renormalised, beside two shared experts; YaRN with its mscale and mscale_all_dim (0.707).
+        "deepseek-v2-lite": lambda: transformers.DeepseekV2Config(
+            **dict(moe, num_hidden_layers=3, **DEEPSEEK_LATENT), q_lora_rank=None, n_routed_experts=TINY_EXPERTS, moe_intermediate_size=256,
+            n_shared_experts=2, first_k_dense_replace=1, topk_method="greedy", routed_scaling_factor=1.0,
+            rope_parameters=dict(DEEPSEEK_YARN, mscale=0.707, mscale_all_dim=0.707), pad_token_id=None,
+        ),
         # Seed-OSS-36B's kind: query, key and value biases, heads wider than hidden_size / heads.
         "seed-oss": lambda: transformers.SeedOssConfig(**common, head_dim=32, pad_token_id=None),
+        # ERNIE 4.5 0.3B's kind: heads twice as wide as hidden_size / heads, RoPE on adjacent pairs, the head tied.
+        "ernie4_5": lambda: transformers.Ernie4_5Config(**dict(common, **ERNIE_TOKEN_IDS), head_dim=32, tie_word_embeddings=True),
+        # ERNIE 4.5 21B-A3B's kind: a dense layer, then two with two of four experts per token chosen by softmax scores plus a
+        # bias per expert (moe_statics), renormalised, beside two shared experts; an output matrix of its own.
+        "ernie4_5-moe": lambda: transformers.Ernie4_5_MoeConfig(
+            **dict(moe, num_hidden_layers=3, **ERNIE_TOKEN_IDS), moe_num_experts=TINY_EXPERTS, moe_intermediate_size=256,
+            moe_num_shared_experts=2, moe_layer_start_index=1, tie_word_embeddings=False,
+        ),
+        # gpt-oss's kind: a sliding-window layer (its window slides within the verify text) then a full one, attention biases and
+        # sinks, two of four experts per token with biases and a clamped SwiGLU, gpt-oss's YaRN over the context it gives, its
+        # correction range rounded as llama.cpp rounds it (test_gpt_oss_release_yarn_runs_as_llama_cpp_runs_it: unrounded).
+        "gpt-oss": lambda: transformers.GptOssConfig(
+            **dict(moe, max_position_embeddings=131072), num_local_experts=TINY_EXPERTS, sliding_window=TINY_SLIDING_WINDOW,
+            rope_parameters=dict(GPT_OSS_ROPE, truncate=True),
+        ),
     }
 
 
@@ -294,8 +354,9 @@ TINY_ARCHITECTURES = ("llama", "llama3-rope", "mistral", "qwen2", "qwen3", "gemm
 TINY_MORE_FAMILIES = ("phi3", "phi4-mini", "gemma2", "granite", "smollm3", "olmo2", "mixtral", "qwen2moe", "qwen3moe", "olmoe", "lfm2",
                       "lfm2moe", "qwen35", "qwen35moe", "ministral3", "ministral3-vision", "olmo3", "exaone4",
                       "exaone4-hybrid", "granite4-hybrid", "granite4", "granite4-hybrid-moe", "granite4-moe", "glm4", "glm4moe",
-                      "cohere2", "seed-oss")
-TINY_MOE = ("mixtral", "qwen2moe", "qwen3moe", "olmoe", "lfm2moe", "qwen35moe", "granite4-hybrid-moe", "granite4-moe", "glm4moe")
+                      "cohere2", "seed-oss", "gpt-oss", "ernie4_5", "ernie4_5-moe", "deepseek-v3", "deepseek-v2-lite")
+TINY_MOE = ("mixtral", "qwen2moe", "qwen3moe", "olmoe", "lfm2moe", "qwen35moe", "granite4-hybrid-moe", "granite4-moe", "glm4moe", "gpt-oss",
+            "ernie4_5-moe", "deepseek-v3", "deepseek-v2-lite")
 # Their weights' seeds (and the tiny Llama's, which LoRA tests build on), chosen (of the first 40) so that transformers' greedy continuation of the
 # verify text's first line has no two top logits within 0.2 for its first 16 tokens, and (experts)
 # routes that text over all four with no router choice within 0.002 of flipping: a comparison with
@@ -309,11 +370,16 @@ TINY_MOE = ("mixtral", "qwen2moe", "qwen3moe", "olmoe", "lfm2moe", "qwen35moe", 
 # tokens, perplexity ~1e11, and Q8_0 moves that by 0.2 to 3.2% as the seed goes); Qwen 3.5's and LFM2's mixtures of experts', likewise
 # (LFM2-MoE's of the first 50 seeds: none that changes token twice or more in its first 16 has its Q8_0 perplexity within 3%).
 # GLM-4.5's, one whose F16 perplexity is also within 0.5% (llama.cpp's F16 activations move this random model's by up to 2% as the seed goes).
+# ERNIE 4.5's and DeepSeek-V2-Lite's mixtures of experts', one whose F32 perplexity is within 0.2% (ERNIE's seed 8's, 1%: a few router
+# choices flip, each moving a token's log-probability by up to 6) and whose Q8_0 and Q4_K_M perplexities are within 1.2% and 12%, a
+# room of 2.5 times within --verify's 3% and 30%, as the other families have, so another CPU's rounding stays within them (a router
+# choice near a tie that its noise flips moves them most: of seeds 0-64 with 12 tokens before a near tie, Q8_0 moves either's by up
+# to 6% and Q4_K_M ERNIE's by up to 68%, DeepSeek's by up to 36%; ERNIE's 64 and DeepSeek's 38 and 46 alone are within).
 TINY_SEEDS = {"llama": 0, "llama-attention-bias": 0, "phi3": 1, "phi4-mini": 0, "gemma2": 0, "granite": 17, "smollm3": 3, "olmo2": 0,
               "mixtral": 24, "qwen2moe": 29, "qwen3moe": 17, "olmoe": 21, "lfm2": 16, "lfm2moe": 8, "qwen35moe": 10,
               "qwen35": 8, "ministral3": 14, "ministral3-vision": 22, "olmo3": 19, "exaone4": 35,
               "exaone4-hybrid": 10, "granite4": 32, "granite4-hybrid": 11, "granite4-hybrid-moe": 7, "granite4-moe": 3,
-              "glm4": 7, "glm4moe": 39, "cohere2": 12, "seed-oss": 3}
+              "glm4": 7, "glm4moe": 39, "cohere2": 12, "seed-oss": 3, "ernie4_5": 0, "ernie4_5-moe": 64, "gpt-oss": 8, "deepseek-v3": 9, "deepseek-v2-lite": 38}
 # Seed-OSS's split as its tokenizer.json holds it: Seed-Coder's regex with carriage return and newline as the characters themselves.
 SEED_OSS_REGEX = SEED_CODER_REGEX.replace(r"\r", "\r").replace(r"\n", "\n")
 TINY_TOKENIZER_REGEX = {"llama": LLAMA3_REGEX, "llama-attention-bias": LLAMA3_REGEX, "llama3-rope": LLAMA3_REGEX, "mistral": None, "qwen2": QWEN2_REGEX, "qwen3": QWEN2_REGEX,
@@ -322,7 +388,8 @@ TINY_TOKENIZER_REGEX = {"llama": LLAMA3_REGEX, "llama-attention-bias": LLAMA3_RE
                         "lfm2": LLAMA3_REGEX, "lfm2moe": LLAMA3_REGEX, "qwen35": QWEN35_REGEX, "qwen35moe": QWEN35_REGEX, "ministral3": TEKKEN_REGEX, "ministral3-vision": TEKKEN_REGEX,
                         "olmo3": LLAMA3_REGEX, "granite4-hybrid": LLAMA3_REGEX, "granite4": LLAMA3_REGEX,
                         "granite4-hybrid-moe": LLAMA3_REGEX, "granite4-moe": LLAMA3_REGEX, "granite4-moe-unshared": LLAMA3_REGEX,
-                        "exaone4": None, "exaone4-hybrid": None, "cohere2": None, "seed-oss": SEED_OSS_REGEX, "glm4": LLAMA3_REGEX, "glm4moe": LLAMA3_REGEX}
+                        "exaone4": None, "exaone4-hybrid": None, "cohere2": None, "seed-oss": SEED_OSS_REGEX, "glm4": LLAMA3_REGEX, "glm4moe": LLAMA3_REGEX,
+                        "gpt-oss": GPT4O_REGEX, "deepseek-v3": DEEPSEEK3_REGEXES, "deepseek-v2-lite": LLAMA3_REGEX}
 # Families whose tokenizer splits digits one by one before the split above (Command R's, before GPT-2's byte-level split).
 TINY_INDIVIDUAL_DIGITS = ("cohere2",)
 
@@ -384,6 +451,10 @@ def tiny_checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.Tem
             tokenizer = transformers.AutoTokenizer.from_pretrained(gemma_checkpoint)
             (folder / "tokenizer.model").write_bytes((gemma_checkpoint / "tokenizer.model").read_bytes())
             vocab_size = 262144
+        elif name in TINY_SENTENCEPIECE:
+            (folder / "tokenizer.model").write_bytes(sentencepiece_model(TINY_SENTENCEPIECE_PIECES))
+            tokenizer = None
+            vocab_size = -(-TINY_SENTENCEPIECE_PIECES // 64) * 64
         else:
             tokenizer = bpe_tokenizer(TINY_TOKENIZER_REGEX[name], individual_digits=name in TINY_INDIVIDUAL_DIGITS)
             vocab_size = -(-len(tokenizer) // 64) * 64  # padded rows, as real checkpoints have

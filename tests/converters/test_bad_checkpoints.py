@@ -112,7 +112,7 @@ BREAKAGES: dict[str, tuple[Callable[[Path], None], str]] = {
     "quantized with awq": (_quantized_with({"quant_method": "awq", "bits": 4, "version": "gemm"}), "quantized with 'awq'.*cannot dequantize"),
     "quantized with bitsandbytes": (_quantized_with({"quant_method": "bitsandbytes", "load_in_4bit": True}),
                                     "quantized with 'bitsandbytes'.*cannot dequantize"),
-    "quantized with mxfp4": (_quantized_with({"quant_method": "mxfp4"}), "quantized with 'mxfp4'.*cannot dequantize"),
+    "quantized with mxfp4": (_quantized_with({"quant_method": "mxfp4"}), r"quantized with 'mxfp4'.*does not convert.*Mxfp4Config\(dequantize=True\)"),
     "quantized with compressed-tensors 4-bit": (_quantized_with({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {}}),
                                                 "compressed-tensors' 'pack-quantized' format.*cannot dequantize"),
 }
