@@ -33,14 +33,15 @@ class Turn:
     generation: ChatGeneration
     replacing: int | None = None  # the stored answer a regenerated one replaces
 
-    def end(self, content: str, reasoning: str | None = None) -> bool:
+    def end(self, content: str, reasoning: str | None = None, finish: str | None = None) -> bool:
         """Record the reply (whole, or the part written before a stop or a failure) in the chat
-        and store it with its reasoning, unless the conversation was deleted meanwhile; says
-        whether it was stored."""
+        and store it with its reasoning and, for one cut short, how it ended (`finish`), unless the
+        conversation was deleted meanwhile; says whether it was stored."""
         self.chat.commit(content, reasoning or None)
         if self.store.get(self.conversation_id) is None:
             return False
-        self.store.add_message(self.conversation_id, "assistant", content, replacing=self.replacing, reasoning=reasoning or None)
+        self.store.add_message(self.conversation_id, "assistant", content, replacing=self.replacing, reasoning=reasoning or None,
+                               finish=finish)
         return True
 
 

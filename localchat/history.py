@@ -52,6 +52,11 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE messages ADD COLUMN reasoning TEXT;
     """,
+    # How an answer ended when it did not end by itself (a finish reason: 'cancelled', 'length'), so
+    # that an answer the user stopped still says so when the conversation is opened again.
+    """
+    ALTER TABLE messages ADD COLUMN finish TEXT;
+    """,
 )
 
 
@@ -97,6 +102,7 @@ class StoredMessage:
     role: Role
     content: str
     reasoning: str | None = None
+    finish: str | None = None  # an answer cut short: its finish reason ('cancelled', 'length')
 
     def as_message(self) -> Message:
         return Message(self.role, self.content, reasoning=self.reasoning)
@@ -207,27 +213,27 @@ class ConversationStore:
 
     def messages(self, conversation_id: int) -> list[StoredMessage]:
         rows = self._db.execute(
-            "SELECT id, role, content, reasoning FROM messages WHERE conversation_id = ? ORDER BY id", (conversation_id,)
+            "SELECT id, role, content, reasoning, finish FROM messages WHERE conversation_id = ? ORDER BY id", (conversation_id,)
         )
         return [StoredMessage(*row) for row in rows]
 
     def add_message(self, conversation_id: int, role: Role, content: str, *, replacing: int | None = None,
-                    reasoning: str | None = None) -> StoredMessage:
+                    reasoning: str | None = None, finish: str | None = None) -> StoredMessage:
         """Append a finished message in one transaction; `replacing` deletes an earlier one in the same
         transaction (a regenerated answer replaces the old one only once it exists). `reasoning` is
-        an answer's thinking, when it had some."""
+        an answer's thinking, when it had some; `finish`, how an answer cut short ended."""
         now = time.time()
         self._db.execute("BEGIN IMMEDIATE")
         try:
             if replacing is not None:
                 self._db.execute("DELETE FROM messages WHERE id = ? AND conversation_id = ?", (replacing, conversation_id))
             cursor = self._db.execute(
-                "INSERT INTO messages (conversation_id, role, content, reasoning, created_at) VALUES (?, ?, ?, ?, ?)",
-                (conversation_id, role, content, reasoning or None, now),
+                "INSERT INTO messages (conversation_id, role, content, reasoning, finish, created_at) VALUES (?, ?, ?, ?, ?, ?)",
+                (conversation_id, role, content, reasoning or None, finish, now),
             )
             self._db.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (now, conversation_id))
             self._db.execute("COMMIT")
         except BaseException:
             self._db.execute("ROLLBACK")
             raise
-        return StoredMessage(int(cursor.lastrowid or 0), role, content, reasoning or None)
+        return StoredMessage(int(cursor.lastrowid or 0), role, content, reasoning or None, finish)

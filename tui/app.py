@@ -14,6 +14,7 @@ import asyncio
 import signal
 import sys
 import threading
+from typing import ClassVar
 
 from textual import on, work
 from textual.app import App, ComposeResult
@@ -59,6 +60,10 @@ QUIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP) if sys.platform != "win32" else (
 class ChatApp(App[int]):
     CSS_PATH = "app.tcss"
     TITLE = "localchat"
+    # Below 70 columns the conversation list goes (Ctrl+B still shows it), below 14 rows the key bar
+    # (F1 still lists the keys): the conversation, the editor and the status keep the room (app.tcss).
+    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-narrow"), (70, "-wide")]
+    VERTICAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-short"), (14, "-tall")]
     # Footer labels stay short to fit 80 columns; the help screen shows the tooltips.
     BINDINGS = [
         Binding("ctrl+q", "quit", "Quit", tooltip="quit; a reply being written is kept", priority=True),

@@ -16,7 +16,7 @@ from textual.worker import get_current_worker
 from localchat.conversation import Turn
 from localchat.errors import LocalchatError
 from localchat.reply_parser import ContentDelta, ParsedReply, ReasoningDelta, ReplyParser, ReplyPart
-from localchat.tui.widgets.messages import AssistantMessage, ConversationView, Reasoning
+from localchat.tui.widgets.messages import FINISH_NOTES, AssistantMessage, ConversationView, Reasoning
 
 # Text reaches the screen at most this often; MarkdownStream merges what piles up in between. Each frame
 # costs the app's thread a layout and a redraw (about 10 ms at 80x24), taken from the cores that decode: in
@@ -25,8 +25,6 @@ from localchat.tui.widgets.messages import AssistantMessage, ConversationView, R
 FRAME_S = 0.1
 # The status bar's live numbers (tokens/s, context) update this often while a reply is written.
 STATS_S = 0.25
-# The answer's last line when a reply did not end by itself, by finish reason.
-FINISH_NOTES = {"cancelled": "stopped", "length": "cut off at the length limit"}
 
 
 # Messages from the reply's worker to the app.
@@ -97,11 +95,13 @@ class Reply:
         stats = self.turn.generation.stats
         await self._show_parts(self.parser.finish())
         content, reasoning = self.parsed.content, self.parsed.reasoning
-        self.turn.end(content, reasoning)
+        finish = stats.finish_reason if stats is not None else ""
+        # The note comes back with the conversation.
+        self.turn.end(content, reasoning, finish if not error and finish in FINISH_NOTES else None)
         if error:
             note = f"error: {error} (Ctrl+R tries again)"
         else:
-            note = FINISH_NOTES.get(stats.finish_reason, "") if stats is not None else ""
+            note = FINISH_NOTES.get(finish, "")
         await self.widget.end_stream()
         if self.thinking is not None and self.thinking.is_attached:
             self.thinking.finish(token_count(reasoning))

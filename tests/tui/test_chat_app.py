@@ -97,6 +97,30 @@ async def test_escape_stops_a_reply_and_keeps_what_was_written(make_app: MakeApp
         assert len(store.messages(app.conversation.id)) == 4  # type: ignore[union-attr]
 
 
+async def test_a_stopped_reply_still_says_so_after_a_restart(make_app: MakeApp) -> None:
+    """The note under an answer cut short (stopped with Esc, or at the length limit) is kept with it."""
+    app = make_app(reply_settings=ENDLESS)
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.prompt.text = "Count from one to one thousand."
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: app.reply is not None and len(app.query(AssistantMessage).last().text) > 20)
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: app.reply is None, timeout=10)
+        stopped = app.query(AssistantMessage).last()
+        assert stopped.source.endswith("*stopped*")
+        app.reply_settings = make_app().reply_settings
+        await send(pilot, "Thanks.")  # 8 tokens at most: cut off
+        limited = app.query(AssistantMessage).last()
+        assert limited.source.endswith("*cut off at the length limit*")
+    again = make_app()
+    async with again.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        first, second = again.query(AssistantMessage)
+        assert first.text == stopped.text and first.source == stopped.source
+        assert "stopped" in first.query_one("MarkdownParagraph:last-of-type").visual.plain  # type: ignore[attr-defined]
+        assert second.text == limited.text and second.source == limited.source
+
+
 async def test_editor_keys_regenerate_and_copy(make_app: MakeApp, store: ConversationStore) -> None:
     app = make_app()
     async with app.run_test(size=(80, 24)) as pilot:

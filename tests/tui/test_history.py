@@ -105,6 +105,7 @@ def test_damaged_pages_are_found_at_open_and_a_byte_not_utf8_reads_as_the_replac
     (len(MIGRATIONS), "DROP TABLE preferences", "table preferences"),
     (len(MIGRATIONS), "DROP TABLE messages", "table messages"),
     (len(MIGRATIONS), "ALTER TABLE messages DROP COLUMN reasoning", "column messages.reasoning"),
+    (len(MIGRATIONS), "ALTER TABLE messages DROP COLUMN finish", "column messages.finish"),
     (2, "DROP TABLE messages", "table messages"),  # an older file, checked against what its own version holds
 ])
 def test_a_file_missing_a_table_is_found_at_open(history_path: Path, version: int, damage: str, missing: str) -> None:
@@ -181,9 +182,29 @@ def test_an_answer_keeps_its_thinking_and_a_schema_2_file_gains_the_column(histo
         db.execute("INSERT INTO conversations (title, created_at, updated_at) VALUES ('Old', 0, 0)")
         db.execute("INSERT INTO messages (conversation_id, role, content, created_at) VALUES (1, 'user', 'hello', 0)")
     store = ConversationStore(history_path)
-    assert store.schema_version == len(MIGRATIONS) == 3
+    assert store.schema_version == len(MIGRATIONS)
     assert [(m.content, m.reasoning) for m in store.messages(1)] == [("hello", None)]
     answer = store.add_message(1, "assistant", "Hi.", reasoning="A greeting: greet back.")
     assert store.messages(1)[-1] == answer and answer.as_message().reasoning == "A greeting: greet back."
     assert store.add_message(1, "assistant", "Hi again.", reasoning="").reasoning is None  # no thinking, not an empty one
     store.close()
+
+
+def test_an_answer_cut_short_keeps_how_it_ended_and_a_schema_3_file_gains_the_column(history_path: Path) -> None:
+    with sqlite3.connect(history_path) as db:  # a file as localchat wrote it before the finish was kept
+        db.executescript("".join(MIGRATIONS[:3]) + "PRAGMA user_version = 3;")
+        db.execute("INSERT INTO conversations (title, created_at, updated_at) VALUES ('Old', 0, 0)")
+        db.execute("INSERT INTO messages (conversation_id, role, content, created_at) VALUES (1, 'user', 'count', 0)")
+        db.execute("INSERT INTO messages (conversation_id, role, content, created_at) VALUES (1, 'assistant', 'one, two', 0)")
+    store = ConversationStore(history_path)
+    assert store.schema_version == len(MIGRATIONS)
+    assert [(m.content, m.finish) for m in store.messages(1)] == [("count", None), ("one, two", None)]
+    store.add_message(1, "user", "again")
+    stopped = store.add_message(1, "assistant", "one, two, three", finish="cancelled")
+    store.add_message(1, "user", "go on")
+    store.add_message(1, "assistant", "four")
+    store.close()
+    reopened = ConversationStore(history_path)
+    assert [m.finish for m in reopened.messages(1)] == [None, None, None, "cancelled", None, None]
+    assert reopened.messages(1)[3] == stopped
+    reopened.close()

@@ -36,5 +36,11 @@ def test_then_the_time_to_first_token_then_the_model_name_is_cut() -> None:
     assert bar().line(47).plain.rstrip() == "writing  123.4 tok/s  ctx 1536/2048  RAM 1.2G"
 
 
+def test_in_a_small_terminal_the_figures_stay_whole_in_a_compact_form() -> None:
+    assert bar().line(40).plain == "writing 123.4t/s ctx 1536/2048 RAM 1.2G "  # 40 columns: the bar has no padding there
+    assert bar(left_out=3).line(44).plain.rstrip() == "writing 123.4t/s ctx 1536/2048 (3 out) RAM 1.2G"
+    assert bar(state="loading", context_size=0, tokens_per_s=None, backend="").line(20).plain.rstrip() == "loading RAM 1.2G"
+
+
 def test_before_a_model_is_loaded_only_the_figures_show() -> None:
     assert bar(state="loading", tokens_per_s=None, ttft_s=None, context_size=0, backend="", model="").line(78).plain.rstrip() == "loading  RAM 1.2G"

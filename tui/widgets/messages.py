@@ -16,6 +16,8 @@ from localchat.history import StoredMessage
 EMPTY_REPLY = "*(no answer)*"
 WELCOME = "Type a message and press Enter to send it; Ctrl+J adds a new line. F1 lists every key."
 UNANSWERED = "This message has no answer: localchat stopped while writing it. Ctrl+R writes one."
+# The answer's last line when a reply did not end by itself, by finish reason (kept with the answer).
+FINISH_NOTES = {"cancelled": "stopped", "length": "cut off at the length limit"}
 
 
 def _keep_line_breaks(state: StateCore) -> None:
@@ -41,11 +43,16 @@ class UserMessage(Static):
         self.text = text
 
 
-class AssistantMessage(Markdown):
-    """An answer rendered as Markdown; while it is written, fragments go through a MarkdownStream."""
+def _answer_markdown(text: str, note: str) -> str:
+    return (text or EMPTY_REPLY) + (f"\n\n*{note}*" if note else "")
 
-    def __init__(self, text: str = "") -> None:
-        super().__init__(text or EMPTY_REPLY, parser_factory=chat_markdown_parser)
+
+class AssistantMessage(Markdown):
+    """An answer rendered as Markdown, with a note under it when it was cut short; while it is
+    written, fragments go through a MarkdownStream."""
+
+    def __init__(self, text: str = "", note: str = "") -> None:
+        super().__init__(_answer_markdown(text, note), parser_factory=chat_markdown_parser)
         self.text = text
         self._stream: MarkdownStream | None = None
 
@@ -71,7 +78,7 @@ class AssistantMessage(Markdown):
         await self.end_stream()
         self.text = text
         self.remove_class("-writing")
-        await self.update((text or EMPTY_REPLY) + (f"\n\n*{note}*" if note else ""))
+        await self.update(_answer_markdown(text, note))
 
 
 class Reasoning(Collapsible):
@@ -119,13 +126,17 @@ class ConversationView(VerticalScroll):
         self.anchor()
 
     async def show(self, stored: list[StoredMessage], token_count: Callable[[str], int | None]) -> None:
-        """A stored conversation: each answer with its thinking folded above it, and a line under a
-        question left unanswered (or a welcome, in an empty conversation)."""
+        """A stored conversation: each answer with its thinking folded above it and its note when it
+        was cut short, and a line under a question left unanswered (or a welcome, in an empty
+        conversation)."""
         widgets: list[Widget] = []
         for m in stored:
             if m.reasoning:
                 widgets.append(Reasoning(m.reasoning, token_count(m.reasoning)))
-            widgets.append(UserMessage(m.content) if m.role == "user" else AssistantMessage(m.content))
+            if m.role == "user":
+                widgets.append(UserMessage(m.content))
+            else:
+                widgets.append(AssistantMessage(m.content, FINISH_NOTES.get(m.finish or "", "")))
         await self.remove_children()
         if stored and stored[-1].role == "user":
             widgets.append(Notice(UNANSWERED, id="unanswered"))

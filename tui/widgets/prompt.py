@@ -6,12 +6,13 @@ from dataclasses import dataclass
 
 from textual import events
 from textual.message import Message
-from textual.widgets import TextArea
+
+from localchat.tui.widgets.paragraph_area import ParagraphArea
 
 NEWLINE_KEYS = ("ctrl+j", "shift+enter", "alt+enter")
 
 
-class PromptInput(TextArea):
+class PromptInput(ParagraphArea):
     @dataclass
     class Submitted(Message):
         text: str

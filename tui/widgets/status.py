@@ -22,7 +22,8 @@ class StatusBar(Widget):
     """Live numbers on the left, backend and model on the right.
 
     When the bar is too narrow, the backend's name goes first, then the time to first token,
-    then the model's name is cut: speed, context and memory always stay whole."""
+    then the model's name is cut: speed, context and memory always stay whole (in a compact form
+    in a small terminal)."""
 
     state: reactive[str] = reactive("starting")
     tokens_per_s: reactive[float | None] = reactive(None)
@@ -44,23 +45,26 @@ class StatusBar(Widget):
         self.context_size = engine.context_size or 0
         self.gpu_bytes = gpu_bytes
 
-    def numbers(self, *, ttft: bool = True) -> str:
+    def numbers(self, *, ttft: bool = True, compact: bool = False) -> str:
+        """The live figures; `compact` for a small terminal: one space between them, shorter units."""
         parts = [self.state]
         if self.tokens_per_s is not None:
-            parts.append(f"{self.tokens_per_s:.1f} tok/s")
+            parts.append(f"{self.tokens_per_s:.1f}{'t/s' if compact else ' tok/s'}")
         if ttft and self.ttft_s is not None:
             parts.append(f"TTFT {self.ttft_s:.2f}s")
         if self.context_size:
-            parts.append(f"ctx {self.context_used}/{self.context_size}" + (f" ({self.left_out} left out)" if self.left_out else ""))
+            left_out = f" ({self.left_out}{' out' if compact else ' left out'})" if self.left_out else ""
+            parts.append(f"ctx {self.context_used}/{self.context_size}{left_out}")
         if self.rss_bytes:
             parts.append(f"RAM {_size(self.rss_bytes)}")
         if self.gpu_bytes is not None:
             parts.append(f"GPU {_size(self.gpu_bytes)}")
-        return GAP.join(parts)
+        return (" " if compact else GAP).join(parts)
 
     def line(self, width: int) -> Text:
-        """The bar's text for `width` cells: the first layout that fits, else the last one with
-        the model's name cut to the room left."""
+        """The bar's text for `width` cells: the first layout that fits, else the figures without the
+        time to first token (compact where even those do not fit) and the model's name cut to the
+        room left."""
         full = self.numbers()
         layouts = [(full, f"{self.backend} · {self.model}"), (full, self.model), (self.numbers(ttft=False), self.model)]
         if not self.backend:  # no model loaded yet
@@ -68,6 +72,9 @@ class StatusBar(Widget):
         for left, right in layouts:
             if cell_len(left) + len(GAP) * bool(right) + cell_len(right) <= width:
                 break
+        else:
+            if cell_len(left) > width:
+                left = self.numbers(ttft=False, compact=True)
         room = width - cell_len(left) - len(GAP)
         right_text = Text(right if room > 1 else "", no_wrap=True)
         right_text.truncate(max(room, 0), overflow="ellipsis")
