@@ -34,12 +34,15 @@ schema = schemathesis.pytest.from_fixture("api_schema")
 def _short_replies(body: Any) -> None:
     """Cap the reply length of a body the server would accept (strict JSON ints only): OpenAI's
     max_tokens (max_output_tokens in the Responses API), Ollama's options.num_predict (Ollama's API
-    reads a number of any kind)."""
+    reads a number of any kind), llama-server's n_predict (-1: no limit)."""
     if isinstance(body, dict):
         for field in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
             value = body.get(field)
             if value is None or (type(value) is int and value > FUZZ_REPLY_TOKENS):
                 body[field] = FUZZ_REPLY_TOKENS
+        n_predict = body.get("n_predict")
+        if n_predict is None or (type(n_predict) is int and not 0 <= n_predict <= FUZZ_REPLY_TOKENS):
+            body["n_predict"] = FUZZ_REPLY_TOKENS
         if "messages" in body or "prompt" in body:
             options = body.get("options")
             body["options"] = {**(options if isinstance(options, dict) else {}), "num_predict": FUZZ_REPLY_TOKENS}
