@@ -22,6 +22,8 @@ from localchat.converters.checkpoint import (
     LAYER_PREFIX,
     LINEAR_ATTENTION,
     LONGROPE_TYPES,
+    MXFP4_BLOCK,
+    MXFP4_PARTS,
     Checkpoint,
     DeltaNetSizes,
     LatentAttentionSizes,
@@ -136,6 +138,9 @@ DEEPSEEK2_YARN_BOUNDS = (YARN_BETA_FAST, YARN_BETA_SLOW)
 GPT_OSS_LAYER = (*ATTENTION, "self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias", "self_attn.o_proj.bias",
                  "self_attn.sinks", "post_attention_layernorm.weight", "mlp.router.weight", "mlp.router.bias",
                  "mlp.experts.*.gate_up_proj", "mlp.experts.*.gate_up_proj_bias", "mlp.experts.*.down_proj", "mlp.experts.*.down_proj_bias")
+# Its release's, the experts' matrices in MXFP4: each one's packed values and scales.
+GPT_OSS_MXFP4_LAYER = (*(key for key in GPT_OSS_LAYER if key not in ("mlp.experts.*.gate_up_proj", "mlp.experts.*.down_proj")),
+                       *(f"mlp.experts.*.{matrix}{part}" for matrix in ("gate_up_proj", "down_proj") for part in MXFP4_PARTS))
 # ERNIE 4.5's multi-token-prediction layers (the 21B's and 300B's), which llama.cpp's converter leaves out and its graph never runs.
 ERNIE4_5_MTP_PREFIXES = ("model.mtp_block.", "model.mtp_emb_norm.", "model.mtp_hidden_norm.", "model.mtp_linear_proj.")
 
@@ -165,8 +170,11 @@ class PlannedTensor:
     permute_heads: int = 0  # reorder rows of this many heads (LLaMA Q/K)
     add: float = 0.0  # Gemma norms
     data: np.ndarray | None = field(default=None, compare=False)  # generated tensors (rope_freqs)
-    # The values llama.cpp's graph reads, from the checkpoint tensor's in float32 (Qwen 3.5's reordered value heads).
+    # The values llama.cpp's graph reads, from the checkpoint tensor's in float32 (Qwen 3.5's reordered value heads); for an
+    # MXFP4 matrix, the rows of its packed values and of its scales.
     rewrite: Callable[[np.ndarray], np.ndarray] | None = field(default=None, compare=False)
+    # An MXFP4 matrix's scales, one per source (`sources` its packed values): written as MXFP4, never requantized.
+    scales: tuple[TensorRef, ...] = ()
 
     @property
     def keeps_f32(self) -> bool:
@@ -242,7 +250,16 @@ def _gpt_oss_rewrites(config: ModelConfig) -> dict[str, TensorRewrite]:
         "mlp.experts.gate_up_proj_bias": TensorRewrite(interleaved=True, split_into=("mlp.experts.gate_proj.bias", "mlp.experts.up_proj.bias")),
         "mlp.experts.down_proj": TensorRewrite(turned, renamed="mlp.experts.down_proj.weight", shape=(hidden, ffn)),
         "mlp.experts.down_proj_bias": TensorRewrite(renamed="mlp.experts.down_proj.bias"),
+        # The release's MXFP4 matrices are output rows by blocks of input columns already: gate and up rows alternate.
+        "mlp.experts.gate_up_proj_blocks": TensorRewrite(interleaved=True, split_into=("mlp.experts.gate_proj.weight", "mlp.experts.up_proj.weight")),
+        "mlp.experts.down_proj_blocks": TensorRewrite(renamed="mlp.experts.down_proj.weight"),
     }
+
+
+def _gpt_oss_variant(config: ModelConfig) -> Architecture:
+    """gpt-oss's row with its release's MXFP4 experts' tensors, where the checkpoint has them."""
+    row = ARCHITECTURES[config.architecture]
+    return replace(row, layer_tensors=GPT_OSS_MXFP4_LAYER if config.mxfp4 else row.layer_tensors, variant=None)
 
 
 Metadata = Callable[[ModelConfig, GGUFWriter], None]
@@ -1275,6 +1292,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         metadata=_gpt_oss_metadata,
         bare_tensors=("sinks",),
         rewrites=_gpt_oss_rewrites,
+        variant=_gpt_oss_variant,
     ),
     # DeepSeek-V2 and V2-Lite: multi-head latent attention (keys and values through one latent shared by the heads, queries directly
     # or through a latent of their own), RoPE on adjacent pairs of part of each head (YaRN in the releases), leading dense layers,
@@ -1547,6 +1565,9 @@ def plan_tensors(checkpoint: Checkpoint, arch: Architecture) -> list[PlannedTens
             continue  # the same matrix as the embeddings; llama.cpp reuses token_embd
         name = ref.name + ".weight" if ref.name.endswith(arch.bare_tensors) else ref.name
         groups.setdefault(EXPERT_INDEX.sub(".experts.", name), []).append(ref)
+    # An MXFP4 matrix's scales go with its packed values.
+    mxfp4_scales = {name.removesuffix(MXFP4_PARTS[1]) + MXFP4_PARTS[0]: _stacking_order(groups.pop(name))
+                    for name in list(groups) if config.mxfp4 and name.endswith(MXFP4_PARTS[1])}
     # Each tensor with its rewrite, a fused one's blocks each with one of their own.
     rewritten: list[tuple[str, list[TensorRef], TensorRewrite | None]] = []
     for name, refs in groups.items():
@@ -1574,6 +1595,9 @@ def plan_tensors(checkpoint: Checkpoint, arch: Architecture) -> list[PlannedTens
             shape = tuple(n for n in shape if n != 1)
         if rewrite is not None and rewrite.shape is not None:
             shape = (len(refs), *rewrite.shape) if stacked else rewrite.shape
+        scales = tuple(mxfp4_scales.get(name, ()))
+        if scales:  # in values: a block of packed values holds MXFP4_BLOCK of them
+            shape = (*shape[:-2], shape[-2] * MXFP4_BLOCK)
         planned.append(PlannedTensor(gguf_name, shape, tuple(refs), stacked, permute_heads=heads, add=add,
-                                     rewrite=rewrite.values if rewrite is not None else None))
+                                     rewrite=rewrite.values if rewrite is not None else None, scales=scales))
     return planned

@@ -2,7 +2,8 @@
 
 Shared by every target format. Tensors come straight out of memory-mapped safetensors files
 (sharded or not), one at a time; nothing here needs torch. bf16, which numpy lacks, is read as
-uint16 and widened with a bit shift; FP8 is read as bytes, decoded by a table and multiplied by its scale.
+uint16 and widened with a bit shift; FP8 is read as bytes, decoded by a table and multiplied by its scale;
+MXFP4 (gpt-oss's experts) is read as bytes and left packed.
 """
 
 from __future__ import annotations
@@ -187,13 +188,25 @@ FP8_VALUES: dict[str, np.ndarray] = {
 FP8_SCALE_SUFFIXES = {"fp8": "_scale_inv", "compressed-tensors": "_scale"}
 # Quantization methods localchat does not read whose models ship in no other precision, and how to get a checkpoint it reads.
 DEQUANTIZE_FIRST = {
-    "mxfp4": "gpt-oss ships its experts so: load it with transformers' from_pretrained(..., quantization_config=Mxfp4Config(dequantize=True)), "
-             "save_pretrained it and convert that bf16 folder",
+    "mxfp4": "localchat reads MXFP4 experts of gpt-oss only: load the model with transformers' from_pretrained(..., "
+             "quantization_config=Mxfp4Config(dequantize=True)), save_pretrained it and convert that bf16 folder",
 }
+# MXFP4 (OCP microscaling, as gpt-oss ships its experts): the architectures whose MXFP4 checkpoints are read, and the dtype and
+# name suffixes of each matrix's packed values and scales; a block of MXFP4_BLOCK values shares one scale.
+MXFP4_METHOD = "mxfp4"
+MXFP4_ARCHITECTURES = ("GptOssForCausalLM",)
+MXFP4_DTYPE = "U8"
+MXFP4_PARTS = ("_blocks", "_scales")
+MXFP4_BLOCK = 32
 # Scales of activations and of the KV cache, for FP8 matrix products; weights do not need them (nor does llama.cpp).
 ACTIVATION_SCALE_SUFFIXES = (".activation_scale", "_activation_scale", ".input_scale", ".k_scale", ".v_scale")
 # compressed-tensors' weight strategies of FP8 checkpoints: a scale per tensor, per output row, or per block.
 FP8_STRATEGIES = ("tensor", "channel", "block")
+
+
+def _quant_method(config: dict[str, Any]) -> str | None:
+    quantization = config.get("quantization_config")
+    return quantization.get("quant_method") if isinstance(quantization, dict) else None
 
 
 @dataclass(frozen=True)
@@ -213,12 +226,15 @@ class Fp8Scaling:
 
     @classmethod
     def from_config(cls, config: dict[str, Any], source: Path) -> Fp8Scaling | None:
-        """The scaling of config.json's quantization_config, None without one; a method whose weights localchat
-        cannot dequantize (GPTQ, AWQ, bitsandbytes, MXFP4, ...) is refused here, before any tensor is read."""
+        """The scaling of config.json's quantization_config, None without one or for gpt-oss's MXFP4 (read as such); a method
+        whose weights localchat cannot dequantize (GPTQ, AWQ, bitsandbytes, others' MXFP4, ...) is refused here, before any
+        tensor is read."""
         quantization = config.get("quantization_config")
         if quantization is None:
             return None
-        method = quantization.get("quant_method") if isinstance(quantization, dict) else None
+        method = _quant_method(config)
+        if method == MXFP4_METHOD and config["architectures"][0] in MXFP4_ARCHITECTURES:
+            return None  # read as MXFP4, not dequantized
         if method == "fp8":
             block = quantization.get("weight_block_size")
         elif method == "compressed-tensors":
@@ -534,6 +550,8 @@ class ModelConfig:
     latent_attention: LatentAttentionSizes | None = None
     # How the FP8 weights are scaled (quantization_config); None for a float checkpoint.
     fp8_scaling: Fp8Scaling | None = None
+    # Whether the experts' matrices are MXFP4 (gpt-oss's release: quant_method "mxfp4"), the rest float.
+    mxfp4: bool = False
 
     def head_dim_of(self, layer: int) -> int:
         return self.layer_head_dims[layer] if self.layer_head_dims else self.head_dim
@@ -573,6 +591,7 @@ class ModelConfig:
             raise ModelError(f"{source}: 'architectures' is {architectures!r}, expected a list of class names; the config.json is corrupt")
         # Read before a wrapper's text_config replaces the outer keys (Ministral 3's is beside it).
         fp8_scaling = Fp8Scaling.from_config(config, source)
+        mxfp4 = _quant_method(config) == MXFP4_METHOD
         if (wrapper := WRAPPERS.get(architectures[0])) is not None:
             config = _text_config(config, wrapper, source)
         elif (config_class := FILLED_BY_TRANSFORMERS.get(architectures[0])) is not None:
@@ -665,6 +684,7 @@ class ModelConfig:
             mamba2=Mamba2Sizes.read(read, hidden) if "mamba_n_heads" in config else None,
             latent_attention=LatentAttentionSizes.read(read) if "kv_lora_rank" in config else None,
             fp8_scaling=fp8_scaling,
+            mxfp4=mxfp4,
         )
 
 
@@ -914,6 +934,12 @@ def expected_shapes(config: ModelConfig, layer: int = 0) -> dict[str, tuple[tupl
             "mlp.experts.*.gate_up_proj_bias": (2 * expert_ffn,),
             "mlp.experts.*.down_proj": (expert_ffn, hidden),
             "mlp.experts.*.down_proj_bias": (hidden,),
+            # Its release's experts in MXFP4: each row's 4-bit values packed two a byte, 16 bytes a block of 32, and each block's
+            # power-of-two scale (MXFP4_DTYPE both).
+            "mlp.experts.*.gate_up_proj_blocks": (2 * expert_ffn, hidden // MXFP4_BLOCK, MXFP4_BLOCK // 2),
+            "mlp.experts.*.gate_up_proj_scales": (2 * expert_ffn, hidden // MXFP4_BLOCK),
+            "mlp.experts.*.down_proj_blocks": (hidden, expert_ffn // MXFP4_BLOCK, MXFP4_BLOCK // 2),
+            "mlp.experts.*.down_proj_scales": (hidden, expert_ffn // MXFP4_BLOCK),
         }
     return {key: shape if isinstance(shape[0], tuple) else (shape,) for key, shape in shapes.items()}
 
@@ -936,7 +962,9 @@ STACKED_EXPERTS = {"mlp.experts.gate_up_proj": ("mlp.experts.{}.gate_proj.weight
 GPT_OSS_STACKED_EXPERTS = {"mlp.experts.gate_up_proj": ("mlp.experts.{}.gate_up_proj",),
                            "mlp.experts.gate_up_proj_bias": ("mlp.experts.{}.gate_up_proj_bias",),
                            "mlp.experts.down_proj": ("mlp.experts.{}.down_proj",),
-                           "mlp.experts.down_proj_bias": ("mlp.experts.{}.down_proj_bias",)}
+                           "mlp.experts.down_proj_bias": ("mlp.experts.{}.down_proj_bias",),
+                           **{f"mlp.experts.{matrix}{part}": (f"mlp.experts.{{}}.{matrix}{part}",)
+                              for matrix in ("gate_up_proj", "down_proj") for part in MXFP4_PARTS}}
 # The stacks of architectures whose layout differs from STACKED_EXPERTS'.
 STACKED_EXPERTS_OF = {"GptOssForCausalLM": GPT_OSS_STACKED_EXPERTS}
 
@@ -970,8 +998,10 @@ def _check_tensors(folder: Path, config: ModelConfig, tensors: dict[str, TensorR
         expected = shapes[index or 0]
         if key not in expected:
             continue  # the converters refuse or ignore tensors they do not know
-        if ref.dtype not in FLOAT_DTYPES:
-            raise ModelError(f"{ref.file}: tensor '{name}' is {ref.dtype}; weights must be float ({', '.join(FLOAT_DTYPES)})")
+        # An MXFP4 matrix's packed values and scales are bytes; every other weight a float.
+        kind, dtypes = (f"{MXFP4_DTYPE} (MXFP4)", (MXFP4_DTYPE,)) if key.endswith(MXFP4_PARTS) else (f"float ({', '.join(FLOAT_DTYPES)})", FLOAT_DTYPES)
+        if ref.dtype not in dtypes:
+            raise ModelError(f"{ref.file}: tensor '{name}' is {ref.dtype}; weights must be {kind}")
         if ref.shape not in expected[key]:
             implied = " or ".join(str(list(shape)) for shape in expected[key])
             raise ModelError(
@@ -1079,7 +1109,7 @@ def _each_experts_tensors(folder: Path, tensors: dict[str, TensorRef], stacks: d
         if layer is None or (parts := stacks.get(key)) is None:
             each[name] = ref
             continue
-        if len(ref.shape) not in (2, 3) or ref.shape[1] % len(parts):
+        if len(ref.shape) not in (2, 3, 4) or ref.shape[1] % len(parts):
             raise ModelError(f"{ref.file}: tensor '{name}' has shape {list(ref.shape)}, not experts x {len(parts)} equal blocks of rows (x columns); the checkpoint is inconsistent")
         experts, rows, *columns = ref.shape
         block = replace(ref, shape=(rows // len(parts), *columns), n_bytes=ref.n_bytes // (experts * len(parts)))

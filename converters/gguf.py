@@ -5,6 +5,7 @@ Quantized outputs are written as a float GGUF first (bf16 for bf16 checkpoints, 
 rounded twice) and then quantized by `llama_model_quantize`, which is multithreaded C and picks
 the per-tensor mix (Q4_K_M keeps some tensors in Q6_K) exactly as llama-quantize does. Output is
 atomic: everything is written to `.incomplete` files that are renamed at the end or removed.
+An MXFP4 checkpoint's experts (gpt-oss's release) stay MXFP4 at every output type, repacked, never requantized.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, LlamaFileTy
 from gguf.quants import quantize as gguf_quantize
 
 from localchat.converters.architectures import PlannedTensor, add_hparams, architecture_for, plan_tensors, transform
-from localchat.converters.checkpoint import Checkpoint, TensorRef, model_metadata, wrapper_notice
+from localchat.converters.checkpoint import FLOAT_DTYPES, Checkpoint, TensorRef, model_metadata, wrapper_notice
 from localchat.converters.gguf_choices import DEFAULT_QUANT, QUANT_TYPES, QuantType, default_output_path
 from localchat.converters.tokenizer import add_tokenizer
 from localchat.errors import InvalidSettingError, LocalchatError, ModelError, UnwritableFolderError
@@ -52,6 +53,17 @@ def quant_type(name: str) -> QuantType:
         raise InvalidSettingError(f"unknown quantization '{name}'; choose one of: {', '.join(QUANT_TYPES)}") from None
 
 
+def ggml_mxfp4(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """An MXFP4 matrix as stored in a checkpoint (rows x blocks x 16 bytes, value 2k in byte k's low nibble and 2k + 1 in its
+    high one; rows x blocks of E8M0 scales) as GGML's MXFP4 rows: per block its scale byte, then value j in byte j's low nibble
+    and value j + 16 in its high one. The scale carries over: GGML doubles the E2M1 values and halves the scale."""
+    values = np.empty((*blocks.shape[:-1], 2 * blocks.shape[-1]), dtype=np.uint8)
+    values[..., 0::2], values[..., 1::2] = blocks & 0x0F, blocks >> 4
+    half = blocks.shape[-1]
+    packed = np.concatenate((scales[..., None], values[..., :half] | (values[..., half:] << 4)), axis=-1)
+    return packed.reshape(*blocks.shape[:-2], -1)
+
+
 def _to_bf16_bytes(weights: np.ndarray) -> np.ndarray:
     return gguf_quantize(np.ascontiguousarray(weights, dtype=np.float32), GGMLQuantizationType.BF16)
 
@@ -61,6 +73,9 @@ FLOAT_ENCODERS: dict[GGMLQuantizationType, Callable[[np.ndarray], np.ndarray]] =
     GGMLQuantizationType.F16: lambda w: np.ascontiguousarray(w, dtype=np.float16),
     GGMLQuantizationType.BF16: _to_bf16_bytes,
 }
+# llama.cpp's names of the experts' stacks, which an MXFP4 checkpoint's quantized GGUF keeps in MXFP4 (llama.cpp's quantizer
+# would refuse to requantize them, and its MXFP4_MOE type keeps them so).
+EXPERT_STACKS = rb"_exps\.weight$"
 # Checkpoint dtypes that are already in a GGML float encoding, byte for byte.
 STORED_AS = {"F32": GGMLQuantizationType.F32, "F16": GGMLQuantizationType.F16, "BF16": GGMLQuantizationType.BF16}
 
@@ -92,15 +107,17 @@ class TensorWriter:
         self._shared_lock = threading.Lock()
 
     def ggml_type(self, planned: PlannedTensor) -> GGMLQuantizationType:
-        # llama.cpp keeps vectors (norms, biases, RoPE factors) in F32 at every quantization.
+        # MXFP4 matrices stay so; llama.cpp keeps vectors (norms, biases, RoPE factors) in F32 at every quantization.
+        if planned.scales:
+            return GGMLQuantizationType.MXFP4
         return GGMLQuantizationType.F32 if planned.keeps_f32 else self.float_type
 
     def add_info(self, writer: GGUFWriter, planned: PlannedTensor) -> int:
         ggml_type = self.ggml_type(planned)
         block, type_size = GGML_QUANT_SIZES[ggml_type]
         n_bytes = int(np.prod(planned.shape, dtype=np.int64)) // block * type_size
-        if ggml_type == GGMLQuantizationType.BF16:
-            byte_shape = (*planned.shape[:-1], planned.shape[-1] * type_size)
+        if ggml_type in (GGMLQuantizationType.BF16, GGMLQuantizationType.MXFP4):
+            byte_shape = (*planned.shape[:-1], planned.shape[-1] // block * type_size)
             writer.add_tensor_info(planned.gguf_name, byte_shape, np.dtype(np.uint8), n_bytes, raw_dtype=ggml_type)
         else:
             dtype = np.dtype(np.float32 if ggml_type == GGMLQuantizationType.F32 else np.float16)
@@ -124,6 +141,10 @@ class TensorWriter:
         return stacked
 
     def _encode_source(self, planned: PlannedTensor, ref: TensorRef, ggml_type: GGMLQuantizationType) -> np.ndarray:
+        if planned.scales:
+            rows = planned.rewrite or (lambda stored: stored)
+            scales = planned.scales[planned.sources.index(ref)]
+            return ggml_mxfp4(rows(self.checkpoint.read_stored(ref)), rows(self.checkpoint.read_stored(scales)))
         untouched = not planned.permute_heads and not planned.add and planned.rewrite is None
         if untouched and STORED_AS.get(ref.dtype) == ggml_type:
             stored = self.checkpoint.read_stored(ref)
@@ -217,7 +238,7 @@ def _write_float_gguf(
         writer.write_ti_data_to_file()
         for i, (planned, data) in enumerate(tensor_writer.encoded(tensors, threads)):
             writer.write_tensor_data(data)
-            for ref in planned.sources:
+            for ref in (*planned.sources, *planned.scales):
                 checkpoint.release(ref)
             done += data.nbytes
             progress(done, total, f"tensor {i + 1}/{len(tensors)}")
@@ -227,8 +248,10 @@ def _write_float_gguf(
     return len(tensors)
 
 
-def quantize_gguf(source: Path, output: Path, quant: str, threads: int, progress: Progress | None = None) -> None:
-    """llama.cpp's quantizer (llama-quantize) on a float GGUF; `progress` watches the output grow."""
+def quantize_gguf(source: Path, output: Path, quant: str, threads: int, progress: Progress | None = None,
+                  keep_mxfp4: bool = False) -> None:
+    """llama.cpp's quantizer (llama-quantize) on a float GGUF; `progress` watches the output grow. `keep_mxfp4`: the experts'
+    stacks are MXFP4 (an MXFP4 checkpoint's) and stay so."""
     import llama_cpp
 
     from localchat.backends.llamacpp_natives import ensure_initialized
@@ -237,6 +260,9 @@ def quantize_gguf(source: Path, output: Path, quant: str, threads: int, progress
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = int(quant_type(quant).file_type)
     params.nthread = threads
+    if keep_mxfp4:  # the quantizer reads the list (ended by a null pattern) while `kept` lives, to the end of this call
+        kept = (llama_cpp.llama_model_tensor_override * 2)((EXPERT_STACKS, int(GGMLQuantizationType.MXFP4)), (None, 0))
+        params.tt_overrides = kept
     status: list[int] = []
     worker = threading.Thread(
         target=lambda: status.append(llama_cpp.llama_model_quantize(str(source).encode(), str(output).encode(), ctypes.byref(params)))
@@ -278,7 +304,7 @@ def _check_free_disk(folder: Path, needed: int) -> None:
 
 def _intermediate_float_type(checkpoint: Checkpoint) -> GGMLQuantizationType:
     """bf16 checkpoints stay bf16 (exact); others go through f16, as llama.cpp's converter does."""
-    matrices = [ref for ref in checkpoint if len(ref.shape) > 1]
+    matrices = [ref for ref in checkpoint if len(ref.shape) > 1 and ref.dtype in FLOAT_DTYPES]
     if matrices and all(ref.dtype == "BF16" for ref in matrices):
         return GGMLQuantizationType.BF16
     return GGMLQuantizationType.F16
@@ -346,7 +372,7 @@ def convert_checkpoint(
             n_tensors = _write_float_gguf(checkpoint, floats, float_type, choice.file_type, threads, progress)
             checkpoint.close()
             if not direct:
-                quantize_gguf(floats, partial, quant, threads, progress)
+                quantize_gguf(floats, partial, quant, threads, progress, keep_mxfp4=checkpoint.config.mxfp4)
             os.replace(partial, output)
         finally:
             # Reached on success too: by then both names are gone or the float file is spare.

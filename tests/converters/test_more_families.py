@@ -449,9 +449,9 @@ REFUSED: dict[str, tuple[str, Callable[[dict], None], str]] = {
     "gpt-oss with another YaRN ramp": ("gpt-oss", lambda c: c["rope_parameters"].update(beta_fast=16.0), "between beta_fast 16 and beta_slow 1"),
     "gpt-oss with Llama 3's RoPE scaling": ("gpt-oss", lambda c: c["rope_parameters"].update(LLAMA3_SCALING),
                                             "RoPE scaling 'llama3' is not supported for GptOssForCausalLM"),
-    # As OpenAI ships it: experts in MXFP4 blocks and scales, which localchat does not repack.
-    "gpt-oss with MXFP4 experts": ("gpt-oss", lambda c: c.update(quantization_config={"quant_method": "mxfp4"}),
-                                   r"quantized with 'mxfp4', which localchat does not convert; .*Mxfp4Config\(dequantize=True\)"),
+    # Saying its experts are MXFP4 (as OpenAI ships them: test_gpt_oss_mxfp4.py) with float ones.
+    "gpt-oss saying MXFP4 without MXFP4 experts": ("gpt-oss", lambda c: c.update(quantization_config={"quant_method": "mxfp4"}),
+                                                   r"lacks model\.layers\.0\.mlp\.experts\.0\.gate_up_proj_blocks; are all weight files there\?"),
     # llama.cpp's ernie4_5 graphs read no biases, turn whole heads and read no YaRN settings beyond its factor and original context;
     # ernie4_5-moe's loads experts for every layer after the dense ones and divides their weights by their sum alone.
     "ernie4_5 with biases": ("ernie4_5", lambda c: c.update(use_bias=True),
@@ -921,15 +921,12 @@ GPT_OSS_20B_CONFIG = {
 
 def test_gpt_oss_hub_config_is_read_as_transformers_reads_it() -> None:
     """Its YaRN (unrounded, accepted: test_gpt_oss_release_yarn_runs_as_llama_cpp_runs_it) and layers as transformers reads them,
-    once dequantized; as shipped, its MXFP4 experts refused in one line saying how to dequantize them."""
+    its experts MXFP4 (test_gpt_oss_mxfp4.py)."""
     from localchat.converters.architectures import architecture_for
     from localchat.converters.checkpoint import ModelConfig
 
-    with pytest.raises(ModelError, match=r"quantized with 'mxfp4', which localchat does not convert; .*Mxfp4Config\(dequantize=True\)") as raised:
-        ModelConfig.from_dict(json.loads(json.dumps(GPT_OSS_20B_CONFIG)), Path("config.json"))
-    assert "\n" not in str(raised.value)
-    dequantized = {key: value for key, value in GPT_OSS_20B_CONFIG.items() if key != "quantization_config"}
-    config = ModelConfig.from_dict(json.loads(json.dumps(dequantized)), Path("config.json"))
+    config = ModelConfig.from_dict(json.loads(json.dumps(GPT_OSS_20B_CONFIG)), Path("config.json"))
+    assert config.mxfp4 and config.fp8_scaling is None
     assert config.layer_types == ("sliding_attention", "full_attention") * 12
     assert (config.sliding_window, config.head_dim, config.n_experts, config.n_experts_used, config.expert_intermediate_size) == (128, 64, 32, 4, 2880)
     assert (config.rope.scaling_type, config.rope.theta, config.rope.scaling["factor"], config.rope.scaling["truncate"]) == ("yarn", 150_000.0, 32.0, False)
