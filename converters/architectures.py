@@ -131,8 +131,6 @@ DEEPSEEK_QUERIES = {True: ("self_attn.q_a_proj.weight", "self_attn.q_a_layernorm
 # them for DeepSeek-V2-Lite's kind), as it does in 48-layer models of DEEPSEEK2_LITE_VOCAB tokens.
 DEEPSEEK2_LITE_LAYERS = (26, 27)
 DEEPSEEK2_LITE_VOCAB = 128256
-# YaRN's ramp bounds llama.cpp's deepseek2 graph turns by (it reads none from the GGUF).
-DEEPSEEK2_YARN_BOUNDS = (YARN_BETA_FAST, YARN_BETA_SLOW)
 # gpt-oss's layer tensors: attention with biases and a sink per head, the norm before the MLP, a router with a bias, and each
 # expert's matrices and biases as checkpoint.GPT_OSS_STACKED_EXPERTS reads them.
 GPT_OSS_LAYER = (*ATTENTION, "self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias", "self_attn.o_proj.bias",
@@ -694,6 +692,25 @@ def _check_rope_numbers(rope: RopeSettings, keys: tuple[str, ...], family: str) 
             raise ModelError(f"this {family} checkpoint's rope_parameters give {key} {value!r}, expected a number >= 0; the config.json is corrupt")
 
 
+def _check_yarn_rounded(config: ModelConfig, family: str, graph: str) -> None:
+    """YaRN's correction range rounded outwards, as llama.cpp's `graph` graph always rounds it."""
+    if config.rope.scaling.get("truncate", True) is not True:
+        raise UnsupportedModelError(
+            f"this {family} checkpoint's YaRN keeps its correction range unrounded (truncate false); llama.cpp's {graph} graph always rounds it"
+        )
+
+
+def _check_yarn_default_bounds(config: ModelConfig, family: str, graph: str) -> None:
+    """YaRN's ramp between the default bounds, the only ones llama.cpp's `graph` graph runs (it reads none from the GGUF)."""
+    scaling = config.rope.scaling
+    bounds = (float(scaling.get("beta_fast") or YARN_BETA_FAST), float(scaling.get("beta_slow") or YARN_BETA_SLOW))
+    if bounds != (YARN_BETA_FAST, YARN_BETA_SLOW):
+        raise UnsupportedModelError(
+            f"this {family} checkpoint's YaRN ramps between beta_fast {bounds[0]:g} and beta_slow {bounds[1]:g}; llama.cpp's {graph} graph "
+            f"reads no bounds and ramps between {YARN_BETA_FAST:g} and {YARN_BETA_SLOW:g}"
+        )
+
+
 def _check_ministral3(config: ModelConfig) -> None:
     """What llama.cpp's mistral3 graph fixes of YaRN as transformers reads it from rope_parameters: the correction
     range rounded outwards, the attention factor derived from the factor and mscale_all_dim with mscale 1."""
@@ -701,10 +718,7 @@ def _check_ministral3(config: ModelConfig) -> None:
     _check_rope_numbers(config.rope, MINISTRAL3_ROPE_NUMBERS, "Ministral 3")
     if scaling.get("llama_4_scaling_beta") is None:
         raise ModelError("this Ministral 3 checkpoint's rope_parameters lack llama_4_scaling_beta, which transformers needs; the config.json is incomplete")
-    if scaling.get("truncate", True) is not True:
-        raise UnsupportedModelError(
-            "this Ministral 3 checkpoint's YaRN keeps its correction range unrounded (truncate false); llama.cpp's mistral3 graph always rounds it"
-        )
+    _check_yarn_rounded(config, "Ministral 3", "mistral3")
     if scaling.get("attention_factor") is not None:
         raise UnsupportedModelError(
             "this Ministral 3 checkpoint gives YaRN's attention_factor; llama.cpp's mistral3 graph derives it from the factor and mscale_all_dim"
@@ -766,18 +780,9 @@ def _check_olmo3(config: ModelConfig) -> None:
         )
     if config.rope.scaling_type != "yarn":
         return
-    scaling = config.rope.scaling
     _check_rope_numbers(config.rope, OLMO3_ROPE_NUMBERS, "OLMo 3")
-    if scaling.get("truncate", True) is not True:
-        raise UnsupportedModelError(
-            "this OLMo 3 checkpoint's YaRN keeps its correction range unrounded (truncate false); llama.cpp's olmo2 graph always rounds it"
-        )
-    bounds = (float(scaling.get("beta_fast") or YARN_BETA_FAST), float(scaling.get("beta_slow") or YARN_BETA_SLOW))
-    if bounds != (YARN_BETA_FAST, YARN_BETA_SLOW):
-        raise UnsupportedModelError(
-            f"this OLMo 3 checkpoint's YaRN ramps between beta_fast {bounds[0]:g} and beta_slow {bounds[1]:g}; llama.cpp's olmo2 graph "
-            f"reads no bounds and ramps between {YARN_BETA_FAST:g} and {YARN_BETA_SLOW:g}"
-        )
+    _check_yarn_rounded(config, "OLMo 3", "olmo2")
+    _check_yarn_default_bounds(config, "OLMo 3", "olmo2")
 
 
 def _olmo3_metadata(config: ModelConfig, writer: GGUFWriter) -> None:
@@ -911,14 +916,8 @@ def _check_deepseek_yarn(config: ModelConfig) -> None:
     _check_rope_numbers(config.rope, OLMO3_ROPE_NUMBERS, family)
     if scaling.get("attention_factor") is not None:
         raise UnsupportedModelError(f"this {family} checkpoint gives YaRN's attention_factor; llama.cpp's deepseek2 graph derives it from mscale_all_dim")
-    if scaling.get("truncate", True) is not True:
-        raise UnsupportedModelError(f"this {family} checkpoint's YaRN keeps its correction range unrounded (truncate false); llama.cpp's deepseek2 graph always rounds it")
-    bounds = (float(scaling.get("beta_fast") or YARN_BETA_FAST), float(scaling.get("beta_slow") or YARN_BETA_SLOW))
-    if bounds != DEEPSEEK2_YARN_BOUNDS:
-        raise UnsupportedModelError(
-            f"this {family} checkpoint's YaRN ramps between beta_fast {bounds[0]:g} and beta_slow {bounds[1]:g}; llama.cpp's deepseek2 graph "
-            f"reads no bounds and ramps between {YARN_BETA_FAST:g} and {YARN_BETA_SLOW:g}"
-        )
+    _check_yarn_rounded(config, family, "deepseek2")
+    _check_yarn_default_bounds(config, family, "deepseek2")
     mscale, all_dims = scaling.get("mscale"), scaling.get("mscale_all_dim")
     if not all_dims or mscale != all_dims:
         raise UnsupportedModelError(
@@ -1060,14 +1059,8 @@ def _check_gpt_oss(config: ModelConfig) -> None:
         )
     if config.rope.scaling_type != "yarn":
         return
-    scaling = config.rope.scaling
     _check_rope_numbers(config.rope, OLMO3_ROPE_NUMBERS, "gpt-oss")
-    bounds = (float(scaling.get("beta_fast") or YARN_BETA_FAST), float(scaling.get("beta_slow") or YARN_BETA_SLOW))
-    if bounds != (YARN_BETA_FAST, YARN_BETA_SLOW):
-        raise UnsupportedModelError(
-            f"this gpt-oss checkpoint's YaRN ramps between beta_fast {bounds[0]:g} and beta_slow {bounds[1]:g}; llama.cpp's gpt-oss graph "
-            f"reads no bounds and ramps between {YARN_BETA_FAST:g} and {YARN_BETA_SLOW:g}"
-        )
+    _check_yarn_default_bounds(config, "gpt-oss", "gpt-oss")
 
 
 def _gpt_oss_metadata(config: ModelConfig, writer: GGUFWriter) -> None:

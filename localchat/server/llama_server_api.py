@@ -50,7 +50,7 @@ from localchat.infill import UNNAMED_FILE, RepositoryFile
 from localchat.scheduler import ReplyDone, TextDelta
 from localchat.server.errors import APIError
 from localchat.server.json_bodies import WellFormedRoute
-from localchat.server.logprobs import LOWEST_LOGPROB, token_piece
+from localchat.server.logprobs import LOWEST_LOGPROB
 from localchat.server.logprobs import TokenPiece as PieceBytes
 from localchat.server.replies import PendingReplies, ReplyFailedError
 from localchat.server.routing import choice_settings
@@ -497,7 +497,8 @@ class CompletionRun:
 
     @property
     def _piece(self) -> PieceBytes:
-        return token_piece(self.service.engine.backend, frozenset())
+        """A token's bytes as the reply's text has them (a raw completion shows no control token spelled out)."""
+        return self.service.engine.backend.token_bytes
 
     def partials(self, index: int, text: str, logprobs: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
         """The streamed pieces of reply `index` for a piece of its text: one, or one per token where its tokens were

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -22,6 +23,11 @@ from localchat.errors import ModelError
 from localchat.planner import PlanRequest
 from localchat.settings import Settings
 
+# The verify text without its lines that hold combining marks: llama.cpp's tekken and gpt-4o pre-tokenizers split a word
+# before each combining mark, which the tokenizers they stand for keep with its letter.
+WITHOUT_COMBINING_MARKS = "\n".join(
+    line for line in verify_text().splitlines() if not any(unicodedata.category(c).startswith("M") for c in line)
+)
 GREEDY_TOKENS = 24
 # transformers' top two logits closer than this are a near tie: llama.cpp (its F16 KV cache, F16
 # activations) may take either, and from there the continuations part for good. Measured on these
@@ -84,22 +90,27 @@ def load(path: Path, **kwargs: object) -> Engine:
 
 
 def converted_runs_like_transformers(
-    checkpoint: Path, output: Path, quant: str, tokenized: str | None = None
+    checkpoint: Path, output: Path, quant: str, tokenized: str | None = None, *, reference_checkpoint: Path | None = None,
+    perplexity_bound: float | None = None,
 ) -> tuple[ReferenceRun, TokenScores]:
     """`checkpoint` converted to `output` at `quant` and run by llama.cpp: its tokenizer as transformers' (on `tokenized`
     where given: the verify text without what llama.cpp's pre-tokenizer for it splits otherwise, or with text that tells
     its pre-tokenizer from others), its greedy tokens as transformers' up to the first near tie, its perplexity within the
-    type's bounds. Returns transformers' run and llama.cpp's scores of the text, for a closer look."""
+    type's bounds (or `perplexity_bound`). transformers runs `reference_checkpoint` where given (the same weights in a form
+    it reads as they are: an MXFP4 checkpoint's, dequantized). Returns transformers' run and llama.cpp's scores of the text,
+    for a closer look."""
     convert_checkpoint(checkpoint, output, quant, threads=2)
-    reference = reference_run(checkpoint)
+    reference_checkpoint = reference_checkpoint or checkpoint
+    reference = reference_run(reference_checkpoint)
     text = verify_text() if tokenized is None else tokenized
+    bound = BOUNDS[quant].perplexity if perplexity_bound is None else perplexity_bound
     with load(output) as engine:
         backend = engine.backend
-        assert backend.tokenize(text, add_bos=False, special=False) == reference_tokenize(checkpoint, text)
+        assert backend.tokenize(text, add_bos=False, special=False) == reference_tokenize(reference_checkpoint, text)
         ours = greedy_continuation(backend, reference.prompt, GREEDY_TOKENS)
         scores = backend.score(0, reference.text_tokens)
     compared_until_near_tie(reference, ours)
-    assert abs(scores.perplexity / reference.perplexity - 1) <= BOUNDS[quant].perplexity, (scores.perplexity, reference.perplexity)
+    assert abs(scores.perplexity / reference.perplexity - 1) <= bound, (scores.perplexity, reference.perplexity)
     return reference, scores
 
 

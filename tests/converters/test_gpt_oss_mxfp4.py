@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from greedy_reference import GREEDY_TOKENS, compared_until_near_tie, gguf_contents, load, reference_run
+from greedy_reference import GREEDY_TOKENS, WITHOUT_COMBINING_MARKS, converted_runs_like_transformers, gguf_contents, load
 from localchat.converters.gguf import convert_checkpoint
 from localchat.converters.verify import BOUNDS, greedy_continuation
 
@@ -107,13 +107,8 @@ def test_mxfp4_gpt_oss_runs_as_transformers_runs_it_dequantized(mxfp4_gpt_oss: t
     """Converted from MXFP4, llama.cpp's greedy tokens are transformers' on the dequantized checkpoint up to the first near
     tie, its perplexity within MXFP4's bounds."""
     packed, dequantized = mxfp4_gpt_oss
-    output = convert_checkpoint(packed, tmp_path / "mxfp4.gguf", "f32", threads=2).output
-    reference = reference_run(dequantized)
-    with load(output) as engine:
-        ours = greedy_continuation(engine.backend, reference.prompt, GREEDY_TOKENS)
-        perplexity = engine.backend.score(0, reference.text_tokens).perplexity
-    compared_until_near_tie(reference, ours)
-    assert abs(perplexity / reference.perplexity - 1) <= MXFP4_PERPLEXITY, (perplexity, reference.perplexity)
+    converted_runs_like_transformers(packed, tmp_path / "mxfp4.gguf", "f32", WITHOUT_COMBINING_MARKS, reference_checkpoint=dequantized,
+                                     perplexity_bound=MXFP4_PERPLEXITY)
 
 
 @pytest.mark.parametrize(("quant", "matrices"), [("q8_0", "Q8_0"), ("q4_k_m", "Q4_K")])

@@ -9,7 +9,6 @@ import math
 import re
 import shutil
 import sys
-import unicodedata
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,8 +18,8 @@ import pytest
 from checkpoint_fixtures import TINY_EXPERTS, TINY_MORE_FAMILIES, TINY_MOE
 from greedy_reference import (
     GREEDY_TOKENS,
+    WITHOUT_COMBINING_MARKS,
     assert_conversion_refused,
-    compared_until_near_tie,
     converted_runs_like_transformers,
     gguf_contents,
     load,
@@ -200,9 +199,6 @@ SIGNATURES: dict[str, tuple[tuple[str, ...], dict[str, object]]] = {
 # llama.cpp's tekken pre-tokenizer (Ministral 3's) splits a word before each combining mark, which Tekken's regex keeps
 # with its letter: the verify text's Hindi line tokenizes otherwise in llama.cpp, in its own converter's files too.
 TEKKEN_FAMILIES = ("ministral3", "ministral3-vision")
-WITHOUT_COMBINING_MARKS = "\n".join(
-    line for line in verify_text().splitlines() if not any(unicodedata.category(c).startswith("M") for c in line)
-)
 # Text each family's tokenization is compared on, where not the verify text. Command R's splits digits off before GPT-2's
 # split, which would keep a space before digits with the spaces before it: only such text (the verify text has none) tells
 # llama.cpp's command-r from gpt-2 with the tiny tokenizer, which never merges digits.
@@ -946,13 +942,8 @@ def test_gpt_oss_release_yarn_runs_as_llama_cpp_runs_it(tiny_checkpoint: Callabl
     config = json.loads((folder / "config.json").read_text())
     config["rope_parameters"]["truncate"] = False
     (folder / "config.json").write_text(json.dumps(config))
-    output = convert_checkpoint(folder, tmp_path / "release.gguf", "f32", threads=2).output
-    reference = reference_run(folder)
-    with load(output) as engine:
-        ours = greedy_continuation(engine.backend, reference.prompt, GREEDY_TOKENS)
-        perplexity = engine.backend.score(0, reference.text_tokens).perplexity
-    compared_until_near_tie(reference, ours)
-    assert abs(perplexity / reference.perplexity - 1) <= RELEASE_YARN_PERPLEXITY, (perplexity, reference.perplexity)
+    converted_runs_like_transformers(folder, tmp_path / "release.gguf", "f32", TOKENIZED_TEXTS["gpt-oss"],
+                                     perplexity_bound=RELEASE_YARN_PERPLEXITY)
 
 
 # DeepSeek-V3's config.json as DeepSeek ships it (transformers 4's keys, its FP8 weights' scaling, its multi-token-prediction layer).
